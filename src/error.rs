@@ -1,0 +1,160 @@
+//! Typed refusals and their wire names and errnos, in one place (DESIGN.md §5, §7).
+//!
+//! Every refusal the volume can give a session is a [`Reason`]. The reason string is the
+//! wire (tests outside this repo match on it); the errno is what a `write(2)` to
+//! `.coherent/ctl` or a fenced filesystem call fails with.
+
+use std::fmt;
+
+/// A wire-stable refusal reason code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    HandoffToSelf,
+    HandoffSuccessorUnknown,
+    HandoffSuccessorMalformed,
+    HandoffNotHeld,
+    HandoffInFlight,
+    HandoffOtherHolder,
+    HandoffEnded,
+    HandoffNotSuccessor,
+    HandoffNotGiver,
+    HandoffNotLive,
+    Unattributed,
+    NoSuchPath,
+    BadRequest,
+    /// A fenced write (the giver handed the path on).
+    Fenced,
+    /// `--stale strict`: the session's view is older than the current version.
+    StaleView,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 15] = [
+        Reason::HandoffToSelf,
+        Reason::HandoffSuccessorUnknown,
+        Reason::HandoffSuccessorMalformed,
+        Reason::HandoffNotHeld,
+        Reason::HandoffInFlight,
+        Reason::HandoffOtherHolder,
+        Reason::HandoffEnded,
+        Reason::HandoffNotSuccessor,
+        Reason::HandoffNotGiver,
+        Reason::HandoffNotLive,
+        Reason::Unattributed,
+        Reason::NoSuchPath,
+        Reason::BadRequest,
+        Reason::Fenced,
+        Reason::StaleView,
+    ];
+
+    /// The wire code.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::HandoffToSelf => "handoff_to_self",
+            Reason::HandoffSuccessorUnknown => "handoff_successor_unknown",
+            Reason::HandoffSuccessorMalformed => "handoff_successor_malformed",
+            Reason::HandoffNotHeld => "handoff_not_held",
+            Reason::HandoffInFlight => "handoff_in_flight",
+            Reason::HandoffOtherHolder => "handoff_other_holder",
+            Reason::HandoffEnded => "handoff_ended",
+            Reason::HandoffNotSuccessor => "handoff_not_successor",
+            Reason::HandoffNotGiver => "handoff_not_giver",
+            Reason::HandoffNotLive => "handoff_not_live",
+            Reason::Unattributed => "unattributed",
+            Reason::NoSuchPath => "no_such_path",
+            Reason::BadRequest => "bad_request",
+            Reason::Fenced => "fenced",
+            Reason::StaleView => "stale_view",
+        }
+    }
+
+    /// The errno a refused request or write fails with (DESIGN.md §7).
+    pub fn errno(self) -> i32 {
+        match self {
+            Reason::BadRequest | Reason::HandoffSuccessorMalformed => libc::EINVAL,
+            Reason::NoSuchPath => libc::ENOENT,
+            Reason::HandoffSuccessorUnknown => libc::ESRCH,
+            Reason::HandoffInFlight => libc::EBUSY,
+            _ => libc::EACCES,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: the reason code plus a human sentence that names the file, the other
+/// session and what to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: Reason,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
+        Refusal {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    pub fn errno(&self) -> i32 {
+        self.reason.errno()
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_codes_round_trip_and_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for r in Reason::ALL {
+            assert!(seen.insert(r.as_str()), "duplicate code {}", r);
+            assert_eq!(Reason::parse(r.as_str()), Some(r));
+            let json = serde_json::to_string(&r).unwrap();
+            assert_eq!(json, format!("\"{}\"", r.as_str()));
+        }
+    }
+
+    #[test]
+    fn errnos_follow_the_contract() {
+        assert_eq!(Reason::BadRequest.errno(), libc::EINVAL);
+        assert_eq!(Reason::HandoffSuccessorMalformed.errno(), libc::EINVAL);
+        assert_eq!(Reason::NoSuchPath.errno(), libc::ENOENT);
+        assert_eq!(Reason::HandoffSuccessorUnknown.errno(), libc::ESRCH);
+        assert_eq!(Reason::HandoffInFlight.errno(), libc::EBUSY);
+        for r in [
+            Reason::HandoffToSelf,
+            Reason::HandoffNotHeld,
+            Reason::HandoffOtherHolder,
+            Reason::HandoffEnded,
+            Reason::HandoffNotSuccessor,
+            Reason::HandoffNotGiver,
+            Reason::HandoffNotLive,
+            Reason::Unattributed,
+            Reason::Fenced,
+            Reason::StaleView,
+        ] {
+            assert_eq!(r.errno(), libc::EACCES, "{r}");
+        }
+    }
+}

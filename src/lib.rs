@@ -1,0 +1,12 @@
+//! coherent: a FUSE-mounted coherent volume for agents that share one workspace.
+//!
+//! The core (`identity`, `coherence`, `journal`) has no FUSE in it; `passthrough` owns the
+//! backing directory; `fuse` is a thin adapter from `fuser` callbacks to the rest.
+
+pub mod coherence;
+pub mod control;
+pub mod error;
+pub mod fuse;
+pub mod identity;
+pub mod journal;
+pub mod passthrough;
