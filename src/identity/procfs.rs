@@ -91,11 +91,11 @@ fn stat_from(f: &mut File) -> io::Result<Stat> {
     let mut len = 0;
     loop {
         let n = f.read(&mut buf[len..]).map_err(gone_if_missing)?;
-        if n == 0 || len + n == buf.len() {
-            len += n;
+        len += n;
+        // The line ends in '\n': stop there and save the read(2) that would return 0.
+        if n == 0 || len == buf.len() || buf[len - 1] == b'\n' {
             break;
         }
-        len += n;
     }
     parse_stat(&buf[..len]).ok_or_else(|| {
         if len == 0 {
