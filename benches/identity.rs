@@ -28,7 +28,12 @@ fn tagged_child(tag: Option<&str>) -> Kid {
     if let Some(t) = tag {
         c.env("COHERENT_SESSION", t);
     }
-    Kid(c.spawn().expect("spawn sleep"))
+    let kid = Kid(c.spawn().expect("spawn sleep"));
+    // spawn returns mid-execve; wait until the new environment block is in place.
+    while procfs::read_stat(kid.0.id()).unwrap().stamp.env_end == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    kid
 }
 
 fn bench(c: &mut Criterion) {

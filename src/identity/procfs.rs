@@ -15,6 +15,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 /// environment size changes with its content), so a process that execs with another
 /// environment (`exec env COHERENT_SESSION=b ...`) keeps its pid and start time but not its
 /// stamp. They read as 0 when we may not ptrace the task; then only the start time counts.
+/// They also read as 0 for a moment inside `execve`, before the new environment block is
+/// set up (environ then reads empty): an answer cached in that window is keyed by that
+/// transient stamp and so is replaced at the next lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ProcStamp {
     pub start_time: u64,

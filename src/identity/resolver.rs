@@ -6,6 +6,11 @@
 //! Cold path: `/proc/TID` opened once, then `stat`, `status`, `cgroup` and (when the cgroup
 //! names no session) `environ` read relative to it, then `stat` again to make sure the task
 //! did not die or exec meanwhile.
+//!
+//! What the cache does not see: a process moved into another cgroup without exec'ing
+//! (`echo $$ > .../coherent-session-x/cgroup.procs` from a running shell) keeps the session
+//! it was first resolved to until it execs or exits. `coherent run` joins the cgroup before
+//! it execs the command, so its commands are resolved afresh.
 
 use super::cache::{CacheStats, Entry, PidCache};
 use super::directory::SessionDirectory;
@@ -144,7 +149,7 @@ impl Resolver {
         if let Some(s) = self.cache.get(tid, &stat.stamp) {
             return Ok(s);
         }
-        let fresh = self.resolve_fresh(tid)?;
+        let fresh = self.resolve_fresh(tid, true)?;
         let session = self.directory.record(fresh.info);
         let entry = Entry {
             stamp: fresh.stamp,
@@ -174,10 +179,12 @@ impl Resolver {
         if tid == 0 {
             return Err(ResolveError::NoPid);
         }
-        self.resolve_fresh(tid).map(|f| f.info)
+        self.resolve_fresh(tid, true).map(|f| f.info)
     }
 
-    fn resolve_fresh(&self, tid: u32) -> Result<Fresh, ResolveError> {
+    /// `warn`: log ignored (invalid) tags; off for the liveness scan, which would repeat it
+    /// for every process on every scan.
+    fn resolve_fresh(&self, tid: u32, warn: bool) -> Result<Fresh, ResolveError> {
         let e = |x| err(tid, x);
         let dir = TaskDir::open(tid).map_err(e)?;
         // A task that execs while we read is read again; twice in a row is rare enough.
@@ -187,7 +194,7 @@ impl Resolver {
                 return Err(ResolveError::Gone { pid: tid });
             }
             let (tgid, euid) = dir.tgid_and_euid().map_err(e)?;
-            let info = self.classify(tid, &dir, euid)?;
+            let info = self.classify(tid, &dir, euid, warn)?;
             let after = dir.stat().map_err(e)?;
             if after.is_dead() {
                 return Err(ResolveError::Gone { pid: tid });
@@ -216,7 +223,13 @@ impl Resolver {
     }
 
     /// §2 order: cgroup, then the environment tags, then `uid:UID`.
-    fn classify(&self, tid: u32, dir: &TaskDir, euid: u32) -> Result<SessionInfo, ResolveError> {
+    fn classify(
+        &self,
+        tid: u32,
+        dir: &TaskDir,
+        euid: u32,
+        warn: bool,
+    ) -> Result<SessionInfo, ResolveError> {
         let e = |x| err(tid, x);
         if let Some(path) = dir.cgroup_v2_path().map_err(e)? {
             if let Some(name) = session_of_cgroup(&path) {
@@ -251,7 +264,8 @@ impl Resolver {
                         Via::Env { var: var.clone() },
                     ))
                 }
-                Err(why) => tracing::warn!("pid {tid}: ignoring {var}: {why}"),
+                Err(why) if warn => tracing::warn!("pid {tid}: ignoring {var}: {why}"),
+                Err(_) => {}
             }
         }
         Ok(SessionInfo::unattributed(euid))
@@ -299,7 +313,10 @@ impl Resolver {
             return false;
         };
         dir.filter_map(|d| d.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .any(|pid| self.resolve_fresh(pid).is_ok_and(|f| f.info.name == name))
+            .any(|pid| {
+                self.resolve_fresh(pid, false)
+                    .is_ok_and(|f| f.info.name == name)
+            })
     }
 }
 
