@@ -52,6 +52,11 @@ fn bench(c: &mut Criterion) {
     g.bench_function("stat_read", |b| {
         b.iter(|| procfs::read_stat(black_box(pid)).unwrap())
     });
+    // For comparison only: a stat(2) of /proc/PID, the cheapest /proc call there is.
+    let dir = format!("/proc/{pid}");
+    g.bench_function("statx_proc_dir_reference", |b| {
+        b.iter(|| std::fs::metadata(black_box(&dir)).unwrap())
+    });
     let stamp = procfs::read_stat(pid).unwrap().stamp;
     g.bench_function("cache_get_only", |b| {
         b.iter(|| r.cache().get(black_box(pid), &stamp).unwrap())

@@ -66,6 +66,35 @@ fn python() -> &'static str {
     }
 }
 
+/// A Python process with `threads` extra threads, once they all run, and their tids
+/// (not the leader's).
+fn threaded_python(env: &[(&str, &str)], threads: usize) -> (Kid, Vec<u32>) {
+    let script = format!(
+        "import threading,time\n\
+ev=threading.Event()\n\
+for _ in range({threads}): threading.Thread(target=ev.wait,daemon=True).start()\n\
+print('ready',flush=True)\n\
+time.sleep(600)\n"
+    );
+    let mut c = clean(python());
+    c.args(["-c", &script])
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped());
+    let mut kid = spawn(&mut c);
+    let mut line = String::new();
+    BufReader::new(kid.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = kid.pid();
+    let tids = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .filter(|&t| t != pid)
+        .collect();
+    (kid, tids)
+}
+
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let t = Instant::now();
     while !cond() {
@@ -197,34 +226,17 @@ fn untagged_process_is_unattributed_by_effective_uid() {
 #[test]
 fn non_leader_thread_ids_resolve() {
     let r = Resolver::default();
-    let script = "import threading,sys,time\n\
-ev=threading.Event()\n\
-for _ in range(3): threading.Thread(target=ev.wait,daemon=True).start()\n\
-print('ready',flush=True)\n\
-time.sleep(600)\n";
-    let mut c = clean(python());
-    c.args(["-c", script])
-        .env("COHERENT_SESSION", "threaded")
-        .stdout(Stdio::piped());
-    let mut kid = spawn(&mut c);
-    let mut line = String::new();
-    BufReader::new(kid.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let (kid, tids) = threaded_python(&[("COHERENT_SESSION", "threaded")], 3);
     let pid = kid.pid();
-    let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .map(|d| d.unwrap().file_name().to_str().unwrap().parse().unwrap())
-        .filter(|&t| t != pid)
-        .collect();
     assert!(tids.len() >= 3, "threads: {tids:?}");
     // Not listed in /proc, yet /proc/TID works.
     let listed: Vec<String> = std::fs::read_dir("/proc")
         .unwrap()
         .map(|d| d.unwrap().file_name().into_string().unwrap())
         .collect();
+    assert!(listed.contains(&pid.to_string()));
     assert!(!listed.contains(&tids[0].to_string()));
+    assert_eq!(r.resolve(pid).unwrap().name, "threaded");
     for &tid in &tids {
         let s = r.resolve(tid).unwrap();
         assert_eq!(s.name, "threaded", "tid {tid}");
@@ -514,17 +526,7 @@ fn nested_and_threaded_processes_in_a_session_cgroup() {
     std::fs::create_dir(&outer).unwrap();
     let inner = outer.join("coherent-session-bad name");
     std::fs::create_dir(&inner).unwrap();
-    let mut c = clean(python());
-    c.args([
-        "-c",
-        "import threading,time\nev=threading.Event()\nthreading.Thread(target=ev.wait,daemon=True).start()\nprint('ready',flush=True)\ntime.sleep(600)\n",
-    ])
-    .stdout(Stdio::piped());
-    let mut kid = spawn(&mut c);
-    let mut line = String::new();
-    BufReader::new(kid.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (kid, tids) = threaded_python(&[], 1);
     let pid = kid.pid();
     std::fs::write(inner.join("cgroup.procs"), pid.to_string()).unwrap();
     let guard_inner = CgroupGuard {
@@ -532,18 +534,7 @@ fn nested_and_threaded_processes_in_a_session_cgroup() {
         kids: vec![kid],
     };
     let r = Resolver::default();
-    let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .map(|d| {
-            d.unwrap()
-                .file_name()
-                .to_str()
-                .unwrap()
-                .parse::<u32>()
-                .unwrap()
-        })
-        .find(|&t| t != pid)
-        .unwrap();
+    let tid = tids[0];
     for t in [pid, tid] {
         let s = r.resolve(t).unwrap();
         assert_eq!(s.name, name, "tid {t}");
