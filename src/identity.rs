@@ -24,13 +24,15 @@ mod directory;
 pub mod procfs;
 mod resolver;
 
-pub use cache::{CacheStats, Entry as CacheEntry, PidCache};
+pub use cache::{CacheStats, Entry as CacheEntry, HeldStat, Outcome, PidCache};
 pub use cgroup::{
     cgroup2_mount, join_session_cgroup, parse_mountinfo, remove_session_cgroup, Cgroup2Mount,
 };
 pub use directory::{SessionDirectory, MIN_ID_PREFIX};
-pub use procfs::ProcStamp;
-pub use resolver::{ResolveError, Resolver, ResolverConfig, DEFAULT_CACHE_CAPACITY};
+pub use procfs::{ProcStamp, StatFile};
+pub use resolver::{
+    ResolveError, Resolver, ResolverConfig, DEFAULT_CACHE_CAPACITY, DEFAULT_HELD_STAT_FILES,
+};
 
 use std::fmt;
 use std::sync::Arc;

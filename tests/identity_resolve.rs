@@ -3,7 +3,8 @@
 
 use coherent::identity::{
     agent_id_for_claude, agent_id_for_name, cgroup2_mount, join_session_cgroup,
-    remove_session_cgroup, ProcStamp, ResolveError, Resolver, ResolverConfig, Via, CLAUDE_VAR,
+    remove_session_cgroup, ProcStamp, ResolveError, Resolver, ResolverConfig, StatFile, Via,
+    CLAUDE_VAR,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
@@ -295,6 +296,7 @@ fn another_start_time_for_the_same_pid_misses() {
                 .directory()
                 .record(coherent::identity::SessionInfo::unattributed(7)),
             owner: (pid, recycled.start_time),
+            stat_file: None,
         },
     );
     assert!(r.cache().get(pid, &real).is_none());
@@ -303,50 +305,75 @@ fn another_start_time_for_the_same_pid_misses() {
     assert_eq!(r.resolve(pid).unwrap(), other);
 }
 
+/// Both ways of validating a hit: a held `stat` file, and opening `/proc/TID/stat` again.
+fn both_validations() -> [(&'static str, Resolver); 2] {
+    let held = Resolver::default();
+    let reopen = Resolver::new(ResolverConfig {
+        held_stat_files: 0,
+        ..ResolverConfig::default()
+    });
+    [("held stat file", held), ("reopened stat", reopen)]
+}
+
 #[test]
 fn exited_child_never_returns_the_stale_session() {
-    let r = Resolver::default();
-    let mut kid = sleeper(&[("COHERENT_SESSION", "ghost")]);
-    let pid = kid.pid();
-    let start = start_time(pid);
-    assert_eq!(r.resolve(pid).unwrap().name, "ghost");
-    kid.0.kill().unwrap();
-    kid.0.wait().unwrap();
-    match r.resolve(pid) {
-        Err(ResolveError::Gone { pid: p }) => assert_eq!(p, pid),
-        Err(e) => panic!("unexpected error {e}"),
-        // The pid was already reused by another process: it must be resolved anew.
-        Ok(s) => {
-            assert_ne!(start_time(pid), start);
-            assert_ne!(s.name, "ghost");
+    for (mode, r) in both_validations() {
+        let mut kid = sleeper(&[("COHERENT_SESSION", "ghost")]);
+        let pid = kid.pid();
+        let start = start_time(pid);
+        let held = StatFile::open(pid).unwrap();
+        assert_eq!(r.resolve(pid).unwrap().name, "ghost", "{mode}");
+        assert_eq!(r.resolve(pid).unwrap().name, "ghost", "{mode}");
+        assert_eq!(
+            r.stats().held_stat_files,
+            usize::from(mode == "held stat file"),
+            "{mode}"
+        );
+        kid.0.kill().unwrap();
+        kid.0.wait().unwrap();
+        // A held stat file is bound to its task, not to the number.
+        let e = held.read().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{mode}: {e}");
+        match r.resolve(pid) {
+            Err(ResolveError::Gone { pid: p }) => assert_eq!(p, pid),
+            Err(e) => panic!("{mode}: unexpected error {e}"),
+            // The pid was already reused by another process: it must be resolved anew.
+            Ok(s) => {
+                assert_ne!(start_time(pid), start);
+                assert_ne!(s.name, "ghost", "{mode}");
+            }
         }
+        // The mount's entry point maps it to the request's uid, without panicking.
+        assert_ne!(r.resolve_request(pid, 4321).name, "ghost", "{mode}");
+        assert_eq!(r.resolve_request(0, 99).name, "uid:99");
+        assert!(matches!(r.resolve(0), Err(ResolveError::NoPid)));
+        assert!(!r.session_alive("ghost"), "{mode}");
     }
-    // The mount's entry point maps it to the request's uid, without panicking.
-    assert_ne!(r.resolve_request(pid, 4321).name, "ghost");
-    assert_eq!(r.resolve_request(0, 99).name, "uid:99");
-    assert!(matches!(r.resolve(0), Err(ResolveError::NoPid)));
-    assert!(!r.session_alive("ghost"));
 }
 
 #[test]
 fn exec_with_another_environment_is_resolved_again() {
     // Same pid, same start time, new exec image: the cache must not keep the old tag.
-    let r = Resolver::default();
-    let mut c = clean("sh");
-    c.args(["-c", "read line; exec env COHERENT_SESSION=after sleep 600"])
-        .env("COHERENT_SESSION", "before")
-        .stdin(Stdio::piped());
-    let mut kid = spawn(&mut c);
-    let pid = kid.pid();
-    assert_eq!(r.resolve(pid).unwrap().name, "before");
-    let start = start_time(pid);
-    kid.0.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    wait_for("exec of sleep", || {
-        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
-    });
-    exec_done(pid);
-    assert_eq!(start_time(pid), start);
-    assert_eq!(r.resolve(pid).unwrap().name, "after");
+    for (mode, r) in both_validations() {
+        let mut c = clean("sh");
+        c.args(["-c", "read line; exec env COHERENT_SESSION=after sleep 600"])
+            .env("COHERENT_SESSION", "before")
+            .stdin(Stdio::piped());
+        let mut kid = spawn(&mut c);
+        let pid = kid.pid();
+        assert_eq!(r.resolve(pid).unwrap().name, "before", "{mode}");
+        assert_eq!(r.resolve(pid).unwrap().name, "before", "{mode}");
+        let start = start_time(pid);
+        kid.0.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        wait_for("exec of sleep", || {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+        });
+        exec_done(pid);
+        assert_eq!(start_time(pid), start);
+        assert_eq!(r.resolve(pid).unwrap().name, "after", "{mode}");
+        let st = r.stats();
+        assert_eq!((st.hits, st.misses, st.stale), (1, 1, 1), "{mode}");
+    }
 }
 
 #[test]

@@ -8,11 +8,13 @@
 //! lock) and close to LRU. Shards are `parking_lot` mutexes chosen by tid, so FUSE worker
 //! threads serving different processes rarely meet on a lock.
 
-use super::procfs::ProcStamp;
+use super::procfs::{ProcStamp, StatFile};
 use super::Session;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 const SHARDS: usize = 16;
 
@@ -24,6 +26,45 @@ pub struct Entry {
     /// Whose life decides whether this task's session is still alive: its thread group
     /// leader (tgid, leader's start time). Threads come and go; the process is what counts.
     pub owner: (u32, u64),
+    /// The task's `stat` held open, when the resolver's budget of open files allows:
+    /// validates a hit with one `pread` (see [`StatFile`]).
+    pub stat_file: Option<Arc<HeldStat>>,
+}
+
+/// A held `/proc/TID/stat`, counted against a budget of open files; closing it (when the
+/// last entry clone goes) gives its place back.
+#[derive(Debug)]
+pub struct HeldStat {
+    pub file: StatFile,
+    budget: Arc<AtomicUsize>,
+}
+
+impl HeldStat {
+    /// Hold `file` if fewer than `max` are held against `budget`; else drop it.
+    pub fn hold(file: StatFile, budget: &Arc<AtomicUsize>, max: usize) -> Option<Arc<HeldStat>> {
+        if budget.fetch_add(1, Ordering::Relaxed) >= max {
+            budget.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Arc::new(HeldStat {
+            file,
+            budget: budget.clone(),
+        }))
+    }
+}
+
+impl Drop for HeldStat {
+    fn drop(&mut self) {
+        self.budget.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a validated lookup found, for the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Hit,
+    Miss,
+    Stale,
 }
 
 /// Counters that make the cache's cost visible.
@@ -37,6 +78,8 @@ pub struct CacheStats {
     pub evictions: u64,
     pub len: usize,
     pub capacity: usize,
+    /// Cached tasks whose `stat` is held open (filled in by the resolver).
+    pub held_stat_files: usize,
 }
 
 struct Slot {
@@ -93,6 +136,26 @@ impl PidCache {
         let s = slot.entry.session.clone();
         sh.hits += 1;
         Some(s)
+    }
+
+    /// The entry of `tid`, whatever its stamp, for the caller to validate (then
+    /// [`PidCache::count`] the outcome). Gives the slot its second chance.
+    pub fn peek(&self, tid: u32) -> Option<Entry> {
+        let mut sh = self.shard(tid).lock();
+        let i = *sh.index.get(&tid)?;
+        let slot = &mut sh.slots[i];
+        slot.referenced = true;
+        Some(slot.entry.clone())
+    }
+
+    /// Count the outcome of a lookup validated by the caller.
+    pub fn count(&self, tid: u32, outcome: Outcome) {
+        let mut sh = self.shard(tid).lock();
+        match outcome {
+            Outcome::Hit => sh.hits += 1,
+            Outcome::Miss => sh.misses += 1,
+            Outcome::Stale => sh.stale += 1,
+        }
     }
 
     /// Store the answer for `tid`, replacing whatever the tid held. Returns the entry
@@ -233,6 +296,7 @@ mod tests {
                 },
             )),
             owner: (1, start),
+            stat_file: None,
         }
     }
 
@@ -280,5 +344,25 @@ mod tests {
         assert_eq!(c.entries_of("other").len(), 1);
         c.clear();
         assert_eq!(c.stats().len, 0);
+    }
+
+    #[test]
+    fn held_stat_files_respect_the_budget() {
+        let budget = Arc::new(AtomicUsize::new(0));
+        let me = std::process::id();
+        let open = || StatFile::open(me).unwrap();
+        let a = HeldStat::hold(open(), &budget, 2).unwrap();
+        let b = HeldStat::hold(open(), &budget, 2).unwrap();
+        assert!(HeldStat::hold(open(), &budget, 2).is_none());
+        assert_eq!(budget.load(Ordering::Relaxed), 2);
+        let c = PidCache::new(16);
+        let mut e = entry("x", 1);
+        e.stat_file = Some(a);
+        c.insert(5, e);
+        drop(b);
+        assert_eq!(budget.load(Ordering::Relaxed), 1);
+        c.clear(); // the entry held the last reference
+        assert_eq!(budget.load(Ordering::Relaxed), 0);
+        assert!(HeldStat::hold(open(), &budget, 2).is_some());
     }
 }

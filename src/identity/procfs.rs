@@ -100,13 +100,50 @@ fn stat_from(f: &mut File) -> io::Result<Stat> {
             break;
         }
     }
-    parse_stat(&buf[..len]).ok_or_else(|| {
-        if len == 0 {
+    parse_stat_buf(&buf[..len])
+}
+
+fn parse_stat_buf(line: &[u8]) -> io::Result<Stat> {
+    parse_stat(line).ok_or_else(|| {
+        if line.is_empty() {
             gone()
         } else {
             io::Error::new(io::ErrorKind::InvalidData, "unparsable /proc stat line")
         }
     })
+}
+
+/// An open `/proc/TID/stat`, kept to validate cache hits with one `pread(2)` instead of
+/// open + read + close (about half the cost). The open file is bound to the task it was
+/// opened for, not to the number: once that task is gone, reads fail with ESRCH even if
+/// its tid now belongs to a new process, so a successful read with an equal stamp proves
+/// the tid is still the same process image.
+#[derive(Debug)]
+pub struct StatFile(File);
+
+impl StatFile {
+    pub fn open(tid: u32) -> io::Result<StatFile> {
+        File::open(path_for(tid, "stat"))
+            .map(StatFile)
+            .map_err(gone_if_missing)
+    }
+
+    pub fn read(&self) -> io::Result<Stat> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; STAT_BUF];
+        let mut len = 0;
+        loop {
+            let n = self
+                .0
+                .read_at(&mut buf[len..], len as u64)
+                .map_err(gone_if_missing)?;
+            len += n;
+            if n == 0 || len == buf.len() || buf[len - 1] == b'\n' {
+                break;
+            }
+        }
+        parse_stat_buf(&buf[..len])
+    }
 }
 
 /// The error of a task that no longer exists.
@@ -170,6 +207,11 @@ impl TaskDir {
 
     pub fn stat(&self) -> io::Result<Stat> {
         stat_from(&mut self.open_file(c"stat")?)
+    }
+
+    /// `stat` of this very task, held open (see [`StatFile`]).
+    pub fn stat_file(&self) -> io::Result<StatFile> {
+        self.open_file(c"stat").map(StatFile)
     }
 
     fn read_all(&self, name: &CStr, cap: usize) -> io::Result<Vec<u8>> {
@@ -290,6 +332,9 @@ mod tests {
         let a = read_stat(me).unwrap();
         let b = TaskDir::open(me).unwrap().stat().unwrap();
         assert_eq!(a.stamp, b.stamp);
+        let held = StatFile::open(me).unwrap();
+        assert_eq!(held.read().unwrap().stamp, a.stamp);
+        assert_eq!(held.read().unwrap().stamp, a.stamp);
         assert!(a.stamp.start_time > 0);
         assert!(!a.is_dead());
     }

@@ -1,8 +1,11 @@
 //! pid → session, in the order of DESIGN.md §2, behind the (tid, stamp) cache.
 //!
-//! Warm path: one read of `/proc/TID/stat` (to learn the task's current [`ProcStamp`]),
-//! then a shard lookup. That read cannot be skipped: without it nothing tells a live
-//! process from a new one that got its pid, or from itself after an `execve`.
+//! Warm path: a shard lookup, then one read of the task's `stat` to compare its current
+//! [`ProcStamp`] with the cached one. That read cannot be skipped: without it nothing tells
+//! a live process from a new one that got its pid, or from itself after an `execve`. It is
+//! a `pread` of the `/proc/TID/stat` file held open since the cold resolution (bound to
+//! that task: it fails once the task is gone, see [`StatFile`]) while the budget of held
+//! files lasts, else an open + read + close of `/proc/TID/stat`.
 //! Cold path: `/proc/TID` opened once, then `stat`, `status`, `cgroup` and (when the cgroup
 //! names no session) `environ` read relative to it, then `stat` again to make sure the task
 //! did not die or exec meanwhile.
@@ -12,9 +15,9 @@
 //! it was first resolved to until it execs or exits. `coherent run` joins the cgroup before
 //! it execs the command, so its commands are resolved afresh.
 
-use super::cache::{CacheStats, Entry, PidCache};
+use super::cache::{CacheStats, Entry, HeldStat, Outcome, PidCache};
 use super::directory::SessionDirectory;
-use super::procfs::{self, ProcStamp, TaskDir};
+use super::procfs::{self, ProcStamp, StatFile, TaskDir};
 use super::{
     check_session_name, session_of_cgroup, Session, SessionInfo, Via, DEFAULT_SESSION_ENV,
 };
@@ -22,10 +25,15 @@ use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The default bound of the cache, in tasks (about 100 bytes each).
 pub const DEFAULT_CACHE_CAPACITY: usize = 65_536;
+
+/// The default number of `/proc/TID/stat` files held open for cheap validation (also
+/// limited to a quarter of `RLIMIT_NOFILE`).
+pub const DEFAULT_HELD_STAT_FILES: usize = 4096;
 
 /// How a [`Resolver`] is set up.
 #[derive(Debug, Clone)]
@@ -34,6 +42,9 @@ pub struct ResolverConfig {
     pub env_vars: Vec<String>,
     /// Bound of the cache, in tasks.
     pub capacity: usize,
+    /// At most this many cached tasks keep their `stat` open (0: none); the rest are
+    /// validated by opening it again. Capped at a quarter of the soft `RLIMIT_NOFILE`.
+    pub held_stat_files: usize,
 }
 
 impl Default for ResolverConfig {
@@ -41,8 +52,23 @@ impl Default for ResolverConfig {
         ResolverConfig {
             env_vars: DEFAULT_SESSION_ENV.iter().map(|v| v.to_string()).collect(),
             capacity: DEFAULT_CACHE_CAPACITY,
+            held_stat_files: DEFAULT_HELD_STAT_FILES,
         }
     }
+}
+
+/// `wanted`, capped at a quarter of the soft open-file limit: the mount needs its
+/// descriptors for the workspace more.
+fn held_budget(wanted: usize) -> usize {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return 0;
+    }
+    wanted.min(usize::try_from(rl.rlim_cur / 4).unwrap_or(usize::MAX))
 }
 
 /// Why a pid could not be resolved. Callers treat every case as unattributed
@@ -89,6 +115,7 @@ struct Fresh {
     info: SessionInfo,
     stamp: ProcStamp,
     owner: (u32, u64),
+    stat_file: StatFile,
 }
 
 /// Resolves FUSE request pids to sessions. Share it between worker threads (`&self`).
@@ -99,6 +126,8 @@ pub struct Resolver {
     /// Sessions some of whose cached tasks were evicted: the cache alone can no longer
     /// prove them dead.
     spilled: Mutex<HashSet<String>>,
+    held: Arc<AtomicUsize>,
+    max_held: usize,
 }
 
 impl Default for Resolver {
@@ -119,6 +148,8 @@ impl Resolver {
             cache: PidCache::new(config.capacity),
             directory,
             spilled: Mutex::new(HashSet::new()),
+            held: Arc::new(AtomicUsize::new(0)),
+            max_held: held_budget(config.held_stat_files),
         }
     }
 
@@ -137,7 +168,10 @@ impl Resolver {
     }
 
     pub fn stats(&self) -> CacheStats {
-        self.cache.stats()
+        CacheStats {
+            held_stat_files: self.held.load(Ordering::Relaxed),
+            ..self.cache.stats()
+        }
     }
 
     /// The session of task `tid` (a FUSE request pid: a thread id is fine).
@@ -145,9 +179,20 @@ impl Resolver {
         if tid == 0 {
             return Err(ResolveError::NoPid);
         }
-        let stat = procfs::read_stat(tid).map_err(|e| err(tid, e))?;
-        if let Some(s) = self.cache.get(tid, &stat.stamp) {
-            return Ok(s);
+        match self.cache.peek(tid) {
+            Some(e) => {
+                let now = match &e.stat_file {
+                    // Fails once the cached task is gone: the tid may be someone else's.
+                    Some(held) => held.file.read().ok(),
+                    None => Some(procfs::read_stat(tid).map_err(|x| err(tid, x))?),
+                };
+                if now.is_some_and(|st| st.stamp == e.stamp) {
+                    self.cache.count(tid, Outcome::Hit);
+                    return Ok(e.session);
+                }
+                self.cache.count(tid, Outcome::Stale);
+            }
+            None => self.cache.count(tid, Outcome::Miss),
         }
         let fresh = self.resolve_fresh(tid, true)?;
         let session = self.directory.record(fresh.info);
@@ -155,6 +200,7 @@ impl Resolver {
             stamp: fresh.stamp,
             session: session.clone(),
             owner: fresh.owner,
+            stat_file: HeldStat::hold(fresh.stat_file, &self.held, self.max_held),
         };
         if let Some(evicted) = self.cache.insert(tid, entry) {
             let mut spilled = self.spilled.lock();
@@ -187,15 +233,16 @@ impl Resolver {
     fn resolve_fresh(&self, tid: u32, warn: bool) -> Result<Fresh, ResolveError> {
         let e = |x| err(tid, x);
         let dir = TaskDir::open(tid).map_err(e)?;
+        let stat_file = dir.stat_file().map_err(e)?;
         // A task that execs while we read is read again; twice in a row is rare enough.
         for _ in 0..3 {
-            let before = dir.stat().map_err(e)?;
+            let before = stat_file.read().map_err(e)?;
             if before.is_dead() {
                 return Err(ResolveError::Gone { pid: tid });
             }
             let (tgid, euid) = dir.tgid_and_euid().map_err(e)?;
             let info = self.classify(tid, &dir, euid, warn)?;
-            let after = dir.stat().map_err(e)?;
+            let after = stat_file.read().map_err(e)?;
             if after.is_dead() {
                 return Err(ResolveError::Gone { pid: tid });
             }
@@ -214,6 +261,7 @@ impl Resolver {
                 info,
                 stamp: before.stamp,
                 owner,
+                stat_file,
             });
         }
         Err(ResolveError::Io {
