@@ -61,7 +61,18 @@ fn bench(c: &mut Criterion) {
     g.bench_function("cache_get_only", |b| {
         b.iter(|| r.cache().get(black_box(pid), &stamp).unwrap())
     });
+    // Warm, validated by a pread of the held stat file (the default)...
     g.bench_function("warm", |b| b.iter(|| r.resolve(black_box(pid)).unwrap()));
+    // ...and by opening /proc/PID/stat again (when the budget of held files is spent).
+    let reopen = Resolver::new(ResolverConfig {
+        held_stat_files: 0,
+        ..ResolverConfig::default()
+    });
+    reopen.resolve(pid).unwrap();
+    g.bench_function("warm_reopen_stat", |b| {
+        b.iter(|| reopen.resolve(black_box(pid)).unwrap())
+    });
+    assert!(r.stats().held_stat_files > 0, "held mode in the bench");
     g.bench_function("cold_env_tag", |b| {
         b.iter(|| {
             r.cache().clear();
