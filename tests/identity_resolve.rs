@@ -343,6 +343,9 @@ fn exited_child_never_returns_the_stale_session() {
                 assert_ne!(s.name, "ghost", "{mode}");
             }
         }
+        // The dead task's entry is gone, and with it its held file.
+        assert!(r.cache().entries_of("ghost").is_empty(), "{mode}");
+        assert_eq!(r.stats().held_stat_files, 0, "{mode}");
         // The mount's entry point maps it to the request's uid, without panicking.
         assert_ne!(r.resolve_request(pid, 4321).name, "ghost", "{mode}");
         assert_eq!(r.resolve_request(0, 99).name, "uid:99");

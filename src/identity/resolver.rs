@@ -28,12 +28,15 @@ use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// The default bound of the cache, in tasks (about 100 bytes each).
-pub const DEFAULT_CACHE_CAPACITY: usize = 65_536;
+/// The default bound of the cache, in tasks (about 150 bytes and one open file each):
+/// far more than the tasks that use a workspace at once; dead tasks are never referenced
+/// again, so CLOCK evicts them first and their held files are reused.
+pub const DEFAULT_CACHE_CAPACITY: usize = 4096;
 
-/// The default number of `/proc/TID/stat` files held open for cheap validation (also
-/// limited to a quarter of `RLIMIT_NOFILE`).
-pub const DEFAULT_HELD_STAT_FILES: usize = 4096;
+/// The default number of `/proc/TID/stat` files held open for cheap validation: one per
+/// cache slot (also limited to a quarter of the soft `RLIMIT_NOFILE`; the mount may want
+/// to raise its soft limit to the hard one).
+pub const DEFAULT_HELD_STAT_FILES: usize = DEFAULT_CACHE_CAPACITY;
 
 /// How a [`Resolver`] is set up.
 #[derive(Debug, Clone)]
@@ -191,6 +194,9 @@ impl Resolver {
                     return Ok(e.session);
                 }
                 self.cache.count(tid, Outcome::Stale);
+                // Drop it now: its held file goes back to the budget even if `tid` turns
+                // out to be gone.
+                self.cache.remove(tid, &e.stamp);
             }
             None => self.cache.count(tid, Outcome::Miss),
         }
