@@ -186,10 +186,11 @@ impl Resolver {
             Some(e) => {
                 let now = match &e.stat_file {
                     // Fails once the cached task is gone: the tid may be someone else's.
-                    Some(held) => held.file.read().ok(),
-                    None => Some(procfs::read_stat(tid).map_err(|x| err(tid, x))?),
+                    Some(held) => held.file.read(),
+                    // Fails when no task has the tid now (the cold path then says Gone).
+                    None => procfs::read_stat(tid),
                 };
-                if now.is_some_and(|st| st.stamp == e.stamp) {
+                if now.is_ok_and(|st| st.stamp == e.stamp) {
                     self.cache.count(tid, Outcome::Hit);
                     return Ok(e.session);
                 }
