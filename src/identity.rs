@@ -1,9 +1,40 @@
 //! Who is calling: pid → session (DESIGN.md §2), agent ids, the resolution cache and the
 //! directory of known sessions.
 //!
-//! Contract shared with `coherence` (the rest of this module is filled in by the identity
-//! work): a session is an `Arc<SessionInfo>`; coherence keys sessions by `name`.
+//! Contract shared with `coherence`: a session is an `Arc<SessionInfo>`; coherence keys
+//! sessions by `name`.
+//!
+//! - [`Resolver`] maps a FUSE request's pid (a thread id) to its session: the cgroup v2
+//!   segment `coherent-session-NAME`, else the first configured environment tag, else the
+//!   unattributed `uid:UID`. Answers are cached per (tid, [`ProcStamp`]).
+//! - [`SessionDirectory`] knows the sessions and finds one by name, agent id or id prefix.
+//! - [`join_session_cgroup`] is what `coherent run` uses to put a process in a session's
+//!   cgroup.
+//!
+//! **Session names.** A valid session name is 1 to 128 characters from `A-Z a-z 0-9 . _ :
+//! @ -`, and does not start with `uid:` (reserved for unattributed sessions, so no tag can
+//! pose as one). A tag or cgroup segment whose value is not a valid name is ignored as if it
+//! were absent (resolution goes on to the next source), and logged: rewriting it could merge
+//! two sessions into one, and an unattributed process is the harmless default. `coherent run`
+//! refuses such names up front with [`check_session_name`].
 
+mod cache;
+mod cgroup;
+mod directory;
+pub mod procfs;
+mod resolver;
+
+pub use cache::{CacheStats, Entry as CacheEntry, HeldStat, Outcome, PidCache};
+pub use cgroup::{
+    cgroup2_mount, join_session_cgroup, parse_mountinfo, remove_session_cgroup, Cgroup2Mount,
+};
+pub use directory::{SessionDirectory, MIN_ID_PREFIX};
+pub use procfs::{ProcStamp, StatFile};
+pub use resolver::{
+    ResolveError, Resolver, ResolverConfig, DEFAULT_CACHE_CAPACITY, DEFAULT_HELD_STAT_FILES,
+};
+
+use std::fmt;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -26,7 +57,7 @@ pub enum Via {
 pub struct SessionInfo {
     /// The session name: the tag value, the cgroup NAME, or `uid:UID`.
     pub name: String,
-    /// UUID v5 in `NAMESPACE_URL` (see [`agent_id_for`]).
+    /// UUID v5 in `NAMESPACE_URL` (see [`agent_id_for_claude`], [`agent_id_for_name`]).
     pub agent_id: Uuid,
     pub via: Via,
 }
@@ -91,6 +122,73 @@ impl SessionInfo {
     pub fn display(&self) -> String {
         format!("{} ({})", self.name, self.short_id())
     }
+}
+
+/// The cgroup directory name prefix that names a session: `coherent-session-NAME`.
+pub const CGROUP_PREFIX: &str = "coherent-session-";
+
+/// The longest valid session name.
+pub const MAX_SESSION_NAME: usize = 128;
+
+/// Why a string is not a valid session name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadName {
+    Empty,
+    TooLong(usize),
+    BadChar(char),
+    /// `uid:...` names only unattributed sessions.
+    Reserved,
+}
+
+impl fmt::Display for BadName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BadName::Empty => f.write_str("a session name cannot be empty"),
+            BadName::TooLong(n) => write!(
+                f,
+                "a session name has at most {MAX_SESSION_NAME} characters, not {n}"
+            ),
+            BadName::BadChar(c) => write!(
+                f,
+                "a session name may hold only letters, digits and . _ : @ -, not {c:?}"
+            ),
+            BadName::Reserved => f.write_str("session names starting with uid: are reserved"),
+        }
+    }
+}
+
+impl std::error::Error for BadName {}
+
+/// Check a session name against the rule in the module doc.
+pub fn check_session_name(name: &str) -> Result<(), BadName> {
+    if name.is_empty() {
+        return Err(BadName::Empty);
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-')))
+    {
+        return Err(BadName::BadChar(c));
+    }
+    if name.len() > MAX_SESSION_NAME {
+        return Err(BadName::TooLong(name.len()));
+    }
+    if name.starts_with("uid:") {
+        return Err(BadName::Reserved);
+    }
+    Ok(())
+}
+
+pub fn is_valid_session_name(name: &str) -> bool {
+    check_session_name(name).is_ok()
+}
+
+/// The session named by a cgroup v2 path: its innermost `coherent-session-NAME` segment
+/// with a valid NAME (a `coherent run` inside another session's cgroup is the inner one).
+pub fn session_of_cgroup(path: &str) -> Option<&str> {
+    path.rsplit('/')
+        .filter_map(|seg| seg.strip_prefix(CGROUP_PREFIX))
+        .find(|name| is_valid_session_name(name))
 }
 
 #[cfg(test)]
