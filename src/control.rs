@@ -838,6 +838,20 @@ pub fn shell_word(s: &str) -> String {
     }
 }
 
+/// `path` (mount-relative) as seen from the directory `from` (mount-relative).
+pub fn relative_from(path: &str, from: &str) -> String {
+    let p: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let f: Vec<&str> = from.split('/').filter(|c| !c.is_empty()).collect();
+    let common = p.iter().zip(&f).take_while(|(a, b)| a == b).count();
+    let mut out: Vec<&str> = vec![".."; f.len() - common];
+    out.extend_from_slice(&p[common..]);
+    if out.is_empty() {
+        ".".to_string()
+    } else {
+        out.join("/")
+    }
+}
+
 fn field<'a>(rec: &'a Value, key: &str) -> &'a str {
     rec.get(key).and_then(Value::as_str).unwrap_or("?")
 }
@@ -853,6 +867,13 @@ fn who(rec: &Value, role: &str) -> String {
 /// One human line for a transfer record (the engine's record JSON) as seen after `verb`:
 /// names the file, the other session (name and short id), the version and what to do next.
 pub fn describe_record(verb: Verb, rec: &Value) -> String {
+    describe_record_from(verb, rec, |p| p.to_string())
+}
+
+/// [`describe_record`] where the suggested command names the path as `hint` maps it (the
+/// CLI maps it to the path as seen from the reader's directory, so the command can be
+/// pasted as is); the file itself is still named by its mount-relative path.
+pub fn describe_record_from(verb: Verb, rec: &Value, hint: impl Fn(&str) -> String) -> String {
     let path = field(rec, "path");
     let version = match rec.get("version_at_transfer").and_then(Value::as_u64) {
         Some(v) => format!("v{v}"),
@@ -863,7 +884,7 @@ pub fn describe_record(verb: Verb, rec: &Value) -> String {
     let giver = field(rec, "giver");
     let successor = field(rec, "successor");
     let (g, s) = (who(rec, "giver"), who(rec, "successor"));
-    let hint_path = shell_word(path);
+    let hint_path = shell_word(&hint(path));
     match verb {
         Verb::Transfer if live => format!(
             "handed {path} ({version}) to {s}; you can no longer write it until {successor} \
@@ -915,8 +936,10 @@ pub fn describe_records(verb: Verb, records: &[Value]) -> String {
 /// previous one and reads return it from offset 0. The FUSE adapter keeps one per handle and
 /// should open `ctl` with direct I/O, since the reply's size is not the file's size.
 ///
-/// A request must arrive in one FUSE write: the kernel splits writes larger than the
-/// mount's `max_write` (128 KiB by default), which the 64 KiB note limit keeps clear of.
+/// A request must arrive in one FUSE write: the kernel splits a `write(2)` larger than the
+/// mount's `max_write`. fuser asks for 16 MiB and the kernel caps it at its page limit
+/// (1 MiB on current kernels), so a request up to [`MAX_REQUEST`] arrives whole
+/// (`tests/cli_mount.rs` checks it on a real mount).
 #[derive(Debug, Default, Clone)]
 pub struct CtlHandle {
     reply: Vec<u8>,

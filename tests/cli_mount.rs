@@ -459,6 +459,27 @@ fn verbs_round_trip_through_a_real_mount() {
     );
     assert_eq!(reqs[2], json!({"verb":"withdraw","paths":["plan.md"]}));
 
+    // the suggested command works from where the user stands
+    let out = cli(&sub, "alice", &["transfer", "--to", "bob", "../plan.md"]);
+    assert!(
+        text(&out.stdout).ends_with("or you run: coherent withdraw ../plan.md\n"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = cli(
+        Path::new("/"),
+        "alice",
+        &["transfer", "--to", "bob", abs.to_str().unwrap()],
+    );
+    assert!(
+        text(&out.stdout).ends_with(&format!(
+            "or you run: coherent withdraw {}\n",
+            abs.display()
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+
     // --json prints the reply object as is
     let out = cli(&sub, "bob", &["--json", "accept", "x.md"]);
     assert_eq!(out.status.code(), Some(0));
@@ -551,6 +572,24 @@ fn refusals_exit_2_with_the_reason() {
         ],
     );
     assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    // paths on two coherent volumes are a usage error: one request goes to one volume
+    let m2 = Mounted::new();
+    let out = cli(
+        &root,
+        "alice",
+        &[
+            "withdraw",
+            "plan.md",
+            m2.root().join("plan.md").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("run once per volume"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(m2.requests().is_empty());
     // naming the mount root as a file is a usage error
     let out = cli(&root, "alice", &["withdraw", "."]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
@@ -679,4 +718,44 @@ fn watch_exits_when_the_volume_goes_away() {
         .unwrap();
     assert!(st.success());
     assert_eq!(wait_exit(&mut child), Some(0));
+}
+
+#[test]
+fn a_request_near_the_size_limit_arrives_in_one_write() {
+    use std::io::{Read, Seek, Write};
+    let m = Mounted::new();
+    let ctl = m.root().join(".coherent/ctl");
+    // ~1000 KiB of paths: the kernel must deliver it as one FUSE write for the request to be
+    // parsed whole (fuser asks for 16 MiB writes; the kernel caps them at max_pages)
+    let mut line = String::from("accept");
+    while line.len() < coherent::control::MAX_REQUEST - 30_000 {
+        line.push_str(" plan.md");
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&ctl)
+        .unwrap();
+    let n = f.write(line.as_bytes()).unwrap();
+    assert_eq!(n, line.len());
+    {
+        let reqs = m.shared.requests.lock().unwrap();
+        assert_eq!(
+            reqs.len(),
+            1,
+            "the request was split into {} writes",
+            reqs.len()
+        );
+        assert_eq!(reqs[0].len(), line.len());
+    }
+    let mut reply = Vec::new();
+    f.seek(std::io::SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut reply).unwrap();
+    let reply: Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(
+        reply["records"].as_array().unwrap().len(),
+        1,
+        "duplicates collapse"
+    );
 }

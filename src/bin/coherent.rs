@@ -6,7 +6,7 @@
 //! Exit codes: 0 done, 1 usage, 2 refused, 4 no coherent volume here.
 
 use clap::{Args, Parser, Subcommand};
-use coherent::control::{self, describe_record, Reply, Request, Verb};
+use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
 use coherent::error::Reason;
 use serde_json::Value;
 use std::ffi::OsString;
@@ -497,21 +497,37 @@ fn verb_call(root: &Path, req: &Request, json: bool) -> Result<(), Fail> {
         let reason = reply.body()["reason"].as_str().unwrap_or("unknown");
         return Err(Fail::refused(reason, reply.message()));
     }
-    for line in human_lines(req.verb(), &reply) {
+    for line in human_lines(req.verb(), &reply, &hint_mapper(root)) {
         println!("{line}");
     }
     Ok(())
 }
 
+/// How suggested commands name a mount-relative path: relative to the current directory
+/// when it is on the volume, else absolute.
+fn hint_mapper(root: &Path) -> impl Fn(&str) -> String {
+    let cwd_rel = std::env::current_dir()
+        .ok()
+        .and_then(|c| std::fs::canonicalize(c).ok())
+        .and_then(|c| c.strip_prefix(root).ok().map(Path::to_path_buf))
+        .and_then(|r| r.to_str().map(String::from));
+    let root = root.to_path_buf();
+    move |p: &str| match &cwd_rel {
+        Some(from) => control::relative_from(p, from),
+        None => root.join(p).to_string_lossy().into_owned(),
+    }
+}
+
 /// What a person reads after a successful verb.
-fn human_lines(verb: Verb, reply: &Reply) -> Vec<String> {
+fn human_lines(verb: Verb, reply: &Reply, hint: &dyn Fn(&str) -> String) -> Vec<String> {
     let body = reply.body();
     match verb {
         Verb::Transfer | Verb::Accept | Verb::Decline | Verb::Withdraw => {
             match body.get("records").and_then(Value::as_array) {
-                Some(recs) if !recs.is_empty() => {
-                    recs.iter().map(|r| describe_record(verb, r)).collect()
-                }
+                Some(recs) if !recs.is_empty() => recs
+                    .iter()
+                    .map(|r| describe_record_from(verb, r, hint))
+                    .collect(),
                 _ => vec![reply.message().to_string()],
             }
         }

@@ -678,6 +678,23 @@ fn record_lines_name_file_session_version_and_next_step() {
 }
 
 #[test]
+fn hints_are_relative_to_the_readers_directory() {
+    assert_eq!(relative_from("plan.md", ""), "plan.md");
+    assert_eq!(relative_from("sub/x.md", "sub"), "x.md");
+    assert_eq!(relative_from("plan.md", "sub/deeper"), "../../plan.md");
+    assert_eq!(relative_from("a/b/c", "a/x"), "../b/c");
+    assert_eq!(relative_from("a", "a"), ".");
+    let mut rec = record("pending", true);
+    rec["path"] = "docs/plan.md".into();
+    let line = describe_record_from(Verb::Transfer, &rec, |p| relative_from(p, "src"));
+    assert!(line.starts_with("handed docs/plan.md (v2)"), "{line}");
+    assert!(
+        line.ends_with("coherent withdraw ../docs/plan.md"),
+        "{line}"
+    );
+}
+
+#[test]
 fn shell_words() {
     assert_eq!(shell_word("src/lib.rs"), "src/lib.rs");
     assert_eq!(shell_word("-x"), "./-x");
