@@ -186,6 +186,9 @@ scene "scene 1: alice hands plan.md to bob"
 say "bob registers, so that others can hand files to him"
 run_as bob 'coherent register'
 
+say "each session is resolved from its process: coherent run puts it in a cgroup and sets COHERENT_SESSION"
+run_as alice 'coherent whoami'
+
 say "alice writes the plan"
 run_as alice 'printf "# Plan\n1. design the API\n" > plan.md'
 v=$(version plan.md)
@@ -251,6 +254,10 @@ scene "status and the state log"
 run_as alice 'coherent status'
 prompt you "cat .coherent/events"
 indent <.coherent/events
+say "the same log as coherent watch shows it (it follows the log until Ctrl-C; here, 1 s)"
+prompt you "coherent watch --all"
+timeout --preserve-status -s INT 1 coherent watch --all | indent ||
+    fail "coherent watch did not stop cleanly on SIGINT"
 for ev in transfer denied completed overtaken; do
     grep -q "\"event\": *\"$ev\"" .coherent/events || fail "no '$ev' event in the state log"
 done
