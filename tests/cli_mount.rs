@@ -759,3 +759,48 @@ fn a_request_near_the_size_limit_arrives_in_one_write() {
         "duplicates collapse"
     );
 }
+
+/// Not a test: the cost of the control path without the engine (FUSE round trip of one
+/// request, and a whole `coherent` process). Run with
+/// `cargo test --release --test cli_mount -- --ignored --nocapture measure`.
+#[test]
+#[ignore]
+fn measure_round_trip() {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let m = Mounted::new();
+    let root = m.root();
+    let ctl = root.join(".coherent/ctl");
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let mut raw = Vec::new();
+    for _ in 0..2000 {
+        let t = Instant::now();
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&ctl)
+            .unwrap();
+        f.write_all(b"{\"verb\":\"whoami\"}\n").unwrap();
+        let mut buf = [0u8; 4096];
+        let n = f.read_at(&mut buf, 0).unwrap();
+        assert!(n > 0);
+        drop(f);
+        raw.push(t.elapsed());
+    }
+    let mut cli_runs = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let out = cli(&root, "alice", &["--json", "accept", "plan.md"]);
+        assert_eq!(out.status.code(), Some(0));
+        cli_runs.push(t.elapsed());
+    }
+    eprintln!(
+        "ctl open+write+pread+close, median of 2000: {:?}; `coherent accept` process, median \
+         of 200: {:?}",
+        median(raw),
+        median(cli_runs)
+    );
+}
