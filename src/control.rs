@@ -1,1 +1,1002 @@
-//! See DESIGN.md §11.
+//! The control surface's wire format (DESIGN.md §7), with no FUSE types in it:
+//!
+//! - [`parse_request`]: the bytes of one `write(2)` to `.coherent/ctl` → a typed [`Request`]
+//!   (a JSON object or a plain line `VERB ARG...`), paths normalised against the mount root;
+//! - [`Reply`]: the one-object JSON envelope read back from the same open file;
+//! - [`CtlHandle`]: the per-open-handle reply buffer, so the FUSE adapter only forwards bytes;
+//! - [`describe_record`]: the human line for a transfer record, shared by replies and the CLI.
+//!
+//! # Plain-line syntax
+//!
+//! `VERB ARG...`, arguments separated by blanks. An argument may be quoted:
+//! `"..."` with backslash escapes (`\"`, `\\`, `\n`, `\t`, `\r`; any other `\c` is `c`), or
+//! `'...'` taken literally. Outside quotes a backslash makes the next character literal.
+//! One request per write: a trailing newline is fine, a second line is not (a newline may
+//! only appear inside quotes). Options may come before or after the paths; `--` ends them.
+//!
+//! ```text
+//! transfer --to SESSION [--note TEXT] PATH...      (also: transfer PATH... --to SESSION)
+//! accept PATH...   decline PATH...   withdraw PATH...
+//! status [PATH]    whoami            register [NAME]
+//! ```
+//!
+//! # JSON syntax
+//!
+//! `{"verb":"transfer","paths":["plan.md"],"to":"bob","note":"..."}`; single-path verbs also
+//! take `"path":"x"`; `status` takes an optional `"path"`, `register` an optional `"name"`.
+//! Unknown fields are refused so a misspelt field never silently changes a request.
+
+use crate::error::{Reason, Refusal};
+use crate::identity::SessionInfo;
+use serde_json::{json, Map, Value};
+
+/// The largest request accepted in one write (bytes).
+pub const MAX_REQUEST: usize = 1 << 20;
+/// The largest note of a transfer (bytes, DESIGN.md §5).
+pub const MAX_NOTE: usize = 64 * 1024;
+/// The longest path accepted (bytes, after normalisation), as PATH_MAX.
+pub const MAX_PATH: usize = 4096;
+/// The longest session name accepted in `--to` or `register NAME` (bytes).
+pub const MAX_NAME: usize = 1024;
+/// The virtual control directory at the mount root.
+pub const CONTROL_DIR: &str = ".coherent";
+
+/// What a valid request looks like; every `bad_request` message ends with it.
+pub const USAGE: &str = "valid requests: `transfer --to SESSION [--note TEXT] PATH...`, \
+`accept PATH...`, `decline PATH...`, `withdraw PATH...`, `status [PATH]`, `whoami`, \
+`register [NAME]`, or one JSON object such as \
+{\"verb\":\"transfer\",\"paths\":[\"plan.md\"],\"to\":\"bob\",\"note\":\"...\"}";
+
+/// A control verb (the wire names of DESIGN.md §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verb {
+    Register,
+    Transfer,
+    Accept,
+    Decline,
+    Withdraw,
+    Status,
+    Whoami,
+}
+
+impl Verb {
+    pub const ALL: [Verb; 7] = [
+        Verb::Register,
+        Verb::Transfer,
+        Verb::Accept,
+        Verb::Decline,
+        Verb::Withdraw,
+        Verb::Status,
+        Verb::Whoami,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Register => "register",
+            Verb::Transfer => "transfer",
+            Verb::Accept => "accept",
+            Verb::Decline => "decline",
+            Verb::Withdraw => "withdraw",
+            Verb::Status => "status",
+            Verb::Whoami => "whoami",
+        }
+    }
+
+    /// Case-insensitive, so `TRANSFER` typed in a hurry still works.
+    pub fn parse(s: &str) -> Option<Verb> {
+        Verb::ALL
+            .into_iter()
+            .find(|v| v.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// The plain-line form of this verb, for error messages.
+    pub fn usage(self) -> &'static str {
+        match self {
+            Verb::Register => "register [NAME]",
+            Verb::Transfer => "transfer --to SESSION [--note TEXT] PATH...",
+            Verb::Accept => "accept PATH...",
+            Verb::Decline => "decline PATH...",
+            Verb::Withdraw => "withdraw PATH...",
+            Verb::Status => "status [PATH]",
+            Verb::Whoami => "whoami",
+        }
+    }
+}
+
+impl std::fmt::Display for Verb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One parsed `ctl` request. Paths are normalised (see [`normalize_path`]), non-empty and
+/// without duplicates (first occurrence kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Register a session: the caller's own (`None`) or one named ahead of its first process.
+    Register {
+        name: Option<String>,
+    },
+    Transfer {
+        paths: Vec<String>,
+        /// The successor as given: a session name, a full agent id or an id prefix.
+        to: String,
+        /// `None` when absent or empty.
+        note: Option<String>,
+    },
+    Accept {
+        paths: Vec<String>,
+    },
+    Decline {
+        paths: Vec<String>,
+    },
+    Withdraw {
+        paths: Vec<String>,
+    },
+    /// The whole volume, or one path.
+    Status {
+        path: Option<String>,
+    },
+    Whoami,
+}
+
+impl Request {
+    pub fn verb(&self) -> Verb {
+        match self {
+            Request::Register { .. } => Verb::Register,
+            Request::Transfer { .. } => Verb::Transfer,
+            Request::Accept { .. } => Verb::Accept,
+            Request::Decline { .. } => Verb::Decline,
+            Request::Withdraw { .. } => Verb::Withdraw,
+            Request::Status { .. } => Verb::Status,
+            Request::Whoami => Verb::Whoami,
+        }
+    }
+
+    /// The paths the request names (empty for verbs without paths).
+    pub fn paths(&self) -> &[String] {
+        match self {
+            Request::Transfer { paths, .. }
+            | Request::Accept { paths }
+            | Request::Decline { paths }
+            | Request::Withdraw { paths } => paths,
+            Request::Status { path: Some(p) } => std::slice::from_ref(p),
+            _ => &[],
+        }
+    }
+
+    /// The JSON form of this request (what the CLI writes; parses back to `self`).
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("verb".into(), self.verb().as_str().into());
+        match self {
+            Request::Register { name } => {
+                if let Some(n) = name {
+                    m.insert("name".into(), n.clone().into());
+                }
+            }
+            Request::Transfer { paths, to, note } => {
+                m.insert("paths".into(), json!(paths));
+                m.insert("to".into(), to.clone().into());
+                if let Some(n) = note {
+                    m.insert("note".into(), n.clone().into());
+                }
+            }
+            Request::Accept { paths }
+            | Request::Decline { paths }
+            | Request::Withdraw { paths } => {
+                m.insert("paths".into(), json!(paths));
+            }
+            Request::Status { path } => {
+                if let Some(p) = path {
+                    m.insert("path".into(), p.clone().into());
+                }
+            }
+            Request::Whoami => {}
+        }
+        Value::Object(m)
+    }
+}
+
+/// A request that could not be parsed: a `bad_request` (or `handoff_successor_malformed`)
+/// refusal, with the verb and path when they were recognised, for the reply envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestError {
+    pub verb: Option<Verb>,
+    pub path: Option<String>,
+    pub refusal: Refusal,
+}
+
+impl RequestError {
+    fn bad(verb: Option<Verb>, what: impl std::fmt::Display) -> Self {
+        let hint = match verb {
+            Some(v) => format!("expected `{}` (or its JSON form)", v.usage()),
+            None => USAGE.to_string(),
+        };
+        RequestError {
+            verb,
+            path: None,
+            refusal: Refusal::new(Reason::BadRequest, format!("bad request: {what}; {hint}")),
+        }
+    }
+
+    /// The refusal reply for this error.
+    pub fn reply(&self) -> Reply {
+        Reply::refused(self.verb, &self.refusal, self.path.as_deref())
+    }
+}
+
+impl From<RequestError> for Refusal {
+    fn from(e: RequestError) -> Refusal {
+        e.refusal
+    }
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.refusal.fmt(f)
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// Normalise a path given in a request to the form the engine keys on: relative to the mount
+/// root, no `.` or empty components, `..` resolved lexically (the mount root has no parent
+/// here, and symlinks are never followed: the path names the link itself).
+///
+/// Refused (`bad_request`): empty, NUL, absolute, leaving the root, naming the root itself,
+/// naming anything under `.coherent/`, longer than [`MAX_PATH`].
+pub fn normalize_path(raw: &str) -> Result<String, Refusal> {
+    let bad = |what: &str| {
+        Refusal::new(
+            Reason::BadRequest,
+            format!(
+                "bad request: path {}{what}; paths are relative to the mount root, \
+                 e.g. `plan.md` or `src/lib.rs`",
+                quote_for_message(raw)
+            ),
+        )
+    };
+    if raw.is_empty() {
+        return Err(bad("is empty"));
+    }
+    if raw.contains('\0') {
+        return Err(bad("contains a NUL byte"));
+    }
+    if raw.starts_with('/') {
+        return Err(bad(
+            " is absolute (the coherent CLI turns paths into mount-relative ones)",
+        ));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for comp in raw.split('/') {
+        match comp {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(bad(" leaves the mount root"));
+                }
+            }
+            c => parts.push(c),
+        }
+    }
+    if parts.is_empty() {
+        return Err(bad(" names the mount root, not a file"));
+    }
+    if parts[0] == CONTROL_DIR {
+        return Err(bad(" is inside the control directory .coherent/"));
+    }
+    let out = parts.join("/");
+    if out.len() > MAX_PATH {
+        return Err(bad(&format!(" is longer than {MAX_PATH} bytes")));
+    }
+    Ok(out)
+}
+
+/// A value quoted for a message, shortened so a huge argument never floods a reply.
+fn quote_for_message(s: &str) -> String {
+    const MAX: usize = 120;
+    if s.len() <= MAX {
+        format!("{s:?}")
+    } else {
+        let mut end = MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{:?}... ({} bytes)", &s[..end], s.len())
+    }
+}
+
+/// Parse the bytes of one `write(2)` to `.coherent/ctl`.
+pub fn parse_request(bytes: &[u8]) -> Result<Request, RequestError> {
+    if bytes.len() > MAX_REQUEST {
+        return Err(RequestError::bad(
+            None,
+            format!(
+                "request of {} bytes is larger than the limit of {MAX_REQUEST} bytes",
+                bytes.len()
+            ),
+        ));
+    }
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| RequestError::bad(None, format!("request is not UTF-8 text ({e})")))?;
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(RequestError::bad(None, "empty request"));
+    }
+    if trimmed.starts_with('{') {
+        parse_json(trimmed)
+    } else {
+        if trimmed.contains('\0') {
+            return Err(RequestError::bad(None, "request contains a NUL byte"));
+        }
+        parse_line(trimmed)
+    }
+}
+
+/// Split a plain line into arguments (syntax in the module docs).
+pub fn tokenize(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut in_token = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\n' => return Err("one request per write: found a second line".into()),
+            c if c.is_whitespace() => {
+                if in_token {
+                    out.push(std::mem::take(&mut cur));
+                    in_token = false;
+                }
+            }
+            '\\' => {
+                in_token = true;
+                match chars.next() {
+                    Some(n) => cur.push(n),
+                    None => return Err("the line ends with a lone backslash".into()),
+                }
+            }
+            '"' => {
+                in_token = true;
+                loop {
+                    match chars.next() {
+                        None => return Err("unterminated double quote".into()),
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            None => return Err("unterminated double quote".into()),
+                            Some('n') => cur.push('\n'),
+                            Some('t') => cur.push('\t'),
+                            Some('r') => cur.push('\r'),
+                            Some(o) => cur.push(o),
+                        },
+                        Some(o) => cur.push(o),
+                    }
+                }
+            }
+            '\'' => {
+                in_token = true;
+                loop {
+                    match chars.next() {
+                        None => return Err("unterminated single quote".into()),
+                        Some('\'') => break,
+                        Some(o) => cur.push(o),
+                    }
+                }
+            }
+            c => {
+                in_token = true;
+                cur.push(c);
+            }
+        }
+    }
+    if in_token {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+fn parse_line(line: &str) -> Result<Request, RequestError> {
+    let tokens = tokenize(line).map_err(|e| RequestError::bad(None, e))?;
+    let Some((first, rest)) = tokens.split_first() else {
+        return Err(RequestError::bad(None, "empty request"));
+    };
+    let verb = Verb::parse(first).ok_or_else(|| {
+        RequestError::bad(None, format!("unknown verb {}", quote_for_message(first)))
+    })?;
+
+    // Options (`--to X`, `--to=X`, `--note X`, `--note=X`) may appear anywhere before `--`.
+    let mut to: Option<String> = None;
+    let mut note: Option<String> = None;
+    let mut positional: Vec<String> = Vec::new();
+    let mut it = rest.iter();
+    let mut options_done = false;
+    while let Some(tok) = it.next() {
+        if options_done || !tok.starts_with('-') || tok == "-" {
+            positional.push(tok.clone());
+            continue;
+        }
+        if tok == "--" {
+            options_done = true;
+            continue;
+        }
+        let (name, inline) = match tok.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (tok.as_str(), None),
+        };
+        let slot = match (verb, name) {
+            (Verb::Transfer, "--to") => &mut to,
+            (Verb::Transfer, "--note") => &mut note,
+            _ => {
+                return Err(RequestError::bad(
+                    Some(verb),
+                    format!(
+                        "unknown option {} for {verb} (a path starting with `-` goes after `--`)",
+                        quote_for_message(tok)
+                    ),
+                ))
+            }
+        };
+        if slot.is_some() {
+            return Err(RequestError::bad(Some(verb), format!("{name} given twice")));
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => it
+                .next()
+                .cloned()
+                .ok_or_else(|| RequestError::bad(Some(verb), format!("{name} needs a value")))?,
+        };
+        *slot = Some(value);
+    }
+    build(verb, positional, to, note)
+}
+
+fn parse_json(text: &str) -> Result<Request, RequestError> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| RequestError::bad(None, format!("invalid JSON ({e})")))?;
+    let Value::Object(obj) = value else {
+        return Err(RequestError::bad(None, "the JSON request is not an object"));
+    };
+    let verb = match obj.get("verb") {
+        Some(Value::String(s)) => Verb::parse(s).ok_or_else(|| {
+            RequestError::bad(None, format!("unknown verb {}", quote_for_message(s)))
+        })?,
+        Some(_) => return Err(RequestError::bad(None, "\"verb\" must be a string")),
+        None => return Err(RequestError::bad(None, "the JSON request has no \"verb\"")),
+    };
+    let allowed: &[&str] = match verb {
+        Verb::Transfer => &["verb", "paths", "path", "to", "note"],
+        Verb::Accept | Verb::Decline | Verb::Withdraw | Verb::Status => &["verb", "paths", "path"],
+        Verb::Register => &["verb", "name"],
+        Verb::Whoami => &["verb"],
+    };
+    if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(RequestError::bad(
+            Some(verb),
+            format!(
+                "unknown field {} for {verb} (allowed: {})",
+                quote_for_message(k),
+                allowed.join(", ")
+            ),
+        ));
+    }
+    let string_field = |key: &str| -> Result<Option<String>, RequestError> {
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(RequestError::bad(
+                Some(verb),
+                format!("\"{key}\" must be a string"),
+            )),
+        }
+    };
+    let mut positional = Vec::new();
+    match obj.get("paths") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            for item in items {
+                match item {
+                    Value::String(s) => positional.push(s.clone()),
+                    _ => {
+                        return Err(RequestError::bad(
+                            Some(verb),
+                            "\"paths\" must be an array of strings",
+                        ))
+                    }
+                }
+            }
+        }
+        Some(_) => {
+            return Err(RequestError::bad(
+                Some(verb),
+                "\"paths\" must be an array of strings",
+            ))
+        }
+    }
+    if let Some(p) = string_field("path")? {
+        if obj.get("paths").is_some_and(|v| !v.is_null()) {
+            return Err(RequestError::bad(
+                Some(verb),
+                "give either \"path\" or \"paths\", not both",
+            ));
+        }
+        positional.push(p);
+    }
+    if let Some(n) = string_field("name")? {
+        positional.push(n);
+    }
+    build(verb, positional, string_field("to")?, string_field("note")?)
+}
+
+/// Check the arguments of a verb and build the request (shared by both syntaxes).
+fn build(
+    verb: Verb,
+    positional: Vec<String>,
+    to: Option<String>,
+    note: Option<String>,
+) -> Result<Request, RequestError> {
+    let paths = |raw: Vec<String>| -> Result<Vec<String>, RequestError> {
+        if raw.is_empty() {
+            return Err(RequestError::bad(Some(verb), "no path given"));
+        }
+        // A set keeps a 1 MiB request of tiny paths linear, not quadratic.
+        let mut seen = std::collections::HashSet::with_capacity(raw.len());
+        let mut out: Vec<String> = Vec::with_capacity(raw.len());
+        for r in raw {
+            let p = normalize_path(&r).map_err(|refusal| RequestError {
+                verb: Some(verb),
+                path: Some(r.clone()),
+                refusal,
+            })?;
+            if seen.insert(p.clone()) {
+                out.push(p);
+            }
+        }
+        Ok(out)
+    };
+    match verb {
+        Verb::Transfer => {
+            let to = match to {
+                None => return Err(RequestError::bad(Some(verb), "missing --to SESSION")),
+                Some(t) if t.trim().is_empty() => {
+                    return Err(RequestError::bad(Some(verb), "--to is empty"))
+                }
+                Some(t) => t,
+            };
+            if to.len() > MAX_NAME || to.chars().any(char::is_control) {
+                let refusal = Refusal::new(
+                    Reason::HandoffSuccessorMalformed,
+                    format!(
+                        "the successor {} is not a session name, an agent id or an id prefix \
+                         of 8+ hex digits (no control characters, at most {MAX_NAME} bytes)",
+                        quote_for_message(&to)
+                    ),
+                );
+                return Err(RequestError {
+                    verb: Some(verb),
+                    path: None,
+                    refusal,
+                });
+            }
+            let note = note.filter(|n| !n.is_empty());
+            if let Some(n) = &note {
+                if n.len() > MAX_NOTE {
+                    return Err(RequestError::bad(
+                        Some(verb),
+                        format!("the note is {} bytes; the limit is {MAX_NOTE}", n.len()),
+                    ));
+                }
+                if n.contains('\0') {
+                    return Err(RequestError::bad(
+                        Some(verb),
+                        "the note contains a NUL byte",
+                    ));
+                }
+            }
+            Ok(Request::Transfer {
+                paths: paths(positional)?,
+                to,
+                note,
+            })
+        }
+        Verb::Accept => Ok(Request::Accept {
+            paths: paths(positional)?,
+        }),
+        Verb::Decline => Ok(Request::Decline {
+            paths: paths(positional)?,
+        }),
+        Verb::Withdraw => Ok(Request::Withdraw {
+            paths: paths(positional)?,
+        }),
+        Verb::Status => match positional.len() {
+            0 => Ok(Request::Status { path: None }),
+            1 => {
+                let mut p = paths(positional)?;
+                Ok(Request::Status { path: p.pop() })
+            }
+            n => Err(RequestError::bad(
+                Some(verb),
+                format!("status takes at most one path, got {n}"),
+            )),
+        },
+        Verb::Whoami => {
+            if positional.is_empty() {
+                Ok(Request::Whoami)
+            } else {
+                Err(RequestError::bad(Some(verb), "whoami takes no arguments"))
+            }
+        }
+        Verb::Register => match positional.as_slice() {
+            [] => Ok(Request::Register { name: None }),
+            [name] => {
+                check_session_name(name).map_err(|e| RequestError::bad(Some(verb), e))?;
+                Ok(Request::Register {
+                    name: Some(name.clone()),
+                })
+            }
+            _ => Err(RequestError::bad(
+                Some(verb),
+                "register takes at most one name",
+            )),
+        },
+    }
+}
+
+/// A session name that can also name a `coherent-session-NAME` cgroup: non-empty, at most
+/// 200 bytes, no `/`, no control characters, not `.` or `..`.
+pub fn check_session_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("the session name is empty".into());
+    }
+    if name.len() > 200 {
+        return Err(format!(
+            "the session name is {} bytes; the limit is 200",
+            name.len()
+        ));
+    }
+    if name == "." || name == ".." || name.contains('/') {
+        return Err(format!(
+            "the session name {} must not contain `/` or be `.`/`..`",
+            quote_for_message(name)
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!(
+            "the session name {} contains a control character",
+            quote_for_message(name)
+        ));
+    }
+    Ok(())
+}
+
+/// The reply to one request: always one JSON object with `ok`, `verb` and `message`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    body: Value,
+}
+
+impl Reply {
+    /// A success with verb-specific `fields` (they cannot override `ok`, `verb`, `message`).
+    pub fn ok(verb: Verb, fields: Map<String, Value>, message: impl Into<String>) -> Reply {
+        let mut m = Map::new();
+        m.insert("ok".into(), true.into());
+        m.insert("verb".into(), verb.as_str().into());
+        for (k, v) in fields {
+            if !matches!(k.as_str(), "ok" | "verb" | "message") {
+                m.insert(k, v);
+            }
+        }
+        m.insert("message".into(), message.into().into());
+        Reply {
+            body: Value::Object(m),
+        }
+    }
+
+    /// transfer/accept/decline/withdraw: the records the verb produced (engine record JSON).
+    /// The message is one line built from them with [`describe_record`].
+    pub fn records(verb: Verb, records: Vec<Value>) -> Reply {
+        let message = describe_records(verb, &records);
+        let mut m = Map::new();
+        m.insert("records".into(), Value::Array(records));
+        Reply::ok(verb, m, message)
+    }
+
+    /// status: the engine's status object, nested under `"status"`.
+    pub fn status(status: Value, message: impl Into<String>) -> Reply {
+        let mut m = Map::new();
+        m.insert("status".into(), status);
+        Reply::ok(Verb::Status, m, message)
+    }
+
+    /// whoami (and register): `session`, `agent`, `via` of a session.
+    pub fn session(verb: Verb, session: &SessionInfo) -> Reply {
+        let fields = match session_json(session) {
+            Value::Object(m) => m,
+            _ => unreachable!("session_json returns an object"),
+        };
+        let message = match verb {
+            Verb::Register => format!("registered session {}", session.display()),
+            _ => format!(
+                "you are session {}, agent id {}, resolved by {}",
+                session.display(),
+                session.agent_id,
+                via_text(&fields["via"])
+            ),
+        };
+        Reply::ok(verb, fields, message)
+    }
+
+    /// A refusal: `reason`, `errno` (from [`Reason::errno`]), `path` (or null), `message`.
+    /// `verb` is null when the request was too malformed to name one.
+    pub fn refused(verb: Option<Verb>, refusal: &Refusal, path: Option<&str>) -> Reply {
+        Reply {
+            body: json!({
+                "ok": false,
+                "verb": verb.map(Verb::as_str),
+                "reason": refusal.reason.as_str(),
+                "errno": refusal.errno(),
+                "path": path,
+                "message": refusal.message,
+            }),
+        }
+    }
+
+    /// Wrap an envelope read back from `ctl` (the CLI side). `None` if it is not one.
+    pub fn from_json(body: Value) -> Option<Reply> {
+        let ok = body.get("ok")?.as_bool()?;
+        if !ok {
+            body.get("reason")?.as_str()?;
+        }
+        Some(Reply { body })
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.body["ok"] == Value::Bool(true)
+    }
+
+    /// The errno a refused request fails its `write(2)` with; `None` on success.
+    pub fn errno(&self) -> Option<i32> {
+        if self.is_ok() {
+            return None;
+        }
+        let from_reason = self.reason().map(Reason::errno);
+        let given = self.body["errno"].as_i64().map(|n| n as i32);
+        Some(from_reason.or(given).unwrap_or(libc::EACCES))
+    }
+
+    pub fn reason(&self) -> Option<Reason> {
+        self.body["reason"].as_str().and_then(Reason::parse)
+    }
+
+    pub fn message(&self) -> &str {
+        self.body["message"].as_str().unwrap_or("")
+    }
+
+    pub fn body(&self) -> &Value {
+        &self.body
+    }
+
+    /// The bytes a reader of `ctl` gets: the JSON object and a newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec(&self.body).expect("a JSON value always serialises");
+        v.push(b'\n');
+        v
+    }
+}
+
+/// `{"session","agent","via"}` of a session: the whoami reply fields, and the content of
+/// `.coherent/whoami`.
+pub fn session_json(session: &SessionInfo) -> Value {
+    json!({
+        "session": session.name,
+        "agent": session.agent_id.to_string(),
+        "via": serde_json::to_value(&session.via).unwrap_or(Value::Null),
+    })
+}
+
+/// How a session was resolved, as words, from the `via` JSON of [`session_json`].
+pub fn via_text(via: &Value) -> String {
+    match via {
+        Value::String(s) => s.clone(),
+        Value::Object(m) => {
+            let kind = m.get("kind").and_then(Value::as_str).unwrap_or("unknown");
+            let detail = m
+                .iter()
+                .filter(|(k, _)| k.as_str() != "kind")
+                .filter_map(|(_, v)| v.as_str())
+                .collect::<Vec<_>>()
+                .join(" ");
+            match kind {
+                "env" => format!("environment variable {detail}"),
+                "cgroup" => format!("cgroup {detail}"),
+                "uid" => "uid (no session tag: unattributed)".to_string(),
+                "registered" => "registration through the control file".to_string(),
+                other if detail.is_empty() => other.to_string(),
+                other => format!("{other} {detail}"),
+            }
+        }
+        _ => "unknown".to_string(),
+    }
+}
+
+/// The first 8 hex digits of an agent id string (as the engine writes it).
+pub fn short_id(agent: &str) -> String {
+    agent.chars().filter(|c| *c != '-').take(8).collect()
+}
+
+/// A path as a shell word, for "run: coherent withdraw PATH" hints.
+pub fn shell_word(s: &str) -> String {
+    let safe = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./+:@,%=".contains(c));
+    if safe && !s.starts_with('-') {
+        s.to_string()
+    } else if safe {
+        format!("./{s}")
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// `path` (mount-relative) as seen from the directory `from` (mount-relative).
+pub fn relative_from(path: &str, from: &str) -> String {
+    let p: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let f: Vec<&str> = from.split('/').filter(|c| !c.is_empty()).collect();
+    let common = p.iter().zip(&f).take_while(|(a, b)| a == b).count();
+    let mut out: Vec<&str> = vec![".."; f.len() - common];
+    out.extend_from_slice(&p[common..]);
+    if out.is_empty() {
+        ".".to_string()
+    } else {
+        out.join("/")
+    }
+}
+
+fn field<'a>(rec: &'a Value, key: &str) -> &'a str {
+    rec.get(key).and_then(Value::as_str).unwrap_or("?")
+}
+
+fn who(rec: &Value, role: &str) -> String {
+    let name = field(rec, role);
+    match rec.get(format!("{role}_agent")).and_then(Value::as_str) {
+        Some(agent) => format!("{name} ({})", short_id(agent)),
+        None => name.to_string(),
+    }
+}
+
+/// One human line for a transfer record (the engine's record JSON) as seen after `verb`:
+/// names the file, the other session (name and short id), the version and what to do next.
+pub fn describe_record(verb: Verb, rec: &Value) -> String {
+    describe_record_from(verb, rec, |p| p.to_string())
+}
+
+/// [`describe_record`] where the suggested command names the path as `hint` maps it (the
+/// CLI maps it to the path as seen from the reader's directory, so the command can be
+/// pasted as is); the file itself is still named by its mount-relative path.
+pub fn describe_record_from(verb: Verb, rec: &Value, hint: impl Fn(&str) -> String) -> String {
+    let path = field(rec, "path");
+    let version = match rec.get("version_at_transfer").and_then(Value::as_u64) {
+        Some(v) => format!("v{v}"),
+        None => "v?".to_string(),
+    };
+    let status = field(rec, "status");
+    let live = rec.get("live").and_then(Value::as_bool).unwrap_or(false);
+    let giver = field(rec, "giver");
+    let successor = field(rec, "successor");
+    let (g, s) = (who(rec, "giver"), who(rec, "successor"));
+    let hint_path = shell_word(&hint(path));
+    match verb {
+        Verb::Transfer if live => format!(
+            "handed {path} ({version}) to {s}; you can no longer write it until {successor} \
+             writes or declines it, or you run: coherent withdraw {hint_path}"
+        ),
+        Verb::Transfer => {
+            format!("the handoff of {path} ({version}) to {s} is {status}; you can write it again")
+        }
+        Verb::Accept => format!(
+            "accepted {path} ({version}) from {g}; it is yours to write, and {giver} stays \
+             fenced until the file changes (or run: coherent decline {hint_path})"
+        ),
+        Verb::Decline => {
+            format!("declined {path} ({version}) from {g}; {giver} can write it again")
+        }
+        Verb::Withdraw => format!("withdrew {path} ({version}) from {s}; you can write it again"),
+        _ => {
+            let mut line = format!("{path} ({version}): {g} -> {s}, {status}");
+            if status == "overtaken" {
+                if let Some(c) = rec.get("counterparty").and_then(Value::as_str) {
+                    line.push_str(&format!(" by {c}"));
+                }
+            }
+            line.push_str(if live {
+                "; live: the giver is fenced"
+            } else {
+                "; ended"
+            });
+            line
+        }
+    }
+}
+
+/// One line for several records: each record's line, separated by ` | `.
+pub fn describe_records(verb: Verb, records: &[Value]) -> String {
+    if records.is_empty() {
+        return format!("{verb}: nothing changed");
+    }
+    records
+        .iter()
+        .map(|r| describe_record(verb, r))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// The reply buffer of one open handle of `ctl`.
+///
+/// Each `write(2)` is one request (its file offset is ignored); the reply replaces the
+/// previous one and reads return it from offset 0. The FUSE adapter keeps one per handle and
+/// should open `ctl` with direct I/O, since the reply's size is not the file's size.
+///
+/// A request must arrive in one FUSE write: the kernel splits a `write(2)` larger than the
+/// mount's `max_write`. fuser asks for 16 MiB and the kernel caps it at its page limit
+/// (1 MiB on current kernels), so a request up to [`MAX_REQUEST`] arrives whole
+/// (`tests/cli_mount.rs` checks it on a real mount).
+#[derive(Debug, Default, Clone)]
+pub struct CtlHandle {
+    reply: Vec<u8>,
+}
+
+impl CtlHandle {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serve one write: parse `data`, run `serve` on a well-formed request, store the reply.
+    /// `Ok(n)` is the byte count to report written; `Err(errno)` fails the `write(2)` (the
+    /// refusal reply is stored all the same, so the caller can still read why).
+    pub fn write(
+        &mut self,
+        data: &[u8],
+        serve: impl FnOnce(&Request) -> Reply,
+    ) -> Result<u32, i32> {
+        let reply = match parse_request(data) {
+            Ok(req) => serve(&req),
+            Err(e) => e.reply(),
+        };
+        self.set_reply(&reply)?;
+        Ok(u32::try_from(data.len()).unwrap_or(u32::MAX))
+    }
+
+    /// Store a reply; `Err(errno)` if it is a refusal.
+    pub fn set_reply(&mut self, reply: &Reply) -> Result<(), i32> {
+        self.reply = reply.to_bytes();
+        match reply.errno() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// The bytes of a read at `offset` of at most `size` bytes (empty past the end).
+    pub fn read(&self, offset: u64, size: u32) -> &[u8] {
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.reply.len());
+        let end = start.saturating_add(size as usize).min(self.reply.len());
+        &self.reply[start..end]
+    }
+
+    /// The whole stored reply (empty before the first request).
+    pub fn reply(&self) -> &[u8] {
+        &self.reply
+    }
+
+    pub fn len(&self) -> usize {
+        self.reply.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reply.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests;

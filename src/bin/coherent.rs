@@ -1,1 +1,869 @@
-fn main() {}
+//! `coherent`: the command-line client of a coherent volume (DESIGN.md §7).
+//!
+//! A thin client of `.coherent/ctl`: it finds the volume from the given paths (or the current
+//! directory), turns each path into one relative to the mount root, writes one JSON request
+//! in one `write(2)`, reads the reply back from the same descriptor and prints one line.
+//! Exit codes: 0 done, 1 usage, 2 refused, 4 no coherent volume here.
+
+use clap::{Args, Parser, Subcommand};
+use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
+use coherent::error::Reason;
+use serde_json::Value;
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const EXIT_USAGE: u8 = 1;
+const EXIT_REFUSED: u8 = 2;
+const EXIT_NO_VOLUME: u8 = 4;
+
+#[derive(Parser)]
+#[command(
+    name = "coherent",
+    version,
+    about = "Hand files between agent sessions on a coherent volume",
+    after_help = "Exit codes: 0 done, 1 usage, 2 refused, 4 no coherent volume here.\n\
+                  Mount a volume with: coherent-mount DIR"
+)]
+struct Cli {
+    /// Print the volume's JSON reply instead of a human line.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Say more on stderr (e.g. whether `run` could use a cgroup).
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Hand PATHs to another session; you can no longer write them until it ends.
+    Transfer {
+        /// The successor: a session name, its agent id, or an id prefix of 8+ hex digits.
+        #[arg(long, value_name = "SESSION")]
+        to: String,
+        /// A note for the successor (up to 64 KiB).
+        #[arg(long, value_name = "TEXT")]
+        note: Option<String>,
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+    },
+    /// Accept PATHs handed to you (the giver stays fenced until the file changes).
+    Accept(PathArgs),
+    /// Decline PATHs handed to you (the giver can write them again).
+    Decline(PathArgs),
+    /// Take back PATHs you handed on (you can write them again).
+    Withdraw(PathArgs),
+    /// Sessions and handoffs of the volume, or of one PATH.
+    Status {
+        #[arg(value_name = "PATH")]
+        path: Option<PathBuf>,
+    },
+    /// Which session this process belongs to, and how it was resolved.
+    Whoami,
+    /// Register this session (or NAME) so others can hand files to it.
+    Register {
+        #[arg(value_name = "NAME")]
+        name: Option<String>,
+    },
+    /// Follow the volume's state log (.coherent/events), one readable line per event.
+    Watch {
+        /// A directory on the volume (default: the current directory).
+        #[arg(value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Show the last N existing events first (0: only new ones).
+        #[arg(short = 'n', long, default_value_t = 10, value_name = "N")]
+        lines: usize,
+        /// Show every existing event first.
+        #[arg(long, conflicts_with = "lines")]
+        all: bool,
+    },
+    /// Run CMD in session NAME (env tag, and a cgroup where possible).
+    ///
+    /// Sets COHERENT_SESSION=NAME and, where cgroup v2 is writable, moves into a
+    /// coherent-session-NAME cgroup under the cgroup v2 mount before running CMD (-v says
+    /// which). Exits with CMD's exit code (127 if it cannot be found).
+    Run {
+        #[arg(long, value_name = "NAME")]
+        session: String,
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "CMD"
+        )]
+        cmd: Vec<OsString>,
+    },
+}
+
+#[derive(Args)]
+struct PathArgs {
+    #[arg(required = true, value_name = "PATH")]
+    paths: Vec<PathBuf>,
+}
+
+/// Why the command stopped: an exit code and what to say on stderr.
+struct Fail {
+    code: u8,
+    message: String,
+}
+
+impl Fail {
+    fn usage(message: impl Into<String>) -> Fail {
+        Fail {
+            code: EXIT_USAGE,
+            message: format!("coherent: {}", message.into()),
+        }
+    }
+    fn no_volume(message: impl Into<String>) -> Fail {
+        Fail {
+            code: EXIT_NO_VOLUME,
+            message: format!("coherent: {}", message.into()),
+        }
+    }
+    fn refused(reason: &str, message: &str) -> Fail {
+        Fail {
+            code: EXIT_REFUSED,
+            message: format!("coherent: refused ({reason}): {message}"),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // Help and version go to stdout and succeed; every other parse error is a usage
+            // error, exit 1 (clap's own default would be 2, which here means "refused").
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            if !f.message.is_empty() {
+                eprintln!("{}", f.message);
+            }
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Fail> {
+    let json = cli.json;
+    match cli.cmd {
+        Cmd::Transfer { to, note, paths } => {
+            let (root, paths) = locate_paths(&paths)?;
+            let req = Request::Transfer { paths, to, note };
+            verb_call(&root, &req, json)
+        }
+        Cmd::Accept(a) => {
+            let (root, paths) = locate_paths(&a.paths)?;
+            verb_call(&root, &Request::Accept { paths }, json)
+        }
+        Cmd::Decline(a) => {
+            let (root, paths) = locate_paths(&a.paths)?;
+            verb_call(&root, &Request::Decline { paths }, json)
+        }
+        Cmd::Withdraw(a) => {
+            let (root, paths) = locate_paths(&a.paths)?;
+            verb_call(&root, &Request::Withdraw { paths }, json)
+        }
+        Cmd::Status { path } => {
+            let (root, rel) = match path {
+                Some(p) => {
+                    let (root, rel) = locate(&p)?;
+                    // `coherent status .` at the mount root means the whole volume
+                    (root, (!rel.is_empty()).then_some(rel))
+                }
+                None => (locate_cwd()?, None),
+            };
+            verb_call(&root, &Request::Status { path: rel }, json)
+        }
+        Cmd::Whoami => verb_call(&locate_cwd()?, &Request::Whoami, json),
+        Cmd::Register { name } => verb_call(&locate_cwd()?, &Request::Register { name }, json),
+        Cmd::Watch { dir, lines, all } => {
+            let root = match dir {
+                Some(d) => locate(&d)?.0,
+                None => locate_cwd()?,
+            };
+            watch(&root, if all { usize::MAX } else { lines }, json)
+        }
+        Cmd::Run { session, cmd } => run_in_session(&session, &cmd, cli.verbose),
+    }
+}
+
+// ---- finding the volume -----------------------------------------------------------------
+
+/// One line of /proc/self/mountinfo that matters here.
+struct MountEntry {
+    point: PathBuf,
+    fstype: String,
+}
+
+/// The mounts visible to this process, in mount order (later entries are on top).
+fn mounts() -> Option<Vec<MountEntry>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    Some(text.lines().filter_map(parse_mountinfo_line).collect())
+}
+
+fn parse_mountinfo_line(line: &str) -> Option<MountEntry> {
+    // id parent major:minor root mountpoint options [optional...] - fstype source superopts
+    let (head, tail) = line.split_once(" - ")?;
+    let point = head.split(' ').nth(4)?;
+    let fstype = tail.split(' ').next()?;
+    Some(MountEntry {
+        point: PathBuf::from(unescape_mountinfo(point)),
+        fstype: fstype.to_string(),
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    OsString::from_vec(out)
+}
+
+fn is_fuse(fstype: &str) -> bool {
+    fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.")
+}
+
+/// The absolute form of `p` without following its last component (a symlink on the volume
+/// is a path of its own): the deepest existing ancestor is canonicalised, the rest appended.
+fn absolute(p: &Path) -> io::Result<PathBuf> {
+    let joined = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(p)
+    };
+    // lexical `.`/`..` first, as the shell would for a path typed relative to $PWD
+    let mut lexical = PathBuf::from("/");
+    for c in joined.components() {
+        match c {
+            Component::ParentDir => {
+                lexical.pop();
+            }
+            Component::Normal(n) => lexical.push(n),
+            _ => {}
+        }
+    }
+    let mut rest: Vec<&std::ffi::OsStr> = Vec::new();
+    let mut anc: &Path = &lexical;
+    // never canonicalise the path itself unless it is a directory (the mount root, `.`)
+    if !lexical.is_dir() || lexical.is_symlink() {
+        if let (Some(parent), Some(name)) = (lexical.parent(), lexical.file_name()) {
+            rest.push(name);
+            anc = parent;
+        }
+    }
+    loop {
+        match std::fs::canonicalize(anc) {
+            Ok(mut c) => {
+                for r in rest.iter().rev() {
+                    c.push(r);
+                }
+                return Ok(c);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(e),
+            Err(e) => match (anc.parent(), anc.file_name()) {
+                (Some(parent), Some(name)) => {
+                    rest.push(name);
+                    anc = parent;
+                }
+                _ => return Err(e),
+            },
+        }
+    }
+}
+
+/// The mount root of the coherent volume holding `abs`, searching `abs` and its parents.
+fn find_root(abs: &Path, searched: &Path) -> Result<PathBuf, Fail> {
+    let not_found = || {
+        Fail::no_volume(format!(
+            "no coherent volume here: searched {} and its parents for a FUSE mount with \
+             .coherent/ctl; mount one with: coherent-mount DIR",
+            searched.display()
+        ))
+    };
+    let table = mounts();
+    for anc in abs.ancestors() {
+        let ctl = anc.join(".coherent/ctl");
+        match &table {
+            Some(table) => {
+                // the topmost mount at this point decides which filesystem `anc` is on
+                let Some(m) = table.iter().rev().find(|m| m.point == anc) else {
+                    continue;
+                };
+                if !is_fuse(&m.fstype) {
+                    return Err(not_found());
+                }
+                return match std::fs::symlink_metadata(&ctl) {
+                    Ok(_) => Ok(anc.to_path_buf()),
+                    Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Err(gone(anc, &e)),
+                    Err(_) => Err(not_found()),
+                };
+            }
+            None => {
+                if ctl.exists() {
+                    return Ok(anc.to_path_buf());
+                }
+            }
+        }
+    }
+    Err(not_found())
+}
+
+fn gone(root: &Path, e: &io::Error) -> Fail {
+    Fail::no_volume(format!(
+        "the coherent volume at {} is not answering ({e}); unmount it with \
+         `fusermount3 -u {}` and mount it again",
+        root.display(),
+        root.display()
+    ))
+}
+
+/// The volume root and the mount-relative path of `p` ("" for the root itself).
+fn locate(p: &Path) -> Result<(PathBuf, String), Fail> {
+    let abs = absolute(p).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            Fail::no_volume(format!(
+                "the volume holding {} is not answering ({e})",
+                p.display()
+            ))
+        } else {
+            Fail::usage(format!("cannot resolve {}: {e}", p.display()))
+        }
+    })?;
+    let root = find_root(&abs, &abs)?;
+    let rel = abs
+        .strip_prefix(&root)
+        .expect("a root found among the ancestors is a prefix");
+    let rel = rel
+        .to_str()
+        .ok_or_else(|| Fail::usage(format!("{} is not valid UTF-8", p.display())))?;
+    Ok((root, rel.to_string()))
+}
+
+fn locate_cwd() -> Result<PathBuf, Fail> {
+    let cwd = std::env::current_dir()
+        .map_err(|e| Fail::no_volume(format!("cannot read the current directory ({e})")))?;
+    find_root(&cwd, &cwd)
+}
+
+/// All paths must be on one volume; none may be its root.
+fn locate_paths(paths: &[PathBuf]) -> Result<(PathBuf, Vec<String>), Fail> {
+    let mut root: Option<PathBuf> = None;
+    let mut rels = Vec::with_capacity(paths.len());
+    for p in paths {
+        let (r, rel) = locate(p)?;
+        if rel.is_empty() {
+            return Err(Fail::usage(format!(
+                "{} is the mount root; name files on the volume",
+                p.display()
+            )));
+        }
+        match &root {
+            Some(first) if *first != r => {
+                return Err(Fail::usage(format!(
+                    "{} is on the volume at {}, but {} is on {}; run once per volume",
+                    p.display(),
+                    r.display(),
+                    paths[0].display(),
+                    first.display()
+                )))
+            }
+            Some(_) => {}
+            None => root = Some(r),
+        }
+        rels.push(rel);
+    }
+    Ok((root.expect("clap requires at least one path"), rels))
+}
+
+// ---- talking to ctl ---------------------------------------------------------------------
+
+/// Send one request; the reply, or the failure to report.
+fn call(root: &Path, req: &Request) -> Result<Reply, Fail> {
+    let ctl = root.join(".coherent/ctl");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&ctl)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOTCONN) | Some(libc::ENODEV) => gone(root, &e),
+            _ => Fail::no_volume(format!("cannot open {}: {e}", ctl.display())),
+        })?;
+    let mut bytes = serde_json::to_vec(&req.to_json()).expect("requests serialise");
+    bytes.push(b'\n');
+    // one request is one write(2): a short write would cut it, so it counts as a failure
+    let write_err = match (&file).write(&bytes) {
+        Ok(n) if n == bytes.len() => None,
+        Ok(n) => Some(io::Error::other(format!(
+            "short write to ctl ({n} of {} bytes)",
+            bytes.len()
+        ))),
+        Err(e) => Some(e),
+    };
+    let reply = read_all_at(&file)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(Reply::from_json);
+    match (write_err, reply) {
+        (None, Some(r)) => Ok(r),
+        (None, None) => Err(Fail::refused(
+            "no_reply",
+            &format!("the volume at {} sent no readable reply", root.display()),
+        )),
+        // the write failed: its reply explains why, if the volume stored one
+        (Some(_), Some(r)) if !r.is_ok() => Ok(r),
+        (Some(e), _) => Err(errno_failure(root, &e)),
+    }
+}
+
+/// A failed `write(2)` with no reply: the errno says what it can (DESIGN.md §7).
+fn errno_failure(root: &Path, e: &io::Error) -> Fail {
+    let reason = match e.raw_os_error() {
+        Some(libc::ENOTCONN) | Some(libc::ENODEV) | Some(libc::ECONNABORTED) => {
+            return gone(root, e)
+        }
+        Some(libc::EINVAL) => Reason::BadRequest.as_str(),
+        Some(libc::ENOENT) => Reason::NoSuchPath.as_str(),
+        Some(libc::ESRCH) => Reason::HandoffSuccessorUnknown.as_str(),
+        Some(libc::EBUSY) => Reason::HandoffInFlight.as_str(),
+        Some(libc::EACCES) => "denied",
+        _ => "error",
+    };
+    Fail::refused(
+        reason,
+        &format!("the volume failed the request with no reply: {e}"),
+    )
+}
+
+fn read_all_at(file: &File) -> io::Result<Vec<u8>> {
+    // replies are small; the cap only stops a broken volume from feeding us forever
+    const CAP: usize = 256 << 20;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match file.read_at(&mut buf, out.len() as u64) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 || out.len() + n > CAP {
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+fn verb_call(root: &Path, req: &Request, json: bool) -> Result<(), Fail> {
+    let reply = call(root, req)?;
+    if json {
+        println!("{}", reply.body());
+        return if reply.is_ok() {
+            Ok(())
+        } else {
+            Err(Fail {
+                code: EXIT_REFUSED,
+                message: String::new(),
+            })
+        };
+    }
+    if !reply.is_ok() {
+        let reason = reply.body()["reason"].as_str().unwrap_or("unknown");
+        return Err(Fail::refused(reason, reply.message()));
+    }
+    for line in human_lines(req.verb(), &reply, &hint_mapper(root)) {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// How suggested commands name a mount-relative path: relative to the current directory
+/// when it is on the volume, else absolute.
+fn hint_mapper(root: &Path) -> impl Fn(&str) -> String {
+    let cwd_rel = std::env::current_dir()
+        .ok()
+        .and_then(|c| std::fs::canonicalize(c).ok())
+        .and_then(|c| c.strip_prefix(root).ok().map(Path::to_path_buf))
+        .and_then(|r| r.to_str().map(String::from));
+    let root = root.to_path_buf();
+    move |p: &str| match &cwd_rel {
+        Some(from) => control::relative_from(p, from),
+        None => root.join(p).to_string_lossy().into_owned(),
+    }
+}
+
+/// What a person reads after a successful verb.
+fn human_lines(verb: Verb, reply: &Reply, hint: &dyn Fn(&str) -> String) -> Vec<String> {
+    let body = reply.body();
+    match verb {
+        Verb::Transfer | Verb::Accept | Verb::Decline | Verb::Withdraw => {
+            match body.get("records").and_then(Value::as_array) {
+                Some(recs) if !recs.is_empty() => recs
+                    .iter()
+                    .map(|r| describe_record_from(verb, r, hint))
+                    .collect(),
+                _ => vec![reply.message().to_string()],
+            }
+        }
+        Verb::Whoami if body.get("session").is_some() => {
+            let name = body["session"].as_str().unwrap_or("?");
+            let agent = body["agent"].as_str().unwrap_or("?");
+            vec![format!(
+                "you are session {name} ({}), agent id {agent}, resolved by {}",
+                control::short_id(agent),
+                control::via_text(&body["via"])
+            )]
+        }
+        Verb::Status => status_lines(reply),
+        _ => vec![reply.message().to_string()],
+    }
+}
+
+/// The status object, read defensively: sessions, records (under `records`, `live` or
+/// `ended`), counts; anything else is shown as JSON.
+fn status_lines(reply: &Reply) -> Vec<String> {
+    let mut out = Vec::new();
+    if !reply.message().is_empty() {
+        out.push(reply.message().to_string());
+    }
+    let status = &reply.body()["status"];
+    let Some(obj) = status.as_object() else {
+        if !status.is_null() {
+            out.push(status.to_string());
+        }
+        return out;
+    };
+    let mut shown = false;
+    if let Some(sessions) = obj.get("sessions").and_then(Value::as_array) {
+        let names: Vec<String> = sessions
+            .iter()
+            .map(|s| {
+                let name = s
+                    .get("session")
+                    .or_else(|| s.get("name"))
+                    .and_then(Value::as_str)
+                    .or(s.as_str())
+                    .unwrap_or("?");
+                match s.get("agent").and_then(Value::as_str) {
+                    Some(a) => format!("{name} ({})", control::short_id(a)),
+                    None => name.to_string(),
+                }
+            })
+            .collect();
+        out.push(format!(
+            "sessions: {}",
+            if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            }
+        ));
+        shown = true;
+    }
+    for key in ["records", "live", "ended"] {
+        if let Some(recs) = obj.get(key).and_then(Value::as_array) {
+            for r in recs.iter().filter(|r| r.get("path").is_some()) {
+                out.push(format!("  {}", describe_record(Verb::Status, r)));
+            }
+            shown = true;
+        }
+    }
+    if let Some(counts) = obj.get("counts").and_then(Value::as_object) {
+        let parts: Vec<String> = counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        out.push(format!("counts: {}", parts.join(" ")));
+        shown = true;
+    }
+    if !shown {
+        out.push(status.to_string());
+    }
+    out
+}
+
+// ---- watch ------------------------------------------------------------------------------
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// SIGINT/SIGTERM set STOP; without SA_RESTART a blocked read returns EINTR at once.
+fn install_stop_handler() {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            let _ = sigaction(sig, &action);
+        }
+    }
+}
+
+fn still_mounted(root: &Path) -> bool {
+    match mounts() {
+        Some(t) => t
+            .iter()
+            .rev()
+            .find(|m| m.point == root)
+            .is_some_and(|m| is_fuse(&m.fstype)),
+        None => root.join(".coherent/ctl").exists(),
+    }
+}
+
+fn watch(root: &Path, backlog: usize, json: bool) -> Result<(), Fail> {
+    install_stop_handler();
+    let path = root.join(".coherent/events");
+    let mut file = File::open(&path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOTCONN) | Some(libc::ENODEV) => gone(root, &e),
+        _ => Fail::no_volume(format!("cannot open {}: {e}", path.display())),
+    })?;
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    // the existing log: keep only its last `backlog` lines
+    let mut first: std::collections::VecDeque<Vec<u8>> = std::collections::VecDeque::new();
+    let mut caught_up = false;
+    let mut last_check = Instant::now();
+    loop {
+        if STOP.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let n = match file.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("coherent: the volume at {} went away ({e})", root.display());
+                return Ok(());
+            }
+        };
+        if n > 0 {
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(nl) = pending.iter().position(|&c| c == b'\n') {
+                let line: Vec<u8> = pending.drain(..=nl).collect();
+                if caught_up {
+                    if !emit(&mut out, &line, json) {
+                        return Ok(());
+                    }
+                } else if backlog > 0 {
+                    if first.len() == backlog {
+                        first.pop_front();
+                    }
+                    first.push_back(line);
+                }
+            }
+            continue;
+        }
+        if !caught_up {
+            caught_up = true;
+            for line in first.drain(..) {
+                if !emit(&mut out, &line, json) {
+                    return Ok(());
+                }
+            }
+        }
+        if last_check.elapsed() >= Duration::from_secs(1) {
+            last_check = Instant::now();
+            if !still_mounted(root) {
+                eprintln!("coherent: the volume at {} was unmounted", root.display());
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Print one event; false when stdout is gone (e.g. piped into `head`).
+fn emit(out: &mut impl Write, line: &[u8], json: bool) -> bool {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end_matches(['\n', '\r']);
+    let shown = if json {
+        text.to_string()
+    } else {
+        event_line(text)
+    };
+    writeln!(out, "{shown}").and_then(|_| out.flush()).is_ok()
+}
+
+/// `12:00:01 #7 transfer plan.md by alice (27a468b0): successor=bob version=2`
+fn event_line(raw: &str) -> String {
+    let Ok(Value::Object(ev)) = serde_json::from_str::<Value>(raw) else {
+        return raw.to_string();
+    };
+    let s = |k: &str| ev.get(k).and_then(Value::as_str);
+    let mut line = String::new();
+    if let Some(ts) = s("ts") {
+        line.push_str(ts.get(11..19).unwrap_or(ts));
+        line.push(' ');
+    }
+    if let Some(seq) = ev.get("seq") {
+        line.push_str(&format!("#{seq} "));
+    }
+    line.push_str(s("event").unwrap_or("?"));
+    if let Some(p) = s("path") {
+        line.push_str(&format!(" {p}"));
+    }
+    if let Some(sess) = s("session") {
+        line.push_str(&format!(" by {sess}"));
+        if let Some(a) = s("agent") {
+            line.push_str(&format!(" ({})", control::short_id(a)));
+        }
+    }
+    // keys in order, but a (long) note last
+    let mut keys: Vec<(&String, &Value)> = ev.iter().collect();
+    keys.sort_by_key(|(k, _)| k.as_str() == "note");
+    let extra: Vec<String> = keys
+        .into_iter()
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "seq" | "ts" | "event" | "path" | "session" | "agent"
+            )
+        })
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| {
+            let shown = match v {
+                Value::String(t) if !t.is_empty() && !t.contains(char::is_whitespace) => t.clone(),
+                other => other.to_string(),
+            };
+            format!("{k}={}", shorten(&shown, 80))
+        })
+        .collect();
+    if !extra.is_empty() {
+        line.push_str(": ");
+        line.push_str(&extra.join(" "));
+    }
+    line
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let cut: String = s.chars().take(max).collect();
+    format!("{cut}...")
+}
+
+// ---- run --------------------------------------------------------------------------------
+
+/// The cgroup v2 mount, from mountinfo (on hybrid hosts `/sys/fs/cgroup/unified`).
+fn cgroup2_mount() -> Option<PathBuf> {
+    mounts()?
+        .into_iter()
+        .find(|m| m.fstype == "cgroup2")
+        .map(|m| m.point)
+}
+
+/// Move this process into `coherent-session-NAME` under the cgroup v2 mount.
+fn join_session_cgroup(name: &str) -> Result<PathBuf, String> {
+    let mount = cgroup2_mount().ok_or("no cgroup v2 mount in /proc/self/mountinfo")?;
+    let dir = mount.join(format!("coherent-session-{name}"));
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    let procs = dir.join("cgroup.procs");
+    std::fs::write(&procs, format!("{}\n", std::process::id()))
+        .map_err(|e| format!("cannot join {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+fn run_in_session(name: &str, cmd: &[OsString], verbose: bool) -> Result<(), Fail> {
+    control::check_session_name(name).map_err(|e| Fail::usage(format!("--session: {e}")))?;
+    match join_session_cgroup(name) {
+        Ok(dir) if verbose => {
+            eprintln!("coherent: session {name}: joined cgroup {}", dir.display())
+        }
+        Ok(_) => {}
+        Err(why) if verbose => eprintln!(
+            "coherent: session {name}: cgroup v2 not writable here ({why}); \
+             using COHERENT_SESSION only"
+        ),
+        Err(_) => {}
+    }
+    let err = std::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .env("COHERENT_SESSION", name)
+        .exec();
+    // exec only returns on failure; shells use 127 for not found, 126 for not runnable
+    let code = if err.kind() == io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    Err(Fail {
+        code,
+        message: format!("coherent: cannot run {}: {err}", cmd[0].to_string_lossy()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines() {
+        let m = parse_mountinfo_line(
+            "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw",
+        )
+        .unwrap();
+        assert_eq!(m.point, PathBuf::from("/sys/fs/cgroup/unified"));
+        assert_eq!(m.fstype, "cgroup2");
+        let m = parse_mountinfo_line(
+            "90 23 0:50 / /tmp/my\\040mnt\\134x rw,nosuid shared:1 - fuse.coherent coherent rw",
+        )
+        .unwrap();
+        assert_eq!(m.point, PathBuf::from("/tmp/my mnt\\x"));
+        assert!(is_fuse(&m.fstype));
+        assert!(!is_fuse("ext4"));
+        assert!(parse_mountinfo_line("garbage").is_none());
+        assert_eq!(unescape_mountinfo("a\\0"), OsString::from("a\\0"));
+    }
+
+    #[test]
+    fn event_lines_are_readable() {
+        let line = event_line(
+            r#"{"seq":7,"ts":"2026-11-30T12:00:01.5Z","event":"transfer","path":"plan.md","session":"alice","agent":"27a468b0-7fa2-5c0d-a2ba-2dac753b2070","successor":"bob","version":2,"note":"two words","x":null}"#,
+        );
+        assert_eq!(
+            line,
+            "12:00:01 #7 transfer plan.md by alice (27a468b0): successor=bob version=2 \
+             note=\"two words\""
+        );
+        assert_eq!(event_line("not json"), "not json");
+        assert!(
+            event_line(&format!(r#"{{"event":"x","note":"{}"}}"#, "y".repeat(500))).len() < 120
+        );
+    }
+}

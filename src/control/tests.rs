@@ -1,0 +1,796 @@
+use super::*;
+use crate::identity::{SessionInfo, Via};
+
+fn ok(s: &str) -> Request {
+    match parse_request(s.as_bytes()) {
+        Ok(r) => r,
+        Err(e) => panic!("{s:?} should parse, got {e}"),
+    }
+}
+
+fn err(s: &[u8]) -> RequestError {
+    match parse_request(s) {
+        Ok(r) => panic!(
+            "{:?} should be refused, parsed as {r:?}",
+            String::from_utf8_lossy(s)
+        ),
+        Err(e) => e,
+    }
+}
+
+fn bad(s: &str) -> RequestError {
+    let e = err(s.as_bytes());
+    assert_eq!(e.refusal.reason, Reason::BadRequest, "{s:?}: {e}");
+    e
+}
+
+fn v(paths: &[&str]) -> Vec<String> {
+    paths.iter().map(|p| p.to_string()).collect()
+}
+
+// ---- paths ----------------------------------------------------------------------------
+
+#[test]
+fn normalises_paths_lexically() {
+    let cases = [
+        ("plan.md", "plan.md"),
+        ("./plan.md", "plan.md"),
+        ("././plan.md", "plan.md"),
+        ("src//lib.rs", "src/lib.rs"),
+        ("src/./lib.rs", "src/lib.rs"),
+        ("src/../plan.md", "plan.md"),
+        ("a/b/c/../../d", "a/d"),
+        ("dir/", "dir"),
+        ("dir//", "dir"),
+        ("a b/c d.txt", "a b/c d.txt"),
+        ("..hidden", "..hidden"),
+        ("...", "..."),
+        ("x/.coherent", "x/.coherent"),
+        (".coherentish/file", ".coherentish/file"),
+        ("ünïcødé/文件", "ünïcødé/文件"),
+        ("line\nbreak", "line\nbreak"),
+    ];
+    for (raw, want) in cases {
+        assert_eq!(normalize_path(raw).as_deref(), Ok(want), "{raw:?}");
+    }
+}
+
+#[test]
+fn refuses_paths_that_leave_or_miss_the_root() {
+    for raw in [
+        "",
+        ".",
+        "./",
+        "a/..",
+        "..",
+        "../x",
+        "a/../../x",
+        "a/../b/../../x",
+        "/etc/passwd",
+        "/",
+        "//x",
+        "nul\0byte",
+        ".coherent",
+        ".coherent/ctl",
+        "./.coherent/why",
+        "x/../.coherent/events",
+        "x/..//.coherent",
+    ] {
+        let r = normalize_path(raw).expect_err(raw);
+        assert_eq!(r.reason, Reason::BadRequest, "{raw:?}");
+        assert!(
+            r.message.contains("relative to the mount root"),
+            "{}",
+            r.message
+        );
+    }
+}
+
+#[test]
+fn refuses_overlong_paths() {
+    let long = "a/".repeat(MAX_PATH);
+    let r = normalize_path(&long).unwrap_err();
+    assert_eq!(r.reason, Reason::BadRequest);
+    // the message quotes a bounded prefix, never the whole argument
+    assert!(r.message.len() < 600, "{}", r.message.len());
+    let just_fits = "a".repeat(MAX_PATH);
+    assert_eq!(normalize_path(&just_fits).unwrap().len(), MAX_PATH);
+}
+
+// ---- plain lines ------------------------------------------------------------------------
+
+#[test]
+fn plain_transfer_in_every_order() {
+    let want = Request::Transfer {
+        paths: v(&["plan.md"]),
+        to: "bob".into(),
+        note: None,
+    };
+    for line in [
+        "transfer --to bob plan.md",
+        "transfer plan.md --to bob",
+        "transfer --to=bob plan.md",
+        "transfer plan.md --to=bob\n",
+        "  transfer   --to   bob   ./plan.md  \r\n",
+        "TRANSFER --to bob plan.md",
+        "transfer\t--to\tbob\tplan.md",
+    ] {
+        assert_eq!(ok(line), want, "{line:?}");
+    }
+}
+
+#[test]
+fn plain_transfer_with_notes_and_quoting() {
+    assert_eq!(
+        ok(r#"transfer --to bob --note "review the API section, then merge" plan.md src/x.rs"#),
+        Request::Transfer {
+            paths: v(&["plan.md", "src/x.rs"]),
+            to: "bob".into(),
+            note: Some("review the API section, then merge".into()),
+        }
+    );
+    assert_eq!(
+        ok(r#"transfer plan.md --note "say \"hi\"\nback\\slash\ttab" --to 6e271ee6"#),
+        Request::Transfer {
+            paths: v(&["plan.md"]),
+            to: "6e271ee6".into(),
+            note: Some("say \"hi\"\nback\\slash\ttab".into()),
+        }
+    );
+    assert_eq!(
+        ok(r#"transfer --to bob --note 'it''s "literal" \n' plan.md"#),
+        Request::Transfer {
+            paths: v(&["plan.md"]),
+            to: "bob".into(),
+            note: Some(r#"its "literal" \n"#.into()),
+        }
+    );
+    assert_eq!(
+        ok(r#"transfer --to bob "--note=with space" "my file.md" my\ other.md"#),
+        Request::Transfer {
+            paths: v(&["my file.md", "my other.md"]),
+            to: "bob".into(),
+            note: Some("with space".into()),
+        }
+    );
+    // a quoted newline is part of the note, not a second request
+    assert_eq!(
+        ok("transfer --to bob --note \"two\nlines\" plan.md"),
+        Request::Transfer {
+            paths: v(&["plan.md"]),
+            to: "bob".into(),
+            note: Some("two\nlines".into()),
+        }
+    );
+    // an empty note is no note
+    assert_eq!(
+        ok(r#"transfer --to bob --note "" plan.md"#),
+        Request::Transfer {
+            paths: v(&["plan.md"]),
+            to: "bob".into(),
+            note: None,
+        }
+    );
+}
+
+#[test]
+fn double_dash_ends_options_and_duplicates_collapse() {
+    assert_eq!(
+        ok("transfer --to bob -- --weird-name.md -x plan.md ./plan.md"),
+        Request::Transfer {
+            paths: v(&["--weird-name.md", "-x", "plan.md"]),
+            to: "bob".into(),
+            note: None,
+        }
+    );
+    assert_eq!(
+        ok("accept - a/../plan.md plan.md"),
+        Request::Accept {
+            paths: v(&["-", "plan.md"])
+        }
+    );
+}
+
+#[test]
+fn plain_single_verbs() {
+    assert_eq!(
+        ok("accept plan.md notes/x.md"),
+        Request::Accept {
+            paths: v(&["plan.md", "notes/x.md"])
+        }
+    );
+    assert_eq!(
+        ok("decline ./plan.md"),
+        Request::Decline {
+            paths: v(&["plan.md"])
+        }
+    );
+    assert_eq!(
+        ok("withdraw plan.md\n"),
+        Request::Withdraw {
+            paths: v(&["plan.md"])
+        }
+    );
+    assert_eq!(ok("status"), Request::Status { path: None });
+    assert_eq!(
+        ok("status src//lib.rs"),
+        Request::Status {
+            path: Some("src/lib.rs".into())
+        }
+    );
+    assert_eq!(ok("whoami\n"), Request::Whoami);
+    assert_eq!(ok("register"), Request::Register { name: None });
+    assert_eq!(
+        ok("register bob"),
+        Request::Register {
+            name: Some("bob".into())
+        }
+    );
+}
+
+#[test]
+fn plain_refusals_say_what_is_valid() {
+    let e = bad("transfer plan.md");
+    assert!(e.refusal.message.contains("missing --to"), "{e}");
+    assert!(e.refusal.message.contains("transfer --to SESSION"), "{e}");
+    assert_eq!(e.verb, Some(Verb::Transfer));
+
+    for (line, says) in [
+        ("transfer --to bob", "no path given"),
+        ("transfer --to", "--to needs a value"),
+        ("transfer plan.md --to", "--to needs a value"),
+        ("transfer --to bob --to carol plan.md", "--to given twice"),
+        ("transfer --to= plan.md", "--to is empty"),
+        ("transfer --to bob --force plan.md", "unknown option"),
+        ("accept --to bob plan.md", "unknown option"),
+        ("accept", "no path given"),
+        ("decline", "no path given"),
+        ("withdraw", "no path given"),
+        ("status a b", "at most one path"),
+        ("whoami extra", "takes no arguments"),
+        ("register a b", "at most one name"),
+        ("register a/b", "must not contain"),
+        ("register ..", "must not contain"),
+        ("register \"\"", "is empty"),
+        ("frobnicate plan.md", "unknown verb"),
+        ("transfer --to bob \"plan.md", "unterminated double quote"),
+        ("transfer --to bob 'plan.md", "unterminated single quote"),
+        ("transfer --to bob \"plan.md\\", "unterminated double quote"),
+        ("transfer --to bob plan.md \\", "lone backslash"),
+        ("accept plan.md\naccept other.md", "second line"),
+        ("accept /etc/passwd", "is absolute"),
+        ("accept ../outside", "leaves the mount root"),
+        ("accept .coherent/ctl", "control directory"),
+        ("accept .", "names the mount root"),
+        ("\"\"", "unknown verb"),
+    ] {
+        let e = bad(line);
+        assert!(e.refusal.message.contains(says), "{line:?}: {e}");
+        assert!(
+            e.refusal.message.contains("expected `")
+                || e.refusal.message.contains("valid requests:")
+                || e.refusal.message.contains("relative to the mount root"),
+            "{line:?} does not say what is valid: {e}"
+        );
+    }
+    // an unknown verb lists every verb
+    let e = bad("frobnicate");
+    for verb in Verb::ALL {
+        assert!(e.refusal.message.contains(verb.as_str()), "{e}");
+    }
+    assert_eq!(e.verb, None);
+    // a bad path names it in the reply
+    let e = bad("transfer --to bob ok.md ../up.md");
+    assert_eq!(e.path.as_deref(), Some("../up.md"));
+}
+
+#[test]
+fn malformed_successor_is_its_own_reason() {
+    for line in [
+        "transfer --to \"bo\\tb\" plan.md".to_string(),
+        format!("transfer --to {} plan.md", "x".repeat(MAX_NAME + 1)),
+    ] {
+        let e = err(line.as_bytes());
+        assert_eq!(e.refusal.reason, Reason::HandoffSuccessorMalformed, "{e}");
+        assert_eq!(e.refusal.errno(), libc::EINVAL);
+    }
+}
+
+// ---- JSON -------------------------------------------------------------------------------
+
+#[test]
+fn json_requests() {
+    assert_eq!(
+        ok(r#"{"verb":"transfer","paths":["plan.md","./a//b"],"to":"bob","note":"n"}"#),
+        Request::Transfer {
+            paths: v(&["plan.md", "a/b"]),
+            to: "bob".into(),
+            note: Some("n".into()),
+        }
+    );
+    assert_eq!(
+        ok(r#"  {"verb":"transfer","path":"plan.md","to":"bob","note":null}  "#),
+        Request::Transfer {
+            paths: v(&["plan.md"]),
+            to: "bob".into(),
+            note: None,
+        }
+    );
+    assert_eq!(
+        ok(r#"{"verb":"accept","path":"plan.md"}"#),
+        Request::Accept {
+            paths: v(&["plan.md"])
+        }
+    );
+    assert_eq!(
+        ok(r#"{"verb":"withdraw","paths":["a","b"]}"#),
+        Request::Withdraw {
+            paths: v(&["a", "b"])
+        }
+    );
+    assert_eq!(ok(r#"{"verb":"status"}"#), Request::Status { path: None });
+    assert_eq!(
+        ok(r#"{"verb":"status","path":"x"}"#),
+        Request::Status {
+            path: Some("x".into())
+        }
+    );
+    assert_eq!(ok(r#"{"verb":"whoami"}"#), Request::Whoami);
+    assert_eq!(ok("{\"verb\":\"WhoAmI\"}\n"), Request::Whoami);
+    assert_eq!(
+        ok(r#"{"verb":"register","name":"carol"}"#),
+        Request::Register {
+            name: Some("carol".into())
+        }
+    );
+    // a note with every awkward character JSON can carry (but NUL)
+    let note = "quotes \" back\\slash\nnew line, tab\t, emoji 🎉, and spaces";
+    let req = json!({"verb":"transfer","paths":["p"],"to":"bob","note":note}).to_string();
+    assert_eq!(
+        ok(&req),
+        Request::Transfer {
+            paths: v(&["p"]),
+            to: "bob".into(),
+            note: Some(note.into()),
+        }
+    );
+}
+
+#[test]
+fn json_refusals() {
+    for (text, says) in [
+        ("{", "invalid JSON"),
+        ("{}", "no \"verb\""),
+        (r#"{"verb":7}"#, "must be a string"),
+        (r#"{"verb":"nope"}"#, "unknown verb"),
+        (r#"{"verb":"transfer","paths":["p"]}"#, "missing --to"),
+        (r#"{"verb":"transfer","to":"bob"}"#, "no path given"),
+        (
+            r#"{"verb":"transfer","paths":[],"to":"bob"}"#,
+            "no path given",
+        ),
+        (
+            r#"{"verb":"transfer","paths":"p","to":"bob"}"#,
+            "array of strings",
+        ),
+        (
+            r#"{"verb":"transfer","paths":[1],"to":"bob"}"#,
+            "array of strings",
+        ),
+        (
+            r#"{"verb":"transfer","paths":["p"],"to":5}"#,
+            "\"to\" must be a string",
+        ),
+        (
+            r#"{"verb":"transfer","paths":["p"],"to":"bob","tO":"x"}"#,
+            "unknown field",
+        ),
+        (
+            r#"{"verb":"transfer","path":"p","paths":["q"],"to":"b"}"#,
+            "not both",
+        ),
+        (r#"{"verb":"accept","path":"/abs"}"#, "is absolute"),
+        (
+            r#"{"verb":"accept","path":"p","to":"bob"}"#,
+            "unknown field",
+        ),
+        (r#"{"verb":"whoami","path":"p"}"#, "unknown field"),
+        (r#"{"verb":"status","paths":["a","b"]}"#, "at most one path"),
+        (
+            r#"{"verb":"transfer","paths":["p"],"to":"bob","note":"a\u0000b"}"#,
+            "NUL",
+        ),
+        (r#"{"verb":"accept","path":"a\u0000b"}"#, "NUL"),
+        (r#"{"verb":"register","name":"a/b"}"#, "must not contain"),
+    ] {
+        let e = bad(text);
+        assert!(e.refusal.message.contains(says), "{text}: {e}");
+    }
+    for text in [r#"["transfer"]"#, "{\"verb\":\"whoami\"} trailing"] {
+        bad(text);
+    }
+}
+
+#[test]
+fn to_json_round_trips() {
+    for req in [
+        Request::Transfer {
+            paths: v(&["a b", "c/d"]),
+            to: "bob".into(),
+            note: Some("x \"y\"\n".into()),
+        },
+        Request::Transfer {
+            paths: v(&["p"]),
+            to: "6e271ee6".into(),
+            note: None,
+        },
+        Request::Accept { paths: v(&["p"]) },
+        Request::Decline { paths: v(&["p"]) },
+        Request::Withdraw {
+            paths: v(&["p", "q"]),
+        },
+        Request::Status { path: None },
+        Request::Status {
+            path: Some("s".into()),
+        },
+        Request::Whoami,
+        Request::Register { name: None },
+        Request::Register {
+            name: Some("n".into()),
+        },
+    ] {
+        let bytes = serde_json::to_vec(&req.to_json()).unwrap();
+        assert_eq!(parse_request(&bytes).unwrap(), req);
+    }
+}
+
+// ---- hostile input ----------------------------------------------------------------------
+
+#[test]
+fn hostile_input_is_refused_not_panicked_on() {
+    // too large
+    let huge = vec![b'a'; MAX_REQUEST + 1];
+    let e = bad(std::str::from_utf8(&huge).unwrap());
+    assert!(e.refusal.message.contains("larger than the limit"), "{e}");
+    assert!(e.refusal.message.len() < 1000);
+    // binary
+    let e = err(&[0xff, 0xfe, 0x00, 0x01]);
+    assert_eq!(e.refusal.reason, Reason::BadRequest);
+    assert!(e.refusal.message.contains("not UTF-8"), "{e}");
+    let e = err(b"accept pl\0an.md");
+    assert!(e.refusal.message.contains("NUL"), "{e}");
+    // empty and blank
+    for s in [&b""[..], b"\n", b"   \t\r\n"] {
+        let e = err(s);
+        assert!(e.refusal.message.contains("empty request"), "{e}");
+    }
+    // note too long, in both syntaxes
+    let note = "n".repeat(MAX_NOTE + 1);
+    let e = bad(&format!("transfer --to bob --note {note} p"));
+    assert!(e.refusal.message.contains("limit is 65536"), "{e}");
+    let e = bad(&json!({"verb":"transfer","path":"p","to":"bob","note":note}).to_string());
+    assert!(e.refusal.message.contains("limit is 65536"), "{e}");
+    // a note of exactly the limit is fine
+    let note = "n".repeat(MAX_NOTE);
+    assert!(matches!(
+        ok(&format!("transfer --to bob --note {note} p")),
+        Request::Transfer { note: Some(n), .. } if n.len() == MAX_NOTE
+    ));
+    // deeply nested JSON is refused by the parser's recursion limit, not a stack overflow
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    bad(&format!("{{\"verb\":\"whoami\",\"x\":{deep}}}"));
+    // many paths up to the size limit are fine (and deduplicated in linear time)
+    let many: Vec<String> = (0..150_000).map(|i| format!("f{}", i % 100_000)).collect();
+    let line = format!("accept {}", many.join(" "));
+    assert!(line.len() < MAX_REQUEST);
+    match ok(&line) {
+        Request::Accept { paths } => assert_eq!(paths.len(), 100_000),
+        other => panic!("{other:?}"),
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+        match parse_request(&bytes) {
+            Ok(req) => {
+                for p in req.paths() {
+                    proptest::prop_assert!(normalize_path(p).as_deref() == Ok(p.as_str()));
+                }
+            }
+            Err(e) => {
+                let body = e.reply().body().clone();
+                proptest::prop_assert_eq!(&body["ok"], &Value::Bool(false));
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_lines_never_panic(line in "[a-z\"'\\\\ \\-=./\n]{0,80}") {
+        let _ = parse_request(line.as_bytes());
+    }
+
+    #[test]
+    fn normalised_paths_stay_inside(raw in "[a./]{0,24}") {
+        if let Ok(p) = normalize_path(&raw) {
+            proptest::prop_assert!(!p.is_empty());
+            proptest::prop_assert!(!p.starts_with('/'));
+            proptest::prop_assert!(p.split('/').all(|c| !c.is_empty() && c != "." && c != ".."));
+            proptest::prop_assert_eq!(normalize_path(&p), Ok(p.clone()));
+        }
+    }
+
+    #[test]
+    fn quoted_args_round_trip(arg in "\\PC{0,40}") {
+        // any printable text survives double-quoting with escapes
+        let quoted = format!("\"{}\"", arg.replace('\\', "\\\\").replace('"', "\\\""));
+        let toks = tokenize(&format!("x {quoted} y")).unwrap();
+        proptest::prop_assert_eq!(toks, vec!["x".to_string(), arg, "y".to_string()]);
+    }
+}
+
+// ---- replies ----------------------------------------------------------------------------
+
+fn record(status: &str, live: bool) -> Value {
+    json!({
+        "path": "plan.md",
+        "giver": "alice",
+        "giver_agent": "27a468b0-7fa2-5c0d-a2ba-2dac753b2070",
+        "successor": "bob",
+        "successor_agent": "6e271ee6-0000-5000-8000-000000000000",
+        "version_at_transfer": 2,
+        "hold": "M",
+        "status": status,
+        "counterparty": null,
+        "note": "please review",
+        "created": "2026-11-30T12:00:00Z",
+        "updated": "2026-11-30T12:00:00Z",
+        "live": live,
+    })
+}
+
+#[test]
+fn success_envelopes() {
+    let r = Reply::records(Verb::Transfer, vec![record("pending", true)]);
+    let b = r.body();
+    assert_eq!(b["ok"], true);
+    assert_eq!(b["verb"], "transfer");
+    assert_eq!(b["records"][0]["successor"], "bob");
+    assert_eq!(
+        b["message"],
+        "handed plan.md (v2) to bob (6e271ee6); you can no longer write it until bob writes \
+         or declines it, or you run: coherent withdraw plan.md"
+    );
+    assert!(r.is_ok());
+    assert_eq!(r.errno(), None);
+    let bytes = r.to_bytes();
+    assert_eq!(bytes.last(), Some(&b'\n'));
+    assert_eq!(bytes.iter().filter(|&&c| c == b'\n').count(), 1, "one line");
+    let back: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(&back, b);
+    assert_eq!(Reply::from_json(back).unwrap(), r);
+
+    // reserved keys cannot be overridden by fields
+    let mut m = Map::new();
+    m.insert("ok".into(), false.into());
+    m.insert("extra".into(), 1.into());
+    let r = Reply::ok(Verb::Status, m, "fine");
+    assert_eq!(r.body()["ok"], true);
+    assert_eq!(r.body()["extra"], 1);
+    assert_eq!(r.message(), "fine");
+
+    let r = Reply::status(json!({"sessions": [], "records": []}), "0 sessions");
+    assert_eq!(r.body()["verb"], "status");
+    assert_eq!(r.body()["status"]["sessions"], json!([]));
+
+    let alice = SessionInfo::from_tag(
+        Some("COHERENT_SESSION"),
+        "alice",
+        Via::Env {
+            var: "COHERENT_SESSION".into(),
+        },
+    );
+    let r = Reply::session(Verb::Whoami, &alice);
+    assert_eq!(r.body()["session"], "alice");
+    assert_eq!(r.body()["agent"], "27a468b0-7fa2-5c0d-a2ba-2dac753b2070");
+    assert_eq!(r.body()["via"]["kind"], "env");
+    assert!(
+        r.message().contains("alice (27a468b0)")
+            && r.message()
+                .contains("environment variable COHERENT_SESSION"),
+        "{}",
+        r.message()
+    );
+    let r = Reply::session(Verb::Register, &alice);
+    assert_eq!(r.body()["verb"], "register");
+    assert_eq!(r.message(), "registered session alice (27a468b0)");
+}
+
+#[test]
+fn refusal_envelopes_carry_reason_errno_and_path() {
+    for reason in Reason::ALL {
+        let refusal = Refusal::new(reason, format!("because {reason}"));
+        let r = Reply::refused(Some(Verb::Transfer), &refusal, Some("plan.md"));
+        let b = r.body();
+        assert_eq!(b["ok"], false);
+        assert_eq!(b["verb"], "transfer");
+        assert_eq!(b["reason"], reason.as_str());
+        assert_eq!(b["errno"], reason.errno());
+        assert_eq!(b["path"], "plan.md");
+        assert_eq!(b["message"], format!("because {reason}"));
+        assert_eq!(r.errno(), Some(reason.errno()));
+        assert_eq!(r.reason(), Some(reason));
+        let keys: Vec<&String> = b.as_object().unwrap().keys().collect();
+        assert_eq!(keys.len(), 6, "{keys:?}");
+    }
+    let e = bad("nonsense");
+    let b = e.reply().body().clone();
+    assert_eq!(b["verb"], Value::Null);
+    assert_eq!(b["path"], Value::Null);
+    assert_eq!(b["reason"], "bad_request");
+    assert_eq!(b["errno"], libc::EINVAL);
+    let e = bad("accept ok.md /abs.md");
+    assert_eq!(e.reply().body()["path"], "/abs.md");
+    assert_eq!(e.reply().body()["verb"], "accept");
+}
+
+#[test]
+fn record_lines_name_file_session_version_and_next_step() {
+    let line = describe_record(Verb::Accept, &record("completed", true));
+    assert!(
+        line.starts_with("accepted plan.md (v2) from alice (27a468b0);"),
+        "{line}"
+    );
+    let line = describe_record(Verb::Decline, &record("declined", false));
+    assert_eq!(
+        line,
+        "declined plan.md (v2) from alice (27a468b0); alice can write it again"
+    );
+    let line = describe_record(Verb::Withdraw, &record("withdrawn", false));
+    assert_eq!(
+        line,
+        "withdrew plan.md (v2) from bob (6e271ee6); you can write it again"
+    );
+    let mut over = record("overtaken", true);
+    over["counterparty"] = "carol".into();
+    let line = describe_record(Verb::Status, &over);
+    assert_eq!(
+        line,
+        "plan.md (v2): alice (27a468b0) -> bob (6e271ee6), overtaken by carol; live: the giver \
+         is fenced"
+    );
+    let two = describe_records(
+        Verb::Withdraw,
+        &[record("withdrawn", false), record("x", false)],
+    );
+    assert_eq!(two.matches(" | ").count(), 1);
+    // hints quote awkward paths for the shell
+    let mut odd = record("pending", true);
+    odd["path"] = "my plan's.md".into();
+    let line = describe_record(Verb::Transfer, &odd);
+    assert!(
+        line.ends_with(r"coherent withdraw 'my plan'\''s.md'"),
+        "{line}"
+    );
+    // a record with missing fields still gives a line
+    let line = describe_record(Verb::Transfer, &json!({}));
+    assert!(line.contains("?"), "{line}");
+}
+
+#[test]
+fn hints_are_relative_to_the_readers_directory() {
+    assert_eq!(relative_from("plan.md", ""), "plan.md");
+    assert_eq!(relative_from("sub/x.md", "sub"), "x.md");
+    assert_eq!(relative_from("plan.md", "sub/deeper"), "../../plan.md");
+    assert_eq!(relative_from("a/b/c", "a/x"), "../b/c");
+    assert_eq!(relative_from("a", "a"), ".");
+    let mut rec = record("pending", true);
+    rec["path"] = "docs/plan.md".into();
+    let line = describe_record_from(Verb::Transfer, &rec, |p| relative_from(p, "src"));
+    assert!(line.starts_with("handed docs/plan.md (v2)"), "{line}");
+    assert!(
+        line.ends_with("coherent withdraw ../docs/plan.md"),
+        "{line}"
+    );
+}
+
+#[test]
+fn shell_words() {
+    assert_eq!(shell_word("src/lib.rs"), "src/lib.rs");
+    assert_eq!(shell_word("-x"), "./-x");
+    assert_eq!(shell_word("a b"), "'a b'");
+    assert_eq!(shell_word("it's"), r"'it'\''s'");
+    assert_eq!(shell_word(""), "''");
+}
+
+// ---- the ctl handle ---------------------------------------------------------------------
+
+#[test]
+fn ctl_handle_serves_stores_and_replaces_replies() {
+    let mut h = CtlHandle::new();
+    assert!(h.is_empty());
+    assert_eq!(h.read(0, 4096), b"");
+
+    let mut seen = None;
+    let n = h
+        .write(b"transfer --to bob plan.md\n", |req| {
+            seen = Some(req.clone());
+            Reply::records(Verb::Transfer, vec![record("pending", true)])
+        })
+        .unwrap();
+    assert_eq!(n, 26);
+    assert_eq!(
+        seen,
+        Some(Request::Transfer {
+            paths: v(&["plan.md"]),
+            to: "bob".into(),
+            note: None
+        })
+    );
+    let first = h.reply().to_vec();
+    let body: Value = serde_json::from_slice(&first).unwrap();
+    assert_eq!(body["ok"], true);
+    // reads from any offset, in pieces, past the end
+    let mut pieced = Vec::new();
+    let mut off = 0u64;
+    loop {
+        let chunk = h.read(off, 7);
+        if chunk.is_empty() {
+            break;
+        }
+        pieced.extend_from_slice(chunk);
+        off += chunk.len() as u64;
+    }
+    assert_eq!(pieced, first);
+    assert_eq!(h.read(u64::MAX, u32::MAX), b"");
+    assert_eq!(h.read(first.len() as u64 - 1, u32::MAX), b"\n");
+
+    // a refused request fails the write with its errno, and the reply says why
+    let errno = h
+        .write(b"accept plan.md", |_| {
+            Reply::refused(
+                Some(Verb::Accept),
+                &Refusal::new(Reason::HandoffNotSuccessor, "you are not bob"),
+                Some("plan.md"),
+            )
+        })
+        .unwrap_err();
+    assert_eq!(errno, libc::EACCES);
+    let body: Value = serde_json::from_slice(h.reply()).unwrap();
+    assert_eq!(body["reason"], "handoff_not_successor");
+    assert!(h.len() < first.len() || h.reply() != first.as_slice());
+
+    // malformed: the service is never called, EINVAL, bad_request reply
+    let errno = h
+        .write(b"transfer plan.md", |_| panic!("must not be served"))
+        .unwrap_err();
+    assert_eq!(errno, libc::EINVAL);
+    let body: Value = serde_json::from_slice(h.reply()).unwrap();
+    assert_eq!(body["reason"], "bad_request");
+    assert_eq!(body["verb"], "transfer");
+
+    // each errno of §7 comes through
+    for (reason, want) in [
+        (Reason::NoSuchPath, libc::ENOENT),
+        (Reason::HandoffSuccessorUnknown, libc::ESRCH),
+        (Reason::HandoffInFlight, libc::EBUSY),
+        (Reason::HandoffSuccessorMalformed, libc::EINVAL),
+        (Reason::HandoffEnded, libc::EACCES),
+    ] {
+        let got = h
+            .write(b"whoami", |_| {
+                Reply::refused(Some(Verb::Whoami), &Refusal::new(reason, "x"), None)
+            })
+            .unwrap_err();
+        assert_eq!(got, want, "{reason}");
+    }
+
+    // a later success replaces the refusal
+    h.write(b"{\"verb\":\"status\"}", |_| {
+        Reply::status(json!({}), "nothing")
+    })
+    .unwrap();
+    let body: Value = serde_json::from_slice(h.reply()).unwrap();
+    assert_eq!(body["verb"], "status");
+    assert_eq!(body["ok"], true);
+}
