@@ -430,6 +430,11 @@ impl Journal {
             tracing::warn!("{w}");
             warnings.push(w);
         }
+        if !from_snapshot && dir.join(SNAPSHOT).exists() {
+            // Set the unusable snapshot aside so the next start does not trip on it again.
+            std::fs::rename(dir.join(SNAPSHOT), dir.join(format!("{SNAPSHOT}.bad")))
+                .map_err(io_err("set the bad snapshot aside"))?;
+        }
         if good < log_len {
             // Keep the damaged bytes for a human, then cut them off so appends follow the
             // last good event.
