@@ -14,6 +14,9 @@
 //! application order). A flusher thread writes and fsyncs the buffer every
 //! `flush_interval` (group commit); a verb calls `wait_durable`, which flushes at once and
 //! returns when its event is on disk. Concurrent waiters share one fsync.
+//!
+//! Lock order: `checkpointing` → the engine's locks → `written` → `buf` → `durable`.
+//! `append` (called under engine locks) takes only `buf`.
 
 use crate::coherence::{Config, DurableState, Engine, Event, EventSink, Timestamp};
 use parking_lot::{Condvar, Mutex};
@@ -165,6 +168,8 @@ impl Shared {
 pub struct Journal {
     shared: Arc<Shared>,
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// One snapshot at a time (taken before any engine lock).
+    checkpointing: Mutex<()>,
     _lock: File,
 }
 
@@ -395,6 +400,7 @@ impl Journal {
         let journal = Arc::new(Journal {
             shared: shared.clone(),
             flusher: Mutex::new(None),
+            checkpointing: Mutex::new(()),
             _lock: lock,
         });
         let sink: Arc<dyn EventSink> = journal.clone();
@@ -522,6 +528,7 @@ impl Journal {
 
     /// Writes a snapshot of `engine` (which must be the engine writing to this journal).
     pub fn checkpoint(&self, engine: &Engine) -> io::Result<()> {
+        let _one = self.checkpointing.lock();
         let (state, pos) = engine.durable_state_with(|| self.shared.write_pending());
         let (seq, offset) = pos?;
         debug_assert_eq!(seq, state.seq);

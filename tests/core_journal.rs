@@ -34,20 +34,26 @@ fn history(e: &Engine, rounds: usize) {
         e.commit(a, &p, CommitOp::Write, stamp(i as u64), tick());
         e.close_write(a, &p, true, tick());
         e.open_read(a, &p, tick());
-        let _ = e.transfer(a, &[p.clone()], &b.name, Some(format!("note {i}")), tick());
+        let _ = e.transfer(
+            a,
+            std::slice::from_ref(&p),
+            &b.name,
+            Some(format!("note {i}")),
+            tick(),
+        );
         match i % 5 {
             0 => {
-                let _ = e.accept(b, &[p.clone()], tick());
+                let _ = e.accept(b, std::slice::from_ref(&p), tick());
             }
             1 => {
-                let _ = e.decline(b, &[p.clone()], tick());
+                let _ = e.decline(b, std::slice::from_ref(&p), tick());
             }
             2 => {
                 let _ = e.acquire(c, &p, tick());
                 e.close_write(c, &p, false, tick());
             }
             3 => {
-                let _ = e.withdraw(a, &[p.clone()], tick());
+                let _ = e.withdraw(a, std::slice::from_ref(&p), tick());
                 e.commit(a, &p, CommitOp::Unlink, None, tick());
             }
             _ => {

@@ -331,8 +331,10 @@ impl Engine {
         match ev.event {
             EventKind::SessionSeen | EventKind::StaleWrite | EventKind::Denied => {}
             EventKind::Acquire => {
-                if let Some(v) = ev.version {
-                    e.version = e.version.max(v);
+                if let Some(v) = ev.version.filter(|v| *v > e.version) {
+                    // Replay of a path first seen (unlogged) at that version.
+                    e.version = v;
+                    e.exists = true;
                 }
                 let s = self.known(who, ev.agent);
                 let h = e.holder_mut(&s);
@@ -1243,6 +1245,16 @@ impl Engine {
         sh.get(path)
             .filter(|e| e.exists && e.version > 0)
             .map(|e| e.version)
+    }
+
+    /// Version, existence and stamp of any tracked path, tombstones included.
+    pub fn path_state(&self, path: &str) -> Option<PathState> {
+        let sh = self.lock_one(path);
+        sh.get(path).filter(|e| e.version > 0).map(|e| PathState {
+            version: e.version,
+            exists: e.exists,
+            stamp: e.stamp,
+        })
     }
 
     /// The stamp the engine last counted for `path` (for the mount's external-change check).
