@@ -562,6 +562,10 @@ fn versions_tombstones_renames_and_external_changes() {
     assert_eq!(h.e.observe("n.md", st, Timestamp(T0)), Some(4));
     let t = h.t();
     assert_eq!(h.e.observe("n.md", stamp(999_999), t), Some(5));
+    // A chmod through the volume changes ctime but is not a commit.
+    h.e.restamp("n.md", stamp(777_777).unwrap());
+    let t = h.t();
+    assert_eq!(h.e.observe("n.md", stamp(777_777), t), Some(5));
     // Removed behind the volume's back.
     let t = h.t();
     assert_eq!(h.e.observe("n.md", None, t), None);

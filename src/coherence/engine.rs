@@ -99,8 +99,9 @@ struct Entry {
     version: u64,
     exists: bool,
     stamp: Option<Stamp>,
-    /// The stamp came from a logged event (else adopted silently at first sight).
-    stamp_logged: bool,
+    /// The stamp of the last logged commit: what a restart knows (`stamp` may be newer,
+    /// adopted silently at first sight or by `restamp`).
+    logged_stamp: Option<Stamp>,
     /// Some logged event touched this path: it is part of the durable state.
     logged: bool,
     holders: Vec<Holder>,
@@ -225,7 +226,7 @@ impl Engine {
             let entry = Entry {
                 version: p.version,
                 exists: p.exists,
-                stamp_logged: p.stamp.is_some(),
+                logged_stamp: p.stamp,
                 stamp: p.stamp,
                 logged: true,
                 holders: Vec::new(),
@@ -354,7 +355,7 @@ impl Engine {
                 e.version = v;
                 e.exists = !ev.removed;
                 e.stamp = ev.stamp;
-                e.stamp_logged = ev.stamp.is_some();
+                e.logged_stamp = ev.stamp;
                 e.logged = true;
                 for h in &mut e.holders {
                     if ev.event == EventKind::Commit && h.session.name == who {
@@ -532,7 +533,6 @@ impl Engine {
             (false, None) => return None,
             (true, Some(st)) if e.stamp.is_none() => {
                 e.stamp = Some(st);
-                e.stamp_logged = false;
                 return Some(e.version);
             }
             (true, Some(st)) if e.stamp == Some(st) => return Some(e.version),
@@ -554,6 +554,18 @@ impl Engine {
         ev.stamp = stamp;
         self.emit(e, ev);
         stamp.map(|_| version)
+    }
+
+    /// A metadata change made through the volume that is not a commit (chmod, chown,
+    /// utimes, xattrs) changed the file's ctime: remember the new stamp so the next
+    /// `observe` does not count it as an external change. Memory only (no event): after a
+    /// restart the stamp of the last logged commit applies again.
+    pub fn restamp(&self, path: &str, stamp: Stamp) {
+        if let Some(e) = self.lock_one(path).get_mut(path) {
+            if e.exists && e.version > 0 && e.stamp != Some(stamp) {
+                e.stamp = Some(stamp);
+            }
+        }
     }
 
     /// A live record on `e` touched by `by`, who is neither its giver nor its successor:
@@ -803,6 +815,7 @@ impl Engine {
     pub fn close_write(&self, s: &Session, path: &str, committed: bool, now: Timestamp) {
         let mut sh = self.lock_one(path);
         let Some(e) = sh.get_mut(path) else { return };
+        let v = e.version;
         let Some(h) = e.holders.iter_mut().find(|h| h.session.name == s.name) else {
             return;
         };
@@ -812,7 +825,8 @@ impl Engine {
         if h.writers > 1 || committed {
             h.writers -= 1;
             if h.writers == 0 {
-                h.hold = Hold::M;
+                // M if its commit is still the current version, else someone committed since.
+                h.hold = if h.view == Some(v) { Hold::M } else { Hold::I };
             }
             return;
         }
@@ -1388,7 +1402,7 @@ impl Engine {
                         PathState {
                             version: e.version,
                             exists: e.exists,
-                            stamp: if e.stamp_logged { e.stamp } else { None },
+                            stamp: e.logged_stamp,
                         },
                     );
                 }
