@@ -17,6 +17,33 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// CPU time of this process (robust to other processes sharing the cores).
+fn cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Median wall time per call over batches of `per` calls: batches hit by preemption (the
+/// machine is shared) fall in the tail, not at the median.
+fn median_per_op(batches: usize, per: usize, mut f: impl FnMut()) -> Duration {
+    let mut v: Vec<Duration> = (0..batches)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..per {
+                f();
+            }
+            t.elapsed() / per as u32
+        })
+        .collect();
+    v.sort();
+    v[batches / 2]
+}
+
 struct Counting;
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 
@@ -99,8 +126,48 @@ fn populated(sink: Arc<dyn EventSink>) -> (Engine, Vec<Session>, Vec<String>) {
 fn fence(c: &mut Criterion) {
     let (e, ss, ps) = populated(Arc::new(MemorySink::discarding()));
     let e = Arc::new(e);
-    let mut g = c.benchmark_group("fence");
     let mut i = 0usize;
+    let m = median_per_op(3000, 1000, || {
+        i = (i + 7919) % RECORDS;
+        let s = &ss[(i + 500) % SESSIONS];
+        black_box(e.check_write(s, &ps[i], Route::OpenWrite, t())).unwrap();
+    });
+    println!("fence: check_write (open for write, path with a live record, bystander): median {m:?} per decision, 1 thread");
+    let m = median_per_op(3000, 1000, || {
+        i = (i + 7919) % RECORDS;
+        let s = &ss[i % SESSIONS];
+        black_box(e.check_write(s, &ps[i], Route::OpenWrite, t())).unwrap_err();
+    });
+    println!(
+        "fence: check_write refused (the giver; builds the deny text, logs denied): median {m:?}"
+    );
+    let m = median_per_op(3000, 1000, || {
+        i = (i + 7919) % PATHS;
+        black_box(e.open_read(&ss[i % SESSIONS], &ps[i], t()));
+    });
+    println!("fence: open_read: median {m:?} per open, 1 thread");
+    let meds: Vec<Duration> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..2usize)
+            .map(|k| {
+                let (e, ss, ps) = (&e, &ss, &ps);
+                sc.spawn(move || {
+                    let mut j = k * 31;
+                    median_per_op(3000, 1000, || {
+                        j = (j + 7919) % PATHS;
+                        let _ = black_box(e.check_write(
+                            &ss[(j + 500) % SESSIONS],
+                            &ps[j],
+                            Route::OpenWrite,
+                            t(),
+                        ));
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    println!("fence: check_write with 2 threads at once: median {meds:?} per decision per thread");
+    let mut g = c.benchmark_group("fence");
     // A bystander opening a path with a live record for write (allowed).
     g.bench_function("check_write_open_on_handed_path", |b| {
         b.iter(|| {
@@ -244,11 +311,14 @@ fn rebuild() {
     }
     let len = std::fs::metadata(dir.path().join(LOG)).unwrap().len();
     let mut runs = Vec::new();
+    let mut cpu = Vec::new();
     let mut seq = 0;
     for _ in 0..3 {
         let start = Instant::now();
+        let c0 = cpu_time();
         let o = Journal::open(dir.path(), Config::default(), JournalOptions::default()).unwrap();
         runs.push(start.elapsed());
+        cpu.push(cpu_time() - c0);
         seq = o.engine.last_seq();
         assert!(o.warnings.is_empty());
         assert!(!o.from_snapshot);
@@ -260,6 +330,15 @@ fn rebuild() {
         runs[1],
         runs
     );
+    cpu.sort();
+    println!("rebuild: CPU time median of 3: {:?}", cpu[1]);
+    // How much of it is reading and parsing the JSON lines alone.
+    let start = Instant::now();
+    let (n, ..) = coherent::journal::replay_log(&dir.path().join(LOG), 0, 0, |ev| {
+        black_box(ev);
+    })
+    .unwrap();
+    println!("rebuild: parsing alone {n} events: {:?}", start.elapsed());
     // With a snapshot at the end: only the snapshot is read.
     {
         let o = Journal::open(dir.path(), Config::default(), JournalOptions::default()).unwrap();

@@ -21,7 +21,7 @@
 use crate::coherence::{Config, DurableState, Engine, Event, EventSink, Timestamp};
 use parking_lot::{Condvar, Mutex};
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -274,6 +274,9 @@ fn read_snapshot(dir: &Path) -> Result<Option<(SnapHeader, DurableState)>, Strin
 /// Replays `events.log` from `offset` (expecting seq `after + 1` first) into `apply`.
 /// Stops at the first incomplete or invalid line. Returns (events applied, last seq,
 /// offset of the end of the last good line, warning if damage was found).
+///
+/// Parsing dominates recovery, so the log is read in blocks whose lines are parsed on
+/// several threads; events are applied in log order on the calling thread.
 pub fn replay_log(
     path: &Path,
     offset: u64,
@@ -286,59 +289,132 @@ pub fn replay_log(
         Err(e) => return Err(e),
     };
     f.seek(SeekFrom::Start(offset))?;
-    let mut r = BufReader::with_capacity(1 << 20, f);
-    let mut line = Vec::with_capacity(512);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4);
+    // Blocks of up to 8 MiB; no bigger than what is left to read (small logs, tests).
+    let left = f.metadata()?.len().saturating_sub(offset) as usize;
+    let block_len = left.clamp(4096, 8 << 20);
     let (mut n, mut seq, mut good) = (0u64, after, offset);
+    let mut data: Vec<u8> = Vec::with_capacity(block_len * 2);
+    let mut eof = false;
+    let warn = |what: String, seq: u64| {
+        Some(format!(
+            "{}: {what}; recovered the {seq} events before it",
+            path.display()
+        ))
+    };
     loop {
-        line.clear();
-        let got = r.read_until(b'\n', &mut line)?;
-        if got == 0 {
-            return Ok((n, seq, good, None));
+        // Fill up to a block after the carried-over partial line.
+        let target = data.len() + block_len;
+        while !eof && data.len() < target {
+            let old = data.len();
+            data.resize(target, 0);
+            let got = f.read(&mut data[old..])?;
+            data.truncate(old + got);
+            eof = got == 0;
         }
-        if line.last() != Some(&b'\n') {
-            return Ok((
-                n,
-                seq,
-                good,
-                Some(format!(
-                    "{}: cut in the middle of an event at byte {good} ({got} bytes dropped); recovered the {seq} events before it",
-                    path.display()
-                )),
-            ));
-        }
-        match serde_json::from_slice::<Event>(&line[..line.len() - 1]) {
-            Ok(ev) if ev.seq == seq + 1 => {
-                apply(&ev);
-                seq = ev.seq;
-                n += 1;
-                good += got as u64;
-            }
-            Ok(ev) => {
-                return Ok((
-                    n,
+        let whole = match data.iter().rposition(|&b| b == b'\n') {
+            Some(i) => i + 1,
+            None => 0,
+        };
+        if whole == 0 {
+            let w = (!data.is_empty()).then(|| {
+                warn(
+                    format!(
+                        "cut in the middle of an event at byte {good} ({} bytes dropped)",
+                        data.len()
+                    ),
                     seq,
-                    good,
-                    Some(format!(
-                        "{}: event at byte {good} has seq {} where {} was expected; recovered the {seq} events before it",
-                        path.display(),
+                )
+            });
+            return Ok((n, seq, good, w.flatten()));
+        }
+        for (len, parsed) in parse_lines(&data[..whole], threads) {
+            match parsed {
+                Ok(ev) if ev.seq == seq + 1 => {
+                    apply(&ev);
+                    seq = ev.seq;
+                    n += 1;
+                    good += len as u64;
+                }
+                Ok(ev) => {
+                    let w = format!(
+                        "event at byte {good} has seq {} where {} was expected",
                         ev.seq,
                         seq + 1
-                    )),
-                ))
-            }
-            Err(e) => {
-                return Ok((
-                    n,
-                    seq,
-                    good,
-                    Some(format!(
-                        "{}: unreadable event at byte {good} ({e}); recovered the {seq} events before it",
-                        path.display()
-                    )),
-                ))
+                    );
+                    return Ok((n, seq, good, warn(w, seq)));
+                }
+                Err(e) => {
+                    return Ok((
+                        n,
+                        seq,
+                        good,
+                        warn(format!("unreadable event at byte {good} ({e})"), seq),
+                    ))
+                }
             }
         }
+        data.drain(..whole);
+        if eof && data.is_empty() {
+            return Ok((n, seq, good, None));
+        }
     }
+}
+
+/// Parses the newline-terminated lines of `block`, on up to `threads` threads, in order.
+/// Each part stops at its first bad line (nothing after it is used anyway).
+fn parse_lines(block: &[u8], threads: usize) -> Vec<(usize, Result<Event, String>)> {
+    fn part(bytes: &[u8]) -> Vec<(usize, Result<Event, String>)> {
+        let mut out = Vec::with_capacity(bytes.len() / 200 + 1);
+        for line in bytes.split_inclusive(|&b| b == b'\n') {
+            let r =
+                serde_json::from_slice::<Event>(&line[..line.len() - 1]).map_err(|e| e.to_string());
+            let bad = r.is_err();
+            out.push((line.len(), r));
+            if bad {
+                break;
+            }
+        }
+        out
+    }
+    if threads <= 1 || block.len() < 1 << 16 {
+        return part(block);
+    }
+    // Cut into `threads` parts at line boundaries.
+    let mut cuts = vec![0];
+    for k in 1..threads {
+        let at = (block.len() * k / threads).max(*cuts.last().expect("nonempty"));
+        let end = block[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(block.len(), |i| at + i + 1);
+        cuts.push(end);
+    }
+    cuts.push(block.len());
+    let parts: Vec<Vec<(usize, Result<Event, String>)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = cuts
+            .windows(2)
+            .map(|w| {
+                let bytes = &block[w[0]..w[1]];
+                sc.spawn(move || part(bytes))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("parser thread"))
+            .collect()
+    });
+    let mut out = Vec::new();
+    for p in parts {
+        let stop = p.last().is_some_and(|(_, r)| r.is_err());
+        out.extend(p);
+        if stop {
+            break;
+        }
+    }
+    out
 }
 
 impl Journal {

@@ -20,6 +20,7 @@ use crate::error::{Reason, Refusal};
 use crate::identity::{Session, SessionInfo, Via};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -143,26 +144,60 @@ impl Entry {
     }
 }
 
-type Shard = HashMap<Box<str>, Entry>;
+type Shard = HashMap<Box<str>, Entry, BuildHasherDefault<PathHasher>>;
+
+/// A fast multiplicative hash for path keys (the maps are local; no untrusted network
+/// input chooses them).
+#[derive(Default, Clone, Copy)]
+struct PathHasher(u64);
+
+impl Hasher for PathHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        let mut tail = [0u8; 8];
+        let rest = chunks.remainder();
+        tail[..rest.len()].copy_from_slice(rest);
+        self.0 =
+            (self.0.rotate_left(5) ^ u64::from_le_bytes(tail) ^ rest.len() as u64).wrapping_mul(K);
+    }
+
+    fn write_u8(&mut self, b: u8) {
+        self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The entry of `path`, created empty (version 0) if missing; no allocation when present.
+fn entry_mut<'a>(sh: &'a mut Shard, path: &str) -> &'a mut Entry {
+    if !sh.contains_key(path) {
+        sh.insert(path.into(), Entry::default());
+    }
+    sh.get_mut(path).expect("just inserted")
+}
 
 /// The coherence engine. Cheap to share (`Arc<Engine>`); every method takes `&self`.
 pub struct Engine {
     config: Config,
     shards: Box<[Mutex<Shard>]>,
-    sessions: RwLock<HashMap<String, Session>>,
+    sessions: RwLock<HashMap<String, Session, BuildHasherDefault<PathHasher>>>,
     why: Mutex<HashMap<String, String>>,
     sink: Arc<dyn EventSink>,
     applied: AtomicU64,
 }
 
 fn shard_of(path: &str) -> usize {
-    // FNV-1a: cheap and stable.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in path.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    (h % SHARDS as u64) as usize
+    let mut h = PathHasher(0x9e37_79b9_7f4a_7c15);
+    h.write(path.as_bytes());
+    // The high bits mix best in a multiplicative hash.
+    (h.finish() >> 58) as usize % SHARDS
 }
 
 /// A workspace-relative path as the engine accepts it: not empty, not absolute, no `.`,
@@ -204,8 +239,8 @@ impl Engine {
     pub fn new(config: Config, sink: Arc<dyn EventSink>) -> Self {
         Engine {
             config,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            sessions: RwLock::new(HashMap::new()),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            sessions: RwLock::new(HashMap::default()),
             why: Mutex::new(HashMap::new()),
             sink,
             applied: AtomicU64::new(0),
@@ -238,7 +273,7 @@ impl Engine {
         }
         for r in state.records {
             let mut sh = e.shards[shard_of(&r.path)].lock();
-            let entry = sh.entry(r.path.clone().into_boxed_str()).or_default();
+            let entry = entry_mut(&mut sh, &r.path);
             entry.logged = true;
             entry.records.push(r);
         }
@@ -337,8 +372,15 @@ impl Engine {
                     e.version = v;
                     e.exists = true;
                 }
-                let s = self.known(who, ev.agent);
-                let h = e.holder_mut(&s);
+                if e.holder(who).is_none() {
+                    let s = self.known(who, ev.agent);
+                    e.holder_mut(&s);
+                }
+                let h = e
+                    .holders
+                    .iter_mut()
+                    .find(|h| h.session.name == who)
+                    .expect("held");
                 h.writers += 1;
                 h.hold = Hold::E;
             }
@@ -497,7 +539,7 @@ impl Engine {
                     return;
                 };
                 let mut sh = self.lock_one(path);
-                let e = sh.entry(path.into()).or_default();
+                let e = entry_mut(&mut sh, path);
                 self.apply_entry(e, ev);
             }
         }
@@ -668,7 +710,7 @@ impl Engine {
     pub fn acquire(&self, s: &Session, path: &str, now: Timestamp) -> Result<Acquired, Refusal> {
         self.session_seen(s, now);
         let mut sh = self.lock_one(path);
-        let e = sh.entry(path.into()).or_default();
+        let e = entry_mut(&mut sh, path);
         self.fence(e, path, s, Route::OpenWrite, now)?;
         let version = e.version;
         let view = e.holder(&s.name).and_then(|h| h.view);
@@ -805,7 +847,7 @@ impl Engine {
     ) -> u64 {
         self.session_seen(s, now);
         let mut sh = self.lock_one(path);
-        let e = sh.entry(path.into()).or_default();
+        let e = entry_mut(&mut sh, path);
         self.commit_locked(e, s, path, op, stamp, None, now)
     }
 
@@ -870,7 +912,7 @@ impl Engine {
                 self.commit_locked(e, s, from, CommitOp::RenameAway, None, None, now);
             }
         }
-        let e = guards[ti].1.entry(to.into()).or_default();
+        let e = entry_mut(&mut guards[ti].1, to);
         Some(self.commit_locked(e, s, to, CommitOp::Rename, stamp, Some(from), now))
     }
 

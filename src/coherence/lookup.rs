@@ -18,7 +18,10 @@ pub const MIN_PREFIX: usize = 8;
 /// - a hex string shorter than 8 digits, an ambiguous prefix, or an argument that is empty
 ///   or has whitespace/control characters is `handoff_successor_malformed`;
 /// - anything else well formed that matches nothing is `handoff_successor_unknown`.
-pub fn resolve_session(known: &HashMap<String, Session>, arg: &str) -> Result<Session, Refusal> {
+pub fn resolve_session<H: std::hash::BuildHasher>(
+    known: &HashMap<String, Session, H>,
+    arg: &str,
+) -> Result<Session, Refusal> {
     let malformed = |why: &str| {
         Refusal::new(
             Reason::HandoffSuccessorMalformed,
