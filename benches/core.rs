@@ -360,7 +360,20 @@ fn rebuild() {
     );
 }
 
+fn parse(c: &mut Criterion) {
+    let line = br#"{"seq":123456,"ts":"2026-11-30T12:16:33.123Z","event":"commit","path":"src/dir123/file012345.rs","session":"agent-0123","agent":"27a468b0-7fa2-5c0d-a2ba-2dac753b2070","version":17,"op":"write","stamp":{"ino":123456,"ctime_ns":1790000000000000000,"size":100}}"#;
+    c.bench_function("parse_commit_line", |b| {
+        b.iter(|| black_box(serde_json::from_slice::<Event>(black_box(line)).unwrap()))
+    });
+    c.bench_function("parse_commit_line_as_value", |b| {
+        b.iter(|| black_box(serde_json::from_slice::<serde_json::Value>(black_box(line)).unwrap()))
+    });
+}
+
 fn figures(_c: &mut Criterion) {
+    if std::env::var_os("CORE_BENCH_SKIP_FIGURES").is_some() {
+        return;
+    }
     memory();
     rebuild();
 }
@@ -371,6 +384,6 @@ criterion_group! {
         .sample_size(30)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    targets = figures, fence, commits
+    targets = figures, fence, commits, parse
 }
 criterion_main!(benches);

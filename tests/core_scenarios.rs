@@ -238,6 +238,12 @@ fn handoff_ended_until_the_version_moves() {
     assert_eq!(h.e.why(&a).unwrap(), err.message);
     // Another successor is fine.
     h.transfer(&a, &[P], "carol").unwrap();
+    // ...but superseding it back to bob is the same ended handoff.
+    assert_eq!(
+        h.transfer(&a, &[P], "bob").unwrap_err().reason,
+        Reason::HandoffEnded
+    );
+    assert_eq!(h.e.handoff(&a, P).unwrap().record.successor, "carol");
     let t = h.t();
     h.e.withdraw(&a, &paths(&[P]), t).unwrap();
     // Once the version moves, bob can be asked again.

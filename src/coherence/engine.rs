@@ -1127,14 +1127,14 @@ impl Engine {
                     ),
                 ));
             }
-            return Ok(if r.successor.name == succ.name {
-                Plan::Nothing
-            } else {
-                Plan::Supersede {
-                    old: r.id,
-                    hold: r.hold,
-                    version: e.version,
-                }
+            if r.successor.name == succ.name {
+                return Ok(Plan::Nothing);
+            }
+            ended_before(e, p, s, succ)?;
+            return Ok(Plan::Supersede {
+                old: r.id,
+                hold: r.hold,
+                version: e.version,
             });
         }
         let h = e.holder(&s.name);
@@ -1158,21 +1158,7 @@ impl Engine {
                 ))
             }
         };
-        if e.records.iter().any(|r| {
-            r.giver.name == s.name
-                && r.successor.name == succ.name
-                && r.version_at_transfer == e.version
-                && matches!(r.status, Status::Declined | Status::Withdrawn)
-        }) {
-            return Err(Refusal::new(
-                Reason::HandoffEnded,
-                format!(
-                    "the handoff of {p} at v{} to {} already ended (declined or withdrawn); it can be sent again once {p} changes",
-                    e.version,
-                    succ.display()
-                ),
-            ));
-        }
+        ended_before(e, p, s, succ)?;
         Ok(Plan::New {
             hold,
             version: e.version,
@@ -1464,6 +1450,27 @@ impl Engine {
     pub fn last_seq(&self) -> u64 {
         self.applied.load(Ordering::SeqCst)
     }
+}
+
+/// `handoff_ended`: this giver's transfer of `p` at this version to this successor already
+/// ended by decline or withdraw (until the version moves or the record is evicted).
+fn ended_before(e: &Entry, p: &str, s: &Session, succ: &Session) -> Result<(), Refusal> {
+    if e.records.iter().any(|r| {
+        r.giver.name == s.name
+            && r.successor.name == succ.name
+            && r.version_at_transfer == e.version
+            && matches!(r.status, Status::Declined | Status::Withdrawn)
+    }) {
+        return Err(Refusal::new(
+            Reason::HandoffEnded,
+            format!(
+                "the handoff of {p} at v{} to {} already ended (declined or withdrawn); it can be sent again once {p} changes",
+                e.version,
+                succ.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn no_such_path(p: &str) -> Refusal {
