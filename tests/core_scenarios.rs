@@ -472,10 +472,16 @@ fn successor_by_id_and_prefix() {
     h.read(&a, P);
     let r = h.transfer(&a, &[P], "2130ffdc").unwrap();
     assert_eq!(r.records[0].successor, "carol");
+    // The full id of the same successor: an idempotent re-send.
     let r = h
-        .transfer(&a, &[P], "9ae2705c-1759-59d9-9266-5e25c13ba62a")
+        .transfer(&a, &[P], "2130ffdc-5b10-5e5b-8ae0-5700831ef5cc")
         .unwrap();
-    assert_eq!(r.records[0].successor, "bob");
+    assert_eq!(r.records[0].successor, "carol");
+    assert_eq!(h.count(EventKind::Transfer), 2);
+    let bob =
+        h.e.lookup_session("9ae2705c-1759-59d9-9266-5e25c13ba62a")
+            .unwrap();
+    assert_eq!(bob.name, "bob");
 }
 
 #[test]
