@@ -334,3 +334,30 @@ fn a_damaged_line_in_the_middle_stops_recovery_there() {
     );
     assert_eq!(o.engine.durable_state(), prefix_state(&log, start));
 }
+
+#[test]
+fn after_a_restart_no_session_has_a_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (sess("alice"), sess("bob"));
+    {
+        let o = open(dir.path());
+        o.engine.register(&b, Timestamp(T0)).unwrap();
+        o.engine.acquire(&a, "p", Timestamp(T0)).unwrap();
+        o.engine
+            .commit(&a, "p", CommitOp::Write, stamp(1), Timestamp(T0));
+        o.engine.close_write(&a, "p", true, Timestamp(T0));
+        assert_eq!(o.engine.hold(&a, "p"), Some((Hold::M, Some(1))));
+    }
+    let o = open(dir.path());
+    assert_eq!(o.engine.version("p"), Some(1));
+    assert_eq!(o.engine.hold(&a, "p"), None);
+    let err = o
+        .engine
+        .transfer(&a, &paths(&["p"]), "bob", None, Timestamp(T0))
+        .unwrap_err();
+    assert_eq!(err.reason, coherent::error::Reason::HandoffNotHeld);
+    o.engine.open_read(&a, "p", Timestamp(T0));
+    o.engine
+        .transfer(&a, &paths(&["p"]), "bob", None, Timestamp(T0))
+        .unwrap();
+}

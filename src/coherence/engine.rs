@@ -347,7 +347,7 @@ impl Engine {
     fn emit(&self, entry: &mut Entry, mut ev: Event) -> u64 {
         self.sink.append(&mut ev);
         self.applied.fetch_max(ev.seq, Ordering::SeqCst);
-        self.apply_entry(entry, &ev);
+        self.apply_entry(entry, &ev, true);
         ev.seq
     }
 
@@ -361,8 +361,10 @@ impl Engine {
     }
 
     /// The state change of one logged event on one path: shared by the live path
-    /// (`emit`) and the replay of the log, so both build the same state.
-    fn apply_entry(&self, e: &mut Entry, ev: &Event) {
+    /// (`emit`, `live`) and the replay of the log, so both build the same durable state.
+    /// Holds and views are memory only: a replay creates none (§8: after a restart no
+    /// session has a view).
+    fn apply_entry(&self, e: &mut Entry, ev: &Event, live: bool) {
         let who = ev.session.as_deref().unwrap_or("");
         match ev.event {
             EventKind::SessionSeen | EventKind::StaleWrite | EventKind::Denied => {}
@@ -371,6 +373,9 @@ impl Engine {
                     // Replay of a path first seen (unlogged) at that version.
                     e.version = v;
                     e.exists = true;
+                }
+                if !live {
+                    return;
                 }
                 if e.holder(who).is_none() {
                     let s = self.known(who, ev.agent);
@@ -407,7 +412,9 @@ impl Engine {
                         h.hold = Hold::I;
                     }
                 }
-                if ev.event == EventKind::Commit && !e.holders.iter().any(|h| h.session.name == who)
+                if live
+                    && ev.event == EventKind::Commit
+                    && !e.holders.iter().any(|h| h.session.name == who)
                 {
                     let s = self.known(who, ev.agent);
                     e.holders.push(Holder {
@@ -540,7 +547,7 @@ impl Engine {
                 };
                 let mut sh = self.lock_one(path);
                 let e = entry_mut(&mut sh, path);
-                self.apply_entry(e, ev);
+                self.apply_entry(e, ev, false);
             }
         }
     }
