@@ -4,8 +4,11 @@
 
 mod engine;
 mod lookup;
+mod ops;
+mod queries;
 mod time;
 mod types;
+mod verbs;
 
 pub use engine::{deny_text, valid_path, Engine, EventSink, MemorySink, EXTERNAL, MAX_NOTE};
 pub use lookup::{resolve_session, MIN_PREFIX};
