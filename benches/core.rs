@@ -365,6 +365,23 @@ fn parse(c: &mut Criterion) {
     c.bench_function("parse_commit_line", |b| {
         b.iter(|| black_box(serde_json::from_slice::<Event>(black_box(line)).unwrap()))
     });
+    // The same line into a struct of borrowed fields: what allocation costs.
+    #[allow(dead_code)]
+    #[derive(serde::Deserialize)]
+    struct Borrowed<'a> {
+        seq: u64,
+        ts: &'a str,
+        event: &'a str,
+        path: Option<&'a str>,
+        session: Option<&'a str>,
+        agent: Option<&'a str>,
+        version: Option<u64>,
+        op: Option<&'a str>,
+        stamp: Option<Stamp>,
+    }
+    c.bench_function("parse_commit_line_borrowed", |b| {
+        b.iter(|| black_box(serde_json::from_slice::<Borrowed>(black_box(line)).unwrap()))
+    });
     c.bench_function("parse_commit_line_as_value", |b| {
         b.iter(|| black_box(serde_json::from_slice::<serde_json::Value>(black_box(line)).unwrap()))
     });
