@@ -1,1 +1,671 @@
-//! See DESIGN.md §11.
+//! The state log and snapshots (DESIGN.md §8): durability and recovery of the engine.
+//!
+//! State directory layout:
+//! - `lock`: held with `flock(LOCK_EX)` by the daemon using the directory; holds its pid;
+//! - `events.log`: one JSON event per line (the §8 schema), `seq` 1, 2, 3, ... with no gap;
+//! - `snapshot.json`: a compacted state. Line 1 is a header
+//!   `{"format":1,"seq":N,"log_offset":O,"len":L,"fnv":H}`; then L bytes of the
+//!   [`DurableState`] as JSON whose FNV-1a 64 is H. It equals the log's first N events,
+//!   which end at byte O of `events.log`. Written to `snapshot.json.tmp`, fsynced, renamed,
+//!   and the directory fsynced;
+//! - `events.log.damaged-OFFSET`: bytes cut off a damaged log at recovery, kept for a human.
+//!
+//! Appends go to a memory buffer (with the engine's locks held, so the log order is the
+//! application order). A flusher thread writes and fsyncs the buffer every
+//! `flush_interval` (group commit); a verb calls `wait_durable`, which flushes at once and
+//! returns when its event is on disk. Concurrent waiters share one fsync.
+//!
+//! Lock order: `checkpointing` → the engine's locks → `written` → `buf` → `durable`.
+//! `append` (called under engine locks) takes only `buf`.
+
+use crate::coherence::{Config, DurableState, Engine, Event, EventSink, Timestamp};
+use parking_lot::{Condvar, Mutex};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const LOG: &str = "events.log";
+pub const SNAPSHOT: &str = "snapshot.json";
+pub const LOCK: &str = "lock";
+
+/// Tuning.
+#[derive(Debug, Clone)]
+pub struct JournalOptions {
+    /// Group-commit window of the background flusher.
+    pub flush_interval: Duration,
+    /// Write a snapshot (at the next `maintain`) after this many events.
+    pub snapshot_every: u64,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        JournalOptions {
+            flush_interval: Duration::from_millis(5),
+            snapshot_every: 100_000,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum JournalError {
+    /// Another process holds the state directory.
+    Locked {
+        dir: PathBuf,
+        pid: Option<u32>,
+    },
+    Io {
+        what: String,
+        err: io::Error,
+    },
+}
+
+impl std::fmt::Display for JournalError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JournalError::Locked {
+                dir,
+                pid: Some(pid),
+            } => write!(
+                f,
+                "state directory {} is in use by another coherent-mount (pid {pid})",
+                dir.display()
+            ),
+            JournalError::Locked { dir, pid: None } => write!(
+                f,
+                "state directory {} is in use by another coherent-mount",
+                dir.display()
+            ),
+            JournalError::Io { what, err } => write!(f, "{what}: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for JournalError {}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> JournalError {
+    let what = what.into();
+    move |err| JournalError::Io { what, err }
+}
+
+struct Buf {
+    next_seq: u64,
+    bytes: Vec<u8>,
+    /// Seq of the last event in `bytes` (or written before).
+    last_seq: u64,
+    since_snapshot: u64,
+}
+
+struct Written {
+    file: File,
+    len: u64,
+    seq: u64,
+}
+
+struct Shared {
+    dir: PathBuf,
+    opts: JournalOptions,
+    buf: Mutex<Buf>,
+    /// Held by whoever moves bytes from `buf` to the file: keeps them in order.
+    written: Mutex<Written>,
+    durable: Mutex<u64>,
+    durable_cv: Condvar,
+    wake: Condvar,
+    stop: AtomicBool,
+    poisoned: AtomicBool,
+}
+
+impl Shared {
+    /// Moves the buffer to the file (no fsync). Returns (last seq written, log length).
+    fn write_pending(&self) -> io::Result<(u64, u64)> {
+        let mut w = self.written.lock();
+        let (bytes, last) = {
+            let mut b = self.buf.lock();
+            (std::mem::take(&mut b.bytes), b.last_seq)
+        };
+        if !bytes.is_empty() {
+            w.file.write_all(&bytes)?;
+            w.len += bytes.len() as u64;
+            w.seq = last;
+        }
+        Ok((w.seq, w.len))
+    }
+
+    /// Writes and fsyncs everything appended so far.
+    fn flush(&self) -> io::Result<()> {
+        let (seq, _) = self.write_pending()?;
+        if *self.durable.lock() >= seq {
+            return Ok(());
+        }
+        // fsync outside the write lock so appends and writes go on meanwhile.
+        let fd = self.written.lock().file.try_clone()?;
+        fd.sync_data()?;
+        let mut d = self.durable.lock();
+        if *d < seq {
+            *d = seq;
+        }
+        self.durable_cv.notify_all();
+        Ok(())
+    }
+
+    fn flush_or_poison(&self) {
+        if let Err(e) = self.flush() {
+            if !self.poisoned.swap(true, Ordering::SeqCst) {
+                tracing::error!(
+                    "state log {}: {e}; events are no longer durable",
+                    self.dir.display()
+                );
+            }
+            self.durable_cv.notify_all();
+        }
+    }
+}
+
+/// The journal: an [`EventSink`] writing `events.log`, plus snapshots and recovery.
+pub struct Journal {
+    shared: Arc<Shared>,
+    flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// One snapshot at a time (taken before any engine lock).
+    checkpointing: Mutex<()>,
+    _lock: File,
+}
+
+/// What `open` found.
+pub struct Opened {
+    pub engine: Arc<Engine>,
+    pub journal: Arc<Journal>,
+    /// Damage found and repaired (log cut mid-line, corrupt snapshot, ...).
+    pub warnings: Vec<String>,
+    pub from_snapshot: bool,
+    /// Events replayed from the log (after the snapshot).
+    pub replayed: u64,
+}
+
+impl EventSink for Journal {
+    fn append(&self, ev: &mut Event) {
+        let mut b = self.shared.buf.lock();
+        b.next_seq += 1;
+        ev.seq = b.next_seq;
+        b.last_seq = ev.seq;
+        b.since_snapshot += 1;
+        serde_json::to_writer(&mut b.bytes, &*ev).expect("events serialize");
+        b.bytes.push(b'\n');
+    }
+
+    fn wait_durable(&self, seq: u64) {
+        if *self.shared.durable.lock() >= seq {
+            return;
+        }
+        // Concurrent callers serialise on `written`, so one fsync covers them all.
+        self.shared.flush_or_poison();
+    }
+}
+
+fn fnv64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SnapHeader {
+    format: u32,
+    seq: u64,
+    log_offset: u64,
+    len: u64,
+    fnv: u64,
+}
+
+fn lock_dir(dir: &Path) -> Result<File, JournalError> {
+    let path = dir.join(LOCK);
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_err(format!("open {}", path.display())))?;
+    // SAFETY: flock on a valid open descriptor.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let mut s = String::new();
+        let _ = f.read_to_string(&mut s);
+        return Err(JournalError::Locked {
+            dir: dir.to_path_buf(),
+            pid: s.trim().parse().ok(),
+        });
+    }
+    f.set_len(0).map_err(io_err("truncate lock file"))?;
+    f.write_all(format!("{}\n", std::process::id()).as_bytes())
+        .map_err(io_err("write lock file"))?;
+    Ok(f)
+}
+
+/// Reads and checks `snapshot.json`. Err: why it cannot be used.
+fn read_snapshot(dir: &Path) -> Result<Option<(SnapHeader, DurableState)>, String> {
+    let data = match std::fs::read(dir.join(SNAPSHOT)) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let nl = data
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or("no header line")?;
+    let h: SnapHeader =
+        serde_json::from_slice(&data[..nl]).map_err(|e| format!("bad header: {e}"))?;
+    let body = &data[nl + 1..];
+    if h.format != 1 || body.len() as u64 != h.len || fnv64(body) != h.fnv {
+        return Err("checksum or length mismatch".into());
+    }
+    let st: DurableState = serde_json::from_slice(body).map_err(|e| format!("bad body: {e}"))?;
+    if st.seq != h.seq {
+        return Err("seq mismatch".into());
+    }
+    Ok(Some((h, st)))
+}
+
+/// Replays `events.log` from `offset` (expecting seq `after + 1` first) into `apply`.
+/// Stops at the first incomplete or invalid line. Returns (events applied, last seq,
+/// offset of the end of the last good line, warning if damage was found).
+///
+/// Parsing dominates recovery, so the log is read in blocks whose lines are parsed on
+/// several threads; events are applied in log order on the calling thread.
+pub fn replay_log(
+    path: &Path,
+    offset: u64,
+    after: u64,
+    mut apply: impl FnMut(&Event),
+) -> io::Result<(u64, u64, u64, Option<String>)> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, after, 0, None)),
+        Err(e) => return Err(e),
+    };
+    f.seek(SeekFrom::Start(offset))?;
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4);
+    // Blocks of up to 8 MiB; no bigger than what is left to read (small logs, tests).
+    let left = f.metadata()?.len().saturating_sub(offset) as usize;
+    let block_len = left.clamp(4096, 8 << 20);
+    let (mut n, mut seq, mut good) = (0u64, after, offset);
+    let mut data: Vec<u8> = Vec::with_capacity(block_len * 2);
+    let mut eof = false;
+    let warn = |what: String, seq: u64| {
+        Some(format!(
+            "{}: {what}; recovered the {seq} events before it",
+            path.display()
+        ))
+    };
+    loop {
+        // Fill up to a block after the carried-over partial line.
+        let target = data.len() + block_len;
+        while !eof && data.len() < target {
+            let old = data.len();
+            data.resize(target, 0);
+            let got = f.read(&mut data[old..])?;
+            data.truncate(old + got);
+            eof = got == 0;
+        }
+        let whole = match data.iter().rposition(|&b| b == b'\n') {
+            Some(i) => i + 1,
+            None => 0,
+        };
+        if whole == 0 {
+            let w = (!data.is_empty()).then(|| {
+                warn(
+                    format!(
+                        "cut in the middle of an event at byte {good} ({} bytes dropped)",
+                        data.len()
+                    ),
+                    seq,
+                )
+            });
+            return Ok((n, seq, good, w.flatten()));
+        }
+        for (len, parsed) in parse_lines(&data[..whole], threads) {
+            match parsed {
+                Ok(ev) if ev.seq == seq + 1 => {
+                    apply(&ev);
+                    seq = ev.seq;
+                    n += 1;
+                    good += len as u64;
+                }
+                Ok(ev) => {
+                    let w = format!(
+                        "event at byte {good} has seq {} where {} was expected",
+                        ev.seq,
+                        seq + 1
+                    );
+                    return Ok((n, seq, good, warn(w, seq)));
+                }
+                Err(e) => {
+                    return Ok((
+                        n,
+                        seq,
+                        good,
+                        warn(format!("unreadable event at byte {good} ({e})"), seq),
+                    ))
+                }
+            }
+        }
+        data.drain(..whole);
+        if eof && data.is_empty() {
+            return Ok((n, seq, good, None));
+        }
+    }
+}
+
+/// Parses the newline-terminated lines of `block`, on up to `threads` threads, in order.
+/// Each part stops at its first bad line (nothing after it is used anyway).
+fn parse_lines(block: &[u8], threads: usize) -> Vec<(usize, Result<Event, String>)> {
+    fn part(bytes: &[u8]) -> Vec<(usize, Result<Event, String>)> {
+        let mut out = Vec::with_capacity(bytes.len() / 200 + 1);
+        for line in bytes.split_inclusive(|&b| b == b'\n') {
+            let r =
+                serde_json::from_slice::<Event>(&line[..line.len() - 1]).map_err(|e| e.to_string());
+            let bad = r.is_err();
+            out.push((line.len(), r));
+            if bad {
+                break;
+            }
+        }
+        out
+    }
+    if threads <= 1 || block.len() < 1 << 16 {
+        return part(block);
+    }
+    // Cut into `threads` parts at line boundaries.
+    let mut cuts = vec![0];
+    for k in 1..threads {
+        let at = (block.len() * k / threads).max(*cuts.last().expect("nonempty"));
+        let end = block[at..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(block.len(), |i| at + i + 1);
+        cuts.push(end);
+    }
+    cuts.push(block.len());
+    let parts: Vec<Vec<(usize, Result<Event, String>)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = cuts
+            .windows(2)
+            .map(|w| {
+                let bytes = &block[w[0]..w[1]];
+                sc.spawn(move || part(bytes))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("parser thread"))
+            .collect()
+    });
+    let mut out = Vec::new();
+    for p in parts {
+        let stop = p.last().is_some_and(|(_, r)| r.is_err());
+        out.extend(p);
+        if stop {
+            break;
+        }
+    }
+    out
+}
+
+impl Journal {
+    /// Opens (creating) the state directory: locks it, loads the snapshot (falling back to
+    /// the full log if it is unusable), replays the log tail into a new engine, cuts a
+    /// damaged tail off the log (kept aside as `events.log.damaged-OFFSET`), and starts the
+    /// flusher. The engine's events go to the returned journal.
+    pub fn open(dir: &Path, config: Config, opts: JournalOptions) -> Result<Opened, JournalError> {
+        std::fs::create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
+        let lock = lock_dir(dir)?;
+        let mut warnings = Vec::new();
+        let log_path = dir.join(LOG);
+        let log_len = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+
+        let mut snap = match read_snapshot(dir) {
+            Ok(s) => s,
+            Err(why) => {
+                warnings.push(format!(
+                    "{}: unusable ({why}); rebuilding from the whole log",
+                    dir.join(SNAPSHOT).display()
+                ));
+                None
+            }
+        };
+        if let Some((h, _)) = &snap {
+            if h.log_offset > log_len {
+                warnings.push(format!(
+                    "{} is ahead of the log (offset {} > {log_len}); rebuilding from the whole log",
+                    SNAPSHOT, h.log_offset
+                ));
+                snap = None;
+            }
+        }
+
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            opts: opts.clone(),
+            buf: Mutex::new(Buf {
+                next_seq: 0,
+                bytes: Vec::new(),
+                last_seq: 0,
+                since_snapshot: 0,
+            }),
+            written: Mutex::new(Written {
+                file: OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log_path)
+                    .map_err(io_err(format!("open {}", log_path.display())))?,
+                len: 0,
+                seq: 0,
+            }),
+            durable: Mutex::new(0),
+            durable_cv: Condvar::new(),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
+        });
+        let journal = Arc::new(Journal {
+            shared: shared.clone(),
+            flusher: Mutex::new(None),
+            checkpointing: Mutex::new(()),
+            _lock: lock,
+        });
+        let sink: Arc<dyn EventSink> = journal.clone();
+
+        let replay = |engine: &Engine, offset: u64, after: u64| {
+            replay_log(&log_path, offset, after, |ev| engine.replay(ev))
+                .map_err(io_err(format!("read {}", log_path.display())))
+        };
+        let (engine, from_snapshot, (n, seq, good, warn)) = match snap {
+            Some((h, st)) => {
+                let engine = Engine::from_state(config.clone(), st, sink.clone());
+                let r = replay(&engine, h.log_offset, h.seq)?;
+                // A snapshot whose offset does not start the next event is unusable.
+                if r.0 == 0 && r.3.is_some() && h.log_offset < log_len {
+                    warnings.push(format!(
+                        "{SNAPSHOT} does not match the log at offset {}; rebuilding from the whole log",
+                        h.log_offset
+                    ));
+                    let engine = Engine::new(config, sink.clone());
+                    let r = replay(&engine, 0, 0)?;
+                    (engine, false, r)
+                } else {
+                    (engine, true, r)
+                }
+            }
+            None => {
+                let engine = Engine::new(config, sink.clone());
+                let r = replay(&engine, 0, 0)?;
+                (engine, false, r)
+            }
+        };
+        if let Some(w) = warn {
+            tracing::warn!("{w}");
+            warnings.push(w);
+        }
+        if !from_snapshot && dir.join(SNAPSHOT).exists() {
+            // Set the unusable snapshot aside so the next start does not trip on it again.
+            std::fs::rename(dir.join(SNAPSHOT), dir.join(format!("{SNAPSHOT}.bad")))
+                .map_err(io_err("set the bad snapshot aside"))?;
+        }
+        if good < log_len {
+            // Keep the damaged bytes for a human, then cut them off so appends follow the
+            // last good event.
+            let mut f = File::open(&log_path).map_err(io_err("reopen log"))?;
+            f.seek(SeekFrom::Start(good)).map_err(io_err("seek log"))?;
+            let mut tail = Vec::new();
+            f.read_to_end(&mut tail).map_err(io_err("read log tail"))?;
+            let aside = dir.join(format!("{LOG}.damaged-{good}"));
+            std::fs::write(&aside, &tail).map_err(io_err(format!("write {}", aside.display())))?;
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&log_path)
+                .map_err(io_err("open log"))?;
+            f.set_len(good).map_err(io_err("truncate log"))?;
+            f.sync_all().map_err(io_err("fsync log"))?;
+        }
+        {
+            let mut b = shared.buf.lock();
+            b.next_seq = seq;
+            b.last_seq = seq;
+            b.since_snapshot = n;
+            let mut w = shared.written.lock();
+            w.len = good;
+            w.seq = seq;
+            *shared.durable.lock() = seq;
+        }
+        let engine = Arc::new(engine);
+        let s2 = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("coherent-journal".into())
+            .spawn(move || flusher(s2))
+            .map_err(io_err("spawn flusher"))?;
+        *journal.flusher.lock() = Some(handle);
+        Ok(Opened {
+            engine,
+            journal,
+            warnings,
+            from_snapshot,
+            replayed: n,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// `events.log` (for `.coherent/events`: read it from any offset up to `log_len`).
+    pub fn log_path(&self) -> PathBuf {
+        self.shared.dir.join(LOG)
+    }
+
+    /// Bytes of whole events written to the log so far.
+    pub fn log_len(&self) -> u64 {
+        self.shared.written.lock().len
+    }
+
+    /// Reads up to `max` bytes of the log from `offset` (never past `log_len`, so only whole
+    /// lines): what `.coherent/events` serves; `tail -f` follows as `log_len` grows.
+    pub fn read_log(&self, offset: u64, max: usize) -> io::Result<Vec<u8>> {
+        let len = self.log_len();
+        if offset >= len {
+            return Ok(Vec::new());
+        }
+        let n = (len - offset).min(max as u64) as usize;
+        let mut buf = vec![0u8; n];
+        let f = File::open(self.log_path())?;
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, offset)?;
+        Ok(buf)
+    }
+
+    /// Writes and fsyncs every event appended so far.
+    pub fn flush(&self) -> io::Result<()> {
+        self.shared.flush()
+    }
+
+    /// Seq of the last durable event.
+    pub fn durable_seq(&self) -> u64 {
+        *self.shared.durable.lock()
+    }
+
+    /// Whether a write or fsync of the log failed (events are no longer durable).
+    pub fn is_poisoned(&self) -> bool {
+        self.shared.poisoned.load(Ordering::SeqCst)
+    }
+
+    /// Writes a snapshot of `engine` (which must be the engine writing to this journal).
+    pub fn checkpoint(&self, engine: &Engine) -> io::Result<()> {
+        let _one = self.checkpointing.lock();
+        let (state, pos) = engine.durable_state_with(|| self.shared.write_pending());
+        let (seq, offset) = pos?;
+        debug_assert_eq!(seq, state.seq);
+        self.shared.flush()?;
+        let body = serde_json::to_vec(&state).map_err(io::Error::other)?;
+        let header = SnapHeader {
+            format: 1,
+            seq: state.seq,
+            log_offset: offset,
+            len: body.len() as u64,
+            fnv: fnv64(&body),
+        };
+        let dir = &self.shared.dir;
+        let tmp = dir.join(format!("{SNAPSHOT}.tmp"));
+        {
+            let mut f = File::create(&tmp)?;
+            serde_json::to_writer(&mut f, &header).map_err(io::Error::other)?;
+            f.write_all(b"\n")?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, dir.join(SNAPSHOT))?;
+        File::open(dir)?.sync_all()?;
+        self.shared.buf.lock().since_snapshot = 0;
+        Ok(())
+    }
+
+    /// Periodic upkeep for the mount (e.g. every few seconds): evicts ended records
+    /// (`evict_after`) and writes a snapshot once `snapshot_every` events have accumulated.
+    pub fn maintain(&self, engine: &Engine, now: Timestamp) -> io::Result<usize> {
+        let n = engine.evict(now);
+        if self.shared.buf.lock().since_snapshot >= self.shared.opts.snapshot_every {
+            self.checkpoint(engine)?;
+        }
+        Ok(n)
+    }
+}
+
+fn flusher(s: Arc<Shared>) {
+    loop {
+        {
+            let mut b = s.buf.lock();
+            if s.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            s.wake.wait_for(&mut b, s.opts.flush_interval);
+        }
+        s.flush_or_poison();
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            let _b = self.shared.buf.lock();
+            self.shared.wake.notify_all();
+        }
+        if let Some(h) = self.flusher.lock().take() {
+            let _ = h.join();
+        }
+        self.shared.flush_or_poison();
+    }
+}

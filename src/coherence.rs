@@ -1,1 +1,0 @@
-//! See DESIGN.md §11.

@@ -1,0 +1,563 @@
+//! The engine's state, its locks, and the one function that applies an event (live and
+//! in replay). Its other methods: `ops` (what the mount reports, the fence decisions),
+//! `verbs`, `queries`.
+//!
+//! Locking. Paths live in `SHARDS` shards, each a `parking_lot::Mutex` over a map from
+//! path to [`Entry`] (version, holds, records), so operations on different paths rarely
+//! share a lock. Lock order, always:
+//!   1. shard mutexes, in ascending shard index (multi-path verbs, renames, snapshots);
+//!   2. `sessions` (RwLock);
+//!   3. `why` (Mutex);
+//!   4. the sink's own locks (inside `EventSink::append`).
+//!
+//! Every event is appended to the sink while the lock(s) guarding what it changes are held,
+//! and applied right after with the same code that replays the log ([`Engine::replay`]),
+//! so the log order is the application order for every path, and the log rebuilds exactly
+//! the live state.
+
+use super::lookup::resolve_session;
+use super::time::Timestamp;
+use super::types::*;
+use crate::error::{Reason, Refusal};
+use crate::identity::{Session, SessionInfo, Via};
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+const SHARDS: usize = 64;
+
+/// Largest note a transfer accepts (§5).
+pub const MAX_NOTE: usize = 64 * 1024;
+
+/// The name commits found behind the volume's back are attributed to (§3).
+pub const EXTERNAL: &str = "external";
+
+/// Where events go: the journal in the mount, a memory log in tests.
+pub trait EventSink: Send + Sync {
+    /// Assigns `ev.seq` (the next number) and queues the event. Called with engine locks
+    /// held: must not call back into the engine.
+    fn append(&self, ev: &mut Event);
+    /// Blocks until every event up to `seq` is durable.
+    fn wait_durable(&self, seq: u64);
+}
+
+/// A sink that keeps every event in memory (tests, benchmarks, replay checks).
+#[derive(Default)]
+pub struct MemorySink {
+    events: Mutex<Vec<Event>>,
+    keep: bool,
+    next: AtomicU64,
+}
+
+impl MemorySink {
+    /// Keeps every event.
+    pub fn new() -> Self {
+        MemorySink {
+            keep: true,
+            ..Default::default()
+        }
+    }
+
+    /// Only numbers events (benchmarks).
+    pub fn discarding() -> Self {
+        MemorySink::default()
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().clone()
+    }
+}
+
+impl EventSink for MemorySink {
+    fn append(&self, ev: &mut Event) {
+        if self.keep {
+            let mut v = self.events.lock();
+            ev.seq = v.len() as u64 + 1;
+            v.push(ev.clone());
+        } else {
+            ev.seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        }
+    }
+
+    fn wait_durable(&self, _seq: u64) {}
+}
+
+/// One session's stake in one path: memory only (§8).
+#[derive(Debug, Clone)]
+pub(super) struct Holder {
+    pub(super) session: Session,
+    pub(super) hold: Hold,
+    /// The version this session last read, wrote or committed.
+    pub(super) view: Option<u64>,
+    /// Open write handles.
+    pub(super) writers: u32,
+}
+
+/// One path.
+#[derive(Debug, Default)]
+pub(super) struct Entry {
+    /// 0: being created through the volume, not yet committed.
+    pub(super) version: u64,
+    pub(super) exists: bool,
+    pub(super) stamp: Option<Stamp>,
+    /// The stamp of the last logged commit: what a restart knows (`stamp` may be newer,
+    /// adopted silently at first sight or by `restamp`).
+    pub(super) logged_stamp: Option<Stamp>,
+    /// Some logged event touched this path: it is part of the durable state.
+    pub(super) logged: bool,
+    pub(super) holders: Vec<Holder>,
+    pub(super) records: Vec<Record>,
+}
+
+impl Entry {
+    pub(super) fn live(&self) -> Option<&Record> {
+        self.records.iter().find(|r| r.is_live(self.version))
+    }
+
+    pub(super) fn holder(&self, name: &str) -> Option<&Holder> {
+        self.holders.iter().find(|h| h.session.name == name)
+    }
+
+    pub(super) fn holder_mut(&mut self, s: &Session) -> &mut Holder {
+        let i = match self.holders.iter().position(|h| h.session.name == s.name) {
+            Some(i) => i,
+            None => {
+                self.holders.push(Holder {
+                    session: s.clone(),
+                    hold: Hold::I,
+                    view: None,
+                    writers: 0,
+                });
+                self.holders.len() - 1
+            }
+        };
+        &mut self.holders[i]
+    }
+
+    pub(super) fn writing(&self) -> bool {
+        self.holders.iter().any(|h| h.writers > 0)
+    }
+
+    pub(super) fn record_mut(&mut self, id: Option<u64>) -> Option<&mut Record> {
+        let id = id?;
+        self.records.iter_mut().find(|r| r.id == id)
+    }
+}
+
+pub(super) type Shard = HashMap<Box<str>, Entry, BuildHasherDefault<PathHasher>>;
+
+/// A fast multiplicative hash for path keys (the maps are local; no untrusted network
+/// input chooses them).
+#[derive(Default, Clone, Copy)]
+pub(super) struct PathHasher(u64);
+
+impl Hasher for PathHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        let mut tail = [0u8; 8];
+        let rest = chunks.remainder();
+        tail[..rest.len()].copy_from_slice(rest);
+        self.0 =
+            (self.0.rotate_left(5) ^ u64::from_le_bytes(tail) ^ rest.len() as u64).wrapping_mul(K);
+    }
+
+    fn write_u8(&mut self, b: u8) {
+        self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The entry of `path`, created empty (version 0) if missing; no allocation when present.
+pub(super) fn entry_mut<'a>(sh: &'a mut Shard, path: &str) -> &'a mut Entry {
+    if !sh.contains_key(path) {
+        sh.insert(path.into(), Entry::default());
+    }
+    sh.get_mut(path).expect("just inserted")
+}
+
+/// The coherence engine. Cheap to share (`Arc<Engine>`); every method takes `&self`.
+pub struct Engine {
+    pub(super) config: Config,
+    pub(super) shards: Box<[Mutex<Shard>]>,
+    pub(super) sessions: RwLock<HashMap<String, Session, BuildHasherDefault<PathHasher>>>,
+    pub(super) why: Mutex<HashMap<String, String>>,
+    pub(super) sink: Arc<dyn EventSink>,
+    pub(super) applied: AtomicU64,
+}
+
+pub(super) fn shard_of(path: &str) -> usize {
+    let mut h = PathHasher(0x9e37_79b9_7f4a_7c15);
+    h.write(path.as_bytes());
+    // The high bits mix best in a multiplicative hash.
+    (h.finish() >> 58) as usize % SHARDS
+}
+
+/// A workspace-relative path as the engine accepts it: not empty, not absolute, no `.`,
+/// `..` or empty component.
+pub fn valid_path(p: &str) -> bool {
+    !p.is_empty()
+        && !p.starts_with('/')
+        && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+pub(super) fn bad_path(p: &str) -> Refusal {
+    Refusal::new(
+        Reason::BadRequest,
+        format!("'{p}' is not a path inside the volume"),
+    )
+}
+
+/// The deny text of §5.
+pub fn deny_text(path: &str, successor: &SessionInfo, version: u64) -> String {
+    let id = successor.short_id();
+    format!(
+        "write denied: you handed {path} to agent {id} ({name}) at v{version}, so this session \
+         can no longer write it. The handoff ends when {id} writes {path}, when {id} declines \
+         it, or when you withdraw it (coherent withdraw {path}). Stop and tell your user that \
+         {path} was handed off. Retrying will be denied the same way.",
+        name = successor.name
+    )
+}
+
+impl Engine {
+    pub fn new(config: Config, sink: Arc<dyn EventSink>) -> Self {
+        Engine {
+            config,
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            sessions: RwLock::new(HashMap::default()),
+            why: Mutex::new(HashMap::new()),
+            sink,
+            applied: AtomicU64::new(0),
+        }
+    }
+
+    /// An engine holding `state` (a snapshot); events after `state.seq` follow via
+    /// [`Engine::replay`].
+    pub fn from_state(config: Config, state: DurableState, sink: Arc<dyn EventSink>) -> Self {
+        let e = Engine::new(config, sink);
+        {
+            let mut sessions = e.sessions.write();
+            for (name, info) in state.sessions {
+                sessions.insert(name, Arc::new(info));
+            }
+        }
+        for (path, p) in state.paths {
+            let entry = Entry {
+                version: p.version,
+                exists: p.exists,
+                logged_stamp: p.stamp,
+                stamp: p.stamp,
+                logged: true,
+                holders: Vec::new(),
+                records: Vec::new(),
+            };
+            e.shards[shard_of(&path)]
+                .lock()
+                .insert(path.into_boxed_str(), entry);
+        }
+        for r in state.records {
+            let mut sh = e.shards[shard_of(&r.path)].lock();
+            let entry = entry_mut(&mut sh, &r.path);
+            entry.logged = true;
+            entry.records.push(r);
+        }
+        e.applied.store(state.seq, Ordering::SeqCst);
+        e
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    // ----- sessions -----------------------------------------------------------------
+
+    /// Makes `s` known (`session_seen` on first sight). Returns the event's seq if one was
+    /// logged. The mount calls this when it first resolves a session; every other method
+    /// calls it too.
+    pub fn session_seen(&self, s: &Session, now: Timestamp) -> Option<u64> {
+        if self.sessions.read().contains_key(&s.name) {
+            return None;
+        }
+        let mut w = self.sessions.write();
+        if w.contains_key(&s.name) {
+            return None;
+        }
+        let mut ev = Event::new(EventKind::SessionSeen, now, None, Some(s));
+        ev.via = Some(s.via.clone());
+        self.sink.append(&mut ev);
+        self.applied.fetch_max(ev.seq, Ordering::SeqCst);
+        w.insert(s.name.clone(), s.clone());
+        Some(ev.seq)
+    }
+
+    /// The known session of that name (records use it, so the first-seen `via` wins).
+    pub(super) fn known(&self, name: &str, agent: Option<uuid::Uuid>) -> Session {
+        if let Some(s) = self.sessions.read().get(name) {
+            return s.clone();
+        }
+        Arc::new(SessionInfo {
+            name: name.to_string(),
+            agent_id: agent.unwrap_or_else(|| crate::identity::agent_id_for_name(name)),
+            via: Via::Registered,
+        })
+    }
+
+    /// Resolves a session argument (name, full id, or 8+ hex prefix) among known sessions.
+    pub fn lookup_session(&self, arg: &str) -> Result<Session, Refusal> {
+        resolve_session(&self.sessions.read(), arg)
+    }
+
+    // ----- plumbing -----------------------------------------------------------------
+
+    pub(super) fn lock_one(&self, path: &str) -> MutexGuard<'_, Shard> {
+        self.shards[shard_of(path)].lock()
+    }
+
+    /// Locks the shards of `paths` in ascending order; returns (shard index, guard) pairs.
+    pub(super) fn lock_many<'a>(&'a self, paths: &[&str]) -> Vec<(usize, MutexGuard<'a, Shard>)> {
+        let mut idx: Vec<usize> = paths.iter().map(|p| shard_of(p)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter()
+            .map(|i| (i, self.shards[i].lock()))
+            .collect()
+    }
+
+    pub(super) fn lock_all(&self) -> Vec<MutexGuard<'_, Shard>> {
+        self.shards.iter().map(|s| s.lock()).collect()
+    }
+
+    /// Appends `ev` and applies it to `entry` (which the caller holds locked).
+    pub(super) fn emit(&self, entry: &mut Entry, mut ev: Event) -> u64 {
+        self.sink.append(&mut ev);
+        self.applied.fetch_max(ev.seq, Ordering::SeqCst);
+        self.apply_entry(entry, &ev, true);
+        ev.seq
+    }
+
+    pub(super) fn set_why(&self, s: &SessionInfo, text: &str) {
+        self.why.lock().insert(s.name.clone(), text.to_string());
+    }
+
+    pub(super) fn refuse(&self, s: &SessionInfo, r: Refusal) -> Refusal {
+        self.set_why(s, &r.message);
+        r
+    }
+
+    /// The state change of one logged event on one path: shared by the live path
+    /// (`emit`, `live`) and the replay of the log, so both build the same durable state.
+    /// Holds and views are memory only: a replay creates none (§8: after a restart no
+    /// session has a view).
+    pub(super) fn apply_entry(&self, e: &mut Entry, ev: &Event, live: bool) {
+        let who = ev.session.as_deref().unwrap_or("");
+        match ev.event {
+            EventKind::SessionSeen | EventKind::StaleWrite | EventKind::Denied => {}
+            EventKind::Acquire => {
+                if let Some(v) = ev.version.filter(|v| *v > e.version) {
+                    // Replay of a path first seen (unlogged) at that version.
+                    e.version = v;
+                    e.exists = true;
+                }
+                if !live {
+                    return;
+                }
+                if e.holder(who).is_none() {
+                    let s = self.known(who, ev.agent);
+                    e.holder_mut(&s);
+                }
+                let h = e
+                    .holders
+                    .iter_mut()
+                    .find(|h| h.session.name == who)
+                    .expect("held");
+                h.writers += 1;
+                h.hold = Hold::E;
+            }
+            EventKind::Release => {
+                let v = e.version;
+                if let Some(h) = e.holders.iter_mut().find(|h| h.session.name == who) {
+                    h.writers = 0;
+                    h.hold = if h.view == Some(v) { Hold::S } else { Hold::I };
+                }
+            }
+            EventKind::Reclaim => e.holders.retain(|h| h.session.name != who),
+            EventKind::Commit | EventKind::ExternalChange => {
+                let v = ev.version.unwrap_or(e.version + 1);
+                e.version = v;
+                e.exists = !ev.removed;
+                e.stamp = ev.stamp;
+                e.logged_stamp = ev.stamp;
+                e.logged = true;
+                for h in &mut e.holders {
+                    if ev.event == EventKind::Commit && h.session.name == who {
+                        h.hold = if h.writers > 0 { Hold::E } else { Hold::M };
+                        h.view = Some(v);
+                    } else {
+                        h.hold = Hold::I;
+                    }
+                }
+                if live
+                    && ev.event == EventKind::Commit
+                    && !e.holders.iter().any(|h| h.session.name == who)
+                {
+                    let s = self.known(who, ev.agent);
+                    e.holders.push(Holder {
+                        session: s,
+                        hold: Hold::M,
+                        view: Some(v),
+                        writers: 0,
+                    });
+                }
+            }
+            EventKind::Transfer => {
+                let version = ev.version.unwrap_or(e.version);
+                if e.version == 0 {
+                    // Replay of a path first seen (unlogged) at version 1.
+                    e.version = version;
+                    e.exists = true;
+                }
+                e.logged = true;
+                let giver = self.known(who, ev.agent);
+                let successor =
+                    self.known(ev.successor.as_deref().unwrap_or(""), ev.successor_agent);
+                if let Some(h) = e.holders.iter_mut().find(|h| h.session.name == who) {
+                    h.hold = Hold::I;
+                }
+                e.records.push(Record {
+                    id: ev.seq,
+                    path: ev.path.clone().unwrap_or_default(),
+                    giver,
+                    successor,
+                    version_at_transfer: version,
+                    hold: ev.hold.unwrap_or(Hold::S),
+                    status: Status::Pending,
+                    counterparty: None,
+                    note: ev.note.clone(),
+                    created: ev.ts,
+                    updated: ev.ts,
+                    seen: false,
+                });
+            }
+            EventKind::HandoffSeen => {
+                if let Some(r) = e.record_mut(ev.record) {
+                    r.seen = true;
+                }
+            }
+            EventKind::Accept
+            | EventKind::Completed
+            | EventKind::Decline
+            | EventKind::Withdraw
+            | EventKind::Superseded
+            | EventKind::Overtaken => {
+                let status = match ev.event {
+                    EventKind::Accept | EventKind::Completed => Status::Completed,
+                    EventKind::Decline => Status::Declined,
+                    EventKind::Withdraw => Status::Withdrawn,
+                    EventKind::Superseded => Status::Superseded,
+                    _ => Status::Overtaken,
+                };
+                if let Some(r) = e.record_mut(ev.record) {
+                    r.status = status;
+                    r.updated = ev.ts;
+                    if ev.event == EventKind::Overtaken {
+                        r.counterparty = ev.counterparty.clone();
+                    }
+                }
+            }
+            EventKind::Evict => {
+                if let Some(id) = ev.record {
+                    e.records.retain(|r| r.id != id);
+                }
+            }
+        }
+    }
+
+    /// Moves every path under directory `from` to under `to` (a logged `rename_dir`).
+    /// Caller holds every shard.
+    pub(super) fn apply_rename_dir(
+        &self,
+        shards: &mut [MutexGuard<'_, Shard>],
+        from: &str,
+        to: &str,
+    ) {
+        let pre = format!("{from}/");
+        let mut moved = Vec::new();
+        for sh in shards.iter_mut() {
+            let keys: Vec<Box<str>> = sh.keys().filter(|k| k.starts_with(&pre)).cloned().collect();
+            for k in keys {
+                let e = sh.remove(&k).expect("key just listed");
+                moved.push((format!("{to}/{}", &k[pre.len()..]), e));
+            }
+        }
+        for (path, mut e) in moved {
+            let sh = &mut shards[shard_of(&path)];
+            if let Some(old) = sh.remove(path.as_str()) {
+                // Only a tombstone can sit under an empty target directory; keep the
+                // numbering of that path increasing.
+                if old.version >= e.version {
+                    e.version = old.version + 1;
+                }
+            }
+            for r in &mut e.records {
+                r.path = path.clone();
+            }
+            e.logged = true;
+            sh.insert(path.into_boxed_str(), e);
+        }
+    }
+
+    /// Applies one event read back from the log (recovery). Events must come in log order.
+    pub fn replay(&self, ev: &Event) {
+        self.applied.fetch_max(ev.seq, Ordering::SeqCst);
+        match (ev.event, ev.op) {
+            (EventKind::SessionSeen, _) => {
+                let name = ev.session.clone().unwrap_or_default();
+                let info = SessionInfo {
+                    name: name.clone(),
+                    agent_id: ev
+                        .agent
+                        .unwrap_or_else(|| crate::identity::agent_id_for_name(&name)),
+                    via: ev.via.clone().unwrap_or(Via::Registered),
+                };
+                self.sessions
+                    .write()
+                    .entry(name)
+                    .or_insert_with(|| Arc::new(info));
+            }
+            (EventKind::Commit, Some(CommitOp::RenameDir)) => {
+                let mut all = self.lock_all();
+                if let (Some(from), Some(to)) = (&ev.from, &ev.path) {
+                    self.apply_rename_dir(&mut all, from, to);
+                }
+            }
+            _ => {
+                let Some(path) = ev.path.as_deref() else {
+                    return;
+                };
+                let mut sh = self.lock_one(path);
+                let e = entry_mut(&mut sh, path);
+                self.apply_entry(e, ev, false);
+            }
+        }
+    }
+}
+
+pub(super) fn session_json(s: &SessionInfo) -> SessionJson {
+    SessionJson {
+        name: s.name.clone(),
+        agent: s.agent_id,
+        short_id: s.short_id(),
+        via: s.via.clone(),
+        attributed: s.is_attributed(),
+    }
+}

@@ -1,0 +1,16 @@
+//! The coherence engine (DESIGN.md §3–§5): versions, holds, transfer records, the fence
+//! decision and the verbs. Pure: no I/O, no clock (every call takes `now`); events go to an
+//! [`EventSink`] (the journal).
+
+mod engine;
+mod lookup;
+mod ops;
+mod queries;
+mod time;
+mod types;
+mod verbs;
+
+pub use engine::{deny_text, valid_path, Engine, EventSink, MemorySink, EXTERNAL, MAX_NOTE};
+pub use lookup::{resolve_session, MIN_PREFIX};
+pub use time::Timestamp;
+pub use types::*;

@@ -1,0 +1,428 @@
+//! What the mount reports: opens, acquires, commits, renames, changes behind the
+//! volume's back, sessions gone, eviction; and the fence decision of every write route (§6).
+
+use super::engine::*;
+use super::time::Timestamp;
+use super::types::*;
+use crate::error::{Reason, Refusal};
+use crate::identity::{Session, SessionInfo};
+use std::sync::atomic::Ordering;
+
+impl Engine {
+    // ----- file operations (the mount) ----------------------------------------------
+
+    /// The mount saw `path` in the backing directory with `stamp` (None: the file is not
+    /// there). Call at lookup/open before `open_read`/`acquire`. A path seen for the first
+    /// time is at version 1 (nothing logged); a known path whose stamp differs while no
+    /// handle writes it changed behind the volume's back: a commit by `external`
+    /// (`external_change`, and `overtaken` on a live record). Returns the version.
+    pub fn observe(&self, path: &str, stamp: Option<Stamp>, now: Timestamp) -> Option<u64> {
+        let mut sh = self.lock_one(path);
+        let Some(e) = sh.get_mut(path) else {
+            stamp?;
+            sh.insert(
+                path.into(),
+                Entry {
+                    version: 1,
+                    exists: true,
+                    stamp,
+                    ..Default::default()
+                },
+            );
+            return Some(1);
+        };
+        if e.writing() {
+            // A handle of the volume is writing it: the commit will count the change.
+            return (e.version > 0 && e.exists).then_some(e.version);
+        }
+        match (e.exists && e.version > 0, stamp) {
+            (false, None) => return None,
+            (true, Some(st)) if e.stamp.is_none() => {
+                e.stamp = Some(st);
+                return Some(e.version);
+            }
+            (true, Some(st)) if e.stamp == Some(st) => return Some(e.version),
+            (false, Some(_)) if e.version == 0 => {
+                e.version = 1;
+                e.exists = true;
+                e.stamp = stamp;
+                return Some(1);
+            }
+            _ => {}
+        }
+        // Changed, removed or recreated behind the volume's back.
+        let version = e.version + 1;
+        self.overtake_live(e, EXTERNAL, now);
+        let mut ev = Event::new(EventKind::ExternalChange, now, Some(path), None);
+        ev.session = Some(EXTERNAL.to_string());
+        ev.version = Some(version);
+        ev.removed = stamp.is_none();
+        ev.stamp = stamp;
+        self.emit(e, ev);
+        stamp.map(|_| version)
+    }
+
+    /// A metadata change made through the volume that is not a commit (chmod, chown,
+    /// utimes, xattrs) changed the file's ctime: remember the new stamp so the next
+    /// `observe` does not count it as an external change. Memory only (no event): after a
+    /// restart the stamp of the last logged commit applies again.
+    pub fn restamp(&self, path: &str, stamp: Stamp) {
+        if let Some(e) = self.lock_one(path).get_mut(path) {
+            if e.exists && e.version > 0 && e.stamp != Some(stamp) {
+                e.stamp = Some(stamp);
+            }
+        }
+    }
+
+    /// A live record on `e` touched by `by`, who is neither its giver nor its successor:
+    /// `overtaken` with `counterparty` (unless it already says so).
+    fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
+        let Some(r) = e.live() else { return };
+        if r.giver.name == by || r.successor.name == by {
+            return;
+        }
+        if r.status == Status::Overtaken && r.counterparty.as_deref() == Some(by) {
+            return;
+        }
+        let mut ev = Event::new(EventKind::Overtaken, now, Some(&r.path), None);
+        ev.session = Some(by.to_string());
+        if let Some(s) = self.sessions.read().get(by) {
+            ev.agent = Some(s.agent_id);
+        }
+        ev.record = Some(r.id);
+        ev.giver = Some(r.giver.name.clone());
+        ev.successor = Some(r.successor.name.clone());
+        ev.counterparty = Some(by.to_string());
+        ev.version = Some(e.version);
+        self.emit(e, ev);
+    }
+
+    /// The successor's first open of a path handed to it: `handoff_seen`.
+    fn mark_seen(&self, e: &mut Entry, s: &Session, now: Timestamp) {
+        let Some(r) = e.live() else { return };
+        if r.seen || r.successor.name != s.name {
+            return;
+        }
+        let mut ev = Event::new(EventKind::HandoffSeen, now, Some(&r.path), Some(s));
+        ev.record = Some(r.id);
+        ev.giver = Some(r.giver.name.clone());
+        ev.version = Some(e.version);
+        self.emit(e, ev);
+    }
+
+    /// If `s` is fenced on `e`: logs `denied`, keeps the deny text for `why`, returns the
+    /// refusal (`Reason::Fenced`, the text as message).
+    fn fence(
+        &self,
+        e: &mut Entry,
+        path: &str,
+        s: &Session,
+        route: Route,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        let Some(r) = e.live() else { return Ok(()) };
+        if r.giver.name != s.name {
+            return Ok(());
+        }
+        let text = deny_text(path, &r.successor, r.version_at_transfer);
+        let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
+        ev.reason = Some(Reason::Fenced);
+        ev.route = Some(route);
+        ev.record = Some(r.id);
+        ev.successor = Some(r.successor.name.clone());
+        ev.version = Some(e.version);
+        self.emit(e, ev);
+        Err(self.refuse(s, Refusal::new(Reason::Fenced, text)))
+    }
+
+    /// Is `s` fenced on `path`? (No event; for queries and tests. The mount uses
+    /// `acquire`/`check_write`, which also log the denial.)
+    pub fn is_fenced(&self, s: &SessionInfo, path: &str) -> bool {
+        let sh = self.lock_one(path);
+        sh.get(path)
+            .and_then(Entry::live)
+            .is_some_and(|r| r.giver.name == s.name)
+    }
+
+    /// An open for read by `s`: sets its view and an `S` hold (memory only); the
+    /// successor's first open of a path handed to it logs `handoff_seen`. Returns the
+    /// version (None: the path is not tracked or not committed yet).
+    pub fn open_read(&self, s: &Session, path: &str, now: Timestamp) -> Option<u64> {
+        self.session_seen(s, now);
+        let mut sh = self.lock_one(path);
+        let e = sh.get_mut(path)?;
+        if e.version == 0 || !e.exists {
+            return None;
+        }
+        let v = e.version;
+        let h = e.holder_mut(s);
+        h.hold = if h.writers > 0 {
+            Hold::E
+        } else if h.hold == Hold::M && h.view == Some(v) {
+            Hold::M
+        } else {
+            Hold::S
+        };
+        h.view = Some(v);
+        self.mark_seen(e, s, now);
+        Some(v)
+    }
+
+    /// An open (or create) for write by `s`: the fence and the stale guard, then an `E`
+    /// hold (`acquire`). A bystander's acquire turns a live record `overtaken`. On
+    /// refusal nothing is held; answer `EACCES`. Pair with `close_write`.
+    pub fn acquire(&self, s: &Session, path: &str, now: Timestamp) -> Result<Acquired, Refusal> {
+        self.session_seen(s, now);
+        let mut sh = self.lock_one(path);
+        let e = entry_mut(&mut sh, path);
+        self.fence(e, path, s, Route::OpenWrite, now)?;
+        let version = e.version;
+        let view = e.holder(&s.name).and_then(|h| h.view);
+        let stale = matches!(view, Some(v) if v < version);
+        if stale {
+            match self.config.stale {
+                StaleMode::Off => {}
+                StaleMode::Warn => {
+                    let mut ev = Event::new(EventKind::StaleWrite, now, Some(path), Some(s));
+                    ev.view = view;
+                    ev.version = Some(version);
+                    self.emit(e, ev);
+                }
+                StaleMode::Strict => {
+                    let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
+                    ev.reason = Some(Reason::StaleView);
+                    ev.route = Some(Route::OpenWrite);
+                    ev.view = view;
+                    ev.version = Some(version);
+                    self.emit(e, ev);
+                    let text = format!(
+                        "write denied: {path} is at v{version} but this session last saw v{} \
+                         (another session changed it since). Read {path} again, then write.",
+                        view.unwrap_or(0)
+                    );
+                    return Err(self.refuse(s, Refusal::new(Reason::StaleView, text)));
+                }
+            }
+        }
+        self.overtake_live(e, &s.name, now);
+        self.mark_seen(e, s, now);
+        let mut ev = Event::new(EventKind::Acquire, now, Some(path), Some(s));
+        ev.version = Some(version);
+        self.emit(e, ev);
+        Ok(Acquired {
+            version,
+            stale: stale && self.config.stale == StaleMode::Warn,
+        })
+    }
+
+    /// The fence decision for a write route other than an open for write (§6): setattr,
+    /// unlink, link/symlink/mknod creating the path, set/removexattr, one side of a rename
+    /// (see `check_rename`). Refused: `denied` is logged, answer `EACCES`.
+    pub fn check_write(
+        &self,
+        s: &Session,
+        path: &str,
+        route: Route,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        self.session_seen(s, now);
+        let mut sh = self.lock_one(path);
+        match sh.get_mut(path) {
+            Some(e) => self.fence(e, path, s, route, now),
+            None => Ok(()),
+        }
+    }
+
+    /// The fence decision for `rename(from, to)` (also `RENAME_EXCHANGE`): both sides and,
+    /// for a directory, every path under either.
+    pub fn check_rename(
+        &self,
+        s: &Session,
+        from: &str,
+        to: &str,
+        is_dir: bool,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        self.check_write(s, from, Route::RenameSource, now)?;
+        self.check_write(s, to, Route::RenameTarget, now)?;
+        if is_dir {
+            for (dir, route) in [(from, Route::RenameSource), (to, Route::RenameTarget)] {
+                let pre = format!("{dir}/");
+                for shard in self.shards.iter() {
+                    let mut sh = shard.lock();
+                    for (k, e) in sh.iter_mut() {
+                        if k.starts_with(&pre) {
+                            self.fence(e, k, s, route, now)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // Internal: the arguments are exactly the fields of the commit event.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_locked(
+        &self,
+        e: &mut Entry,
+        s: &Session,
+        path: &str,
+        op: CommitOp,
+        stamp: Option<Stamp>,
+        from: Option<&str>,
+        now: Timestamp,
+    ) -> u64 {
+        let version = e.version + 1;
+        if let Some(r) = e.live() {
+            if r.successor.name == s.name {
+                let mut ev = Event::new(EventKind::Completed, now, Some(path), Some(s));
+                ev.record = Some(r.id);
+                ev.giver = Some(r.giver.name.clone());
+                ev.version = Some(version);
+                self.emit(e, ev);
+            } else {
+                self.overtake_live(e, &s.name, now);
+            }
+        }
+        let mut ev = Event::new(EventKind::Commit, now, Some(path), Some(s));
+        ev.version = Some(version);
+        ev.op = Some(op);
+        ev.removed = matches!(op, CommitOp::Unlink | CommitOp::RenameAway);
+        ev.stamp = if ev.removed { None } else { stamp };
+        ev.from = from.map(str::to_string);
+        self.emit(e, ev);
+        version
+    }
+
+    /// A committed change of `path` by `s` (§3): a write handle flushed/released with a
+    /// changed file (`CommitOp::Write`; a create and its writes are one commit → v1),
+    /// `Truncate`, `Unlink` (the path becomes a tombstone), `Link`/`Symlink`/`Mknod`
+    /// creating it. `stamp` is the file after the change (None after unlink). The
+    /// successor's commit completes a live record; anyone else's overtakes it. Returns the
+    /// new version. Renames go through `rename`.
+    pub fn commit(
+        &self,
+        s: &Session,
+        path: &str,
+        op: CommitOp,
+        stamp: Option<Stamp>,
+        now: Timestamp,
+    ) -> u64 {
+        self.session_seen(s, now);
+        let mut sh = self.lock_one(path);
+        let e = entry_mut(&mut sh, path);
+        self.commit_locked(e, s, path, op, stamp, None, now)
+    }
+
+    /// A write handle of `s` on `path` closed. `committed`: the handle committed (the
+    /// mount calls `commit` first when the file changed). The last write handle closing
+    /// without a commit logs `release`.
+    pub fn close_write(&self, s: &Session, path: &str, committed: bool, now: Timestamp) {
+        let mut sh = self.lock_one(path);
+        let Some(e) = sh.get_mut(path) else { return };
+        let v = e.version;
+        let Some(h) = e.holders.iter_mut().find(|h| h.session.name == s.name) else {
+            return;
+        };
+        if h.writers == 0 {
+            return;
+        }
+        if h.writers > 1 || committed {
+            h.writers -= 1;
+            if h.writers == 0 {
+                // M if its commit is still the current version, else someone committed since.
+                h.hold = if h.view == Some(v) { Hold::M } else { Hold::I };
+            }
+            return;
+        }
+        let mut ev = Event::new(EventKind::Release, now, Some(path), Some(s));
+        ev.version = Some(e.version);
+        self.emit(e, ev);
+    }
+
+    /// `rename(from, to)` by `s` after it succeeded in the backing directory. A file: the
+    /// source records a removal, the target a commit by `s` (`stamp`: the target now). A
+    /// directory: every tracked path under `from` moves under `to` with its version,
+    /// holds and records. Returns the target's version (None for a directory).
+    pub fn rename(
+        &self,
+        s: &Session,
+        from: &str,
+        to: &str,
+        is_dir: bool,
+        stamp: Option<Stamp>,
+        now: Timestamp,
+    ) -> Option<u64> {
+        self.session_seen(s, now);
+        if is_dir {
+            let mut all = self.lock_all();
+            let mut ev = Event::new(EventKind::Commit, now, Some(to), Some(s));
+            ev.op = Some(CommitOp::RenameDir);
+            ev.from = Some(from.to_string());
+            self.sink.append(&mut ev);
+            self.applied.fetch_max(ev.seq, Ordering::SeqCst);
+            self.apply_rename_dir(&mut all, from, to);
+            return None;
+        }
+        let mut guards = self.lock_many(&[from, to]);
+        let pos = |p: &str| {
+            let i = shard_of(p);
+            guards.iter().position(|(j, _)| *j == i).expect("locked")
+        };
+        let (fi, ti) = (pos(from), pos(to));
+        if let Some(e) = guards[fi].1.get_mut(from) {
+            if e.version > 0 && e.exists {
+                self.commit_locked(e, s, from, CommitOp::RenameAway, None, None, now);
+            }
+        }
+        let e = entry_mut(&mut guards[ti].1, to);
+        Some(self.commit_locked(e, s, to, CommitOp::Rename, stamp, Some(from), now))
+    }
+
+    /// Every process of `s` is gone: its `E` holds are reclaimed (`reclaim`, one per
+    /// path). Scans every path (rare).
+    pub fn session_gone(&self, s: &SessionInfo, now: Timestamp) -> usize {
+        let mut n = 0;
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            for (k, e) in sh.iter_mut() {
+                if e.holder(&s.name).is_some_and(|h| h.writers > 0) {
+                    let mut ev = Event::new(EventKind::Reclaim, now, Some(k), Some(s));
+                    ev.version = Some(e.version);
+                    self.emit(e, ev);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// Evicts ended records whose last change is at least `evict_after` before `now`
+    /// (`evict`). The only time-driven change; live records are never touched. Returns
+    /// how many were evicted.
+    pub fn evict(&self, now: Timestamp) -> usize {
+        let cutoff = now.millis() - self.config.evict_after.as_millis() as i64;
+        let mut n = 0;
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            for e in sh.values_mut() {
+                let v = e.version;
+                let old: Vec<(u64, String, String)> = e
+                    .records
+                    .iter()
+                    .filter(|r| !r.is_live(v) && r.updated.millis() <= cutoff)
+                    .map(|r| (r.id, r.path.clone(), r.giver.name.clone()))
+                    .collect();
+                for (id, path, giver) in old {
+                    let mut ev = Event::new(EventKind::Evict, now, Some(&path), None);
+                    ev.record = Some(id);
+                    ev.giver = Some(giver);
+                    self.emit(e, ev);
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+}

@@ -1,0 +1,182 @@
+//! Read-only views for the control surface: versions, the handoff xattr, inbox, why,
+//! status, and the durable state for snapshots and tests.
+
+use super::engine::*;
+use super::types::*;
+use crate::identity::SessionInfo;
+use std::sync::atomic::Ordering;
+
+impl Engine {
+    // ----- queries ------------------------------------------------------------------
+
+    /// The version of `path` (`user.coherent.version`); None if untracked, uncommitted or
+    /// removed.
+    pub fn version(&self, path: &str) -> Option<u64> {
+        let sh = self.lock_one(path);
+        sh.get(path)
+            .filter(|e| e.exists && e.version > 0)
+            .map(|e| e.version)
+    }
+
+    /// Version, existence and stamp of any tracked path, tombstones included.
+    pub fn path_state(&self, path: &str) -> Option<PathState> {
+        let sh = self.lock_one(path);
+        sh.get(path).filter(|e| e.version > 0).map(|e| PathState {
+            version: e.version,
+            exists: e.exists,
+            stamp: e.stamp,
+        })
+    }
+
+    /// The stamp the engine last counted for `path` (for the mount's external-change check).
+    pub fn stamp(&self, path: &str) -> Option<Stamp> {
+        self.lock_one(path).get(path).and_then(|e| e.stamp)
+    }
+
+    /// `user.coherent.handoff`: the live record of `path` with the reader's role.
+    pub fn handoff(&self, s: &SessionInfo, path: &str) -> Option<HandoffView> {
+        let sh = self.lock_one(path);
+        let e = sh.get(path)?;
+        let r = e.live()?;
+        let role = if r.giver.name == s.name {
+            Role::Giver
+        } else if r.successor.name == s.name {
+            Role::Successor
+        } else {
+            Role::Bystander
+        };
+        Some(HandoffView {
+            record: r.to_json(e.version),
+            role,
+        })
+    }
+
+    /// The hold of `s` on `path` and its view (tests, status).
+    pub fn hold(&self, s: &SessionInfo, path: &str) -> Option<(Hold, Option<u64>)> {
+        let sh = self.lock_one(path);
+        let h = sh.get(path)?.holder(&s.name)?;
+        Some((if h.writers > 0 { Hold::E } else { h.hold }, h.view))
+    }
+
+    fn all_records(&self) -> Vec<RecordJson> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let sh = shard.lock();
+            for e in sh.values() {
+                out.extend(e.records.iter().map(|r| r.to_json(e.version)));
+            }
+        }
+        out
+    }
+
+    /// `.coherent/inbox`: live records naming `s` as successor, notes included, oldest first.
+    pub fn inbox(&self, s: &SessionInfo) -> Vec<RecordJson> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let sh = shard.lock();
+            for e in sh.values() {
+                if let Some(r) = e.live().filter(|r| r.successor.name == s.name) {
+                    out.push((r.id, r.to_json(e.version)));
+                }
+            }
+        }
+        out.sort_by_key(|(id, _)| *id);
+        out.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// `.coherent/why`: the text of the last denial or refusal of `s`.
+    pub fn why(&self, s: &SessionInfo) -> Option<String> {
+        self.why.lock().get(&s.name).cloned()
+    }
+
+    /// `status [PATH]`: known sessions, live and ended records (of PATH only if given),
+    /// counts.
+    pub fn status(&self, path: Option<&str>) -> StatusReport {
+        let mut recs: Vec<RecordJson> = match path {
+            Some(p) => {
+                let sh = self.lock_one(p);
+                sh.get(p)
+                    .map(|e| e.records.iter().map(|r| r.to_json(e.version)).collect())
+                    .unwrap_or_default()
+            }
+            None => self.all_records(),
+        };
+        recs.sort_by(|a, b| (a.created, &a.path).cmp(&(b.created, &b.path)));
+        let (live, ended): (Vec<_>, Vec<_>) = recs.into_iter().partition(|r| r.live);
+        let mut sessions: Vec<SessionJson> = self
+            .sessions
+            .read()
+            .values()
+            .map(|s| session_json(s))
+            .collect();
+        sessions.sort_by(|a, b| a.name.cmp(&b.name));
+        let paths = self
+            .shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .values()
+                    .filter(|e| e.exists && e.version > 0)
+                    .count()
+            })
+            .sum();
+        StatusReport {
+            path: path.map(str::to_string),
+            version: path.and_then(|p| self.version(p)),
+            counts: Counts {
+                sessions: sessions.len(),
+                paths,
+                live: live.len(),
+                ended: ended.len(),
+            },
+            sessions,
+            live,
+            ended,
+        }
+    }
+
+    /// The durable state (what the log rebuilds). Takes every lock: for snapshots and
+    /// tests, not the hot path.
+    pub fn durable_state(&self) -> DurableState {
+        self.durable_state_with(|| ()).0
+    }
+
+    /// The durable state, with `at_barrier` run while every lock is held (no event can be
+    /// appended meanwhile): the journal records there the log position the state matches.
+    pub fn durable_state_with<R>(&self, at_barrier: impl FnOnce() -> R) -> (DurableState, R) {
+        let all = self.lock_all();
+        let sessions = self.sessions.read();
+        let r = at_barrier();
+        let mut st = DurableState {
+            seq: self.applied.load(Ordering::SeqCst),
+            ..Default::default()
+        };
+        for sh in &all {
+            for (k, e) in sh.iter() {
+                if e.logged && e.version > 0 {
+                    st.paths.insert(
+                        k.to_string(),
+                        PathState {
+                            version: e.version,
+                            exists: e.exists,
+                            stamp: e.logged_stamp,
+                        },
+                    );
+                }
+                st.records.extend(e.records.iter().cloned());
+            }
+        }
+        st.records
+            .sort_by(|a, b| (&a.path, a.id).cmp(&(&b.path, b.id)));
+        st.sessions = sessions
+            .iter()
+            .map(|(k, v)| (k.clone(), (**v).clone()))
+            .collect();
+        (st, r)
+    }
+
+    /// The seq of the last event applied.
+    pub fn last_seq(&self) -> u64 {
+        self.applied.load(Ordering::SeqCst)
+    }
+}

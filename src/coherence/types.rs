@@ -1,0 +1,395 @@
+//! The data of the engine: holds, statuses, records, events and the durable state, all
+//! serde-serializable with the wire names of DESIGN.md §4, §5 and §8.
+
+use super::time::Timestamp;
+use crate::error::Reason;
+use crate::identity::{Session, SessionInfo, Via};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A per-(session, path) hold, after MESI (§4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Hold {
+    S,
+    E,
+    M,
+    I,
+}
+
+/// The status of a transfer record (§5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pending,
+    Completed,
+    Overtaken,
+    Declined,
+    Withdrawn,
+    Superseded,
+}
+
+impl Status {
+    /// Statuses under which a record is live while the version has not moved.
+    pub fn may_be_live(self) -> bool {
+        matches!(
+            self,
+            Status::Pending | Status::Completed | Status::Overtaken
+        )
+    }
+}
+
+/// `--stale` (§4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleMode {
+    Off,
+    #[default]
+    Warn,
+    Strict,
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub stale: StaleMode,
+    /// Ended records are evicted this long after their last change (`--evict-after`).
+    pub evict_after: std::time::Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            stale: StaleMode::Warn,
+            evict_after: std::time::Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// What the backing file looked like when the volume last counted it: (ino, ctime, size)
+/// from `fstat` (§3). A different stamp at the next open is a change behind the volume's back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Stamp {
+    pub ino: u64,
+    pub ctime_ns: i64,
+    pub size: u64,
+}
+
+/// The write routes of §6; named in `denied` events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Route {
+    /// `open`/`create` with `O_WRONLY`, `O_RDWR`, `O_TRUNC` or `O_APPEND`.
+    OpenWrite,
+    /// `truncate`/`setattr` changing size, mode, owner or times.
+    Setattr,
+    RenameSource,
+    RenameTarget,
+    Unlink,
+    Link,
+    Symlink,
+    Mknod,
+    Setxattr,
+    Removexattr,
+}
+
+/// What made a commit (§3); in `commit` events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommitOp {
+    /// A write handle flushed or released with a changed file (a create on that handle
+    /// included).
+    Write,
+    Truncate,
+    /// `rename` onto the path (the event's `from` names the source).
+    Rename,
+    /// The source of a rename: the path records a removal.
+    RenameAway,
+    /// A directory rename: every path under `from` moves under `path` with its version.
+    RenameDir,
+    Unlink,
+    Link,
+    Symlink,
+    Mknod,
+}
+
+/// The event names of §8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    SessionSeen,
+    Acquire,
+    Commit,
+    Release,
+    Reclaim,
+    StaleWrite,
+    Denied,
+    Transfer,
+    HandoffSeen,
+    Accept,
+    Decline,
+    Withdraw,
+    Completed,
+    Overtaken,
+    Superseded,
+    Evict,
+    ExternalChange,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// One line of the state log (§8): `seq`, `ts`, `event`, `path`, `session`, `agent` always,
+/// then the fields of that event. Replaying the events in order rebuilds the durable state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub seq: u64,
+    pub ts: Timestamp,
+    pub event: EventKind,
+    pub path: Option<String>,
+    pub session: Option<String>,
+    pub agent: Option<Uuid>,
+    /// `session_seen`: how the session was resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<Via>,
+    /// The path's version after the event (commit, external_change, transfer, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<CommitOp>,
+    /// A commit that removed the path (unlink, rename away): it is now a tombstone.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub removed: bool,
+    /// Rename source (for `op` rename / rename_dir).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stamp: Option<Stamp>,
+    /// The record an event is about: the `seq` of its `transfer` event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub giver: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub successor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub successor_agent: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counterparty: Option<String>,
+    /// `stale_write`: the writer's view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<u64>,
+    /// `denied`: the reason code and the route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
+}
+
+impl Event {
+    /// An event with its header filled and every field empty; `seq` is set by the sink.
+    pub fn new(
+        event: EventKind,
+        ts: Timestamp,
+        path: Option<&str>,
+        session: Option<&SessionInfo>,
+    ) -> Self {
+        Event {
+            seq: 0,
+            ts,
+            event,
+            path: path.map(str::to_string),
+            session: session.map(|s| s.name.clone()),
+            agent: session.map(|s| s.agent_id),
+            via: None,
+            version: None,
+            op: None,
+            removed: false,
+            from: None,
+            stamp: None,
+            record: None,
+            giver: None,
+            successor: None,
+            successor_agent: None,
+            hold: None,
+            note: None,
+            counterparty: None,
+            view: None,
+            reason: None,
+            route: None,
+        }
+    }
+}
+
+/// A transfer record (§5). `id` is the `seq` of its `transfer` event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub id: u64,
+    pub path: String,
+    #[serde(with = "arc_session")]
+    pub giver: Session,
+    #[serde(with = "arc_session")]
+    pub successor: Session,
+    pub version_at_transfer: u64,
+    pub hold: Hold,
+    pub status: Status,
+    pub counterparty: Option<String>,
+    pub note: Option<String>,
+    pub created: Timestamp,
+    pub updated: Timestamp,
+    /// The successor has opened the path since the transfer (`handoff_seen` was logged).
+    pub seen: bool,
+}
+
+impl Record {
+    /// Live: status pending/completed/overtaken and the version has not moved.
+    pub fn is_live(&self, current_version: u64) -> bool {
+        self.status.may_be_live() && self.version_at_transfer == current_version
+    }
+
+    pub fn to_json(&self, current_version: u64) -> RecordJson {
+        RecordJson {
+            path: self.path.clone(),
+            giver: self.giver.name.clone(),
+            giver_agent: self.giver.agent_id,
+            successor: self.successor.name.clone(),
+            successor_agent: self.successor.agent_id,
+            version_at_transfer: self.version_at_transfer,
+            hold: self.hold,
+            status: self.status,
+            counterparty: self.counterparty.clone(),
+            note: self.note.clone(),
+            created: self.created,
+            updated: self.updated,
+            live: self.is_live(current_version),
+        }
+    }
+}
+
+/// A record as the control surface shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordJson {
+    pub path: String,
+    pub giver: String,
+    pub giver_agent: Uuid,
+    pub successor: String,
+    pub successor_agent: Uuid,
+    pub version_at_transfer: u64,
+    pub hold: Hold,
+    pub status: Status,
+    pub counterparty: Option<String>,
+    pub note: Option<String>,
+    pub created: Timestamp,
+    pub updated: Timestamp,
+    pub live: bool,
+}
+
+/// How a session stands to a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Giver,
+    Successor,
+    Bystander,
+}
+
+/// `user.coherent.handoff`: the live record of a path plus the reader's role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandoffView {
+    #[serde(flatten)]
+    pub record: RecordJson,
+    pub role: Role,
+}
+
+/// The durable part of one path: what the log rebuilds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathState {
+    pub version: u64,
+    /// False for a tombstone (removed; recreating it continues the numbering).
+    pub exists: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stamp: Option<Stamp>,
+}
+
+/// Everything the journal must rebuild: versions and tombstones, records, known sessions
+/// and the seq counter. Holds and views are memory only (§8). Sorted, so two states compare
+/// and serialize identically.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DurableState {
+    /// The seq of the last event applied.
+    pub seq: u64,
+    pub paths: std::collections::BTreeMap<String, PathState>,
+    /// All records (live and ended, not yet evicted), by (path, id).
+    pub records: Vec<Record>,
+    pub sessions: std::collections::BTreeMap<String, SessionInfo>,
+}
+
+/// A known session as `status` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionJson {
+    pub name: String,
+    pub agent: Uuid,
+    pub short_id: String,
+    pub via: Via,
+    pub attributed: bool,
+}
+
+/// Counts in `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Counts {
+    pub sessions: usize,
+    pub paths: usize,
+    pub live: usize,
+    pub ended: usize,
+}
+
+/// `status` / `.coherent/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// Set for `status PATH`: that path's version (None if never seen or removed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    pub sessions: Vec<SessionJson>,
+    pub live: Vec<RecordJson>,
+    pub ended: Vec<RecordJson>,
+    pub counts: Counts,
+}
+
+/// The reply of a verb: the records it touched (for `register`, none) and, for
+/// `register`, the session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerbReply {
+    pub verb: String,
+    pub records: Vec<RecordJson>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionJson>,
+}
+
+/// Outcome of an allowed open for write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acquired {
+    pub version: u64,
+    /// `--stale warn`: the write was stale and a `stale_write` event was logged.
+    pub stale: bool,
+}
+
+/// Serde for `Arc<SessionInfo>` without serde's `rc` feature.
+mod arc_session {
+    use crate::identity::{Session, SessionInfo};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<S: Serializer>(s: &Session, ser: S) -> Result<S::Ok, S::Error> {
+        SessionInfo::serialize(s, ser)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Session, D::Error> {
+        SessionInfo::deserialize(d).map(Arc::new)
+    }
+}

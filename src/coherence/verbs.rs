@@ -1,0 +1,361 @@
+//! The verbs of §5 and §7: `register`, `transfer`, `accept`, `decline`, `withdraw`.
+
+use super::engine::*;
+use super::time::Timestamp;
+use super::types::*;
+use crate::error::{Reason, Refusal};
+use crate::identity::Session;
+
+/// What a verb decided for one path, before anything changes.
+enum Plan {
+    Nothing,
+    New { hold: Hold, version: u64 },
+    Supersede { old: u64, hold: Hold, version: u64 },
+    Status(EventKind),
+}
+
+impl Engine {
+    // ----- verbs --------------------------------------------------------------------
+
+    fn attributed(&self, s: &Session, verb: &str) -> Result<(), Refusal> {
+        if s.is_attributed() {
+            return Ok(());
+        }
+        Err(self.refuse(
+            s,
+            Refusal::new(
+                Reason::Unattributed,
+                format!(
+                    "{} is not an agent session (no cgroup or session variable), so it cannot {verb}; run it under `coherent run --session NAME`",
+                    s.name
+                ),
+            ),
+        ))
+    }
+
+    fn check_paths(&self, s: &Session, paths: &[String]) -> Result<Vec<String>, Refusal> {
+        if paths.is_empty() {
+            return Err(self.refuse(s, Refusal::new(Reason::BadRequest, "no path given")));
+        }
+        let mut out: Vec<String> = Vec::with_capacity(paths.len());
+        for p in paths {
+            if !valid_path(p) {
+                return Err(self.refuse(s, bad_path(p)));
+            }
+            if !out.contains(p) {
+                out.push(p.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    fn reply(&self, verb: &str, records: Vec<RecordJson>, last: Option<u64>) -> VerbReply {
+        if let Some(seq) = last {
+            self.sink.wait_durable(seq);
+        }
+        VerbReply {
+            verb: verb.to_string(),
+            records,
+            session: None,
+        }
+    }
+
+    /// `register`: makes `s` known (so it can be named as a successor). Durable before
+    /// it returns.
+    pub fn register(&self, s: &Session, now: Timestamp) -> Result<VerbReply, Refusal> {
+        self.attributed(s, "register")?;
+        let seq = self.session_seen(s, now);
+        let mut r = self.reply("register", vec![], seq);
+        r.session = Some(session_json(s));
+        Ok(r)
+    }
+
+    /// `transfer(paths, successor, note)` by giver `s` (§5). All or nothing: every path is
+    /// checked first and the first refusal, naming its path, changes nothing. Re-sending a
+    /// live transfer answers the record unchanged; to another successor it supersedes.
+    /// Returns after the events are durable.
+    pub fn transfer(
+        &self,
+        s: &Session,
+        paths: &[String],
+        successor: &str,
+        note: Option<String>,
+        now: Timestamp,
+    ) -> Result<VerbReply, Refusal> {
+        self.attributed(s, "hand files on")?;
+        self.session_seen(s, now);
+        let paths = self.check_paths(s, paths)?;
+        if note.as_ref().is_some_and(|n| n.len() > MAX_NOTE) {
+            return Err(self.refuse(
+                s,
+                Refusal::new(Reason::BadRequest, "the note is longer than 64 KiB"),
+            ));
+        }
+        let succ = self
+            .lookup_session(successor)
+            .map_err(|r| self.refuse(s, r))?;
+        if succ.name == s.name {
+            return Err(self.refuse(
+                s,
+                Refusal::new(
+                    Reason::HandoffToSelf,
+                    format!(
+                        "{successor} is this session ({}): hand files to another session",
+                        s.display()
+                    ),
+                ),
+            ));
+        }
+        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let mut guards = self.lock_many(&refs);
+        let mut plans = Vec::with_capacity(paths.len());
+        for p in &paths {
+            let sh = &guards
+                .iter()
+                .find(|(i, _)| *i == shard_of(p))
+                .expect("locked")
+                .1;
+            let plan = self.plan_transfer(sh.get(p.as_str()), p, s, &succ);
+            plans.push(plan.map_err(|r| self.refuse(s, r))?);
+        }
+        let mut last = None;
+        let mut out = Vec::new();
+        for (p, plan) in paths.iter().zip(plans) {
+            let sh = &mut guards
+                .iter_mut()
+                .find(|(i, _)| *i == shard_of(p))
+                .expect("locked")
+                .1;
+            let e = sh.get_mut(p.as_str()).expect("checked");
+            let (hold, version) = match plan {
+                Plan::Nothing => {
+                    out.push(e.live().expect("live").to_json(e.version));
+                    continue;
+                }
+                Plan::New { hold, version } => (hold, version),
+                Plan::Supersede { old, hold, version } => {
+                    let mut ev = Event::new(EventKind::Superseded, now, Some(p), Some(s));
+                    ev.record = Some(old);
+                    ev.version = Some(version);
+                    self.emit(e, ev);
+                    (hold, version)
+                }
+                Plan::Status(_) => unreachable!(),
+            };
+            let mut ev = Event::new(EventKind::Transfer, now, Some(p), Some(s));
+            ev.successor = Some(succ.name.clone());
+            ev.successor_agent = Some(succ.agent_id);
+            ev.version = Some(version);
+            ev.hold = Some(hold);
+            ev.note = note.clone();
+            let seq = self.emit(e, ev);
+            last = Some(seq);
+            let r = e.records.iter().find(|r| r.id == seq).expect("just made");
+            out.push(r.to_json(e.version));
+        }
+        drop(guards);
+        Ok(self.reply("transfer", out, last))
+    }
+
+    fn plan_transfer(
+        &self,
+        e: Option<&Entry>,
+        p: &str,
+        s: &Session,
+        succ: &Session,
+    ) -> Result<Plan, Refusal> {
+        let e = match e {
+            Some(e) if e.exists && e.version > 0 => e,
+            _ => return Err(no_such_path(p)),
+        };
+        if let Some(r) = e.live() {
+            if r.giver.name != s.name {
+                return Err(Refusal::new(
+                    Reason::HandoffOtherHolder,
+                    format!(
+                        "{p} is already handed on by {} to {} (at v{}); only one handoff of a file at a time",
+                        r.giver.display(),
+                        r.successor.display(),
+                        r.version_at_transfer
+                    ),
+                ));
+            }
+            if r.successor.name == succ.name {
+                return Ok(Plan::Nothing);
+            }
+            ended_before(e, p, s, succ)?;
+            return Ok(Plan::Supersede {
+                old: r.id,
+                hold: r.hold,
+                version: e.version,
+            });
+        }
+        let h = e.holder(&s.name);
+        if h.is_some_and(|h| h.writers > 0) {
+            return Err(Refusal::new(
+                Reason::HandoffInFlight,
+                format!(
+                    "this session still has {p} open for writing: close it first, then transfer"
+                ),
+            ));
+        }
+        let hold = match h {
+            Some(h) if h.view == Some(e.version) && matches!(h.hold, Hold::M | Hold::S) => h.hold,
+            _ => {
+                return Err(Refusal::new(
+                    Reason::HandoffNotHeld,
+                    format!(
+                        "this session has not read or written {p} at its current version v{}: read it first",
+                        e.version
+                    ),
+                ))
+            }
+        };
+        ended_before(e, p, s, succ)?;
+        Ok(Plan::New {
+            hold,
+            version: e.version,
+        })
+    }
+
+    /// `accept` by the successor: `completed`; the fence stays until the version moves.
+    pub fn accept(
+        &self,
+        s: &Session,
+        paths: &[String],
+        now: Timestamp,
+    ) -> Result<VerbReply, Refusal> {
+        self.answer(s, paths, EventKind::Accept, now)
+    }
+
+    /// `decline` by the successor: `declined`; the fence lifts.
+    pub fn decline(
+        &self,
+        s: &Session,
+        paths: &[String],
+        now: Timestamp,
+    ) -> Result<VerbReply, Refusal> {
+        self.answer(s, paths, EventKind::Decline, now)
+    }
+
+    /// `withdraw` by the giver: `withdrawn`; the fence lifts.
+    pub fn withdraw(
+        &self,
+        s: &Session,
+        paths: &[String],
+        now: Timestamp,
+    ) -> Result<VerbReply, Refusal> {
+        self.answer(s, paths, EventKind::Withdraw, now)
+    }
+
+    fn answer(
+        &self,
+        s: &Session,
+        paths: &[String],
+        kind: EventKind,
+        now: Timestamp,
+    ) -> Result<VerbReply, Refusal> {
+        let verb = match kind {
+            EventKind::Accept => "accept",
+            EventKind::Decline => "decline",
+            _ => "withdraw",
+        };
+        self.attributed(s, verb)?;
+        self.session_seen(s, now);
+        let paths = self.check_paths(s, paths)?;
+        let refs: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let mut guards = self.lock_many(&refs);
+        let mut plans = Vec::new();
+        for p in &paths {
+            let sh = &guards
+                .iter()
+                .find(|(i, _)| *i == shard_of(p))
+                .expect("locked")
+                .1;
+            let plan = match sh.get(p.as_str()) {
+                Some(e) if e.exists && e.version > 0 => match e.live() {
+                    None => Err(Refusal::new(
+                        Reason::HandoffNotLive,
+                        format!("{p} has no live handoff at v{}", e.version),
+                    )),
+                    Some(r) if kind == EventKind::Withdraw && r.giver.name != s.name => {
+                        Err(Refusal::new(
+                            Reason::HandoffNotGiver,
+                            format!(
+                                "{p} was handed on by {}, not by this session",
+                                r.giver.display()
+                            ),
+                        ))
+                    }
+                    Some(r) if kind != EventKind::Withdraw && r.successor.name != s.name => {
+                        Err(Refusal::new(
+                            Reason::HandoffNotSuccessor,
+                            format!(
+                                "{p} was handed to {}, not to this session",
+                                r.successor.display()
+                            ),
+                        ))
+                    }
+                    Some(r) if kind == EventKind::Accept && r.status == Status::Completed => {
+                        Ok(Plan::Nothing)
+                    }
+                    Some(_) => Ok(Plan::Status(kind)),
+                },
+                _ => Err(no_such_path(p)),
+            };
+            plans.push(plan.map_err(|r| self.refuse(s, r))?);
+        }
+        let mut last = None;
+        let mut out = Vec::new();
+        for (p, plan) in paths.iter().zip(plans) {
+            let sh = &mut guards
+                .iter_mut()
+                .find(|(i, _)| *i == shard_of(p))
+                .expect("locked")
+                .1;
+            let e = sh.get_mut(p.as_str()).expect("checked");
+            let r = e.live().expect("checked live");
+            let id = r.id;
+            if let Plan::Status(kind) = plan {
+                let mut ev = Event::new(kind, now, Some(p), Some(s));
+                ev.record = Some(id);
+                ev.giver = Some(r.giver.name.clone());
+                ev.successor = Some(r.successor.name.clone());
+                ev.version = Some(e.version);
+                last = Some(self.emit(e, ev));
+            }
+            let r = e.records.iter().find(|r| r.id == id).expect("kept");
+            out.push(r.to_json(e.version));
+        }
+        drop(guards);
+        Ok(self.reply(verb, out, last))
+    }
+}
+
+/// `handoff_ended`: this giver's transfer of `p` at this version to this successor already
+/// ended by decline or withdraw (until the version moves or the record is evicted).
+fn ended_before(e: &Entry, p: &str, s: &Session, succ: &Session) -> Result<(), Refusal> {
+    if e.records.iter().any(|r| {
+        r.giver.name == s.name
+            && r.successor.name == succ.name
+            && r.version_at_transfer == e.version
+            && matches!(r.status, Status::Declined | Status::Withdrawn)
+    }) {
+        return Err(Refusal::new(
+            Reason::HandoffEnded,
+            format!(
+                "the handoff of {p} at v{} to {} already ended (declined or withdrawn); it can be sent again once {p} changes",
+                e.version,
+                succ.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn no_such_path(p: &str) -> Refusal {
+    Refusal::new(
+        Reason::NoSuchPath,
+        format!("{p} does not exist in this volume (or the volume has not seen it yet)"),
+    )
+}

@@ -1,0 +1,363 @@
+//! The journal: durability, snapshots, recovery from cut logs and corrupt snapshots, the
+//! directory lock.
+
+mod core_common;
+use coherent::coherence::*;
+use coherent::journal::*;
+use core_common::*;
+use proptest::prelude::*;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn open(dir: &Path) -> Opened {
+    Journal::open(dir, Config::default(), JournalOptions::default()).unwrap()
+}
+
+/// Drives a varied history into `e`: commits, transfers, accepts, declines, overtaken,
+/// renames, tombstones, evictions.
+fn history(e: &Engine, rounds: usize) {
+    let names = ["alice", "bob", "carol", "dave"];
+    let ss: Vec<_> = names.iter().map(|n| sess(n)).collect();
+    let t = std::cell::Cell::new(T0);
+    let tick = || {
+        t.set(t.get() + 1000);
+        Timestamp(t.get())
+    };
+    for s in &ss {
+        e.register(s, tick()).unwrap();
+    }
+    for i in 0..rounds {
+        let p = format!("dir{}/f{}.md", i % 3, i % 5);
+        let (a, b, c) = (&ss[i % 4], &ss[(i + 1) % 4], &ss[(i + 2) % 4]);
+        let _ = e.acquire(a, &p, tick());
+        e.commit(a, &p, CommitOp::Write, stamp(i as u64), tick());
+        e.close_write(a, &p, true, tick());
+        e.open_read(a, &p, tick());
+        let _ = e.transfer(
+            a,
+            std::slice::from_ref(&p),
+            &b.name,
+            Some(format!("note {i}")),
+            tick(),
+        );
+        match i % 5 {
+            0 => {
+                let _ = e.accept(b, std::slice::from_ref(&p), tick());
+            }
+            1 => {
+                let _ = e.decline(b, std::slice::from_ref(&p), tick());
+            }
+            2 => {
+                let _ = e.acquire(c, &p, tick());
+                e.close_write(c, &p, false, tick());
+            }
+            3 => {
+                let _ = e.withdraw(a, std::slice::from_ref(&p), tick());
+                e.commit(a, &p, CommitOp::Unlink, None, tick());
+            }
+            _ => {
+                e.rename(c, &p, &format!("{p}.moved"), false, stamp(7), tick());
+            }
+        }
+        if i % 7 == 6 {
+            e.evict(Timestamp(t.get() + 48 * 3600 * 1000));
+        }
+        if i % 11 == 10 {
+            e.rename(
+                b,
+                &format!("dir{}", i % 3),
+                &format!("dir{}x", i % 3),
+                true,
+                None,
+                tick(),
+            );
+            e.rename(
+                b,
+                &format!("dir{}x", i % 3),
+                &format!("dir{}", i % 3),
+                true,
+                None,
+                tick(),
+            );
+        }
+    }
+}
+
+#[test]
+fn state_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = {
+        let o = open(dir.path());
+        assert!(o.warnings.is_empty());
+        history(&o.engine, 40);
+        o.engine.durable_state()
+    };
+    assert!(before.seq > 100);
+    assert!(!before.records.is_empty());
+    let o = open(dir.path());
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert_eq!(o.engine.durable_state(), before);
+    // Numbering continues.
+    let s = sess("erin");
+    o.engine.session_seen(&s, Timestamp(T0));
+    assert_eq!(o.engine.last_seq(), before.seq + 1);
+}
+
+#[test]
+fn a_verb_is_durable_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = JournalOptions {
+        flush_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let o = Journal::open(dir.path(), Config::default(), opts).unwrap();
+    let (a, b) = (sess("alice"), sess("bob"));
+    o.engine.register(&b, Timestamp(T0)).unwrap();
+    o.engine
+        .commit(&a, "p", CommitOp::Write, stamp(1), Timestamp(T0));
+    o.engine.open_read(&a, "p", Timestamp(T0));
+    o.engine
+        .transfer(&a, &paths(&["p"]), "bob", None, Timestamp(T0))
+        .unwrap();
+    // Without waiting for the (hour-long) flush interval, the transfer is in the file.
+    let log = std::fs::read_to_string(dir.path().join(LOG)).unwrap();
+    let last: Event = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert_eq!(last.event, EventKind::Transfer);
+    assert_eq!(o.journal.durable_seq(), last.seq);
+    // A commit alone is not waited for; flush makes it durable.
+    o.engine
+        .commit(&b, "q", CommitOp::Write, stamp(2), Timestamp(T0));
+    o.journal.flush().unwrap();
+    assert_eq!(o.journal.durable_seq(), o.engine.last_seq());
+    // The follower view of the log.
+    let all = o.journal.read_log(0, 1 << 20).unwrap();
+    assert_eq!(all.len() as u64, o.journal.log_len());
+    assert!(o
+        .journal
+        .read_log(o.journal.log_len(), 100)
+        .unwrap()
+        .is_empty());
+    let tail = o.journal.read_log(o.journal.log_len() - 10, 100).unwrap();
+    assert!(tail.ends_with(b"\n"));
+}
+
+#[test]
+fn group_commit_flushes_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = open(dir.path());
+    let a = sess("alice");
+    for i in 0..100 {
+        o.engine.commit(
+            &a,
+            &format!("f{i}"),
+            CommitOp::Write,
+            stamp(i),
+            Timestamp(T0),
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while o.journal.durable_seq() < o.engine.last_seq() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "flusher never flushed"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn the_state_directory_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = open(dir.path());
+    match Journal::open(dir.path(), Config::default(), JournalOptions::default()) {
+        Err(e @ JournalError::Locked { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("pid {}", std::process::id())),
+                "{msg}"
+            );
+        }
+        Err(e) => panic!("unexpected {e}"),
+        Ok(_) => panic!("two journals share one directory"),
+    }
+    drop(o);
+    open(dir.path());
+}
+
+#[test]
+fn snapshot_plus_tail_rebuilds_the_same_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = JournalOptions {
+        snapshot_every: 50,
+        ..Default::default()
+    };
+    let before = {
+        let o = Journal::open(dir.path(), Config::default(), opts.clone()).unwrap();
+        history(&o.engine, 20);
+        o.journal.maintain(&o.engine, Timestamp(T0)).unwrap();
+        assert!(dir.path().join(SNAPSHOT).exists());
+        history(&o.engine, 15);
+        o.engine.durable_state()
+    };
+    let o = Journal::open(dir.path(), Config::default(), opts).unwrap();
+    assert!(o.from_snapshot);
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert!(o.replayed > 0 && o.replayed < before.seq);
+    assert_eq!(o.engine.durable_state(), before);
+}
+
+#[test]
+fn a_corrupt_snapshot_falls_back_to_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = {
+        let o = open(dir.path());
+        history(&o.engine, 20);
+        o.journal.checkpoint(&o.engine).unwrap();
+        history(&o.engine, 5);
+        o.engine.durable_state()
+    };
+    let snap = dir.path().join(SNAPSHOT);
+    let mut bytes = std::fs::read(&snap).unwrap();
+    // Flip one digit inside the body: still valid JSON, wrong checksum.
+    let i = bytes.iter().rposition(|b| b.is_ascii_digit()).unwrap();
+    bytes[i] = if bytes[i] == b'1' { b'2' } else { b'1' };
+    std::fs::write(&snap, &bytes).unwrap();
+    let o = open(dir.path());
+    assert!(!o.from_snapshot);
+    assert!(
+        o.warnings.iter().any(|w| w.contains("unusable")),
+        "{:?}",
+        o.warnings
+    );
+    assert_eq!(o.engine.durable_state(), before);
+    drop(o);
+    std::fs::write(&snap, b"garbage").unwrap();
+    let o = open(dir.path());
+    assert!(!o.from_snapshot);
+    assert_eq!(o.engine.durable_state(), before);
+}
+
+/// The state the complete lines of `log[..cut]` rebuild, computed without the journal.
+fn prefix_state(log: &[u8], cut: usize) -> DurableState {
+    let e = Engine::new(Config::default(), Arc::new(MemorySink::discarding()));
+    let end = log[..cut]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    for line in log[..end].split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        e.replay(&serde_json::from_slice::<Event>(line).unwrap());
+    }
+    e.durable_state()
+}
+
+fn cut_and_check(src: &Path, log: &[u8], cut: usize, with_snapshot: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(LOG), &log[..cut]).unwrap();
+    if with_snapshot {
+        std::fs::copy(src.join(SNAPSHOT), dir.path().join(SNAPSHOT)).unwrap();
+    }
+    let at_boundary = cut == 0 || log[cut - 1] == b'\n';
+    let expected = prefix_state(log, cut);
+    let got = {
+        let o = open(dir.path());
+        assert_eq!(
+            o.warnings.iter().any(|w| w.contains("cut in the middle")),
+            !at_boundary,
+            "cut {cut}: {:?}",
+            o.warnings
+        );
+        let st = o.engine.durable_state();
+        assert_eq!(st, expected, "cut at {cut}");
+        // Appending after recovery continues a clean log.
+        o.engine.session_seen(&sess("zed"), Timestamp(T0));
+        o.engine.durable_state()
+    };
+    let o = open(dir.path());
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert_eq!(o.engine.durable_state(), got);
+    if !at_boundary {
+        assert!(std::fs::read_dir(dir.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("events.log.damaged-")));
+    }
+}
+
+fn recorded_history() -> (tempfile::TempDir, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let o = open(dir.path());
+        history(&o.engine, 12);
+        o.journal.checkpoint(&o.engine).unwrap();
+        history(&o.engine, 6);
+    }
+    let log = std::fs::read(dir.path().join(LOG)).unwrap();
+    (dir, log)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_log_cut_anywhere_recovers_its_complete_prefix(frac in 0.0f64..=1.0, snap in any::<bool>()) {
+        thread_local! {
+            static HIST: (tempfile::TempDir, Vec<u8>) = recorded_history();
+        }
+        HIST.with(|(dir, log)| {
+            let cut = ((log.len() as f64) * frac) as usize;
+            cut_and_check(dir.path(), log, cut.min(log.len()), snap);
+        });
+    }
+}
+
+#[test]
+fn a_damaged_line_in_the_middle_stops_recovery_there() {
+    let (_dir, log) = recorded_history();
+    let lines: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .map(|(i, _)| i + 1)
+        .collect();
+    let start = lines[lines.len() / 2];
+    let mut bad = log.clone();
+    bad[start + 2] = b'#';
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(LOG), &bad).unwrap();
+    let o = open(dir.path());
+    assert!(
+        o.warnings.iter().any(|w| w.contains("unreadable")),
+        "{:?}",
+        o.warnings
+    );
+    assert_eq!(o.engine.durable_state(), prefix_state(&log, start));
+}
+
+#[test]
+fn after_a_restart_no_session_has_a_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (sess("alice"), sess("bob"));
+    {
+        let o = open(dir.path());
+        o.engine.register(&b, Timestamp(T0)).unwrap();
+        o.engine.acquire(&a, "p", Timestamp(T0)).unwrap();
+        o.engine
+            .commit(&a, "p", CommitOp::Write, stamp(1), Timestamp(T0));
+        o.engine.close_write(&a, "p", true, Timestamp(T0));
+        assert_eq!(o.engine.hold(&a, "p"), Some((Hold::M, Some(1))));
+    }
+    let o = open(dir.path());
+    assert_eq!(o.engine.version("p"), Some(1));
+    assert_eq!(o.engine.hold(&a, "p"), None);
+    let err = o
+        .engine
+        .transfer(&a, &paths(&["p"]), "bob", None, Timestamp(T0))
+        .unwrap_err();
+    assert_eq!(err.reason, coherent::error::Reason::HandoffNotHeld);
+    o.engine.open_read(&a, "p", Timestamp(T0));
+    o.engine
+        .transfer(&a, &paths(&["p"]), "bob", None, Timestamp(T0))
+        .unwrap();
+}
