@@ -290,6 +290,8 @@ struct Tables {
 /// The backing directory and everything open in it.
 pub struct Store {
     tables: RwLock<Tables>,
+    /// Number of inodes held (root included), readable without the lock.
+    live: Arc<AtomicU64>,
     next_ino: AtomicU64,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     dirs: RwLock<HashMap<u64, Arc<DirHandle>>>,
@@ -353,6 +355,7 @@ impl Store {
         t.by_key.insert(key, ROOT_INO);
         Ok(Store {
             tables: RwLock::new(t),
+            live: Arc::new(AtomicU64::new(1)),
             next_ino: AtomicU64::new(ROOT_INO + 1),
             handles: RwLock::new(HashMap::new()),
             dirs: RwLock::new(HashMap::new()),
@@ -393,6 +396,11 @@ impl Store {
     /// The number of inodes currently referenced by the kernel (root included).
     pub fn inode_count(&self) -> usize {
         self.tables.read().inodes.len()
+    }
+
+    /// A live view of the inode count (for diagnostics from another thread).
+    pub fn inode_gauge(&self) -> Arc<AtomicU64> {
+        self.live.clone()
     }
 
     /// The workspace-relative path `ino` was last seen under ("" for the root).
@@ -436,6 +444,7 @@ impl Store {
             return Attr::from_stat(ino, st);
         }
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        self.live.fetch_add(1, Ordering::Relaxed);
         t.by_key.insert(key, ino);
         t.inodes.insert(
             ino,
@@ -481,6 +490,7 @@ impl Store {
         };
         if gone {
             if let Some(node) = t.inodes.remove(&ino) {
+                self.live.fetch_sub(1, Ordering::Relaxed);
                 if t.by_key.get(&node.key) == Some(&ino) {
                     t.by_key.remove(&node.key);
                 }
