@@ -397,6 +397,7 @@ fn seek_data_hole(m: &Mount) {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(true)
         .open(m.path("sparse"))
         .unwrap();
     f.write_all(&[1u8; 4096]).unwrap();
@@ -643,6 +644,7 @@ fn open_unlinked_and_fsync(m: &Mount) {
         .read(true)
         .write(true)
         .create(true)
+        .truncate(true)
         .open(m.path("tmp"))
         .unwrap();
     fs::remove_file(m.path("tmp")).unwrap();
