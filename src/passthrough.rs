@@ -77,7 +77,9 @@ fn cvt<T: PartialEq + From<i8>>(r: T) -> FsResult<T> {
     }
 }
 
-/// Who made a request: the calling thread's pid and its fs uid/gid.
+/// Who made a request: the calling thread's id (FUSE reports the thread, not the
+/// process: map it to its process through `/proc/PID/status` `Tgid:` when needed; 0 when
+/// the kernel sends no caller, e.g. on some releases) and its fs uid/gid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
     pub pid: u32,
