@@ -262,3 +262,42 @@ fn passthrough_keeps_data_out_of_the_daemon() {
         }
     }
 }
+
+#[test]
+fn options_ro_threads_and_carried_flags() {
+    let m = Mount::builder()
+        .args(["-o", "ro", "--threads", "1"])
+        .args([
+            "--state-dir",
+            "/tmp/coherent-state-test",
+            "--stale",
+            "strict",
+        ])
+        .args([
+            "--evict-after",
+            "2d",
+            "--session-env",
+            "A",
+            "--session-env",
+            "B",
+        ])
+        .start();
+    let e = fs::write(m.path("f"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    let log = m.log();
+    assert!(log.contains("threads=1"), "{log}");
+    assert!(log.contains("stale=Strict"), "{log}");
+    assert!(log.contains("evict_after=172800s"), "{log}");
+    assert!(log.contains(r#"session_env=["A", "B"]"#), "{log}");
+    // Bad values are usage errors.
+    let o = run_timeout(
+        Command::new(BIN).args(["--stale", "sometimes", "/tmp"]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let o = run_timeout(
+        Command::new(BIN).args(["--evict-after", "soon", "/tmp"]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(2));
+}
