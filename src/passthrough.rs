@@ -831,7 +831,30 @@ impl Store {
         }
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        cvt(unsafe { libc::unlinkat(dir.fd.as_raw_fd(), c.as_ptr(), flags) }).map(drop)
+        let victim = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok();
+        cvt(unsafe { libc::unlinkat(dir.fd.as_raw_fd(), c.as_ptr(), flags) })?;
+        if let Some(st) = victim {
+            self.orphan((st.st_dev, st.st_ino));
+        }
+        Ok(())
+    }
+
+    /// A node lost a name: once it has no name left (a removed file still open, a file
+    /// replaced by a rename), it has no path any more ([`Store::path_of`] is `None`), so
+    /// nothing done through an old handle is attributed to whatever now has that name.
+    fn orphan(&self, key: (u64, u64)) {
+        let t = self.tables.read();
+        let Some(ino) = t.by_key.get(&key) else {
+            return;
+        };
+        let node = &t.inodes[ino];
+        let gone = match fstat_fd(node.fd.as_raw_fd()) {
+            Ok(st) => st.st_nlink == 0 || node.kind == Kind::Dir,
+            Err(_) => true,
+        };
+        if gone && *ino != ROOT_INO {
+            node.state.lock().link = None;
+        }
     }
 
     /// Point the inode now found at (parent, name) to that name.
@@ -864,6 +887,12 @@ impl Store {
         let d2 = self.inode(newparent)?;
         let c1 = cstr(name)?;
         let c2 = cstr(newname)?;
+        // The node a plain rename replaces loses its name.
+        let replaced = if flags & libc::RENAME_EXCHANGE == 0 {
+            fstatat(d2.fd.as_raw_fd(), &c2, libc::AT_SYMLINK_NOFOLLOW).ok()
+        } else {
+            None
+        };
         cvt(unsafe {
             libc::renameat2(
                 d1.fd.as_raw_fd(),
@@ -873,6 +902,9 @@ impl Store {
                 flags,
             )
         })?;
+        if let Some(st) = replaced {
+            self.orphan((st.st_dev, st.st_ino));
+        }
         self.relink(newparent, newname);
         if flags & libc::RENAME_EXCHANGE != 0 {
             self.relink(parent, name);
@@ -1232,6 +1264,28 @@ mod tests {
         s.forget(f.ino, 1);
         assert_eq!(s.getattr(f.ino), Err(FsError(libc::ESTALE)));
         assert_eq!(s.inode_count(), 2);
+    }
+
+    #[test]
+    fn removed_and_replaced_nodes_lose_their_path() {
+        let (d, s) = store();
+        for n in ["a", "b", "c"] {
+            std::fs::write(d.path().join(n), n).unwrap();
+        }
+        let a = s.lookup(ROOT_INO, OsStr::new("a")).unwrap();
+        let b = s.lookup(ROOT_INO, OsStr::new("b")).unwrap();
+        let c = s.lookup(ROOT_INO, OsStr::new("c")).unwrap();
+        std::fs::hard_link(d.path().join("c"), d.path().join("c2")).unwrap();
+        s.unlink(ROOT_INO, OsStr::new("a")).unwrap();
+        assert_eq!(s.path_of(a.ino), None, "removed");
+        s.rename(ROOT_INO, OsStr::new("c"), ROOT_INO, OsStr::new("b"), 0)
+            .unwrap();
+        assert_eq!(s.path_of(b.ino), None, "replaced by the rename");
+        assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
+        // A node with another name left keeps its last known one.
+        std::fs::hard_link(d.path().join("b"), d.path().join("b3")).unwrap();
+        s.unlink(ROOT_INO, OsStr::new("c2")).unwrap();
+        assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
     }
 
     #[test]

@@ -388,6 +388,22 @@ fn hooks_see_every_route(passthrough: bool) {
         Some(libc::EACCES)
     );
     assert!(m.backing.join(".coherent/secret").exists());
+
+    // Editor-style save over a file someone still has open: the old handle's flush is
+    // no longer attributed to the path (the new file has it now).
+    fs::write(at("plan"), b"v1").unwrap();
+    let mut old = fs::OpenOptions::new()
+        .append(true)
+        .open(at("plan"))
+        .unwrap();
+    fs::write(at("plan.tmp"), b"v2").unwrap();
+    fs::rename(at("plan.tmp"), at("plan")).unwrap();
+    old.write_all(b"late").unwrap();
+    drop(old);
+    let ev = rec.take_after("release ? token=1002 changed=false");
+    assert!(has(&ev, "flush ? token=1002 changed=true"), "{ev:#?}");
+    assert!(has(&ev, "before rename plan.tmp plan 0"), "{ev:#?}");
+    assert_eq!(fs::read(at("plan")).unwrap(), b"v2");
 }
 
 fn xattr_get(p: &Path, name: &str) -> Vec<u8> {
