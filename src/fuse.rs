@@ -294,6 +294,14 @@ impl CoherentFs {
     }
 }
 
+/// Answer a request that returns nothing but success or an errno.
+fn empty_reply(r: FsResult<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 impl Filesystem for CoherentFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         for flag in [
@@ -482,10 +490,10 @@ impl Filesystem for CoherentFs {
         let route = WriteRoute::Unlink {
             path: path.as_deref(),
         };
-        match self.guarded(&c, &route, || self.store.unlink(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || self.store.unlink(parent.0, name)),
+            reply,
+        )
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -497,10 +505,10 @@ impl Filesystem for CoherentFs {
         let route = WriteRoute::Rmdir {
             path: path.as_deref(),
         };
-        match self.guarded(&c, &route, || self.store.rmdir(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || self.store.rmdir(parent.0, name)),
+            reply,
+        )
     }
 
     fn symlink(
@@ -551,13 +559,13 @@ impl Filesystem for CoherentFs {
             to: to.as_deref(),
             flags: flags.bits(),
         };
-        match self.guarded(&c, &route, || {
-            self.store
-                .rename(parent.0, name, newparent.0, newname, flags.bits())
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || {
+                self.store
+                    .rename(parent.0, name, newparent.0, newname, flags.bits())
+            }),
+            reply,
+        )
     }
 
     fn link(
@@ -772,10 +780,7 @@ impl Filesystem for CoherentFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.store.fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(self.store.fsync(fh.0, datasync), reply)
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -884,10 +889,7 @@ impl Filesystem for CoherentFs {
         if is_virtual(ino.0) {
             return reply.ok();
         }
-        match self.store.fsyncdir(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(self.store.fsyncdir(fh.0, datasync), reply)
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
@@ -918,12 +920,12 @@ impl Filesystem for CoherentFs {
             path: path.as_deref(),
             name,
         };
-        match self.guarded(&c, &route, || {
-            self.store.setxattr(ino.0, name, value, flags)
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || {
+                self.store.setxattr(ino.0, name, value, flags)
+            }),
+            reply,
+        )
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -991,20 +993,17 @@ impl Filesystem for CoherentFs {
             path: path.as_deref(),
             name,
         };
-        match self.guarded(&c, &route, || self.store.removexattr(ino.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || self.store.removexattr(ino.0, name)),
+            reply,
+        )
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         if is_virtual(ino.0) {
             return reply.ok();
         }
-        match self.store.access(&caller(req), ino.0, mask.bits()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(self.store.access(&caller(req), ino.0, mask.bits()), reply)
     }
 
     fn fallocate(
@@ -1017,10 +1016,7 @@ impl Filesystem for CoherentFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.store.fallocate(fh.0, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(self.store.fallocate(fh.0, offset, length, mode), reply)
     }
 
     fn lseek(
