@@ -196,14 +196,8 @@ impl Store {
     fn remember(&self, fd: OwnedFd, st: &libc::stat, parent: u64, name: &OsStr) -> Attr {
         let key = (st.st_dev, st.st_ino);
         let mut t = self.tables.write();
-        if let Some(&ino) = t.by_key.get(&key) {
-            let node = &t.inodes[&ino];
-            let mut s = node.state.lock();
-            s.refs += 1;
-            if ino != ROOT_INO {
-                s.link = Some((parent, name.to_owned()));
-            }
-            return Attr::from_stat(ino, st);
+        if let Some(attr) = Self::count_known(&t, st, parent, name) {
+            return attr;
         }
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
         self.live.fetch_add(1, Ordering::Relaxed);
@@ -223,6 +217,18 @@ impl Store {
         Attr::from_stat(ino, st)
     }
 
+    /// Count one more lookup of an inode we already hold (it pins the backing inode, so
+    /// its (dev, ino) cannot have been reused by another file).
+    fn count_known(t: &Tables, st: &libc::stat, parent: u64, name: &OsStr) -> Option<Attr> {
+        let ino = *t.by_key.get(&(st.st_dev, st.st_ino))?;
+        let mut s = t.inodes[&ino].state.lock();
+        s.refs += 1;
+        if ino != ROOT_INO {
+            s.link = Some((parent, name.to_owned()));
+        }
+        Some(Attr::from_stat(ino, st))
+    }
+
     /// Look `name` up under `parent`, counting one kernel lookup on success.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
         if self.is_hidden(parent, name) {
@@ -230,7 +236,12 @@ impl Store {
         }
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        // A fresh O_PATH fd, then stat through it, so the key and the fd agree.
+        // Known already (the common case: the kernel revalidating after the TTL): one stat.
+        let st = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW)?;
+        if let Some(attr) = Self::count_known(&self.tables.read(), &st, parent, name) {
+            return Ok(attr);
+        }
+        // New: a fresh O_PATH fd, then stat through it, so the key and the fd agree.
         let fd = open_path_at(dir.fd.as_raw_fd(), &c)?;
         let st = fstat_fd(fd.as_raw_fd())?;
         Ok(self.remember(fd, &st, parent, name))
