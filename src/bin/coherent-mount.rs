@@ -355,6 +355,8 @@ fn run(args: Args) -> Result<(), Fail> {
     let mut sigs = nix::sys::signal::SigSet::empty();
     sigs.add(nix::sys::signal::SIGINT);
     sigs.add(nix::sys::signal::SIGTERM);
+    // A closed terminal must not leave a dead mount behind either.
+    sigs.add(nix::sys::signal::SIGHUP);
     sigs.add(nix::sys::signal::SIGUSR1);
     sigs.thread_block()
         .map_err(|e| Fail(format!("sigmask: {e}")))?;
