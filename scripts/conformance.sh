@@ -48,6 +48,7 @@ chmod 755 "$WORK" "$SECONDARY"
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
+    stop_child
     cleanup_mounts
     rm -rf "$WORK" "$SECONDARY"
     exit "$rc"
@@ -119,7 +120,7 @@ run_mode() {
 
     log "$(mode_label "$mode"): pjdfstest"
     t0=$(date +%s.%N)
-    NO_COLOR=1 RUST_BACKTRACE=0 timeout -k 10 "$PJDFSTEST_TIMEOUT" \
+    NO_COLOR=1 RUST_BACKTRACE=0 run_bounded "$PJDFSTEST_TIMEOUT" \
         pjdfstest -c "$WORK/pjdfstest.toml" -p "$target" -s "$SECONDARY" \
         >"$OUT/$mode.pjdfstest.log" 2>&1
     rc=$?
@@ -132,7 +133,7 @@ run_mode() {
     log "$(mode_label "$mode"): fsx -N $FSX_OPS -S $FSX_SEED"
     mkdir -p "$OUT/$mode.fsx-artifacts"
     t0=$(date +%s.%N)
-    timeout -k 10 "$FSX_TIMEOUT" fsx -f "$WORK/fsx.toml" -N "$FSX_OPS" -S "$FSX_SEED" \
+    run_bounded "$FSX_TIMEOUT" fsx -f "$WORK/fsx.toml" -N "$FSX_OPS" -S "$FSX_SEED" \
         -P "$OUT/$mode.fsx-artifacts" "$target/fsx.data" >"$OUT/$mode.fsx.log" 2>&1
     rc=$?
     FSX_TIME[$mode]=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')

@@ -87,6 +87,27 @@ need_mode_tools() {
     done
 }
 
+# run_bounded SECS CMD...: CMD under timeout (which signals CMD's whole process group),
+# run in the background and waited for, so that a signal to the script is handled at once
+# rather than when CMD ends; stop_child (called by the traps) ends it.
+_CHILD=
+run_bounded() {
+    local secs=$1 rc
+    shift
+    timeout -k 10 "$secs" "$@" &
+    _CHILD=$!
+    wait "$_CHILD"
+    rc=$?
+    _CHILD=
+    return "$rc"
+}
+stop_child() {
+    [[ -n $_CHILD ]] || return 0
+    kill -TERM "$_CHILD" 2>/dev/null
+    wait "$_CHILD" 2>/dev/null
+    _CHILD=
+}
+
 # --- mounts ---------------------------------------------------------------------------
 # Every mount made here is recorded so that cleanup_mounts (run from an EXIT trap) can
 # undo it on every exit path.
