@@ -7,6 +7,7 @@
 #
 # Usage: scripts/conformance.sh [--quick] [--modes "native coherent coherent-nopt"]
 # Env:   CONFORMANCE_MODES, FSX_OPS (100000; --quick 20000), FSX_SEED (1),
+#        FSX_NATIVE_OPS (20000: native only shows the fsx config works on the backing fs),
 #        PJDFSTEST_TIMEOUT (300 s), FSX_TIMEOUT (600 s), COHERENT_MOUNT_OPTS, COHERENT_NO_BUILD
 set -uo pipefail
 # shellcheck source=scripts/lib.sh
@@ -15,6 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 MODES=${CONFORMANCE_MODES:-native coherent coherent-nopt}
 FSX_OPS=${FSX_OPS:-}
 FSX_SEED=${FSX_SEED:-1}
+FSX_NATIVE_OPS=${FSX_NATIVE_OPS:-20000}
 PJDFSTEST_TIMEOUT=${PJDFSTEST_TIMEOUT:-300}
 FSX_TIMEOUT=${FSX_TIMEOUT:-600}
 QUICK=0
@@ -23,12 +25,13 @@ while (($#)); do
     case $1 in
     --quick) QUICK=1 ;;
     --modes) MODES=$2; shift ;;
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
     esac
     shift
 done
 if [[ -z $FSX_OPS ]]; then ((QUICK)) && FSX_OPS=20000 || FSX_OPS=100000; fi
+((FSX_NATIVE_OPS <= FSX_OPS)) || FSX_NATIVE_OPS=$FSX_OPS
 read -r -a MODES <<<"$MODES"
 [[ ${MODES[0]} == native ]] || die "the first mode must be native (the reference)"
 
@@ -40,7 +43,7 @@ getent passwd tests >/dev/null || die "user 'tests' missing (pjdfstest needs it:
 OUT=$REPO_ROOT/target/conformance
 rm -rf "$OUT"
 mkdir -p "$OUT" || die "cannot create $OUT"
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/coherent-conformance.XXXXXX") || die "mktemp failed"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/coherent-cf.XXXXXX") || die "mktemp failed"
 # A second, distinct filesystem for pjdfstest's EXDEV cases.
 SECONDARY=$(mktemp -d /dev/shm/coherent-conformance.XXXXXX) || die "mktemp in /dev/shm failed"
 chmod 755 "$WORK" "$SECONDARY"
@@ -103,15 +106,26 @@ posix_fadvise = 1
 copy_file_range = 1
 EOF
 
+# Tests no FUSE mount can run, for reasons outside the filesystem: reported, not failed.
+#   link::link_count_max: glibc's pathconf(_PC_LINK_MAX) knows limits by statfs f_type,
+#   the kernel reports FUSE_SUPER_MAGIC for every FUSE mount, glibc answers its default
+#   127, and pjdfstest skips the test as "filesystem limit is unknown".
+KNOWN_FUSE_SKIPS=" link::link_count_max "
+
 declare -A PJD_SUMMARY PJD_TIME FSX_RESULT FSX_TIME
 STATUS=0
 
+# run_mode MODE INDEX. The directory under test is $WORK/INDEX/t for every mode (the
+# backing directory itself for native, the mountpoint otherwise): equal path lengths,
+# because pjdfstest binds unix sockets near the 108-byte sun_path limit.
 run_mode() {
     local mode=$1 target t0 rc
-    local dir=$WORK/$mode
-    mkdir -p "$dir/backing" "$dir/mnt" && chmod 755 "$dir" "$dir/backing" "$dir/mnt"
-    if [[ $mode == native ]]; then target=$dir/backing; else target=$dir/mnt; fi
-    if ! mount_mode "$mode" "$dir/backing" "$dir/mnt" "$OUT/$mode.mount.log"; then
+    local dir=$WORK/$2 backing mnt
+    target=$dir/t
+    if [[ $mode == native ]]; then backing=$target; else backing=$dir/b; fi
+    mnt=$target
+    mkdir -p "$backing" "$mnt" && chmod 755 "$dir" "$backing" "$mnt"
+    if ! mount_mode "$mode" "$backing" "$mnt" "$OUT/$mode.mount.log"; then
         PJD_SUMMARY[$mode]="mount failed"
         FSX_RESULT[$mode]="mount failed"
         STATUS=1
@@ -130,21 +144,23 @@ run_mode() {
     PJD_SUMMARY[$mode]=$(grep -m1 '^Summary:' "$OUT/$mode.pjdfstest.log" | sed 's/^Summary: //')
     [[ -n ${PJD_SUMMARY[$mode]} ]] || PJD_SUMMARY[$mode]="no summary (rc=$rc, see $OUT/$mode.pjdfstest.log)"
 
-    log "$(mode_label "$mode"): fsx -N $FSX_OPS -S $FSX_SEED"
+    local ops=$FSX_OPS
+    [[ $mode != native ]] || ops=$FSX_NATIVE_OPS
+    log "$(mode_label "$mode"): fsx -N $ops -S $FSX_SEED"
     mkdir -p "$OUT/$mode.fsx-artifacts"
     t0=$(date +%s.%N)
-    run_bounded "$FSX_TIMEOUT" fsx -f "$WORK/fsx.toml" -N "$FSX_OPS" -S "$FSX_SEED" \
+    run_bounded "$FSX_TIMEOUT" fsx -f "$WORK/fsx.toml" -N "$ops" -S "$FSX_SEED" \
         -P "$OUT/$mode.fsx-artifacts" "$target/fsx.data" >"$OUT/$mode.fsx.log" 2>&1
     rc=$?
     FSX_TIME[$mode]=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
     case $rc in
-    0) FSX_RESULT[$mode]="ok: $FSX_OPS ops, no corruption" ;;
+    0) FSX_RESULT[$mode]="ok: $ops ops, no corruption" ;;
     124 | 137) FSX_RESULT[$mode]="TIMEOUT after ${FSX_TIMEOUT}s"; STATUS=1 ;;
     *) FSX_RESULT[$mode]="FAILED (rc=$rc): $(fsx_failure "$OUT/$mode.fsx.log")"; STATUS=1 ;;
     esac
     rm -f "$target/fsx.data"
 
-    unmount "$dir/mnt"
+    [[ $mode == native ]] || unmount "$mnt"
 }
 
 # fsx_failure LOG: one line saying why fsx stopped (a panic on an unexpected errno, or
@@ -175,14 +191,14 @@ parse_pjdfstest() {
     sort -o "$2" "$2"
 }
 
-for m in "${MODES[@]}"; do run_mode "$m"; done
+for i in "${!MODES[@]}"; do run_mode "${MODES[$i]}" "$i"; done
 
 # --- report ---------------------------------------------------------------------------
 report() {
     local m ref=$OUT/native.status
     echo "## Conformance ($(date -u +%Y-%m-%d), $(nproc) cores, kernel $(uname -r))"
     echo
-    echo "| mode | pjdfstest | time (s) | fsx ($FSX_OPS ops, seed $FSX_SEED) | time (s) |"
+    echo "| mode | pjdfstest | time (s) | fsx (seed $FSX_SEED) | time (s) |"
     echo "|---|---|---|---|---|"
     for m in "${MODES[@]}"; do
         echo "| $(mode_label "$m") | ${PJD_SUMMARY[$m]} | ${PJD_TIME[$m]:--} | ${FSX_RESULT[$m]} | ${FSX_TIME[$m]:--} |"
@@ -194,6 +210,13 @@ report() {
         worse=$(join "$ref" "$OUT/$m.status" | awk '$2 == "ok" && $3 != "ok" {print $1 " (" $3 ")"}')
         worse+=$(join -v1 "$ref" "$OUT/$m.status" | awk '$2 == "ok" {print "\n" $1 " (missing)"}')
         better=$(join "$ref" "$OUT/$m.status" | awk '$2 != "ok" && $3 == "ok" {print $1 " (native: " $2 ")"}')
+        local known="" rest="" t st
+        while read -r t st; do
+            [[ -n $t ]] || continue
+            if [[ $st == "(skipped)" && $KNOWN_FUSE_SKIPS == *" $t "* ]]; then known+="$t "
+            else rest+="$t $st"$'\n'; fi
+        done <<<"$worse"
+        worse=$rest
         echo
         if [[ -n ${worse//[$'\n ']/} ]]; then
             STATUS=1
@@ -209,6 +232,7 @@ report() {
         else
             echo "### $(mode_label "$m"): every test that passes natively passes"
         fi
+        [[ -z $known ]] || { echo; echo "Skipped on every FUSE mount (see KNOWN_FUSE_SKIPS, not counted): $known"; }
         [[ -n $better ]] && { echo; echo "Pass on the mount but not natively:"; sed 's/^/- /' <<<"$better"; }
     done
     echo

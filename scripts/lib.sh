@@ -122,7 +122,7 @@ mount_mode() {
     mode_command "$mode" "$backing" "$mnt"
     ((${#MODE_CMD[@]})) || return 0
     is_mounted "$mnt" && die "$mnt is already a mountpoint"
-    "${MODE_CMD[@]}" >"$logf" 2>&1 </dev/null &
+    NO_COLOR=1 "${MODE_CMD[@]}" >"$logf" 2>&1 </dev/null &
     pid=$!
     _MOUNTS+=("$mnt")
     _MOUNT_PID[$mnt]=$pid
