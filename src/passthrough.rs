@@ -77,7 +77,9 @@ fn cvt<T: PartialEq + From<i8>>(r: T) -> FsResult<T> {
     }
 }
 
-/// Who made a request: the calling thread's pid and its fs uid/gid.
+/// Who made a request: the calling thread's id (FUSE reports the thread, not the
+/// process: map it to its process through `/proc/PID/status` `Tgid:` when needed; 0 when
+/// the kernel sends no caller, e.g. on some releases) and its fs uid/gid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
     pub pid: u32,
@@ -290,6 +292,8 @@ struct Tables {
 /// The backing directory and everything open in it.
 pub struct Store {
     tables: RwLock<Tables>,
+    /// Number of inodes held (root included), readable without the lock.
+    live: Arc<AtomicU64>,
     next_ino: AtomicU64,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     dirs: RwLock<HashMap<u64, Arc<DirHandle>>>,
@@ -353,6 +357,7 @@ impl Store {
         t.by_key.insert(key, ROOT_INO);
         Ok(Store {
             tables: RwLock::new(t),
+            live: Arc::new(AtomicU64::new(1)),
             next_ino: AtomicU64::new(ROOT_INO + 1),
             handles: RwLock::new(HashMap::new()),
             dirs: RwLock::new(HashMap::new()),
@@ -393,6 +398,11 @@ impl Store {
     /// The number of inodes currently referenced by the kernel (root included).
     pub fn inode_count(&self) -> usize {
         self.tables.read().inodes.len()
+    }
+
+    /// A live view of the inode count (for diagnostics from another thread).
+    pub fn inode_gauge(&self) -> Arc<AtomicU64> {
+        self.live.clone()
     }
 
     /// The workspace-relative path `ino` was last seen under ("" for the root).
@@ -436,6 +446,7 @@ impl Store {
             return Attr::from_stat(ino, st);
         }
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        self.live.fetch_add(1, Ordering::Relaxed);
         t.by_key.insert(key, ino);
         t.inodes.insert(
             ino,
@@ -481,6 +492,7 @@ impl Store {
         };
         if gone {
             if let Some(node) = t.inodes.remove(&ino) {
+                self.live.fetch_sub(1, Ordering::Relaxed);
                 if t.by_key.get(&node.key) == Some(&ino) {
                     t.by_key.remove(&node.key);
                 }
@@ -819,7 +831,30 @@ impl Store {
         }
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        cvt(unsafe { libc::unlinkat(dir.fd.as_raw_fd(), c.as_ptr(), flags) }).map(drop)
+        let victim = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok();
+        cvt(unsafe { libc::unlinkat(dir.fd.as_raw_fd(), c.as_ptr(), flags) })?;
+        if let Some(st) = victim {
+            self.orphan((st.st_dev, st.st_ino));
+        }
+        Ok(())
+    }
+
+    /// A node lost a name: once it has no name left (a removed file still open, a file
+    /// replaced by a rename), it has no path any more ([`Store::path_of`] is `None`), so
+    /// nothing done through an old handle is attributed to whatever now has that name.
+    fn orphan(&self, key: (u64, u64)) {
+        let t = self.tables.read();
+        let Some(ino) = t.by_key.get(&key) else {
+            return;
+        };
+        let node = &t.inodes[ino];
+        let gone = match fstat_fd(node.fd.as_raw_fd()) {
+            Ok(st) => st.st_nlink == 0 || node.kind == Kind::Dir,
+            Err(_) => true,
+        };
+        if gone && *ino != ROOT_INO {
+            node.state.lock().link = None;
+        }
     }
 
     /// Point the inode now found at (parent, name) to that name.
@@ -852,6 +887,12 @@ impl Store {
         let d2 = self.inode(newparent)?;
         let c1 = cstr(name)?;
         let c2 = cstr(newname)?;
+        // The node a plain rename replaces loses its name.
+        let replaced = if flags & libc::RENAME_EXCHANGE == 0 {
+            fstatat(d2.fd.as_raw_fd(), &c2, libc::AT_SYMLINK_NOFOLLOW).ok()
+        } else {
+            None
+        };
         cvt(unsafe {
             libc::renameat2(
                 d1.fd.as_raw_fd(),
@@ -861,6 +902,9 @@ impl Store {
                 flags,
             )
         })?;
+        if let Some(st) = replaced {
+            self.orphan((st.st_dev, st.st_ino));
+        }
         self.relink(newparent, newname);
         if flags & libc::RENAME_EXCHANGE != 0 {
             self.relink(parent, name);
@@ -1220,6 +1264,28 @@ mod tests {
         s.forget(f.ino, 1);
         assert_eq!(s.getattr(f.ino), Err(FsError(libc::ESTALE)));
         assert_eq!(s.inode_count(), 2);
+    }
+
+    #[test]
+    fn removed_and_replaced_nodes_lose_their_path() {
+        let (d, s) = store();
+        for n in ["a", "b", "c"] {
+            std::fs::write(d.path().join(n), n).unwrap();
+        }
+        let a = s.lookup(ROOT_INO, OsStr::new("a")).unwrap();
+        let b = s.lookup(ROOT_INO, OsStr::new("b")).unwrap();
+        let c = s.lookup(ROOT_INO, OsStr::new("c")).unwrap();
+        std::fs::hard_link(d.path().join("c"), d.path().join("c2")).unwrap();
+        s.unlink(ROOT_INO, OsStr::new("a")).unwrap();
+        assert_eq!(s.path_of(a.ino), None, "removed");
+        s.rename(ROOT_INO, OsStr::new("c"), ROOT_INO, OsStr::new("b"), 0)
+            .unwrap();
+        assert_eq!(s.path_of(b.ino), None, "replaced by the rename");
+        assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
+        // A node with another name left keeps its last known one.
+        std::fs::hard_link(d.path().join("b"), d.path().join("b3")).unwrap();
+        s.unlink(ROOT_INO, OsStr::new("c2")).unwrap();
+        assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
     }
 
     #[test]

@@ -355,6 +355,7 @@ fn run(args: Args) -> Result<(), Fail> {
     let mut sigs = nix::sys::signal::SigSet::empty();
     sigs.add(nix::sys::signal::SIGINT);
     sigs.add(nix::sys::signal::SIGTERM);
+    sigs.add(nix::sys::signal::SIGUSR1);
     sigs.thread_block()
         .map_err(|e| Fail(format!("sigmask: {e}")))?;
 
@@ -369,6 +370,8 @@ fn run(args: Args) -> Result<(), Fail> {
         state_dir = ?args.state_dir,
         "mounting"
     );
+    let inodes = fs.store().inode_gauge();
+    let counters = fs.counters.clone();
     let mut session = fuser::Session::new(fs, &plan.mountpoint, &config).map_err(|e| {
         Fail(format!(
             "cannot mount on {}: {e} (is /dev/fuse usable and the mountpoint free?)",
@@ -383,7 +386,19 @@ fn run(args: Args) -> Result<(), Fail> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            let Ok(sig) = sigs.wait() else { return };
+            let sig = loop {
+                let Ok(sig) = sigs.wait() else { return };
+                if sig != nix::sys::signal::SIGUSR1 {
+                    break sig;
+                }
+                // SIGUSR1: a diagnostic line (used by the tests to check lookup counts).
+                tracing::info!(
+                    "stats: inodes in use: {}, daemon reads: {}, daemon writes: {}",
+                    inodes.load(std::sync::atomic::Ordering::Relaxed),
+                    counters.reads.load(std::sync::atomic::Ordering::Relaxed),
+                    counters.writes.load(std::sync::atomic::Ordering::Relaxed)
+                );
+            };
             tracing::info!("{sig}: unmounting {}", mountpoint.display());
             if let Err(e) = unmounter.unmount() {
                 // Busy (files still open): detach now, and abort the connection so the
@@ -416,6 +431,7 @@ fn run(args: Args) -> Result<(), Fail> {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
