@@ -142,7 +142,11 @@ run_mode() {
     ((rc == 124 || rc == 137)) && echo "TIMEOUT after ${PJDFSTEST_TIMEOUT}s" >>"$OUT/$mode.pjdfstest.log"
     parse_pjdfstest "$OUT/$mode.pjdfstest.log" "$OUT/$mode.status" "$OUT/$mode.failures"
     PJD_SUMMARY[$mode]=$(grep -m1 '^Summary:' "$OUT/$mode.pjdfstest.log" | sed 's/^Summary: //')
-    [[ -n ${PJD_SUMMARY[$mode]} ]] || PJD_SUMMARY[$mode]="no summary (rc=$rc, see $OUT/$mode.pjdfstest.log)"
+    if [[ -z ${PJD_SUMMARY[$mode]} ]]; then
+        PJD_SUMMARY[$mode]="no summary (rc=$rc, see $OUT/$mode.pjdfstest.log)"
+        STATUS=1
+        [[ $mode != native ]] || die "pjdfstest did not complete on native: $OUT/native.pjdfstest.log"
+    fi
 
     local ops=$FSX_OPS
     [[ $mode != native ]] || ops=$FSX_NATIVE_OPS
@@ -160,7 +164,13 @@ run_mode() {
     esac
     rm -f "$target/fsx.data"
 
-    [[ $mode == native ]] || unmount "$mnt"
+    if [[ $mode != native ]]; then
+        if ! kill -0 "${_MOUNT_PID[$mnt]}" 2>/dev/null; then
+            PJD_SUMMARY[$mode]+=" — the daemon died during the run (see $OUT/$mode.mount.log)"
+            STATUS=1
+        fi
+        unmount "$mnt"
+    fi
 }
 
 # fsx_failure LOG: one line saying why fsx stopped (a panic on an unexpected errno, or

@@ -12,6 +12,7 @@ COHERENT_MOUNT=${COHERENT_MOUNT:-$REPO_ROOT/target/release/coherent-mount}
 # modes/owners against the attributes like a native filesystem does.
 COHERENT_MOUNT_OPTS=${COHERENT_MOUNT_OPTS:-allow_other,default_permissions}
 export PATH="$HOME/.cargo/bin:$PATH"
+export LC_ALL=C # sort/join agree on order; tools behave the same on every machine
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() {
