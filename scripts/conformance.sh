@@ -213,6 +213,12 @@ report() {
     for m in "${MODES[@]}"; do
         echo "| $(mode_label "$m") | ${PJD_SUMMARY[$m]} | ${PJD_TIME[$m]:--} | ${FSX_RESULT[$m]} | ${FSX_TIME[$m]:--} |"
     done
+    # what the daemon says about itself, e.g. coherent-mount's "data mode: passthrough"
+    for m in "${MODES[@]:1}"; do
+        local said
+        said=$(grep -m1 -o 'data mode: .*' "$OUT/$m.mount.log" 2>/dev/null)
+        [[ -z $said ]] || { echo; echo "$(mode_label "$m"), from its log: $said"; }
+    done
     for m in "${MODES[@]:1}"; do
         [[ -s $OUT/$m.status ]] || { echo; echo "### $(mode_label "$m"): no pjdfstest results"; continue; }
         local worse better
