@@ -2,7 +2,7 @@
 # Installs what the tests, scripts/conformance.sh and scripts/bench.sh need on a fresh
 # Debian machine (run as root). Idempotent and quiet: does nothing slow when all is there.
 #   apt:   fuse3 (fusermount3), bindfs (the FUSE peer), fio, attr (getfattr/setfattr),
-#          acl + libacl1-dev (pjdfstest links libacl), gcc if no C linker is present
+#          acl + libacl1-dev (pjdfstest links libacl); gcc and python3 if missing
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
 #   user:  'tests' (pjdfstest switches to nobody and tests)
 #   /dev/fuse (loads the fuse module if needed)
@@ -23,6 +23,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # --- apt ------------------------------------------------------------------------------
 missing=()
 command -v cc >/dev/null || missing+=(gcc libc6-dev)
+command -v python3 >/dev/null || missing+=(python3) # bench.sh's tree generator
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
