@@ -1,0 +1,195 @@
+# shellcheck shell=bash
+# Shared helpers for conformance.sh and bench.sh (sourced, not executed).
+#
+# The one place that knows how each "mode" (a column of the comparison) is mounted:
+# add a mode by adding a case to mode_command (and, if it needs the coherent-mount
+# binary, to mode_needs_binary).
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+COHERENT_MOUNT=${COHERENT_MOUNT:-$REPO_ROOT/target/release/coherent-mount}
+# FUSE options for coherent-mount: allow_other so that other uids (pjdfstest switches to
+# nobody/tests) can reach the mount at all, default_permissions so the kernel checks
+# modes/owners against the attributes like a native filesystem does.
+COHERENT_MOUNT_OPTS=${COHERENT_MOUNT_OPTS:-allow_other,default_permissions}
+export PATH="$HOME/.cargo/bin:$PATH"
+export LC_ALL=C # sort/join agree on order; tools behave the same on every machine
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() {
+    printf 'error: %s\n' "$*" >&2
+    exit 2
+}
+
+# mode_command MODE BACKING MNT: sets the array MODE_CMD to the foreground command that
+# mounts BACKING on MNT for MODE (empty for native: the backing directory is used as is).
+mode_command() {
+    local mode=$1 backing=$2 mnt=$3
+    MODE_CMD=()
+    case $mode in
+    native) ;;
+    bindfs)
+        # As root bindfs adds allow_other itself; multithreaded to give the peer its best shot.
+        MODE_CMD=(bindfs -f --multithreaded "$backing" "$mnt")
+        ;;
+    coherent)
+        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" -o "$COHERENT_MOUNT_OPTS")
+        ;;
+    coherent-nopt)
+        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-passthrough -o "$COHERENT_MOUNT_OPTS")
+        ;;
+    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-nopt)" ;;
+    esac
+}
+
+mode_label() {
+    case $1 in
+    native) echo "native" ;;
+    bindfs) echo "bindfs" ;;
+    coherent) echo "coherent (passthrough)" ;;
+    coherent-nopt) echo "coherent (--no-passthrough)" ;;
+    *) echo "$1" ;;
+    esac
+}
+
+mode_needs_binary() {
+    case $1 in coherent*) return 0 ;; *) return 1 ;; esac
+}
+
+# build_coherent: (re)build the release binary; cargo makes this a no-op when it is fresh,
+# and always building avoids measuring a stale binary.
+build_coherent() {
+    if [[ -n ${COHERENT_NO_BUILD:-} ]]; then
+        [[ -x $COHERENT_MOUNT ]] || die "$COHERENT_MOUNT missing and COHERENT_NO_BUILD is set"
+        return
+    fi
+    log "cargo build --release (in $REPO_ROOT)"
+    (cd "$REPO_ROOT" && cargo build --release --quiet --bin coherent-mount) ||
+        die "cargo build --release failed"
+    [[ -x $COHERENT_MOUNT ]] || die "build finished but $COHERENT_MOUNT is missing"
+}
+
+need_tools() {
+    local t missing=()
+    for t in "$@"; do command -v "$t" >/dev/null 2>&1 || missing+=("$t"); done
+    ((${#missing[@]} == 0)) || die "missing: ${missing[*]} (run scripts/deps.sh as root)"
+}
+
+# need_mode_tools MODE...: the mount programs of these modes exist (coherent-mount is built).
+need_mode_tools() {
+    local m built=0
+    for m in "$@"; do
+        if mode_needs_binary "$m"; then
+            ((built)) || build_coherent
+            built=1
+        else
+            mode_command "$m" /backing /mnt
+            ((${#MODE_CMD[@]} == 0)) || need_tools "${MODE_CMD[0]}"
+        fi
+    done
+}
+
+# run_bounded SECS CMD...: CMD under timeout (which signals CMD's whole process group),
+# run in the background and waited for, so that a signal to the script is handled at once
+# rather than when CMD ends; stop_child (called by the traps) ends it.
+_CHILD=
+run_bounded() {
+    local secs=$1 rc
+    shift
+    timeout -k 10 "$secs" "$@" &
+    _CHILD=$!
+    wait "$_CHILD"
+    rc=$?
+    _CHILD=
+    return "$rc"
+}
+stop_child() {
+    [[ -n $_CHILD ]] || return 0
+    kill -TERM "$_CHILD" 2>/dev/null
+    wait "$_CHILD" 2>/dev/null
+    _CHILD=
+}
+
+# --- mounts ---------------------------------------------------------------------------
+# Every mount made here is recorded so that cleanup_mounts (run from an EXIT trap) can
+# undo it on every exit path.
+declare -a _MOUNTS=()
+declare -A _MOUNT_PID=()
+
+is_mounted() { findmnt -rn --mountpoint "$1" >/dev/null 2>&1; }
+
+# mount_mode MODE BACKING MNT LOGFILE: mount and wait (bounded) until it is live.
+mount_mode() {
+    local mode=$1 backing=$2 mnt=$3 logf=$4 i pid
+    mode_command "$mode" "$backing" "$mnt"
+    ((${#MODE_CMD[@]})) || return 0
+    is_mounted "$mnt" && die "$mnt is already a mountpoint"
+    NO_COLOR=1 "${MODE_CMD[@]}" >"$logf" 2>&1 </dev/null &
+    pid=$!
+    _MOUNTS+=("$mnt")
+    _MOUNT_PID[$mnt]=$pid
+    for ((i = 0; i < 200; i++)); do
+        if is_mounted "$mnt" && [[ $(findmnt -rn -o FSTYPE --mountpoint "$mnt") == fuse* ]]; then
+            return 0
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            # A daemonizing command may have exited 0 after mounting; that still counts.
+            is_mounted "$mnt" && return 0
+            log "mount for $mode exited before mounting; its output:"
+            sed 's/^/    /' "$logf" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    log "mount for $mode not live after 20s; its output:"
+    sed 's/^/    /' "$logf" >&2
+    return 1
+}
+
+# abort_fuse MNT: last resort for a wedged daemon, so nothing waiting on it hangs forever.
+abort_fuse() {
+    local dev minor
+    dev=$(findmnt -rn -o MAJ:MIN --mountpoint "$1") || return 0
+    minor=${dev#*:}
+    [[ -d /sys/fs/fuse/connections ]] || return 0
+    [[ -e /sys/fs/fuse/connections/$minor ]] ||
+        mount -t fusectl none /sys/fs/fuse/connections 2>/dev/null
+    [[ -e /sys/fs/fuse/connections/$minor/abort ]] &&
+        echo 1 >"/sys/fs/fuse/connections/$minor/abort" 2>/dev/null
+    return 0
+}
+
+# unmount MNT: clean unmount, then wait for the daemon; escalate if it hangs.
+unmount() {
+    local mnt=$1 pid=${_MOUNT_PID[$1]:-} i
+    if is_mounted "$mnt"; then
+        if ! timeout 20 umount "$mnt" 2>/dev/null; then
+            log "umount $mnt failed; aborting the FUSE connection and unmounting lazily"
+            abort_fuse "$mnt"
+            umount -l "$mnt" 2>/dev/null
+        fi
+    fi
+    if [[ -n $pid ]]; then
+        for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            log "daemon $pid for $mnt still alive 10s after unmount; killing it"
+            kill -TERM "$pid" 2>/dev/null; sleep 1; kill -KILL "$pid" 2>/dev/null
+        fi
+        wait "$pid" 2>/dev/null
+    fi
+    is_mounted "$mnt" && umount -l "$mnt" 2>/dev/null
+    unset "_MOUNT_PID[$mnt]"
+    local keep=() m
+    for m in "${_MOUNTS[@]}"; do [[ $m == "$mnt" ]] || keep+=("$m"); done
+    _MOUNTS=("${keep[@]}")
+}
+
+cleanup_mounts() {
+    local m
+    for m in "${_MOUNTS[@]}"; do unmount "$m"; done
+}
+
+# median of the numbers on stdin
+median() {
+    sort -g | awk '{v[NR]=$1} END {if (NR==0) {print "nan"; exit}
+        if (NR%2) print v[(NR+1)/2]; else printf "%.6f\n", (v[NR/2]+v[NR/2+1])/2}'
+}
