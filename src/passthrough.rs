@@ -466,7 +466,9 @@ impl Store {
         let fd = cvt(unsafe {
             libc::open(
                 path.as_ptr(),
-                (backing_flags(flags) & !libc::O_CREAT) | libc::O_CLOEXEC,
+                // The node is known not to be a symlink, and the reopen goes through the
+                // /proc/self/fd magic link: O_NOFOLLOW would make that fail with ELOOP.
+                (backing_flags(flags) & !(libc::O_CREAT | libc::O_NOFOLLOW)) | libc::O_CLOEXEC,
             )
         })?;
         let file = unsafe { File::from_raw_fd(fd) };

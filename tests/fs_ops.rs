@@ -112,6 +112,37 @@ fn open_flags(m: &Mount) {
     f.write_all(b"def").unwrap();
     drop(f);
     assert_eq!(fs::read(m.backing_path("f")).unwrap(), b"abcdef");
+    // O_NOFOLLOW on a regular file opens it (GNU grep opens every file so); on a
+    // symlink it is ELOOP.
+    for write in [false, true] {
+        let f = fs::OpenOptions::new()
+            .read(!write)
+            .write(write)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&p);
+        assert!(f.is_ok(), "O_NOFOLLOW open (write={write}): {f:?}");
+    }
+    std::os::unix::fs::symlink("f", m.path("lnk")).unwrap();
+    let r = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(m.path("lnk"));
+    assert_eq!(err_of(r), libc::ELOOP);
+    assert_eq!(
+        String::from_utf8(
+            std::process::Command::new("grep")
+                .args(["-r", "abcdef", "."])
+                .current_dir(m.path(""))
+                .output()
+                .unwrap()
+                .stdout
+        )
+        .unwrap()
+        .lines()
+        .count(),
+        1,
+        "grep -r finds the file once"
+    );
     // Opening a missing file, a directory for writing.
     assert_eq!(err_of(fs::File::open(m.path("missing"))), libc::ENOENT);
     fs::create_dir(m.path("d")).unwrap();
