@@ -656,3 +656,46 @@ fn status_and_event_json() {
     assert_eq!(v["event"], "session_seen");
     assert!(v["path"].is_null());
 }
+
+/// A directory rename moves paths the volume has only seen (first sight: version 1, not
+/// logged) as well as logged ones. The log does not know the seen-only ones, so the move
+/// must change the durable state exactly as replaying the log without them does (the
+/// stress test once found a seen-only file landing on a tombstone: live v+1, log v).
+#[test]
+fn a_directory_rename_of_seen_only_paths_replays_the_same() {
+    let mut h = H::new();
+    let (a, b) = (sess("alice"), sess("bob"));
+    // Tombstones and live files under the target directory.
+    h.write(&a, "e/gone.md").unwrap();
+    let t = h.t();
+    h.e.commit(&a, "e/gone.md", CommitOp::Unlink, None, t);
+    h.write(&a, "e/kept.md").unwrap();
+    // Seen-only files under the source, one of them read, one of them being written.
+    for p in ["d/gone.md", "d/kept.md", "d/new.md", "d/open.md"] {
+        let t = h.t();
+        assert_eq!(h.e.observe(p, stamp(5), t), Some(1));
+    }
+    h.read(&b, "d/gone.md");
+    let t = h.t();
+    h.e.acquire(&b, "d/open.md", t).unwrap();
+    // A logged file under the source landing on a seen-only one under the target.
+    h.write(&a, "d/logged.md").unwrap();
+    let t = h.t();
+    h.e.observe("e/logged.md", stamp(6), t);
+    h.assert_replay_equal();
+    let t = h.t();
+    h.e.rename(&a, "d", "e", true, None, t);
+    h.assert_replay_equal();
+    assert_eq!(h.e.path_state("e/logged.md").unwrap().version, 1);
+    // Writing and committing the moved files goes on consistently.
+    let t = h.t();
+    h.e.commit(&b, "e/open.md", CommitOp::Write, stamp(8), t);
+    let t = h.t();
+    h.e.close_write(&b, "e/open.md", true, t);
+    for p in ["e/gone.md", "e/kept.md", "e/new.md"] {
+        let t = h.t();
+        h.e.observe(p, stamp(9), t);
+        h.write(&b, p).unwrap();
+    }
+    h.assert_replay_equal();
+}

@@ -499,19 +499,41 @@ impl Engine {
                 moved.push((format!("{to}/{}", &k[pre.len()..]), e));
             }
         }
+        // The log knows only logged paths: a path merely seen (first sight, version 1) or
+        // acquired is absent from a replay (or from a snapshot). So what lands where may
+        // depend only on logged entries, and a move never makes an entry logged;
+        // otherwise the live state and the rebuilt one part ways.
         for (path, mut e) in moved {
             let sh = &mut shards[shard_of(&path)];
-            if let Some(old) = sh.remove(path.as_str()) {
-                // Only a tombstone can sit under an empty target directory; keep the
-                // numbering of that path increasing.
-                if old.version >= e.version {
-                    e.version = old.version + 1;
+            if let Some(mut old) = sh.remove(path.as_str()) {
+                match (e.logged, old.logged) {
+                    (true, true) => {
+                        // Only a tombstone can sit under an empty target directory; keep
+                        // the numbering of that path increasing.
+                        if old.version >= e.version {
+                            e.version = old.version + 1;
+                        }
+                    }
+                    (false, true) => {
+                        // The logged target stays as the log says; the next open finds
+                        // the moved file's stamp and counts it (`external_change`), or
+                        // the writer's commit does. Open write handles stay counted so
+                        // their changes are not taken for external ones.
+                        for h in e.holders.drain(..) {
+                            let o = old.holder_mut(&h.session);
+                            o.writers += h.writers;
+                            if o.writers > 0 {
+                                o.hold = Hold::E;
+                            }
+                        }
+                        e = old;
+                    }
+                    (_, false) => {}
                 }
             }
             for r in &mut e.records {
                 r.path = path.clone();
             }
-            e.logged = true;
             sh.insert(path.into_boxed_str(), e);
         }
     }
