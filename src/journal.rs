@@ -20,11 +20,13 @@
 
 use crate::coherence::{Config, DurableState, Engine, Event, EventSink, Timestamp};
 use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -275,13 +277,14 @@ fn read_snapshot(dir: &Path) -> Result<Option<(SnapHeader, DurableState)>, Strin
 /// Stops at the first incomplete or invalid line. Returns (events applied, last seq,
 /// offset of the end of the last good line, warning if damage was found).
 ///
-/// Parsing dominates recovery, so the log is read in blocks whose lines are parsed on
-/// several threads; events are applied in log order on the calling thread.
+/// Parsing dominates recovery, so it is pipelined: this thread reads blocks of whole
+/// lines and hands them to parser threads, and applies the parsed blocks in log order
+/// while the next ones are being parsed.
 pub fn replay_log(
     path: &Path,
     offset: u64,
     after: u64,
-    mut apply: impl FnMut(&Event),
+    apply: impl FnMut(&Event),
 ) -> io::Result<(u64, u64, u64, Option<String>)> {
     let mut f = match File::open(path) {
         Ok(f) => f,
@@ -293,45 +296,98 @@ pub fn replay_log(
         .map(|n| n.get())
         .unwrap_or(1)
         .clamp(1, 4);
-    // Blocks of up to 8 MiB; no bigger than what is left to read (small logs, tests).
+    std::thread::scope(|sc| {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for _ in 0..threads {
+            let queue = queue.clone();
+            sc.spawn(move || loop {
+                // The guard ends with the statement: one parser waits, the others queue.
+                let job = queue.lock().recv();
+                let Ok((bytes, back)) = job else { break };
+                // The reader may have stopped (damage found): nobody to tell.
+                let _ = back.send(parse_block(&bytes));
+            });
+        }
+        // `jobs` is dropped when `feed` returns, however it returns: the parsers end.
+        feed(path, &mut f, offset, after, threads, jobs, apply)
+    })
+}
+
+/// A block of whole lines to parse, and where to send the result.
+type Job = (Vec<u8>, mpsc::SyncSender<Parsed>);
+/// Each line's length (with its newline) and its event.
+type Parsed = Vec<(usize, Result<Event, String>)>;
+
+/// The reading and applying side of [`replay_log`].
+fn feed(
+    path: &Path,
+    f: &mut File,
+    offset: u64,
+    after: u64,
+    threads: usize,
+    jobs: mpsc::Sender<Job>,
+    mut apply: impl FnMut(&Event),
+) -> io::Result<(u64, u64, u64, Option<String>)> {
+    // Blocks of about 1 MiB (no bigger than what is left: small logs, tests); a few in
+    // flight keep every parser busy.
     let left = f.metadata()?.len().saturating_sub(offset) as usize;
-    let block_len = left.clamp(4096, 8 << 20);
+    let block_len = left.clamp(4096, 1 << 20);
+    let in_flight = threads * 2;
     let (mut n, mut seq, mut good) = (0u64, after, offset);
-    let mut data: Vec<u8> = Vec::with_capacity(block_len * 2);
-    let mut eof = false;
     let warn = |what: String, seq: u64| {
         Some(format!(
             "{}: {what}; recovered the {seq} events before it",
             path.display()
         ))
     };
+    let mut pending: VecDeque<mpsc::Receiver<Parsed>> = VecDeque::new();
+    let mut carry: Vec<u8> = Vec::new();
+    let mut eof = false;
     loop {
-        // Fill up to a block after the carried-over partial line.
-        let target = data.len() + block_len;
-        while !eof && data.len() < target {
-            let old = data.len();
-            data.resize(target, 0);
-            let got = f.read(&mut data[old..])?;
-            data.truncate(old + got);
-            eof = got == 0;
+        while !eof && pending.len() < in_flight {
+            let mut data = std::mem::take(&mut carry);
+            // Read until the block holds a whole line (a line may be longer than a block).
+            let whole = loop {
+                let target = data.len() + block_len;
+                while !eof && data.len() < target {
+                    let old = data.len();
+                    data.resize(target, 0);
+                    let got = f.read(&mut data[old..])?;
+                    data.truncate(old + got);
+                    eof = got == 0;
+                }
+                let whole = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                if whole > 0 || eof {
+                    break whole;
+                }
+            };
+            carry = data.split_off(whole);
+            if whole > 0 {
+                let (back, result) = mpsc::sync_channel(1);
+                if jobs.send((data, back)).is_err() {
+                    return Err(io::Error::other("log parser threads ended"));
+                }
+                pending.push_back(result);
+            }
         }
-        let whole = match data.iter().rposition(|&b| b == b'\n') {
-            Some(i) => i + 1,
-            None => 0,
-        };
-        if whole == 0 {
-            let w = (!data.is_empty()).then(|| {
+        let Some(result) = pending.pop_front() else {
+            // Everything read and applied; what is left is a line cut short.
+            let w = (!carry.is_empty()).then(|| {
                 warn(
                     format!(
                         "cut in the middle of an event at byte {good} ({} bytes dropped)",
-                        data.len()
+                        carry.len()
                     ),
                     seq,
                 )
             });
             return Ok((n, seq, good, w.flatten()));
-        }
-        for (len, parsed) in parse_lines(&data[..whole], threads) {
+        };
+        let parsed = result
+            .recv()
+            .map_err(|_| io::Error::other("a log parser thread failed"))?;
+        for (len, parsed) in parsed {
             match parsed {
                 Ok(ev) if ev.seq == seq + 1 => {
                     apply(&ev);
@@ -357,60 +413,18 @@ pub fn replay_log(
                 }
             }
         }
-        data.drain(..whole);
-        if eof && data.is_empty() {
-            return Ok((n, seq, good, None));
-        }
     }
 }
 
-/// Parses the newline-terminated lines of `block`, on up to `threads` threads, in order.
-/// Each part stops at its first bad line (nothing after it is used anyway).
-fn parse_lines(block: &[u8], threads: usize) -> Vec<(usize, Result<Event, String>)> {
-    fn part(bytes: &[u8]) -> Vec<(usize, Result<Event, String>)> {
-        let mut out = Vec::with_capacity(bytes.len() / 200 + 1);
-        for line in bytes.split_inclusive(|&b| b == b'\n') {
-            let r =
-                serde_json::from_slice::<Event>(&line[..line.len() - 1]).map_err(|e| e.to_string());
-            let bad = r.is_err();
-            out.push((line.len(), r));
-            if bad {
-                break;
-            }
-        }
-        out
-    }
-    if threads <= 1 || block.len() < 1 << 16 {
-        return part(block);
-    }
-    // Cut into `threads` parts at line boundaries.
-    let mut cuts = vec![0];
-    for k in 1..threads {
-        let at = (block.len() * k / threads).max(*cuts.last().expect("nonempty"));
-        let end = block[at..]
-            .iter()
-            .position(|&b| b == b'\n')
-            .map_or(block.len(), |i| at + i + 1);
-        cuts.push(end);
-    }
-    cuts.push(block.len());
-    let parts: Vec<Vec<(usize, Result<Event, String>)>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = cuts
-            .windows(2)
-            .map(|w| {
-                let bytes = &block[w[0]..w[1]];
-                sc.spawn(move || part(bytes))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("parser thread"))
-            .collect()
-    });
-    let mut out = Vec::new();
-    for p in parts {
-        let stop = p.last().is_some_and(|(_, r)| r.is_err());
-        out.extend(p);
-        if stop {
+/// Parses the newline-terminated lines of `bytes`, stopping at the first bad one (nothing
+/// after it is used anyway).
+fn parse_block(bytes: &[u8]) -> Parsed {
+    let mut out = Vec::with_capacity(bytes.len() / 200 + 1);
+    for line in bytes.split_inclusive(|&b| b == b'\n') {
+        let r = serde_json::from_slice::<Event>(&line[..line.len() - 1]).map_err(|e| e.to_string());
+        let bad = r.is_err();
+        out.push((line.len(), r));
+        if bad {
             break;
         }
     }

@@ -116,9 +116,20 @@ impl serde::Serialize for Timestamp {
 
 impl<'de> serde::Deserialize<'de> for Timestamp {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        Timestamp::parse_rfc3339(&s)
-            .ok_or_else(|| serde::de::Error::custom(format!("not an RFC 3339 time: {s}")))
+        // A visitor rather than `Cow<str>` (which always allocates): every log line has a
+        // `ts`, and replaying a long log is dominated by parsing.
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Timestamp;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an RFC 3339 time")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Timestamp, E> {
+                Timestamp::parse_rfc3339(s)
+                    .ok_or_else(|| E::custom(format!("not an RFC 3339 time: {s}")))
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
