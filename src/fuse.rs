@@ -83,6 +83,8 @@ pub struct CoherentFs {
     want_passthrough: bool,
     passthrough: AtomicBool,
     backing: Mutex<Backing>,
+    /// Open flags for every regular open (`FOPEN_NOFLUSH` when no hook wants FLUSH).
+    fopen: FopenFlags,
     pub counters: Arc<Counters>,
 }
 
@@ -96,6 +98,7 @@ impl CoherentFs {
     ) -> FsResult<Self> {
         unsafe { libc::umask(0) };
         let virtual_name = hooks.virtual_root_name();
+        let hooks_want_flush = hooks.wants_flush();
         Ok(CoherentFs {
             store: Store::new(root, virtual_name.clone())?,
             hooks,
@@ -103,6 +106,11 @@ impl CoherentFs {
             want_passthrough: opts.passthrough,
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(Backing::default()),
+            fopen: if hooks_want_flush {
+                FopenFlags::empty()
+            } else {
+                FopenFlags::FOPEN_NOFLUSH
+            },
             counters: Arc::new(Counters::default()),
         })
     }
@@ -622,8 +630,8 @@ impl Filesystem for CoherentFs {
             Err(e) => return reply.error(errno(e)),
         };
         match self.backing_id(ino, fh, || reply.open_backing(&h.file)) {
-            Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
-            None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Some(id) => reply.opened_passthrough(FileHandle(fh), self.fopen, &id),
+            None => reply.opened(FileHandle(fh), self.fopen),
         }
     }
 
@@ -660,21 +668,10 @@ impl Filesystem for CoherentFs {
         }
         let fa = file_attr(&attr);
         match self.backing_id(attr.ino, fh, || reply.open_backing(&h.file)) {
-            Some(id) => reply.created_passthrough(
-                &TTL,
-                &fa,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::empty(),
-                &id,
-            ),
-            None => reply.created(
-                &TTL,
-                &fa,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::empty(),
-            ),
+            Some(id) => {
+                reply.created_passthrough(&TTL, &fa, Generation(0), FileHandle(fh), self.fopen, &id)
+            }
+            None => reply.created(&TTL, &fa, Generation(0), FileHandle(fh), self.fopen),
         }
     }
 
