@@ -4,7 +4,9 @@
 //! Agents and humans also change the backing directory behind the volume's back, so a
 //! longer TTL would show stale sizes and names for longer; 1 s keeps `stat`-heavy
 //! workloads (find, grep -r, builds) mostly in the kernel while external changes show up
-//! within a second. No `FOPEN_KEEP_CACHE`, no writeback cache: the page cache of a file
+//! within a second. Failed lookups are cached for the same TTL (a negative entry), so
+//! a name created directly in the backing directory may stay invisible through the
+//! mount for up to a second after a miss. No `FOPEN_KEEP_CACHE`, no writeback cache: the page cache of a file
 //! opened through the daemon is dropped at each open, so an external write is seen by
 //! the next open. Regular files are opened in FUSE passthrough mode when the kernel
 //! allows it (reads and writes never reach the daemon); otherwise data goes through the
@@ -33,7 +35,9 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use convert::{caller, errno, file_attr, file_type, has_cap_sys_admin, set_time, xattr_answer};
+use convert::{
+    caller, errno, file_attr, file_type, has_cap_sys_admin, negative_attr, set_time, xattr_answer,
+};
 pub use hooks::{open_writes, HandleInfo, Hooks, NoHooks, OpenInfo, WriteRoute};
 
 use crate::passthrough::{
@@ -361,7 +365,15 @@ impl Filesystem for CoherentFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let c = caller(req);
-        self.entry_reply(self.lookup_any(&c, parent.0, name), reply)
+        match self.lookup_any(&c, parent.0, name) {
+            // Cache the miss too: create storms, PATH/include-path searches and
+            // repeated `stat`s of absent names then stay in the kernel. Names made
+            // through the mount replace the negative entry at once (the kernel does
+            // that for its own create/mkdir/link/rename); names made directly in
+            // the backing directory show up within TTL, like changed attributes.
+            Err(FsError(libc::ENOENT)) => reply.entry(&TTL, &negative_attr(), Generation(0)),
+            r => self.entry_reply(r, reply),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
