@@ -37,7 +37,13 @@ mode_command() {
     coherent-nopt)
         MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-passthrough -o "$COHERENT_MOUNT_OPTS")
         ;;
-    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-nopt)" ;;
+    coherent-base)
+        # Another build of coherent-mount (e.g. main before a change), passthrough: for
+        # before/after in one run. COHERENT_MOUNT_BASE=path/to/coherent-mount.
+        [[ -x ${COHERENT_MOUNT_BASE:-} ]] || die "coherent-base needs COHERENT_MOUNT_BASE=binary"
+        MODE_CMD=("$COHERENT_MOUNT_BASE" "$backing" "$mnt" -o "$COHERENT_MOUNT_OPTS")
+        ;;
+    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-nopt coherent-base)" ;;
     esac
 }
 
@@ -47,6 +53,7 @@ mode_label() {
     bindfs) echo "bindfs" ;;
     coherent) echo "coherent (passthrough)" ;;
     coherent-nopt) echo "coherent (--no-passthrough)" ;;
+    coherent-base) echo "coherent base build (passthrough)" ;;
     *) echo "$1" ;;
     esac
 }

@@ -4,7 +4,9 @@
 //! Agents and humans also change the backing directory behind the volume's back, so a
 //! longer TTL would show stale sizes and names for longer; 1 s keeps `stat`-heavy
 //! workloads (find, grep -r, builds) mostly in the kernel while external changes show up
-//! within a second. No `FOPEN_KEEP_CACHE`, no writeback cache: the page cache of a file
+//! within a second. Failed lookups are cached for the same TTL (a negative entry), so
+//! a name created directly in the backing directory may stay invisible through the
+//! mount for up to a second after a miss. No `FOPEN_KEEP_CACHE`, no writeback cache: the page cache of a file
 //! opened through the daemon is dropped at each open, so an external write is seen by
 //! the next open. Regular files are opened in FUSE passthrough mode when the kernel
 //! allows it (reads and writes never reach the daemon); otherwise data goes through the
@@ -33,7 +35,9 @@ use fuser::{
 };
 use parking_lot::Mutex;
 
-use convert::{caller, errno, file_attr, file_type, has_cap_sys_admin, set_time, xattr_answer};
+use convert::{
+    caller, errno, file_attr, file_type, has_cap_sys_admin, negative_attr, set_time, xattr_answer,
+};
 pub use hooks::{open_writes, HandleInfo, Hooks, NoHooks, OpenInfo, WriteRoute};
 
 use crate::passthrough::{
@@ -83,6 +87,8 @@ pub struct CoherentFs {
     want_passthrough: bool,
     passthrough: AtomicBool,
     backing: Mutex<Backing>,
+    /// Open flags for every regular open (`FOPEN_NOFLUSH` when no hook wants FLUSH).
+    fopen: FopenFlags,
     pub counters: Arc<Counters>,
 }
 
@@ -96,6 +102,7 @@ impl CoherentFs {
     ) -> FsResult<Self> {
         unsafe { libc::umask(0) };
         let virtual_name = hooks.virtual_root_name();
+        let hooks_want_flush = hooks.wants_flush();
         Ok(CoherentFs {
             store: Store::new(root, virtual_name.clone())?,
             hooks,
@@ -103,6 +110,11 @@ impl CoherentFs {
             want_passthrough: opts.passthrough,
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(Backing::default()),
+            fopen: if hooks_want_flush {
+                FopenFlags::empty()
+            } else {
+                FopenFlags::FOPEN_NOFLUSH
+            },
             counters: Arc::new(Counters::default()),
         })
     }
@@ -353,7 +365,15 @@ impl Filesystem for CoherentFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let c = caller(req);
-        self.entry_reply(self.lookup_any(&c, parent.0, name), reply)
+        match self.lookup_any(&c, parent.0, name) {
+            // Cache the miss too: create storms, PATH/include-path searches and
+            // repeated `stat`s of absent names then stay in the kernel. Names made
+            // through the mount replace the negative entry at once (the kernel does
+            // that for its own create/mkdir/link/rename); names made directly in
+            // the backing directory show up within TTL, like changed attributes.
+            Err(FsError(libc::ENOENT)) => reply.entry(&TTL, &negative_attr(), Generation(0)),
+            r => self.entry_reply(r, reply),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -622,8 +642,8 @@ impl Filesystem for CoherentFs {
             Err(e) => return reply.error(errno(e)),
         };
         match self.backing_id(ino, fh, || reply.open_backing(&h.file)) {
-            Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
-            None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Some(id) => reply.opened_passthrough(FileHandle(fh), self.fopen, &id),
+            None => reply.opened(FileHandle(fh), self.fopen),
         }
     }
 
@@ -660,21 +680,10 @@ impl Filesystem for CoherentFs {
         }
         let fa = file_attr(&attr);
         match self.backing_id(attr.ino, fh, || reply.open_backing(&h.file)) {
-            Some(id) => reply.created_passthrough(
-                &TTL,
-                &fa,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::empty(),
-                &id,
-            ),
-            None => reply.created(
-                &TTL,
-                &fa,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::empty(),
-            ),
+            Some(id) => {
+                reply.created_passthrough(&TTL, &fa, Generation(0), FileHandle(fh), self.fopen, &id)
+            }
+            None => reply.created(&TTL, &fa, Generation(0), FileHandle(fh), self.fopen),
         }
     }
 

@@ -82,6 +82,28 @@ pub(super) fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: inode 0 tells the kernel "no such name, and
+/// remember that for the entry TTL" (a plain ENOENT is not cached at all).
+pub(super) fn negative_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 pub(super) fn xattr_answer(r: FsResult<XattrReply>, reply: ReplyXattr) {
     match r {
         Ok(XattrReply::Size(n)) => reply.size(n),

@@ -137,6 +137,12 @@ pub trait Hooks: Send + Sync + 'static {
     }
     /// At each `close(2)` of a descriptor of the handle (there may be several).
     fn on_flush(&self, caller: &Caller, handle: &HandleInfo<'_>) {}
+    /// Must [`Hooks::on_flush`] be called? When false, files are opened with
+    /// `FOPEN_NOFLUSH` and the kernel sends no FLUSH at `close` (one or two round trips
+    /// less per file written). Anything that implements `on_flush` keeps the default.
+    fn wants_flush(&self) -> bool {
+        true
+    }
     /// When the last reference to the handle goes away (`caller.pid` may be 0).
     fn on_release(&self, caller: &Caller, handle: &HandleInfo<'_>) {}
 
@@ -204,4 +210,8 @@ pub trait Hooks: Send + Sync + 'static {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoHooks;
 
-impl Hooks for NoHooks {}
+impl Hooks for NoHooks {
+    fn wants_flush(&self) -> bool {
+        false
+    }
+}
