@@ -1,1 +1,1158 @@
-//! See DESIGN.md §11.
+//! A thin adapter from `fuser` callbacks to the [`Store`] and the [`Hooks`].
+//!
+//! Cache policy: entries and attributes are cached by the kernel for [`TTL`] (1 s).
+//! Agents and humans also change the backing directory behind the volume's back, so a
+//! longer TTL would show stale sizes and names for longer; 1 s keeps `stat`-heavy
+//! workloads (find, grep -r, builds) mostly in the kernel while external changes show up
+//! within a second. No `FOPEN_KEEP_CACHE`, no writeback cache: the page cache of a file
+//! opened through the daemon is dropped at each open, so an external write is seen by
+//! the next open. Regular files are opened in FUSE passthrough mode when the kernel
+//! allows it (reads and writes never reach the daemon); otherwise data goes through the
+//! daemon in requests of up to 1 MiB.
+//!
+//! POSIX (`fcntl`) and BSD (`flock`) locks are left to the kernel (we do not ask for
+//! `FUSE_POSIX_LOCKS`/`FUSE_FLOCK_LOCKS`), so they behave as on a local filesystem
+//! between the processes of this host.
+
+pub mod hooks;
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
+    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+pub use hooks::{open_writes, HandleInfo, Hooks, NoHooks, OpenInfo, WriteRoute};
+
+use crate::passthrough::{
+    is_virtual, Attr, Caller, DirEntry, FsError, FsResult, Kind, SetAttr, SetTime, Store, Time,
+    XattrReply, ROOT_INO,
+};
+
+/// Entry and attribute cache time (see the module doc).
+pub const TTL: Duration = Duration::from_secs(1);
+/// Largest read/write request through the daemon.
+pub const MAX_IO: u32 = 1 << 20;
+
+/// The one place an [`FsError`] becomes a FUSE errno.
+fn errno(e: FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        pid: req.pid(),
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn system_time(t: Time) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(st) => SetTime::At(match st.duration_since(UNIX_EPOCH) {
+            Ok(d) => Time {
+                sec: d.as_secs() as i64,
+                nsec: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let mut sec = -(d.as_secs() as i64);
+                let mut nsec = d.subsec_nanos();
+                if nsec > 0 {
+                    sec -= 1;
+                    nsec = 1_000_000_000 - nsec;
+                }
+                Time { sec, nsec }
+            }
+        }),
+    }
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: system_time(a.atime),
+        mtime: system_time(a.mtime),
+        ctime: system_time(a.ctime),
+        crtime: system_time(a.ctime),
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+fn xattr_answer(r: FsResult<XattrReply>, reply: ReplyXattr) {
+    match r {
+        Ok(XattrReply::Size(n)) => reply.size(n),
+        Ok(XattrReply::Data(d)) => reply.data(&d),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+/// Does this process hold CAP_SYS_ADMIN (needed to register passthrough backing files)?
+fn has_cap_sys_admin() -> bool {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    s.lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 21) != 0) // bit 21: CAP_SYS_ADMIN
+}
+
+/// Backing ids registered with the kernel: one per inode while any handle of it is open
+/// (the kernel requires all passthrough opens of an inode to share a backing file).
+#[derive(Default)]
+struct Backing {
+    by_ino: HashMap<u64, Weak<BackingId>>,
+    by_fh: HashMap<u64, Arc<BackingId>>,
+}
+
+/// Counters of data requests that reached the daemon (logged at unmount; with
+/// passthrough active they stay at 0 for regular files).
+#[derive(Default, Debug)]
+pub struct Counters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+}
+
+/// Options of the adapter.
+#[derive(Debug, Clone)]
+pub struct FsOptions {
+    /// Try FUSE passthrough for regular files.
+    pub passthrough: bool,
+}
+
+impl Default for FsOptions {
+    fn default() -> Self {
+        FsOptions { passthrough: true }
+    }
+}
+
+/// The `fuser::Filesystem` of `coherent-mount`.
+pub struct CoherentFs {
+    store: Store,
+    hooks: Arc<dyn Hooks>,
+    virtual_name: Option<OsString>,
+    want_passthrough: bool,
+    passthrough: AtomicBool,
+    backing: Mutex<Backing>,
+    pub counters: Arc<Counters>,
+}
+
+impl CoherentFs {
+    /// A volume over the backing directory `root` (an `O_PATH` descriptor, opened before
+    /// mounting). Sets the process umask to 0: modes from the kernel are already masked.
+    pub fn new(
+        root: std::os::fd::OwnedFd,
+        hooks: Arc<dyn Hooks>,
+        opts: FsOptions,
+    ) -> FsResult<Self> {
+        unsafe { libc::umask(0) };
+        let virtual_name = hooks.virtual_root_name();
+        Ok(CoherentFs {
+            store: Store::new(root, virtual_name.clone())?,
+            hooks,
+            virtual_name,
+            want_passthrough: opts.passthrough,
+            passthrough: AtomicBool::new(false),
+            backing: Mutex::new(Backing::default()),
+            counters: Arc::new(Counters::default()),
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Is passthrough in use (negotiated at init and not given up since)?
+    pub fn passthrough_active(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    fn is_virtual_name(&self, parent: u64, name: &OsStr) -> bool {
+        parent == ROOT_INO && self.virtual_name.as_deref() == Some(name)
+    }
+
+    /// Run a write route through the hooks: before (may refuse), the operation, after.
+    fn guarded<T>(
+        &self,
+        caller: &Caller,
+        route: &WriteRoute<'_>,
+        op: impl FnOnce() -> FsResult<T>,
+    ) -> FsResult<T> {
+        self.hooks.before_write(caller, route)?;
+        let r = op();
+        self.hooks
+            .after_write(caller, route, r.as_ref().map(drop).map_err(|e| *e));
+        r
+    }
+
+    /// Tell the hooks about a new handle and store its token; on refusal, close it.
+    fn opened(&self, caller: &Caller, fh: u64, created: bool) -> FsResult<()> {
+        let h = self.store.handle(fh)?;
+        let path = self.store.path_of(h.ino);
+        let info = OpenInfo {
+            ino: h.ino,
+            path: path.as_deref(),
+            flags: h.flags,
+            created,
+            stamp: *h.stamp.lock(),
+        };
+        match self.hooks.on_open(caller, &info) {
+            Ok(token) => {
+                h.token.store(token, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.store.release(fh);
+                Err(e)
+            }
+        }
+    }
+
+    /// Register (or reuse) the backing id of `ino` for handle `fh`. On failure
+    /// passthrough is given up for the rest of the mount.
+    fn backing_id(
+        &self,
+        ino: u64,
+        fh: u64,
+        open: impl FnOnce() -> std::io::Result<BackingId>,
+    ) -> Option<Arc<BackingId>> {
+        if !self.passthrough_active() {
+            return None;
+        }
+        let mut b = self.backing.lock();
+        let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
+            Some(id) => id,
+            None => match open() {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    b.by_ino.insert(ino, Arc::downgrade(&id));
+                    id
+                }
+                Err(e) => {
+                    if self.passthrough.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "data mode: falling back to reads and writes through the daemon \
+                             (registering a passthrough backing file failed: {e})"
+                        );
+                    }
+                    return None;
+                }
+            },
+        };
+        b.by_fh.insert(fh, id.clone());
+        Some(id)
+    }
+
+    fn drop_backing(&self, fh: u64) {
+        let mut b = self.backing.lock();
+        if let Some(id) = b.by_fh.remove(&fh) {
+            drop(id);
+            if b.by_ino.len() > 1024 {
+                b.by_ino.retain(|_, w| w.strong_count() > 0);
+            }
+        }
+    }
+
+    fn handle_info<'a>(
+        &self,
+        h: &crate::passthrough::Handle,
+        path: Option<&'a Path>,
+    ) -> HandleInfo<'a> {
+        let now = Store::stamp(h).unwrap_or_default();
+        let before = std::mem::replace(&mut *h.stamp.lock(), now);
+        HandleInfo {
+            ino: h.ino,
+            path,
+            flags: h.flags,
+            token: h.token.load(Ordering::Relaxed),
+            before,
+            now,
+        }
+    }
+
+    fn entry_reply(&self, r: FsResult<Attr>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn lookup_any(&self, caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        if is_virtual(parent) || self.is_virtual_name(parent, name) {
+            self.hooks.virtual_lookup(caller, parent, name)
+        } else {
+            self.store.lookup(parent, name)
+        }
+    }
+
+    fn forget_any(&self, ino: u64, n: u64) {
+        if is_virtual(ino) {
+            self.hooks.virtual_forget(ino, n)
+        } else {
+            self.store.forget(ino, n)
+        }
+    }
+
+    /// Directory entries from `offset` (index), with the virtual root entry appended at
+    /// the root. Each is (inode number or 0 if unknown, entry).
+    fn dir_entries(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+    ) -> FsResult<Vec<(u64, DirEntry)>> {
+        if is_virtual(ino) {
+            let mut all = vec![
+                (
+                    ino,
+                    DirEntry {
+                        name: ".".into(),
+                        kind: Kind::Dir,
+                        backing_ino: ino,
+                    },
+                ),
+                (
+                    ROOT_INO,
+                    DirEntry {
+                        name: "..".into(),
+                        kind: Kind::Dir,
+                        backing_ino: ROOT_INO,
+                    },
+                ),
+            ];
+            all.extend(self.hooks.virtual_readdir(caller, ino)?);
+            return Ok(all.into_iter().skip(offset as usize).collect());
+        }
+        let (entries, total) = self.store.readdir(fh, offset)?;
+        let mut out: Vec<(u64, DirEntry)> = entries.into_iter().map(|e| (0, e)).collect();
+        if ino == ROOT_INO && (offset as usize) <= total {
+            if let Some(name) = &self.virtual_name {
+                if let Ok(a) = self.hooks.virtual_lookup(caller, ROOT_INO, name) {
+                    self.hooks.virtual_forget(a.ino, 1);
+                    out.push((
+                        a.ino,
+                        DirEntry {
+                            name: name.clone(),
+                            kind: a.kind,
+                            backing_ino: a.ino,
+                        },
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Filesystem for CoherentFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for flag in [
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_ASYNC_DIO,
+        ] {
+            let _ = config.add_capabilities(flag);
+        }
+        let _ = config.set_max_write(MAX_IO);
+        if let Err(max) = config.set_max_readahead(MAX_IO) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(64);
+        let mode = if !self.want_passthrough {
+            "through the daemon (--no-passthrough)".to_string()
+        } else if !has_cap_sys_admin() {
+            "through the daemon (FUSE passthrough needs CAP_SYS_ADMIN)".to_string()
+        } else {
+            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                Ok(()) => {
+                    // Allow a backing directory on a stacked filesystem (e.g. overlayfs).
+                    if config.set_max_stack_depth(2).is_err() {
+                        let _ = config.set_max_stack_depth(1);
+                    }
+                    self.passthrough.store(true, Ordering::Relaxed);
+                    "passthrough (reads and writes of regular files go straight to the backing files)"
+                        .to_string()
+                }
+                Err(_) => {
+                    "through the daemon (the kernel does not offer FUSE passthrough, needs 6.9+)"
+                        .to_string()
+                }
+            }
+        };
+        tracing::info!("data mode: {mode}");
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        tracing::info!(
+            "daemon served {} reads and {} writes of file data",
+            self.counters.reads.load(Ordering::Relaxed),
+            self.counters.writes.load(Ordering::Relaxed)
+        );
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let c = caller(req);
+        self.entry_reply(self.lookup_any(&c, parent.0, name), reply)
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.forget_any(ino.0, nlookup);
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let r = if is_virtual(ino.0) {
+            self.hooks.virtual_getattr(&caller(req), ino.0)
+        } else {
+            self.store.getattr(ino.0)
+        };
+        match r {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let c = caller(req);
+        let ino = ino.0;
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+        };
+        let r = if is_virtual(ino) {
+            // Virtual files ignore truncation (`echo > ctl`); nothing else may change.
+            if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+                Err(FsError(libc::EPERM))
+            } else {
+                self.hooks.virtual_getattr(&c, ino)
+            }
+        } else if set == SetAttr::default() {
+            self.store.getattr(ino)
+        } else {
+            let path = self.store.path_of(ino);
+            let route = WriteRoute::Setattr {
+                ino,
+                path: path.as_deref(),
+                set: &set,
+            };
+            self.guarded(&c, &route, || {
+                self.store.setattr(ino, &set, fh.map(|f| f.0))
+            })
+        };
+        match r {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.store.readlink(ino.0) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let c = caller(req);
+        if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
+            return reply.error(Errno::EACCES);
+        }
+        let path = self.store.child_path(parent.0, name);
+        let route = WriteRoute::Mknod {
+            path: path.as_deref(),
+            mode,
+            rdev,
+        };
+        let r = self.guarded(&c, &route, || {
+            self.store.mknod(&c, parent.0, name, mode, rdev)
+        });
+        self.entry_reply(r, reply)
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let c = caller(req);
+        if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
+            return reply.error(Errno::EEXIST);
+        }
+        let path = self.store.child_path(parent.0, name);
+        let route = WriteRoute::Mkdir {
+            path: path.as_deref(),
+            mode,
+        };
+        let r = self.guarded(&c, &route, || self.store.mkdir(&c, parent.0, name, mode));
+        self.entry_reply(r, reply)
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let c = caller(req);
+        if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
+            return reply.error(Errno::EACCES);
+        }
+        let path = self.store.child_path(parent.0, name);
+        let route = WriteRoute::Unlink {
+            path: path.as_deref(),
+        };
+        match self.guarded(&c, &route, || self.store.unlink(parent.0, name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let c = caller(req);
+        if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
+            return reply.error(Errno::EACCES);
+        }
+        let path = self.store.child_path(parent.0, name);
+        let route = WriteRoute::Rmdir {
+            path: path.as_deref(),
+        };
+        match self.guarded(&c, &route, || self.store.rmdir(parent.0, name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let c = caller(req);
+        if is_virtual(parent.0) || self.is_virtual_name(parent.0, link_name) {
+            return reply.error(Errno::EEXIST);
+        }
+        let path = self.store.child_path(parent.0, link_name);
+        let route = WriteRoute::Symlink {
+            path: path.as_deref(),
+            target,
+        };
+        let r = self.guarded(&c, &route, || {
+            self.store.symlink(&c, parent.0, link_name, target)
+        });
+        self.entry_reply(r, reply)
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let c = caller(req);
+        if is_virtual(parent.0)
+            || is_virtual(newparent.0)
+            || self.is_virtual_name(parent.0, name)
+            || self.is_virtual_name(newparent.0, newname)
+        {
+            return reply.error(Errno::EACCES);
+        }
+        let from = self.store.child_path(parent.0, name);
+        let to = self.store.child_path(newparent.0, newname);
+        let route = WriteRoute::Rename {
+            from: from.as_deref(),
+            to: to.as_deref(),
+            flags: flags.bits(),
+        };
+        match self.guarded(&c, &route, || {
+            self.store
+                .rename(parent.0, name, newparent.0, newname, flags.bits())
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let c = caller(req);
+        if is_virtual(ino.0)
+            || is_virtual(newparent.0)
+            || self.is_virtual_name(newparent.0, newname)
+        {
+            return reply.error(Errno::EACCES);
+        }
+        let from = self.store.path_of(ino.0);
+        let to = self.store.child_path(newparent.0, newname);
+        let route = WriteRoute::Link {
+            from: from.as_deref(),
+            to: to.as_deref(),
+        };
+        let r = self.guarded(&c, &route, || self.store.link(ino.0, newparent.0, newname));
+        self.entry_reply(r, reply)
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let c = caller(req);
+        let (ino, flags) = (ino.0, flags.0);
+        if is_virtual(ino) {
+            return match self.hooks.virtual_open(&c, ino, flags) {
+                Ok(t) => reply.opened(FileHandle(t), FopenFlags::FOPEN_DIRECT_IO),
+                Err(e) => reply.error(errno(e)),
+            };
+        }
+        let r = if open_writes(flags) {
+            let path = self.store.path_of(ino);
+            let route = WriteRoute::Open {
+                ino,
+                path: path.as_deref(),
+                flags,
+            };
+            self.guarded(&c, &route, || self.store.open(ino, flags))
+        } else {
+            self.store.open(ino, flags)
+        };
+        let fh = match r.and_then(|(fh, _)| self.opened(&c, fh, false).map(|()| fh)) {
+            Ok(fh) => fh,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let h = match self.store.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply.error(errno(e)),
+        };
+        match self.backing_id(ino, fh, || reply.open_backing(&h.file)) {
+            Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+            None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let c = caller(req);
+        if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
+            return reply.error(Errno::EACCES);
+        }
+        let path = self.store.child_path(parent.0, name);
+        let route = WriteRoute::Create {
+            path: path.as_deref(),
+            flags,
+            mode,
+        };
+        let r = self.guarded(&c, &route, || {
+            self.store.create(&c, parent.0, name, mode, flags)
+        });
+        let (attr, fh, h) = match r {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        if let Err(e) = self.opened(&c, fh, true) {
+            self.store.forget(attr.ino, 1);
+            return reply.error(errno(e));
+        }
+        let fa = file_attr(&attr);
+        match self.backing_id(attr.ino, fh, || reply.open_backing(&h.file)) {
+            Some(id) => reply.created_passthrough(
+                &TTL,
+                &fa,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+                &id,
+            ),
+            None => reply.created(
+                &TTL,
+                &fa,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
+        }
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let r = if is_virtual(ino.0) {
+            self.hooks
+                .virtual_read(&caller(req), ino.0, fh.0, offset, size)
+        } else {
+            self.counters.reads.fetch_add(1, Ordering::Relaxed);
+            self.store.read(fh.0, offset, size)
+        };
+        match r {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = if is_virtual(ino.0) {
+            self.hooks
+                .virtual_write(&caller(req), ino.0, fh.0, offset, data)
+        } else {
+            self.counters.writes.fetch_add(1, Ordering::Relaxed);
+            self.store.write(fh.0, offset, data)
+        };
+        match r {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        if is_virtual(ino.0) {
+            return reply.ok();
+        }
+        match self.store.handle(fh.0) {
+            Ok(h) => {
+                let path = self.store.path_of(h.ino);
+                let info = self.handle_info(&h, path.as_deref());
+                self.hooks.on_flush(&caller(req), &info);
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn release(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if is_virtual(ino.0) {
+            self.hooks.virtual_release(ino.0, fh.0);
+            return reply.ok();
+        }
+        self.drop_backing(fh.0);
+        if let Some(h) = self.store.release(fh.0) {
+            let path = self.store.path_of(h.ino);
+            let info = self.handle_info(&h, path.as_deref());
+            self.hooks.on_release(&caller(req), &info);
+        }
+        reply.ok()
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.store.fsync(fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if is_virtual(ino.0) {
+            return match self.hooks.virtual_getattr(&caller(req), ino.0) {
+                Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
+                Ok(_) => reply.error(Errno::ENOTDIR),
+                Err(e) => reply.error(errno(e)),
+            };
+        }
+        match self.store.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.dir_entries(&caller(req), ino.0, fh.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(e)),
+        };
+        for (i, (n, e)) in entries.into_iter().enumerate() {
+            let ino_hint = if n != 0 { n } else { e.backing_ino.max(1) };
+            let next = offset + i as u64 + 1;
+            if reply.add(INodeNo(ino_hint), next, file_type(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let c = caller(req);
+        let dir = ino.0;
+        let entries = match self.dir_entries(&c, dir, fh.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(e)),
+        };
+        for (i, (_, e)) in entries.into_iter().enumerate() {
+            let next = offset + i as u64 + 1;
+            let dots = matches!(e.name.as_bytes(), b"." | b"..");
+            // `.` and `..` are not looked up (the kernel does not count them).
+            let attr = if dots {
+                let a = if is_virtual(dir) {
+                    self.hooks.virtual_getattr(&c, dir)
+                } else {
+                    self.store.getattr(dir)
+                };
+                match a {
+                    Ok(a) => a,
+                    Err(_) => continue,
+                }
+            } else {
+                match self.lookup_any(&c, dir, &e.name) {
+                    Ok(a) => a,
+                    Err(_) => continue, // removed since the listing
+                }
+            };
+            let fa = file_attr(&attr);
+            if reply.add(INodeNo(attr.ino), next, &e.name, &TTL, &fa, Generation(0)) {
+                if !dots {
+                    self.forget_any(attr.ino, 1);
+                }
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        if !is_virtual(ino.0) {
+            self.store.releasedir(fh.0);
+        }
+        reply.ok()
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        if is_virtual(ino.0) {
+            return reply.ok();
+        }
+        match self.store.fsyncdir(fh.0, datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        match self.store.statfs(ino.0) {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if is_virtual(ino.0) {
+            return reply.error(Errno::EPERM);
+        }
+        let c = caller(req);
+        let path = self.store.path_of(ino.0);
+        let route = WriteRoute::Setxattr {
+            path: path.as_deref(),
+            name,
+        };
+        match self.guarded(&c, &route, || {
+            self.store.setxattr(ino.0, name, value, flags)
+        }) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if is_virtual(ino.0) {
+            return reply.error(Errno::ENODATA);
+        }
+        let c = caller(req);
+        let path = self.store.path_of(ino.0);
+        let r = match self.hooks.getxattr(&c, ino.0, path.as_deref(), name) {
+            Some(Ok(v)) => {
+                if size == 0 {
+                    Ok(XattrReply::Size(v.len() as u32))
+                } else if v.len() > size as usize {
+                    Err(FsError(libc::ERANGE))
+                } else {
+                    Ok(XattrReply::Data(v))
+                }
+            }
+            Some(Err(e)) => Err(e),
+            None => self.store.getxattr(ino.0, name, size),
+        };
+        xattr_answer(r, reply)
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if is_virtual(ino.0) {
+            return reply.size(0);
+        }
+        let c = caller(req);
+        let path = self.store.path_of(ino.0);
+        let extra = self.hooks.listxattr(&c, ino.0, path.as_deref());
+        if extra.is_empty() {
+            return xattr_answer(self.store.listxattr(ino.0, size), reply);
+        }
+        // Merge: read the backing list in full, append the computed names.
+        let mut list = match self.store.listxattr(ino.0, 0) {
+            Ok(XattrReply::Size(n)) if n > 0 => match self.store.listxattr(ino.0, n) {
+                Ok(XattrReply::Data(d)) => d,
+                Ok(XattrReply::Size(_)) => Vec::new(),
+                Err(e) => return reply.error(errno(e)),
+            },
+            Ok(_) => Vec::new(),
+            Err(e) => return reply.error(errno(e)),
+        };
+        for n in extra {
+            list.extend_from_slice(n.as_bytes());
+            list.push(0);
+        }
+        if size == 0 {
+            reply.size(list.len() as u32)
+        } else if list.len() > size as usize {
+            reply.error(Errno::ERANGE)
+        } else {
+            reply.data(&list)
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_virtual(ino.0) {
+            return reply.error(Errno::EPERM);
+        }
+        let c = caller(req);
+        let path = self.store.path_of(ino.0);
+        let route = WriteRoute::Removexattr {
+            path: path.as_deref(),
+            name,
+        };
+        match self.guarded(&c, &route, || self.store.removexattr(ino.0, name)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        if is_virtual(ino.0) {
+            return reply.ok();
+        }
+        match self.store.access(&caller(req), ino.0, mask.bits()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.store.fallocate(fh.0, offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        match self.store.lseek(fh.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        match self.store.copy_file_range(
+            fh_in.0,
+            offset_in,
+            fh_out.0,
+            offset_out,
+            len,
+            flags.bits() as u32,
+        ) {
+            Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}

@@ -1,1 +1,1313 @@
-//! See DESIGN.md §11.
+//! The backing directory: an inode store of `O_PATH` handles keyed by (dev, ino), open
+//! file and directory handles, and every filesystem operation performed against the
+//! backing directory (DESIGN.md §10–§11).
+//!
+//! No FUSE types here: callers pass plain inode numbers, names and libc flags, and get
+//! plain Rust values back or an [`FsError`] carrying the errno.
+//!
+//! Inode numbers are our own (1 is the root), allocated on first lookup and never reused,
+//! so a stale kernel reference can never reach the wrong file. Numbers with
+//! [`VIRTUAL_INO_BIT`] set are reserved for virtual nodes served elsewhere (`.coherent/`).
+//! Each inode remembers the (parent, name) it was last looked up, created or renamed
+//! under, so a workspace-relative path can be named for every operation.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+/// The inode number of the mount root.
+pub const ROOT_INO: u64 = 1;
+/// Inode numbers with this bit set are virtual (not in the backing directory).
+pub const VIRTUAL_INO_BIT: u64 = 1 << 63;
+
+/// Is `ino` a virtual node (served by the hooks, not the backing directory)?
+pub fn is_virtual(ino: u64) -> bool {
+    ino & VIRTUAL_INO_BIT != 0
+}
+
+/// The one error type of the filesystem layer: an errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsError(pub i32);
+
+impl FsError {
+    pub fn errno(self) -> i32 {
+        self.0
+    }
+    pub fn last() -> Self {
+        FsError::from(io::Error::last_os_error())
+    }
+}
+
+impl From<io::Error> for FsError {
+    fn from(e: io::Error) -> Self {
+        FsError(e.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+impl From<nix::errno::Errno> for FsError {
+    fn from(e: nix::errno::Errno) -> Self {
+        FsError(e as i32)
+    }
+}
+
+impl std::fmt::Display for FsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", io::Error::from_raw_os_error(self.0))
+    }
+}
+
+impl std::error::Error for FsError {}
+
+pub type FsResult<T> = Result<T, FsError>;
+
+/// Turn a libc return value into a result (`-1` means errno).
+fn cvt<T: PartialEq + From<i8>>(r: T) -> FsResult<T> {
+    if r == T::from(-1) {
+        Err(FsError::last())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Who made a request: the calling thread's id (FUSE reports the thread, not the
+/// process: map it to its process through `/proc/PID/status` `Tgid:` when needed; 0 when
+/// the kernel sends no caller, e.g. on some releases) and its fs uid/gid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A file's kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDev,
+    BlockDev,
+}
+
+impl Kind {
+    pub fn from_mode(mode: u32) -> Kind {
+        match mode & libc::S_IFMT {
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev,
+            libc::S_IFBLK => Kind::BlockDev,
+            _ => Kind::File,
+        }
+    }
+    fn from_dtype(t: u8) -> Option<Kind> {
+        Some(match t {
+            libc::DT_DIR => Kind::Dir,
+            libc::DT_LNK => Kind::Symlink,
+            libc::DT_FIFO => Kind::Fifo,
+            libc::DT_SOCK => Kind::Socket,
+            libc::DT_CHR => Kind::CharDev,
+            libc::DT_BLK => Kind::BlockDev,
+            libc::DT_REG => Kind::File,
+            _ => return None,
+        })
+    }
+}
+
+/// A timestamp as (seconds, nanoseconds) since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Time {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// File attributes as the mount reports them (`ino` is ours, not the backing one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: Kind,
+    /// Permission bits, including setuid/setgid/sticky.
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+    pub rdev: u32,
+    pub blksize: u32,
+}
+
+/// The st_blksize reported for every file: large, so tools (cp, cat) use big buffers.
+pub const BLKSIZE: u32 = 1 << 20;
+
+impl Attr {
+    fn from_stat(ino: u64, st: &libc::stat) -> Attr {
+        Attr {
+            ino,
+            kind: Kind::from_mode(st.st_mode),
+            perm: (st.st_mode & 0o7777) as u16,
+            nlink: st.st_nlink as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            size: st.st_size as u64,
+            blocks: st.st_blocks as u64,
+            atime: Time {
+                sec: st.st_atime,
+                nsec: st.st_atime_nsec as u32,
+            },
+            mtime: Time {
+                sec: st.st_mtime,
+                nsec: st.st_mtime_nsec as u32,
+            },
+            ctime: Time {
+                sec: st.st_ctime,
+                nsec: st.st_ctime_nsec as u32,
+            },
+            rdev: st.st_rdev as u32,
+            blksize: BLKSIZE,
+        }
+    }
+}
+
+/// The change stamp of a backing file (DESIGN.md §3): a handle committed a change when
+/// the stamp at flush/release differs from the one at open (or the last flush).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stamp {
+    pub ino: u64,
+    pub ctime: Time,
+    pub mtime: Time,
+    pub size: u64,
+}
+
+impl Stamp {
+    fn from_stat(st: &libc::stat) -> Stamp {
+        Stamp {
+            ino: st.st_ino,
+            ctime: Time {
+                sec: st.st_ctime,
+                nsec: st.st_ctime_nsec as u32,
+            },
+            mtime: Time {
+                sec: st.st_mtime,
+                nsec: st.st_mtime_nsec as u32,
+            },
+            size: st.st_size as u64,
+        }
+    }
+}
+
+/// A time to set with setattr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    Now,
+    At(Time),
+}
+
+/// The changes of one setattr (None = leave as is, i.e. `UTIME_OMIT` for times).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: OsString,
+    pub kind: Kind,
+    /// Backing inode number (only a hint for plain readdir).
+    pub backing_ino: u64,
+}
+
+/// Filesystem statistics.
+#[derive(Debug, Clone, Copy)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+struct Inode {
+    fd: OwnedFd,
+    key: (u64, u64),
+    kind: Kind,
+    state: Mutex<InodeState>,
+}
+
+struct InodeState {
+    /// Kernel lookup count; the inode is dropped when it reaches 0.
+    refs: u64,
+    /// The (parent, name) this inode was last seen under; None for the root.
+    link: Option<(u64, OsString)>,
+}
+
+/// An open regular file (or anything else opened through `open`).
+pub struct Handle {
+    pub ino: u64,
+    pub file: File,
+    /// The open flags the kernel sent.
+    pub flags: i32,
+    /// Opaque value returned by the `on_open` hook.
+    pub token: AtomicU64,
+    /// Stamp at open or the last flush.
+    pub stamp: Mutex<Stamp>,
+}
+
+/// An open directory: a snapshot of its entries, refreshed when read from offset 0.
+pub struct DirHandle {
+    pub ino: u64,
+    file: File,
+    entries: Mutex<Vec<DirEntry>>,
+}
+
+#[derive(Default)]
+struct Tables {
+    inodes: HashMap<u64, Arc<Inode>>,
+    by_key: HashMap<(u64, u64), u64>,
+}
+
+/// The backing directory and everything open in it.
+pub struct Store {
+    tables: RwLock<Tables>,
+    /// Number of inodes held (root included), readable without the lock.
+    live: Arc<AtomicU64>,
+    next_ino: AtomicU64,
+    handles: RwLock<HashMap<u64, Arc<Handle>>>,
+    dirs: RwLock<HashMap<u64, Arc<DirHandle>>>,
+    next_fh: AtomicU64,
+    /// A name at the root that is never shown from the backing directory (the virtual
+    /// `.coherent`): lookups, readdir and creations of it are answered elsewhere.
+    hidden: Option<OsString>,
+}
+
+fn cstr(name: &OsStr) -> FsResult<CString> {
+    CString::new(name.as_bytes()).map_err(|_| FsError(libc::EINVAL))
+}
+
+fn proc_path(fd: RawFd) -> CString {
+    CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL")
+}
+
+fn fstatat(dirfd: RawFd, name: &CStr, flags: i32) -> FsResult<libc::stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    cvt(unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) })?;
+    Ok(st)
+}
+
+fn fstat_fd(fd: RawFd) -> FsResult<libc::stat> {
+    fstatat(fd, c"", libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
+}
+
+fn open_path_at(dirfd: RawFd, name: &CStr) -> FsResult<OwnedFd> {
+    let fd = cvt(unsafe {
+        libc::openat(
+            dirfd,
+            name.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Store {
+    /// Open the backing directory (already opened by the caller, e.g. before mounting over
+    /// it) as the root of a new store.
+    pub fn new(root: OwnedFd, hidden: Option<OsString>) -> FsResult<Store> {
+        let st = fstat_fd(root.as_raw_fd())?;
+        if Kind::from_mode(st.st_mode) != Kind::Dir {
+            return Err(FsError(libc::ENOTDIR));
+        }
+        let key = (st.st_dev, st.st_ino);
+        let mut t = Tables::default();
+        t.inodes.insert(
+            ROOT_INO,
+            Arc::new(Inode {
+                fd: root,
+                key,
+                kind: Kind::Dir,
+                state: Mutex::new(InodeState {
+                    refs: u64::MAX / 2,
+                    link: None,
+                }),
+            }),
+        );
+        t.by_key.insert(key, ROOT_INO);
+        Ok(Store {
+            tables: RwLock::new(t),
+            live: Arc::new(AtomicU64::new(1)),
+            next_ino: AtomicU64::new(ROOT_INO + 1),
+            handles: RwLock::new(HashMap::new()),
+            dirs: RwLock::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            hidden,
+        })
+    }
+
+    /// Open `path` with `O_PATH` (for the in-place mount, before mounting over it).
+    pub fn open_root(path: &Path) -> FsResult<OwnedFd> {
+        let c = cstr(path.as_os_str())?;
+        let fd = cvt(unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+        if is_virtual(ino) {
+            return Err(FsError(libc::ENOENT));
+        }
+        self.tables
+            .read()
+            .inodes
+            .get(&ino)
+            .cloned()
+            .ok_or(FsError(libc::ESTALE))
+    }
+
+    /// Is `name` under `parent` the hidden name?
+    pub fn is_hidden(&self, parent: u64, name: &OsStr) -> bool {
+        parent == ROOT_INO && self.hidden.as_deref() == Some(name)
+    }
+
+    /// The number of inodes currently referenced by the kernel (root included).
+    pub fn inode_count(&self) -> usize {
+        self.tables.read().inodes.len()
+    }
+
+    /// A live view of the inode count (for diagnostics from another thread).
+    pub fn inode_gauge(&self) -> Arc<AtomicU64> {
+        self.live.clone()
+    }
+
+    /// The workspace-relative path `ino` was last seen under ("" for the root).
+    pub fn path_of(&self, ino: u64) -> Option<PathBuf> {
+        let t = self.tables.read();
+        let mut names: Vec<OsString> = Vec::new();
+        let mut cur = ino;
+        for _ in 0..4096 {
+            if cur == ROOT_INO {
+                let mut p = PathBuf::new();
+                for n in names.iter().rev() {
+                    p.push(n);
+                }
+                return Some(p);
+            }
+            let node = t.inodes.get(&cur)?;
+            let st = node.state.lock();
+            let (parent, name) = st.link.as_ref()?;
+            names.push(name.clone());
+            cur = *parent;
+        }
+        None
+    }
+
+    /// The workspace-relative path of `name` under `parent`.
+    pub fn child_path(&self, parent: u64, name: &OsStr) -> Option<PathBuf> {
+        self.path_of(parent).map(|p| p.join(name))
+    }
+
+    /// Register (or find) the node behind `fd` and count one kernel lookup.
+    fn remember(&self, fd: OwnedFd, st: &libc::stat, parent: u64, name: &OsStr) -> Attr {
+        let key = (st.st_dev, st.st_ino);
+        let mut t = self.tables.write();
+        if let Some(&ino) = t.by_key.get(&key) {
+            let node = &t.inodes[&ino];
+            let mut s = node.state.lock();
+            s.refs += 1;
+            if ino != ROOT_INO {
+                s.link = Some((parent, name.to_owned()));
+            }
+            return Attr::from_stat(ino, st);
+        }
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        self.live.fetch_add(1, Ordering::Relaxed);
+        t.by_key.insert(key, ino);
+        t.inodes.insert(
+            ino,
+            Arc::new(Inode {
+                fd,
+                key,
+                kind: Kind::from_mode(st.st_mode),
+                state: Mutex::new(InodeState {
+                    refs: 1,
+                    link: Some((parent, name.to_owned())),
+                }),
+            }),
+        );
+        Attr::from_stat(ino, st)
+    }
+
+    /// Look `name` up under `parent`, counting one kernel lookup on success.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        if self.is_hidden(parent, name) {
+            return Err(FsError(libc::ENOENT));
+        }
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        // A fresh O_PATH fd, then stat through it, so the key and the fd agree.
+        let fd = open_path_at(dir.fd.as_raw_fd(), &c)?;
+        let st = fstat_fd(fd.as_raw_fd())?;
+        Ok(self.remember(fd, &st, parent, name))
+    }
+
+    /// Drop `n` kernel lookups of `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO || is_virtual(ino) {
+            return;
+        }
+        let mut t = self.tables.write();
+        let gone = match t.inodes.get(&ino) {
+            Some(node) => {
+                let mut s = node.state.lock();
+                s.refs = s.refs.saturating_sub(n);
+                s.refs == 0
+            }
+            None => false,
+        };
+        if gone {
+            if let Some(node) = t.inodes.remove(&ino) {
+                self.live.fetch_sub(1, Ordering::Relaxed);
+                if t.by_key.get(&node.key) == Some(&ino) {
+                    t.by_key.remove(&node.key);
+                }
+            }
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let node = self.inode(ino)?;
+        let st = fstat_fd(node.fd.as_raw_fd())?;
+        Ok(Attr::from_stat(ino, &st))
+    }
+
+    /// Apply `set`; `fh` is the open handle the change came through, if any.
+    pub fn setattr(&self, ino: u64, set: &SetAttr, fh: Option<u64>) -> FsResult<Attr> {
+        let node = self.inode(ino)?;
+        let handle = fh.and_then(|fh| self.handle(fh).ok());
+        let fd = node.fd.as_raw_fd();
+        let path = proc_path(fd);
+        if let Some(mode) = set.mode {
+            if node.kind == Kind::Symlink {
+                return Err(FsError(libc::EOPNOTSUPP));
+            }
+            cvt(unsafe { libc::chmod(path.as_ptr(), mode & 0o7777) })?;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            let uid = set.uid.unwrap_or(u32::MAX);
+            let gid = set.gid.unwrap_or(u32::MAX);
+            cvt(unsafe {
+                libc::fchownat(
+                    fd,
+                    c"".as_ptr(),
+                    uid,
+                    gid,
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+        }
+        if let Some(size) = set.size {
+            match &handle {
+                Some(h) if h.flags & libc::O_ACCMODE != libc::O_RDONLY => {
+                    cvt(unsafe { libc::ftruncate(h.file.as_raw_fd(), size as libc::off_t) })?;
+                }
+                _ => {
+                    if node.kind == Kind::Dir {
+                        return Err(FsError(libc::EISDIR));
+                    }
+                    cvt(unsafe { libc::truncate(path.as_ptr(), size as libc::off_t) })?;
+                }
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            let ts = |t: Option<SetTime>| match t {
+                None => libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: libc::UTIME_OMIT,
+                },
+                Some(SetTime::Now) => libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: libc::UTIME_NOW,
+                },
+                Some(SetTime::At(t)) => libc::timespec {
+                    tv_sec: t.sec,
+                    tv_nsec: t.nsec as i64,
+                },
+            };
+            let times = [ts(set.atime), ts(set.mtime)];
+            cvt(unsafe {
+                libc::utimensat(
+                    fd,
+                    c"".as_ptr(),
+                    times.as_ptr(),
+                    libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
+        }
+        self.getattr(ino)
+    }
+
+    pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let node = self.inode(ino)?;
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        let n = cvt(unsafe {
+            libc::readlinkat(
+                node.fd.as_raw_fd(),
+                c"".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        })?;
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    /// Run `f` with the caller's fs uid/gid and groups (so new files are theirs and the
+    /// backing filesystem checks their permissions), then look the new `name` up.
+    fn create_node(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        f: impl FnOnce(RawFd, &CStr) -> FsResult<()>,
+    ) -> FsResult<Attr> {
+        if self.is_hidden(parent, name) {
+            return Err(FsError(libc::EEXIST));
+        }
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        {
+            let _as = creds::AsCaller::enter(caller);
+            f(dir.fd.as_raw_fd(), &c)?;
+        }
+        self.lookup(parent, name)
+    }
+
+    pub fn mknod(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+    ) -> FsResult<Attr> {
+        self.create_node(caller, parent, name, |d, n| {
+            cvt(unsafe { libc::mknodat(d, n.as_ptr(), mode, rdev as libc::dev_t) }).map(drop)
+        })
+    }
+
+    pub fn mkdir(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32) -> FsResult<Attr> {
+        self.create_node(caller, parent, name, |d, n| {
+            cvt(unsafe { libc::mkdirat(d, n.as_ptr(), mode) }).map(drop)
+        })
+    }
+
+    pub fn symlink(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+    ) -> FsResult<Attr> {
+        let t = cstr(target.as_os_str())?;
+        self.create_node(caller, parent, name, |d, n| {
+            cvt(unsafe { libc::symlinkat(t.as_ptr(), d, n.as_ptr()) }).map(drop)
+        })
+    }
+
+    /// Create and open a regular file; counts one lookup and returns a handle id.
+    pub fn create(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> FsResult<(Attr, u64, Arc<Handle>)> {
+        if self.is_hidden(parent, name) {
+            return Err(FsError(libc::EACCES));
+        }
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        let fd = {
+            let _as = creds::AsCaller::enter(caller);
+            cvt(unsafe {
+                libc::openat(
+                    dir.fd.as_raw_fd(),
+                    c.as_ptr(),
+                    backing_flags(flags) | libc::O_CREAT | libc::O_CLOEXEC,
+                    mode,
+                )
+            })?
+        };
+        let file = unsafe { File::from_raw_fd(fd) };
+        let attr = self.lookup(parent, name)?;
+        let (fh, h) = self.add_handle(attr.ino, file, flags)?;
+        Ok((attr, fh, h))
+    }
+
+    fn add_handle(&self, ino: u64, file: File, flags: i32) -> FsResult<(u64, Arc<Handle>)> {
+        let st = fstat_fd(file.as_raw_fd())?;
+        let h = Arc::new(Handle {
+            ino,
+            file,
+            flags,
+            token: AtomicU64::new(0),
+            stamp: Mutex::new(Stamp::from_stat(&st)),
+        });
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.write().insert(fh, h.clone());
+        Ok((fh, h))
+    }
+
+    /// Open `ino` with the kernel's `flags`; returns the handle id.
+    pub fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, Arc<Handle>)> {
+        let node = self.inode(ino)?;
+        if node.kind == Kind::Symlink {
+            return Err(FsError(libc::ELOOP));
+        }
+        let path = proc_path(node.fd.as_raw_fd());
+        let fd = cvt(unsafe {
+            libc::open(
+                path.as_ptr(),
+                (backing_flags(flags) & !libc::O_CREAT) | libc::O_CLOEXEC,
+            )
+        })?;
+        let file = unsafe { File::from_raw_fd(fd) };
+        self.add_handle(ino, file, flags)
+    }
+
+    pub fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.handles
+            .read()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError(libc::EBADF))
+    }
+
+    /// The current stamp of an open handle's backing file.
+    pub fn stamp(h: &Handle) -> FsResult<Stamp> {
+        Ok(Stamp::from_stat(&fstat_fd(h.file.as_raw_fd())?))
+    }
+
+    pub fn release(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.handles.write().remove(&fh)
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let h = self.handle(fh)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0usize;
+        // Fill the whole request unless EOF: the kernel treats a short read as EOF.
+        while done < buf.len() {
+            let n = cvt(unsafe {
+                libc::pread(
+                    h.file.as_raw_fd(),
+                    buf[done..].as_mut_ptr().cast(),
+                    buf.len() - done,
+                    (offset + done as u64) as libc::off_t,
+                )
+            })?;
+            if n == 0 {
+                break;
+            }
+            done += n as usize;
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let h = self.handle(fh)?;
+        let mut done = 0usize;
+        while done < data.len() {
+            let n = cvt(unsafe {
+                libc::pwrite(
+                    h.file.as_raw_fd(),
+                    data[done..].as_ptr().cast(),
+                    data.len() - done,
+                    (offset + done as u64) as libc::off_t,
+                )
+            })?;
+            done += n as usize;
+        }
+        Ok(done as u32)
+    }
+
+    pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
+        let h = self.handle(fh)?;
+        let fd = h.file.as_raw_fd();
+        cvt(unsafe {
+            if datasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }
+        })
+        .map(drop)
+    }
+
+    pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
+        let h = self.handle(fh)?;
+        cvt(unsafe {
+            libc::fallocate(
+                h.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        })
+        .map(drop)
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> FsResult<i64> {
+        let h = self.handle(fh)?;
+        cvt(unsafe { libc::lseek(h.file.as_raw_fd(), offset, whence) })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u32,
+    ) -> FsResult<u64> {
+        let hi = self.handle(fh_in)?;
+        let ho = self.handle(fh_out)?;
+        let mut oi = off_in as libc::off64_t;
+        let mut oo = off_out as libc::off64_t;
+        let n = cvt(unsafe {
+            libc::copy_file_range(
+                hi.file.as_raw_fd(),
+                &mut oi,
+                ho.file.as_raw_fd(),
+                &mut oo,
+                len as usize,
+                flags,
+            )
+        })?;
+        Ok(n as u64)
+    }
+
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.remove(parent, name, 0)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> FsResult<()> {
+        self.remove(parent, name, libc::AT_REMOVEDIR)
+    }
+
+    fn remove(&self, parent: u64, name: &OsStr, flags: i32) -> FsResult<()> {
+        if self.is_hidden(parent, name) {
+            return Err(FsError(libc::EACCES));
+        }
+        let dir = self.inode(parent)?;
+        let c = cstr(name)?;
+        let victim = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok();
+        cvt(unsafe { libc::unlinkat(dir.fd.as_raw_fd(), c.as_ptr(), flags) })?;
+        if let Some(st) = victim {
+            self.orphan((st.st_dev, st.st_ino));
+        }
+        Ok(())
+    }
+
+    /// A node lost a name: once it has no name left (a removed file still open, a file
+    /// replaced by a rename), it has no path any more ([`Store::path_of`] is `None`), so
+    /// nothing done through an old handle is attributed to whatever now has that name.
+    fn orphan(&self, key: (u64, u64)) {
+        let t = self.tables.read();
+        let Some(ino) = t.by_key.get(&key) else {
+            return;
+        };
+        let node = &t.inodes[ino];
+        let gone = match fstat_fd(node.fd.as_raw_fd()) {
+            Ok(st) => st.st_nlink == 0 || node.kind == Kind::Dir,
+            Err(_) => true,
+        };
+        if gone && *ino != ROOT_INO {
+            node.state.lock().link = None;
+        }
+    }
+
+    /// Point the inode now found at (parent, name) to that name.
+    fn relink(&self, parent: u64, name: &OsStr) {
+        let Ok(dir) = self.inode(parent) else { return };
+        let Ok(c) = cstr(name) else { return };
+        let Ok(st) = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) else {
+            return;
+        };
+        let t = self.tables.read();
+        if let Some(ino) = t.by_key.get(&(st.st_dev, st.st_ino)) {
+            if *ino != ROOT_INO {
+                t.inodes[ino].state.lock().link = Some((parent, name.to_owned()));
+            }
+        }
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> FsResult<()> {
+        if self.is_hidden(parent, name) || self.is_hidden(newparent, newname) {
+            return Err(FsError(libc::EACCES));
+        }
+        let d1 = self.inode(parent)?;
+        let d2 = self.inode(newparent)?;
+        let c1 = cstr(name)?;
+        let c2 = cstr(newname)?;
+        // The node a plain rename replaces loses its name.
+        let replaced = if flags & libc::RENAME_EXCHANGE == 0 {
+            fstatat(d2.fd.as_raw_fd(), &c2, libc::AT_SYMLINK_NOFOLLOW).ok()
+        } else {
+            None
+        };
+        cvt(unsafe {
+            libc::renameat2(
+                d1.fd.as_raw_fd(),
+                c1.as_ptr(),
+                d2.fd.as_raw_fd(),
+                c2.as_ptr(),
+                flags,
+            )
+        })?;
+        if let Some(st) = replaced {
+            self.orphan((st.st_dev, st.st_ino));
+        }
+        self.relink(newparent, newname);
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            self.relink(parent, name);
+        }
+        Ok(())
+    }
+
+    /// Hard-link `ino` as `newname` under `newparent`; counts one lookup.
+    pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> FsResult<Attr> {
+        if self.is_hidden(newparent, newname) {
+            return Err(FsError(libc::EEXIST));
+        }
+        let node = self.inode(ino)?;
+        let dir = self.inode(newparent)?;
+        let c = cstr(newname)?;
+        cvt(unsafe {
+            libc::linkat(
+                node.fd.as_raw_fd(),
+                c"".as_ptr(),
+                dir.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
+        })?;
+        self.lookup(newparent, newname)
+    }
+
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        let node = self.inode(ino)?;
+        let fd = cvt(unsafe {
+            libc::openat(
+                node.fd.as_raw_fd(),
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
+        let file = unsafe { File::from_raw_fd(fd) };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.dirs.write().insert(
+            fh,
+            Arc::new(DirHandle {
+                ino,
+                file,
+                entries: Mutex::new(Vec::new()),
+            }),
+        );
+        Ok(fh)
+    }
+
+    /// Entries of an open directory from index `offset` (`.` and `..` included, the
+    /// hidden name excluded). Offset 0 re-reads the directory.
+    /// Also returns the total number of entries.
+    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<(Vec<DirEntry>, usize)> {
+        let d = self
+            .dirs
+            .read()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError(libc::EBADF))?;
+        let mut entries = d.entries.lock();
+        if offset == 0 || entries.is_empty() {
+            *entries = self.list_dir(&d)?;
+        }
+        let total = entries.len();
+        Ok((
+            entries.iter().skip(offset as usize).cloned().collect(),
+            total,
+        ))
+    }
+
+    fn list_dir(&self, d: &DirHandle) -> FsResult<Vec<DirEntry>> {
+        let dup = cvt(unsafe {
+            libc::openat(
+                d.file.as_raw_fd(),
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
+        let mut dir = nix::dir::Dir::from_fd(dup)?;
+        let mut out = Vec::new();
+        for e in dir.iter() {
+            let e = e?;
+            let name = OsStr::from_bytes(e.file_name().to_bytes());
+            if self.is_hidden(d.ino, name) {
+                continue;
+            }
+            let kind = match e.file_type() {
+                Some(t) => Kind::from_dtype(match t {
+                    nix::dir::Type::Directory => libc::DT_DIR,
+                    nix::dir::Type::Symlink => libc::DT_LNK,
+                    nix::dir::Type::Fifo => libc::DT_FIFO,
+                    nix::dir::Type::Socket => libc::DT_SOCK,
+                    nix::dir::Type::CharacterDevice => libc::DT_CHR,
+                    nix::dir::Type::BlockDevice => libc::DT_BLK,
+                    nix::dir::Type::File => libc::DT_REG,
+                }),
+                None => None,
+            };
+            let kind = match kind {
+                Some(k) => k,
+                None => {
+                    let c = cstr(name)?;
+                    match fstatat(d.file.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) {
+                        Ok(st) => Kind::from_mode(st.st_mode),
+                        Err(_) => continue,
+                    }
+                }
+            };
+            out.push(DirEntry {
+                name: name.to_owned(),
+                kind,
+                backing_ino: e.ino(),
+            });
+        }
+        // Stable order: `.` and `..` first, as most filesystems do.
+        out.sort_by_key(|e| match e.name.as_bytes() {
+            b"." => 0,
+            b".." => 1,
+            _ => 2,
+        });
+        Ok(out)
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.dirs.write().remove(&fh);
+    }
+
+    pub fn fsyncdir(&self, fh: u64, datasync: bool) -> FsResult<()> {
+        let d = self
+            .dirs
+            .read()
+            .get(&fh)
+            .cloned()
+            .ok_or(FsError(libc::EBADF))?;
+        let fd = d.file.as_raw_fd();
+        cvt(unsafe {
+            if datasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }
+        })
+        .map(drop)
+    }
+
+    pub fn statfs(&self, ino: u64) -> FsResult<StatFs> {
+        let node = self.inode(if is_virtual(ino) { ROOT_INO } else { ino })?;
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        cvt(unsafe { libc::fstatvfs(node.fd.as_raw_fd(), &mut s) })?;
+        Ok(StatFs {
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            bsize: s.f_bsize as u32,
+            namelen: s.f_namemax as u32,
+            frsize: s.f_frsize as u32,
+        })
+    }
+
+    /// A path that reaches the node itself for the xattr calls (which do not accept
+    /// `O_PATH` descriptors). Symlinks have no user xattrs on Linux.
+    fn xattr_target(&self, ino: u64) -> FsResult<(Arc<Inode>, CString)> {
+        let node = self.inode(ino)?;
+        let p = proc_path(node.fd.as_raw_fd());
+        Ok((node, p))
+    }
+
+    /// Get an xattr; `size` 0 asks for the length only (returned as an empty vec + len).
+    pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> FsResult<XattrReply> {
+        let (node, p) = self.xattr_target(ino)?;
+        if node.kind == Kind::Symlink {
+            return Err(FsError(libc::ENODATA));
+        }
+        let n = cstr(name)?;
+        let mut buf = vec![0u8; size as usize];
+        let r = cvt(unsafe {
+            libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        })?;
+        Ok(xattr_reply(buf, r as usize, size))
+    }
+
+    pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
+        let (node, p) = self.xattr_target(ino)?;
+        if node.kind == Kind::Symlink {
+            return Ok(xattr_reply(Vec::new(), 0, size));
+        }
+        let mut buf = vec![0u8; size as usize];
+        let r = cvt(unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+        Ok(xattr_reply(buf, r as usize, size))
+    }
+
+    pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+        let (node, p) = self.xattr_target(ino)?;
+        if node.kind == Kind::Symlink {
+            return Err(FsError(libc::EPERM));
+        }
+        let n = cstr(name)?;
+        cvt(unsafe {
+            libc::setxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+            )
+        })
+        .map(drop)
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &OsStr) -> FsResult<()> {
+        let (node, p) = self.xattr_target(ino)?;
+        if node.kind == Kind::Symlink {
+            return Err(FsError(libc::ENODATA));
+        }
+        let n = cstr(name)?;
+        cvt(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
+    }
+
+    /// `access(2)` for the caller, from the mode bits (used without `default_permissions`).
+    pub fn access(&self, caller: &Caller, ino: u64, mask: i32) -> FsResult<()> {
+        let attr = self.getattr(ino)?;
+        if mask == libc::F_OK {
+            return Ok(());
+        }
+        let perm = attr.perm as i32;
+        if caller.uid == 0 {
+            // Root may do anything except execute a file with no x bit at all.
+            if mask & libc::X_OK != 0 && attr.kind != Kind::Dir && perm & 0o111 == 0 {
+                return Err(FsError(libc::EACCES));
+            }
+            return Ok(());
+        }
+        let bits = if caller.uid == attr.uid {
+            (perm >> 6) & 7
+        } else if caller.gid == attr.gid || creds::groups_of(caller.pid).contains(&attr.gid) {
+            (perm >> 3) & 7
+        } else {
+            perm & 7
+        };
+        if mask & bits == mask & 7 {
+            Ok(())
+        } else {
+            Err(FsError(libc::EACCES))
+        }
+    }
+}
+
+/// The answer to a getxattr/listxattr: the data, or (for size 0) only its length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XattrReply {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+fn xattr_reply(mut buf: Vec<u8>, len: usize, size: u32) -> XattrReply {
+    if size == 0 {
+        XattrReply::Size(len as u32)
+    } else {
+        buf.truncate(len);
+        XattrReply::Data(buf)
+    }
+}
+
+/// Flags for opening the backing file: `O_DIRECT` is dropped because daemon-side buffers
+/// are not aligned (in passthrough mode the kernel opens the backing file with the
+/// caller's own flags), and `O_NOCTTY`/`O_EXCL` are not meaningful on a re-open.
+fn backing_flags(flags: i32) -> i32 {
+    flags & !(libc::O_DIRECT | libc::O_NOCTTY)
+}
+
+/// Running a syscall with the caller's credentials on this thread only.
+mod creds {
+    use super::Caller;
+
+    /// The caller's supplementary groups, from `/proc/PID/status`.
+    pub(super) fn groups_of(pid: u32) -> Vec<u32> {
+        let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return Vec::new();
+        };
+        s.lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .map(|g| {
+                g.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// While alive, this thread's fsuid/fsgid/groups are the caller's. The raw syscalls
+    /// are per-thread (glibc's wrappers would change every thread of the daemon).
+    pub(super) struct AsCaller {
+        active: bool,
+    }
+
+    impl AsCaller {
+        pub(super) fn enter(c: &Caller) -> AsCaller {
+            if c.uid == 0 && c.gid == 0 {
+                return AsCaller { active: false };
+            }
+            let groups = groups_of(c.pid);
+            unsafe {
+                libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
+                libc::syscall(libc::SYS_setfsgid, c.gid);
+                libc::syscall(libc::SYS_setfsuid, c.uid);
+            }
+            AsCaller { active: true }
+        }
+    }
+
+    impl Drop for AsCaller {
+        fn drop(&mut self) {
+            if self.active {
+                // fsuid back to 0 also restores the filesystem capabilities.
+                unsafe {
+                    libc::syscall(libc::SYS_setfsuid, 0);
+                    libc::syscall(libc::SYS_setfsgid, 0);
+                    libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<u32>());
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let d = tempfile::tempdir().unwrap();
+        let fd = Store::open_root(d.path()).unwrap();
+        (d, Store::new(fd, Some(".coherent".into())).unwrap())
+    }
+
+    const ROOT: Caller = Caller {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+
+    #[test]
+    fn lookup_counts_and_paths_follow_renames() {
+        let (d, s) = store();
+        std::fs::create_dir(d.path().join("a")).unwrap();
+        std::fs::write(d.path().join("a/f"), b"x").unwrap();
+        let a = s.lookup(ROOT_INO, OsStr::new("a")).unwrap();
+        let f = s.lookup(a.ino, OsStr::new("f")).unwrap();
+        assert_eq!(s.lookup(a.ino, OsStr::new("f")).unwrap().ino, f.ino);
+        assert_eq!(s.path_of(f.ino).unwrap(), Path::new("a/f"));
+        s.rename(a.ino, OsStr::new("f"), ROOT_INO, OsStr::new("g"), 0)
+            .unwrap();
+        assert_eq!(s.path_of(f.ino).unwrap(), Path::new("g"));
+        s.forget(f.ino, 1);
+        assert!(s.getattr(f.ino).is_ok());
+        s.forget(f.ino, 1);
+        assert_eq!(s.getattr(f.ino), Err(FsError(libc::ESTALE)));
+        assert_eq!(s.inode_count(), 2);
+    }
+
+    #[test]
+    fn removed_and_replaced_nodes_lose_their_path() {
+        let (d, s) = store();
+        for n in ["a", "b", "c"] {
+            std::fs::write(d.path().join(n), n).unwrap();
+        }
+        let a = s.lookup(ROOT_INO, OsStr::new("a")).unwrap();
+        let b = s.lookup(ROOT_INO, OsStr::new("b")).unwrap();
+        let c = s.lookup(ROOT_INO, OsStr::new("c")).unwrap();
+        std::fs::hard_link(d.path().join("c"), d.path().join("c2")).unwrap();
+        s.unlink(ROOT_INO, OsStr::new("a")).unwrap();
+        assert_eq!(s.path_of(a.ino), None, "removed");
+        s.rename(ROOT_INO, OsStr::new("c"), ROOT_INO, OsStr::new("b"), 0)
+            .unwrap();
+        assert_eq!(s.path_of(b.ino), None, "replaced by the rename");
+        assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
+        // A node with another name left keeps its last known one.
+        std::fs::hard_link(d.path().join("b"), d.path().join("b3")).unwrap();
+        s.unlink(ROOT_INO, OsStr::new("c2")).unwrap();
+        assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
+    }
+
+    #[test]
+    fn hidden_name_is_not_visible() {
+        let (d, s) = store();
+        std::fs::create_dir(d.path().join(".coherent")).unwrap();
+        assert_eq!(
+            s.lookup(ROOT_INO, OsStr::new(".coherent")),
+            Err(FsError(libc::ENOENT))
+        );
+        let fh = s.opendir(ROOT_INO).unwrap();
+        let names: Vec<_> = s
+            .readdir(fh, 0)
+            .unwrap()
+            .0
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, vec![OsString::from("."), OsString::from("..")]);
+        assert_eq!(
+            s.mkdir(&ROOT, ROOT_INO, OsStr::new(".coherent"), 0o755),
+            Err(FsError(libc::EEXIST))
+        );
+    }
+}

@@ -1,1 +1,448 @@
-fn main() {}
+//! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (DESIGN.md §9).
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use coherent::fuse::{CoherentFs, FsOptions, NoHooks};
+use coherent::passthrough::Store;
+use fuser::{Config, MountOption, SessionACL};
+
+/// What `--stale` does with a write from an outdated view (DESIGN.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StaleMode {
+    Off,
+    Warn,
+    Strict,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "coherent-mount",
+    version,
+    about = "Mount a workspace through a coherent FUSE volume",
+    long_about = "coherent-mount BACKING MOUNTPOINT mounts BACKING at MOUNTPOINT; \
+                  coherent-mount DIR mounts DIR over itself (paths stay the same). \
+                  Runs in the foreground with logs on stderr; SIGINT/SIGTERM, umount or \
+                  fusermount3 -u unmount it."
+)]
+struct Args {
+    /// The backing directory (or, alone, the directory to mount over in place).
+    backing: PathBuf,
+    /// Where to mount (omit to mount over BACKING in place).
+    mountpoint: Option<PathBuf>,
+    /// Detach once the mount is ready (the parent exits 0 then).
+    #[arg(long)]
+    daemon: bool,
+    /// Request threads (each with its own /dev/fuse clone).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    threads: u32,
+    /// Serve file data through the daemon instead of FUSE passthrough.
+    #[arg(long)]
+    no_passthrough: bool,
+    /// FUSE mount options, comma-separated (allow_other, default_permissions, ro, ...).
+    #[arg(short = 'o', value_name = "OPT[,OPT]")]
+    options: Vec<String>,
+    /// State directory (default: $XDG_STATE_HOME or ~/.local/state, coherent/, one folder
+    /// per backing directory).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// What to do with a write from an outdated view.
+    #[arg(long, value_enum, default_value_t = StaleMode::Warn)]
+    stale: StaleMode,
+    /// Keep ended handoff records this long (e.g. 24h, 30m, 90s, 2d).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    evict_after: Duration,
+    /// Environment variable naming the session (repeatable; replaces the default list).
+    #[arg(long = "session-env", value_name = "VAR")]
+    session_env: Vec<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (use e.g. 24h, 30m, 90s, 2d)"))?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("bad duration unit in {s:?} (use s, m, h or d)")),
+    };
+    Ok(Duration::from_secs(n * mult))
+}
+
+/// A one-line user error: printed as `coherent-mount: MESSAGE`, exit status 1.
+struct Fail(String);
+
+fn fail<T>(msg: impl Into<String>) -> Result<T, Fail> {
+    Err(Fail(msg.into()))
+}
+
+fn mount_options(opts: &[String]) -> (Vec<MountOption>, SessionACL) {
+    let mut out = Vec::new();
+    let mut acl = SessionACL::Owner;
+    for o in opts
+        .iter()
+        .flat_map(|s| s.split(','))
+        .filter(|s| !s.is_empty())
+    {
+        out.push(match o {
+            "allow_other" => {
+                acl = SessionACL::All;
+                continue;
+            }
+            "allow_root" => {
+                acl = SessionACL::RootAndOwner;
+                continue;
+            }
+            "default_permissions" => MountOption::DefaultPermissions,
+            "auto_unmount" => MountOption::AutoUnmount,
+            "ro" => MountOption::RO,
+            "rw" => MountOption::RW,
+            "dev" => MountOption::Dev,
+            "nodev" => MountOption::NoDev,
+            "suid" => MountOption::Suid,
+            "nosuid" => MountOption::NoSuid,
+            "exec" => MountOption::Exec,
+            "noexec" => MountOption::NoExec,
+            "atime" => MountOption::Atime,
+            "noatime" => MountOption::NoAtime,
+            "sync" => MountOption::Sync,
+            "async" => MountOption::Async,
+            "dirsync" => MountOption::DirSync,
+            x if x.starts_with("fsname=") => MountOption::FSName(x[7..].into()),
+            x if x.starts_with("subtype=") => MountOption::Subtype(x[8..].into()),
+            x => MountOption::CUSTOM(x.into()),
+        });
+    }
+    (out, acl)
+}
+
+/// Mount points listed in /proc/self/mountinfo with their filesystem type.
+fn mounts() -> Vec<(PathBuf, String)> {
+    let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    s.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let mp = f.get(4)?;
+            let sep = f.iter().position(|x| *x == "-")?;
+            let fstype = f.get(sep + 1)?;
+            Some((PathBuf::from(unescape(mp)), fstype.to_string()))
+        })
+        .collect()
+}
+
+/// Undo the octal escapes of mountinfo (`\040` for a space, ...).
+fn unescape(s: &str) -> OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    OsString::from_vec(out)
+}
+
+fn check_dev_fuse() -> Result<(), Fail> {
+    let p = Path::new("/dev/fuse");
+    match std::fs::metadata(p) {
+        Ok(m) if m.file_type().is_char_device() => {}
+        Ok(_) => return fail("/dev/fuse is not the FUSE device (run with the real /dev/fuse, e.g. docker --device /dev/fuse)"),
+        Err(_) => return fail("/dev/fuse is missing (load the module with `modprobe fuse`, or give the container --device /dev/fuse)"),
+    }
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open(p) {
+        return fail(format!(
+            "/dev/fuse cannot be opened ({e}): run as root or give this user access to /dev/fuse"
+        ));
+    }
+    Ok(())
+}
+
+fn check_dir(what: &str, p: &Path) -> Result<PathBuf, Fail> {
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_dir() => Ok(p
+            .canonicalize()
+            .map_err(|e| Fail(format!("{what} {}: {e}", p.display())))?),
+        Ok(_) => fail(format!(
+            "{what} {} is not a directory (pass a directory)",
+            p.display()
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => fail(format!(
+            "{what} {} does not exist (create it first: mkdir -p {})",
+            p.display(),
+            p.display()
+        )),
+        Err(e) => fail(format!("{what} {}: {e}", p.display())),
+    }
+}
+
+struct Plan {
+    backing: PathBuf,
+    mountpoint: PathBuf,
+    in_place: bool,
+}
+
+fn validate(args: &Args) -> Result<Plan, Fail> {
+    let backing = check_dir("backing directory", &args.backing)?;
+    let (mountpoint, in_place) = match &args.mountpoint {
+        None => (backing.clone(), true),
+        Some(m) => {
+            let m = check_dir("mountpoint", m)?;
+            let same = m == backing;
+            (m, same)
+        }
+    };
+    if !in_place {
+        if mountpoint.starts_with(&backing) {
+            return fail(format!(
+                "mountpoint {} is inside the backing directory {} (the volume would contain itself): choose a mountpoint outside it, or mount in place with `coherent-mount {}`",
+                mountpoint.display(),
+                backing.display(),
+                backing.display()
+            ));
+        }
+        if backing.starts_with(&mountpoint) {
+            return fail(format!(
+                "backing directory {} is inside the mountpoint {} (it would be hidden by the mount): choose a mountpoint outside it",
+                backing.display(),
+                mountpoint.display()
+            ));
+        }
+    }
+    // The topmost mount at that path decides: an existing FUSE volume (another
+    // coherent-mount, say) is busy; in the two-argument form any mount is.
+    if let Some((_, fstype)) = mounts().into_iter().rev().find(|(p, _)| *p == mountpoint) {
+        if !in_place || fstype.starts_with("fuse") {
+            return fail(format!(
+                "mountpoint {} is busy: a {fstype} filesystem is already mounted there (unmount it first: umount {})",
+                mountpoint.display(),
+                mountpoint.display()
+            ));
+        }
+    }
+    check_dev_fuse()?;
+    Ok(Plan {
+        backing,
+        mountpoint,
+        in_place,
+    })
+}
+
+/// Fork; the parent waits until the child reports the mount ready (exit 0) or fails.
+/// Returns the write end of the readiness pipe in the child.
+fn daemonize() -> Result<OwnedFd, Fail> {
+    let (r, w) = nix::unistd::pipe().map_err(|e| Fail(format!("pipe: {e}")))?;
+    match unsafe { nix::unistd::fork() } {
+        Err(e) => fail(format!("fork: {e}")),
+        Ok(nix::unistd::ForkResult::Parent { .. }) => {
+            drop(w);
+            let mut f = std::fs::File::from(r);
+            let mut b = [0u8; 1];
+            let ok = matches!(f.read(&mut b), Ok(1) if b[0] == b'R');
+            std::process::exit(if ok { 0 } else { 1 });
+        }
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(r);
+            let _ = nix::unistd::setsid();
+            Ok(w)
+        }
+    }
+}
+
+/// Detach stdio (after readiness, so errors before it still reach the terminal).
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..3 {
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}
+
+/// The FUSE connection id (the minor device number) of the topmost mount at `p`, from
+/// mountinfo (a stat would ask our own, not yet serving, filesystem).
+fn connection_of(p: &Path) -> Option<u32> {
+    let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    s.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (Path::new(&unescape(f.get(4)?)) == p)
+                .then(|| f.get(2)?.split(':').nth(1)?.parse().ok())?
+        })
+        .next_back()
+}
+
+/// Abort a FUSE connection (the last resort when a busy mount cannot be unmounted).
+fn abort_connection(minor: u32) {
+    let dir = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(dir)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(false)
+    {
+        let _ = nix::mount::mount(
+            Some("fusectl"),
+            dir,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        );
+    }
+    let _ = std::fs::write(dir.join(minor.to_string()).join("abort"), b"1");
+}
+
+fn run(args: Args) -> Result<(), Fail> {
+    let plan = validate(&args)?;
+    // Open the backing directory before mounting, so an in-place mount still reaches it.
+    let root = Store::open_root(&plan.backing).map_err(|e| {
+        Fail(format!(
+            "cannot open backing directory {}: {e}",
+            plan.backing.display()
+        ))
+    })?;
+    let ready = if args.daemon {
+        Some(daemonize()?)
+    } else {
+        None
+    };
+
+    let hooks = Arc::new(NoHooks);
+    let fs = CoherentFs::new(
+        root,
+        hooks,
+        FsOptions {
+            passthrough: !args.no_passthrough,
+        },
+    )
+    .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
+
+    let (mut mopts, acl) = mount_options(&args.options);
+    if !mopts.iter().any(|o| matches!(o, MountOption::FSName(_))) {
+        mopts.push(MountOption::FSName(format!(
+            "coherent:{}",
+            plan.backing.display()
+        )));
+    }
+    let mut config = Config::default();
+    config.mount_options = mopts;
+    config.acl = acl;
+    config.n_threads = Some(args.threads as usize);
+    config.clone_fd = true;
+
+    // Signals are taken by a dedicated thread; block them before any thread starts.
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    sigs.add(nix::sys::signal::SIGINT);
+    sigs.add(nix::sys::signal::SIGTERM);
+    sigs.add(nix::sys::signal::SIGUSR1);
+    sigs.thread_block()
+        .map_err(|e| Fail(format!("sigmask: {e}")))?;
+
+    tracing::info!(
+        backing = %plan.backing.display(),
+        mountpoint = %plan.mountpoint.display(),
+        in_place = plan.in_place,
+        threads = args.threads,
+        stale = ?args.stale,
+        evict_after = ?args.evict_after,
+        session_env = ?args.session_env,
+        state_dir = ?args.state_dir,
+        "mounting"
+    );
+    let inodes = fs.store().inode_gauge();
+    let counters = fs.counters.clone();
+    let mut session = fuser::Session::new(fs, &plan.mountpoint, &config).map_err(|e| {
+        Fail(format!(
+            "cannot mount on {}: {e} (is /dev/fuse usable and the mountpoint free?)",
+            plan.mountpoint.display()
+        ))
+    })?;
+    let mut unmounter = session.unmount_callable();
+    let conn = connection_of(&plan.mountpoint);
+    tracing::info!(mountpoint = %plan.mountpoint.display(), "mounted and ready");
+
+    let mountpoint = plan.mountpoint.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let sig = loop {
+                let Ok(sig) = sigs.wait() else { return };
+                if sig != nix::sys::signal::SIGUSR1 {
+                    break sig;
+                }
+                // SIGUSR1: a diagnostic line (used by the tests to check lookup counts).
+                tracing::info!(
+                    "stats: inodes in use: {}, daemon reads: {}, daemon writes: {}",
+                    inodes.load(std::sync::atomic::Ordering::Relaxed),
+                    counters.reads.load(std::sync::atomic::Ordering::Relaxed),
+                    counters.writes.load(std::sync::atomic::Ordering::Relaxed)
+                );
+            };
+            tracing::info!("{sig}: unmounting {}", mountpoint.display());
+            if let Err(e) = unmounter.unmount() {
+                // Busy (files still open): detach now, and abort the connection so the
+                // request loop ends instead of waiting for the last close.
+                tracing::warn!("unmount failed ({e}); detaching lazily");
+                let _ = nix::mount::umount2(&mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                if let Some(minor) = conn {
+                    abort_connection(minor);
+                }
+            }
+        })
+        .map_err(|e| Fail(format!("thread: {e}")))?;
+
+    if let Some(w) = ready {
+        let mut f = std::fs::File::from(w);
+        let _ = f.write_all(b"R");
+        drop(f);
+        detach_stdio();
+    }
+    let r = session.run();
+    match r {
+        Ok(()) => {
+            tracing::info!("unmounted, exiting");
+            Ok(())
+        }
+        Err(e) => fail(format!("request loop ended with an error: {e}")),
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fail(msg)) => {
+            eprintln!("coherent-mount: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! A reusable mount harness: runs the real `coherent-mount` binary on temporary
+//! directories and always cleans up (SIGTERM, then `umount -l` and SIGKILL), so a killed
+//! or hung daemon never hangs a test.
+//!
+//! ```ignore
+//! let m = Mount::builder().arg("--no-passthrough").env("RUST_LOG", "debug").start();
+//! std::fs::write(m.path("a"), "x").unwrap();
+//! let out = m.sh_env(&[("COHERENT_SESSION", "alice")], "cat a");
+//! assert_eq!(out.stdout, b"x");
+//! ```
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_coherent-mount");
+
+/// How long to wait for a mount to appear or a daemon to exit.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Is there a mount at `p` (an exact mount point in /proc/self/mountinfo)?
+pub fn is_mounted(p: &Path) -> bool {
+    mount_fstype(p).is_some()
+}
+
+/// The filesystem type of the topmost mount at `p`.
+pub fn mount_fstype(p: &Path) -> Option<String> {
+    let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = p.to_string_lossy().replace(' ', "\\040");
+    s.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            (f.get(4)? == &want).then(|| f[sep + 1].to_string())
+        })
+        .next_back()
+}
+
+/// Poll `f` every 10 ms until it is true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Wait for a child with a timeout; kill it if it does not exit.
+pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Run a command with a timeout (killed when it runs over).
+pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let out_pipe = child.stdout.take().unwrap();
+    let err_pipe = child.stderr.take().unwrap();
+    let t1 = std::thread::spawn(move || read_all(out_pipe));
+    let t2 = std::thread::spawn(move || read_all(err_pipe));
+    let status = wait_child(&mut child, timeout).unwrap_or_else(|| ExitStatus::from_raw(9));
+    Output {
+        status,
+        stdout: t1.join().unwrap(),
+        stderr: t2.join().unwrap(),
+    }
+}
+
+fn read_all(mut r: impl std::io::Read) -> Vec<u8> {
+    let mut v = Vec::new();
+    let _ = r.read_to_end(&mut v);
+    v
+}
+
+/// Builder of a [`Mount`].
+pub struct Builder {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    in_place: bool,
+    passthrough: bool,
+}
+
+impl Builder {
+    /// Add a `coherent-mount` argument.
+    pub fn arg(mut self, a: impl Into<String>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+    pub fn args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, a: I) -> Self {
+        self.args.extend(a.into_iter().map(Into::into));
+        self
+    }
+    /// Set an environment variable of the daemon.
+    pub fn env(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+    /// Mount over the backing directory itself (`coherent-mount DIR`).
+    pub fn in_place(mut self) -> Self {
+        self.in_place = true;
+        self
+    }
+    /// `false` adds `--no-passthrough`.
+    pub fn passthrough(mut self, on: bool) -> Self {
+        self.passthrough = on;
+        self
+    }
+    /// Mount on fresh temporary directories and wait until the mount is live.
+    pub fn start(self) -> Mount {
+        let dir = tempfile::Builder::new()
+            .prefix("coherent-test-")
+            .tempdir()
+            .expect("tempdir");
+        let base = dir.path().canonicalize().unwrap();
+        let backing = base.join("backing");
+        std::fs::create_dir(&backing).unwrap();
+        let mnt = if self.in_place {
+            backing.clone()
+        } else {
+            let m = base.join("mnt");
+            std::fs::create_dir(&m).unwrap();
+            m
+        };
+        let log = base.join("daemon.log");
+        let mut cmd = Command::new(BIN);
+        cmd.arg(&backing);
+        if !self.in_place {
+            cmd.arg(&mnt);
+        }
+        if !self.passthrough {
+            cmd.arg("--no-passthrough");
+        }
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap());
+        let child = cmd.spawn().expect("spawn coherent-mount");
+        let mut m = Mount {
+            dir: Some(dir),
+            backing,
+            mnt,
+            log,
+            child: Some(child),
+        };
+        let ok = wait_until(TIMEOUT, || {
+            mount_fstype(&m.mnt).is_some_and(|t| t.starts_with("fuse"))
+                || m.child
+                    .as_mut()
+                    .unwrap()
+                    .try_wait()
+                    .ok()
+                    .flatten()
+                    .is_some()
+        });
+        let exited = m.child.as_mut().unwrap().try_wait().ok().flatten();
+        if !ok || exited.is_some() {
+            panic!(
+                "coherent-mount did not mount (exit {exited:?}); log:\n{}",
+                m.log()
+            );
+        }
+        m
+    }
+}
+
+/// A live mount of the real binary on temporary directories.
+pub struct Mount {
+    dir: Option<tempfile::TempDir>,
+    /// The backing directory.
+    pub backing: PathBuf,
+    /// The mount point (equal to `backing` for an in-place mount).
+    pub mnt: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mount {
+    pub fn builder() -> Builder {
+        Builder {
+            args: Vec::new(),
+            env: Vec::new(),
+            in_place: false,
+            passthrough: true,
+        }
+    }
+
+    /// A mount with default options, with or without passthrough.
+    pub fn new(passthrough: bool) -> Mount {
+        Mount::builder().passthrough(passthrough).start()
+    }
+
+    /// `rel` inside the mount.
+    pub fn path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// `rel` inside the backing directory (not meaningful for in-place mounts).
+    pub fn backing_path(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.backing.join(rel)
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// What the daemon wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Run `sh -c CMD` in the mount root with extra environment, 60 s timeout.
+    pub fn sh_env(&self, env: &[(&str, &str)], cmd: &str) -> Output {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(cmd).current_dir(&self.mnt);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        run_timeout(&mut c, Duration::from_secs(60))
+    }
+
+    /// Run `sh -c CMD` in the mount root.
+    pub fn sh(&self, cmd: &str) -> Output {
+        self.sh_env(&[], cmd)
+    }
+
+    /// Run `sh -c CMD` in the mount root and assert it succeeds; returns stdout.
+    pub fn sh_ok(&self, cmd: &str) -> String {
+        let o = self.sh(cmd);
+        assert!(
+            o.status.success(),
+            "`{cmd}` failed: {}\nstdout: {}\nstderr: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Send a signal to the daemon.
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    /// Wait for the daemon to exit (after a signal or an unmount); `None` on timeout.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let c = self.child.as_mut()?;
+        let end = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM the daemon and wait for it; returns its exit status.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        self.signal(libc::SIGTERM);
+        let st = self.wait_exit(TIMEOUT);
+        self.cleanup();
+        st
+    }
+
+    fn cleanup(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if c.try_wait().ok().flatten().is_none() {
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+                if wait_child_quiet(&mut c, Duration::from_secs(5)).is_none() {
+                    lazy_umount(&self.mnt);
+                    let _ = c.kill();
+                    let _ = wait_child_quiet(&mut c, Duration::from_secs(5));
+                }
+            }
+        }
+        // A killed daemon leaves a dead mount ("transport endpoint is not connected").
+        if is_mounted(&self.mnt) && mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
+            lazy_umount(&self.mnt);
+        }
+    }
+}
+
+fn wait_child_quiet(c: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
+        }
+        if Instant::now() > end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `umount -l`, by syscall (no dependency on the umount binary, never blocks).
+pub fn lazy_umount(p: &Path) {
+    let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.cleanup();
+        if let Some(d) = self.dir.take() {
+            if is_mounted(&self.mnt) {
+                // Never delete through a mount that is still there.
+                std::mem::forget(d);
+            }
+        }
+    }
+}
+
+/// Generate one test per data mode (`_passthrough` and `_daemon`) from `fn name(&Mount)`.
+#[macro_export]
+macro_rules! both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod passthrough {
+            $( #[test] fn $name() { super::$name(&$crate::common::Mount::new(true)) } )*
+        }
+        mod daemon {
+            $( #[test] fn $name() { super::$name(&$crate::common::Mount::new(false)) } )*
+        }
+    };
+}

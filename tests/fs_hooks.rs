@@ -1,0 +1,427 @@
+//! The Hooks interface through a real in-process mount: which hooks run for which
+//! operation, with which workspace-relative paths; refusals; handle tokens and change
+//! stamps at flush/release; the virtual `.coherent` directory and hiding a backing one.
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use coherent::fuse::{CoherentFs, FsOptions, HandleInfo, Hooks, OpenInfo, WriteRoute};
+use coherent::passthrough::{
+    Attr, Caller, DirEntry, FsError, FsResult, Kind, Store, Time, ROOT_INO, VIRTUAL_INO_BIT,
+};
+use parking_lot::Mutex;
+
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Vec<String>>,
+}
+
+const VDIR: u64 = VIRTUAL_INO_BIT | 1;
+const VFILE: u64 = VIRTUAL_INO_BIT | 2;
+
+fn p(x: Option<&Path>) -> String {
+    x.map(|p| p.display().to_string())
+        .unwrap_or_else(|| "?".into())
+}
+
+fn vattr(ino: u64, kind: Kind) -> Attr {
+    Attr {
+        ino,
+        kind,
+        perm: if kind == Kind::Dir { 0o555 } else { 0o444 },
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        blocks: 0,
+        atime: Time::default(),
+        mtime: Time::default(),
+        ctime: Time::default(),
+        rdev: 0,
+        blksize: 4096,
+    }
+}
+
+impl Recorder {
+    fn push(&self, s: String) {
+        self.events.lock().push(s);
+    }
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.events.lock())
+    }
+    /// Wait (up to 5 s) until `want` was recorded (release arrives after close returns),
+    /// then take everything.
+    fn take_after(&self, want: &str) -> Vec<String> {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !self.events.lock().iter().any(|e| e == want) && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        self.take()
+    }
+}
+
+fn route(r: &WriteRoute<'_>) -> String {
+    match r {
+        WriteRoute::Open { path, flags, .. } => {
+            format!("open {} trunc={}", p(*path), flags & libc::O_TRUNC != 0)
+        }
+        WriteRoute::Create { path, .. } => format!("create {}", p(*path)),
+        WriteRoute::Setattr { path, set, .. } => {
+            format!("setattr {} size={:?}", p(*path), set.size)
+        }
+        WriteRoute::Rename { from, to, flags } => format!("rename {} {} {flags}", p(*from), p(*to)),
+        WriteRoute::Unlink { path } => format!("unlink {}", p(*path)),
+        WriteRoute::Rmdir { path } => format!("rmdir {}", p(*path)),
+        WriteRoute::Link { from, to } => format!("link {} {}", p(*from), p(*to)),
+        WriteRoute::Symlink { path, .. } => format!("symlink {}", p(*path)),
+        WriteRoute::Mknod { path, .. } => format!("mknod {}", p(*path)),
+        WriteRoute::Mkdir { path, .. } => format!("mkdir {}", p(*path)),
+        WriteRoute::Setxattr { path, name } => {
+            format!("setxattr {} {}", p(*path), name.to_string_lossy())
+        }
+        WriteRoute::Removexattr { path, name } => {
+            format!("removexattr {} {}", p(*path), name.to_string_lossy())
+        }
+    }
+}
+
+struct TestHooks(Arc<Recorder>);
+
+impl Hooks for TestHooks {
+    fn before_write(&self, _c: &Caller, r: &WriteRoute<'_>) -> Result<(), FsError> {
+        let s = route(r);
+        if s.contains("forbidden") {
+            self.0.push(format!("refuse {s}"));
+            return Err(FsError(libc::EACCES));
+        }
+        self.0.push(format!("before {s}"));
+        Ok(())
+    }
+    fn after_write(&self, _c: &Caller, r: &WriteRoute<'_>, outcome: Result<(), FsError>) {
+        self.0.push(format!(
+            "after {} {:?}",
+            route(r),
+            outcome.err().map(|e| e.errno())
+        ));
+    }
+    fn on_open(&self, c: &Caller, o: &OpenInfo<'_>) -> Result<u64, FsError> {
+        // FUSE reports the calling thread's id: one of our threads.
+        assert!(
+            Path::new(&format!("/proc/self/task/{}", c.pid)).exists(),
+            "caller {c:?}"
+        );
+        self.0.push(format!(
+            "open {} created={} size={}",
+            p(o.path),
+            o.created,
+            o.stamp.size
+        ));
+        Ok(1000 + o.stamp.size)
+    }
+    fn on_flush(&self, _c: &Caller, h: &HandleInfo<'_>) {
+        self.0.push(format!(
+            "flush {} token={} changed={}",
+            p(h.path),
+            h.token,
+            h.changed()
+        ));
+    }
+    fn on_release(&self, _c: &Caller, h: &HandleInfo<'_>) {
+        self.0.push(format!(
+            "release {} token={} changed={}",
+            p(h.path),
+            h.token,
+            h.changed()
+        ));
+    }
+    fn getxattr(
+        &self,
+        _c: &Caller,
+        _ino: u64,
+        path: Option<&Path>,
+        name: &OsStr,
+    ) -> Option<FsResult<Vec<u8>>> {
+        (name == "user.coherent.path").then(|| Ok(p(path).into_bytes()))
+    }
+    fn listxattr(&self, _c: &Caller, _ino: u64, _path: Option<&Path>) -> Vec<OsString> {
+        vec!["user.coherent.path".into()]
+    }
+    fn virtual_root_name(&self) -> Option<OsString> {
+        Some(".coherent".into())
+    }
+    fn virtual_lookup(&self, _c: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        match (parent, name.to_str()) {
+            (ROOT_INO, Some(".coherent")) => Ok(vattr(VDIR, Kind::Dir)),
+            (VDIR, Some("hello")) => Ok(vattr(VFILE, Kind::File)),
+            _ => Err(FsError(libc::ENOENT)),
+        }
+    }
+    fn virtual_getattr(&self, _c: &Caller, ino: u64) -> FsResult<Attr> {
+        match ino {
+            VDIR => Ok(vattr(VDIR, Kind::Dir)),
+            VFILE => Ok(vattr(VFILE, Kind::File)),
+            _ => Err(FsError(libc::ENOENT)),
+        }
+    }
+    fn virtual_readdir(&self, _c: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+        assert_eq!(ino, VDIR);
+        Ok(vec![(
+            VFILE,
+            DirEntry {
+                name: "hello".into(),
+                kind: Kind::File,
+                backing_ino: VFILE,
+            },
+        )])
+    }
+    fn virtual_open(&self, c: &Caller, ino: u64, _flags: i32) -> FsResult<u64> {
+        assert_eq!(ino, VFILE);
+        Ok(c.pid as u64) // the token: the reader's thread id
+    }
+    fn virtual_read(
+        &self,
+        _c: &Caller,
+        _ino: u64,
+        token: u64,
+        offset: u64,
+        _size: u32,
+    ) -> FsResult<Vec<u8>> {
+        let s = format!("hello pid {token}\n").into_bytes();
+        Ok(s.get(offset as usize..).unwrap_or_default().to_vec())
+    }
+    fn virtual_write(
+        &self,
+        _c: &Caller,
+        _ino: u64,
+        _t: u64,
+        _o: u64,
+        data: &[u8],
+    ) -> FsResult<u32> {
+        self.0
+            .push(format!("vwrite {}", String::from_utf8_lossy(data).trim()));
+        Ok(data.len() as u32)
+    }
+}
+
+struct InProcess {
+    _dir: tempfile::TempDir,
+    backing: PathBuf,
+    mnt: PathBuf,
+    session: Option<fuser::BackgroundSession>,
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        drop(self.session.take()); // unmounts
+        let _ = nix::mount::umount2(&self.mnt, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn mount(rec: Arc<Recorder>, passthrough: bool) -> InProcess {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("b");
+    let mnt = dir.path().join("m");
+    fs::create_dir(&backing).unwrap();
+    fs::create_dir(&mnt).unwrap();
+    // A backing `.coherent` that must stay hidden.
+    fs::create_dir(backing.join(".coherent")).unwrap();
+    fs::write(backing.join(".coherent/secret"), b"s").unwrap();
+    let fs_ = CoherentFs::new(
+        Store::open_root(&backing).unwrap(),
+        Arc::new(TestHooks(rec)),
+        FsOptions { passthrough },
+    )
+    .unwrap();
+    let mut config = fuser::Config::default();
+    config.n_threads = Some(2);
+    config.clone_fd = true;
+    let session = fuser::Session::new(fs_, &mnt, &config)
+        .unwrap()
+        .spawn()
+        .unwrap();
+    InProcess {
+        _dir: dir,
+        backing,
+        mnt,
+        session: Some(session),
+    }
+}
+
+fn has(events: &[String], want: &str) -> bool {
+    events.iter().any(|e| e == want)
+}
+
+fn hooks_see_every_route(passthrough: bool) {
+    let rec = Arc::new(Recorder::default());
+    let m = mount(rec.clone(), passthrough);
+    let at = |x: &str| m.mnt.join(x);
+
+    fs::create_dir(at("dir")).unwrap();
+    let mut f = fs::File::create(at("dir/a")).unwrap();
+    f.write_all(b"hello").unwrap();
+    drop(f);
+    let ev = rec.take_after("release dir/a token=1000 changed=false");
+    assert!(has(&ev, "before mkdir dir"), "{ev:#?}");
+    assert!(has(&ev, "after mkdir dir None"), "{ev:#?}");
+    assert!(has(&ev, "before create dir/a"), "{ev:#?}");
+    assert!(has(&ev, "open dir/a created=true size=0"), "{ev:#?}");
+    assert!(has(&ev, "flush dir/a token=1000 changed=true"), "{ev:#?}");
+    // Release follows the flush; nothing changed in between.
+    assert!(
+        ev.iter()
+            .any(|e| e == "release dir/a token=1000 changed=false"),
+        "{ev:#?}"
+    );
+
+    // Paths follow renames (of the file and of its directory).
+    fs::rename(at("dir/a"), at("dir/b")).unwrap();
+    fs::rename(at("dir"), at("dir2")).unwrap();
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(at("dir2/b"))
+        .unwrap();
+    drop(f);
+    let ev = rec.take_after("release dir2/b token=1000 changed=false");
+    assert!(has(&ev, "before rename dir/a dir/b 0"), "{ev:#?}");
+    assert!(has(&ev, "before rename dir dir2 0"), "{ev:#?}");
+    assert!(has(&ev, "before open dir2/b trunc=true"), "{ev:#?}");
+    assert!(has(&ev, "open dir2/b created=false size=0"), "{ev:#?}");
+
+    // Reads are never write routes, but still get an open hook and a token.
+    fs::read(at("dir2/b")).unwrap();
+    let ev = rec.take_after("release dir2/b token=1000 changed=false");
+    assert!(ev.iter().all(|e| !e.starts_with("before")), "{ev:#?}");
+    assert!(has(&ev, "open dir2/b created=false size=0"), "{ev:#?}");
+    assert!(
+        has(&ev, "release dir2/b token=1000 changed=false"),
+        "{ev:#?}"
+    );
+
+    // Every other write route.
+    fs::write(at("x"), b"1").unwrap();
+    fs::write(at("h"), b"1").unwrap();
+    rec.take_after("release h token=1000 changed=false");
+    // (a hard-linked inode reports the name it was last used under: `y` from here on)
+    fs::hard_link(at("h"), at("y")).unwrap();
+    std::os::unix::fs::symlink("x", at("s")).unwrap();
+    fs::set_permissions(at("x"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(at("x"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let c = std::ffi::CString::new(at("x").to_str().unwrap()).unwrap();
+    let n = std::ffi::CString::new("user.k").unwrap();
+    assert_eq!(
+        unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0) },
+        0
+    );
+    assert_eq!(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) }, 0);
+    fs::remove_file(at("y")).unwrap();
+    fs::remove_dir(at("dir2")).unwrap_err();
+    let ev = rec.take();
+    for want in [
+        "before link h y",
+        "before symlink s",
+        "before setattr x size=None",
+        "before setattr x size=Some(0)",
+        "before setxattr x user.k",
+        "before removexattr x user.k",
+        "before unlink y",
+        "before rmdir dir2",
+        "after rmdir dir2 Some(39)",
+    ] {
+        assert!(has(&ev, want), "{want}: {ev:#?}");
+    }
+
+    // Refusals: errno to the caller, nothing done, no after hook.
+    let e = fs::write(at("forbidden"), b"no").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+    assert!(!m.backing.join("forbidden").exists());
+    let e = fs::rename(at("x"), at("forbidden2")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+    assert!(m.backing.join("x").exists());
+    let ev = rec.take();
+    assert!(has(&ev, "refuse create forbidden"), "{ev:#?}");
+    assert!(ev.iter().all(|e| !e.starts_with("after")), "{ev:#?}");
+
+    // Computed xattrs.
+    let v = xattr_get(&at("dir2/b"), "user.coherent.path");
+    assert_eq!(v, b"dir2/b");
+
+    // The virtual directory: listed at the root, served by the hooks, the backing one
+    // hidden and not writable.
+    let names: Vec<String> = fs::read_dir(&m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.iter().filter(|n| *n == ".coherent").count(), 1);
+    let inside: Vec<String> = fs::read_dir(at(".coherent"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(inside, vec!["hello".to_string()]);
+    let tid = unsafe { libc::gettid() };
+    assert_eq!(
+        fs::read_to_string(at(".coherent/hello")).unwrap(),
+        format!("hello pid {tid}\n")
+    );
+    assert!(fs::metadata(at(".coherent/secret")).is_err());
+    fs::OpenOptions::new()
+        .write(true)
+        .open(at(".coherent/hello"))
+        .unwrap()
+        .write_all(b"ping\n")
+        .unwrap();
+    assert!(rec.take().iter().any(|e| e == "vwrite ping"));
+    assert!(fs::remove_dir(at(".coherent")).is_err());
+    assert!(fs::create_dir(at(".coherent")).is_err());
+    assert_eq!(
+        fs::rename(at(".coherent"), at("elsewhere"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EACCES)
+    );
+    assert!(m.backing.join(".coherent/secret").exists());
+
+    // Editor-style save over a file someone still has open: the old handle's flush is
+    // no longer attributed to the path (the new file has it now).
+    fs::write(at("plan"), b"v1").unwrap();
+    let mut old = fs::OpenOptions::new()
+        .append(true)
+        .open(at("plan"))
+        .unwrap();
+    fs::write(at("plan.tmp"), b"v2").unwrap();
+    fs::rename(at("plan.tmp"), at("plan")).unwrap();
+    old.write_all(b"late").unwrap();
+    drop(old);
+    let ev = rec.take_after("release ? token=1002 changed=false");
+    assert!(has(&ev, "flush ? token=1002 changed=true"), "{ev:#?}");
+    assert!(has(&ev, "before rename plan.tmp plan 0"), "{ev:#?}");
+    assert_eq!(fs::read(at("plan")).unwrap(), b"v2");
+}
+
+fn xattr_get(p: &Path, name: &str) -> Vec<u8> {
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut b = vec![0u8; 256];
+    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), b.as_mut_ptr().cast(), b.len()) };
+    assert!(r >= 0, "{}", std::io::Error::last_os_error());
+    b.truncate(r as usize);
+    b
+}
+
+#[test]
+fn hooks_passthrough() {
+    hooks_see_every_route(true);
+}
+
+#[test]
+fn hooks_daemon() {
+    hooks_see_every_route(false);
+}
