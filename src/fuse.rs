@@ -14,6 +14,7 @@
 //! `FUSE_POSIX_LOCKS`/`FUSE_FLOCK_LOCKS`), so they behave as on a local filesystem
 //! between the processes of this host.
 
+mod convert;
 pub mod hooks;
 
 use std::collections::HashMap;
@@ -22,121 +23,28 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
+use convert::{caller, errno, file_attr, file_type, has_cap_sys_admin, set_time, xattr_answer};
 pub use hooks::{open_writes, HandleInfo, Hooks, NoHooks, OpenInfo, WriteRoute};
 
 use crate::passthrough::{
-    is_virtual, Attr, Caller, DirEntry, FsError, FsResult, Kind, SetAttr, SetTime, Store, Time,
-    XattrReply, ROOT_INO,
+    is_virtual, Attr, Caller, DirEntry, FsError, FsResult, Kind, SetAttr, Store, XattrReply,
+    ROOT_INO,
 };
 
 /// Entry and attribute cache time (see the module doc).
 pub const TTL: Duration = Duration::from_secs(1);
 /// Largest read/write request through the daemon.
 pub const MAX_IO: u32 = 1 << 20;
-
-/// The one place an [`FsError`] becomes a FUSE errno.
-fn errno(e: FsError) -> Errno {
-    Errno::from_i32(e.errno())
-}
-
-fn caller(req: &Request) -> Caller {
-    Caller {
-        pid: req.pid(),
-        uid: req.uid(),
-        gid: req.gid(),
-    }
-}
-
-fn system_time(t: Time) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
-    }
-}
-
-fn set_time(t: TimeOrNow) -> SetTime {
-    match t {
-        TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(st) => SetTime::At(match st.duration_since(UNIX_EPOCH) {
-            Ok(d) => Time {
-                sec: d.as_secs() as i64,
-                nsec: d.subsec_nanos(),
-            },
-            Err(e) => {
-                let d = e.duration();
-                let mut sec = -(d.as_secs() as i64);
-                let mut nsec = d.subsec_nanos();
-                if nsec > 0 {
-                    sec -= 1;
-                    nsec = 1_000_000_000 - nsec;
-                }
-                Time { sec, nsec }
-            }
-        }),
-    }
-}
-
-fn file_type(k: Kind) -> FileType {
-    match k {
-        Kind::File => FileType::RegularFile,
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDev => FileType::CharDevice,
-        Kind::BlockDev => FileType::BlockDevice,
-    }
-}
-
-fn file_attr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino),
-        size: a.size,
-        blocks: a.blocks,
-        atime: system_time(a.atime),
-        mtime: system_time(a.mtime),
-        ctime: system_time(a.ctime),
-        crtime: system_time(a.ctime),
-        kind: file_type(a.kind),
-        perm: a.perm,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev,
-        blksize: a.blksize,
-        flags: 0,
-    }
-}
-
-fn xattr_answer(r: FsResult<XattrReply>, reply: ReplyXattr) {
-    match r {
-        Ok(XattrReply::Size(n)) => reply.size(n),
-        Ok(XattrReply::Data(d)) => reply.data(&d),
-        Err(e) => reply.error(errno(e)),
-    }
-}
-
-/// Does this process hold CAP_SYS_ADMIN (needed to register passthrough backing files)?
-fn has_cap_sys_admin() -> bool {
-    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    s.lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << 21) != 0) // bit 21: CAP_SYS_ADMIN
-}
 
 /// Backing ids registered with the kernel: one per inode while any handle of it is open
 /// (the kernel requires all passthrough opens of an inode to share a backing file).
@@ -386,6 +294,14 @@ impl CoherentFs {
     }
 }
 
+/// Answer a request that returns nothing but success or an errno.
+fn empty_reply(r: FsResult<()>, reply: ReplyEmpty) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
 impl Filesystem for CoherentFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         for flag in [
@@ -574,10 +490,10 @@ impl Filesystem for CoherentFs {
         let route = WriteRoute::Unlink {
             path: path.as_deref(),
         };
-        match self.guarded(&c, &route, || self.store.unlink(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || self.store.unlink(parent.0, name)),
+            reply,
+        )
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -589,10 +505,10 @@ impl Filesystem for CoherentFs {
         let route = WriteRoute::Rmdir {
             path: path.as_deref(),
         };
-        match self.guarded(&c, &route, || self.store.rmdir(parent.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || self.store.rmdir(parent.0, name)),
+            reply,
+        )
     }
 
     fn symlink(
@@ -643,13 +559,13 @@ impl Filesystem for CoherentFs {
             to: to.as_deref(),
             flags: flags.bits(),
         };
-        match self.guarded(&c, &route, || {
-            self.store
-                .rename(parent.0, name, newparent.0, newname, flags.bits())
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || {
+                self.store
+                    .rename(parent.0, name, newparent.0, newname, flags.bits())
+            }),
+            reply,
+        )
     }
 
     fn link(
@@ -864,10 +780,7 @@ impl Filesystem for CoherentFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.store.fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(self.store.fsync(fh.0, datasync), reply)
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -976,10 +889,7 @@ impl Filesystem for CoherentFs {
         if is_virtual(ino.0) {
             return reply.ok();
         }
-        match self.store.fsyncdir(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(self.store.fsyncdir(fh.0, datasync), reply)
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
@@ -1010,12 +920,12 @@ impl Filesystem for CoherentFs {
             path: path.as_deref(),
             name,
         };
-        match self.guarded(&c, &route, || {
-            self.store.setxattr(ino.0, name, value, flags)
-        }) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || {
+                self.store.setxattr(ino.0, name, value, flags)
+            }),
+            reply,
+        )
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -1083,20 +993,17 @@ impl Filesystem for CoherentFs {
             path: path.as_deref(),
             name,
         };
-        match self.guarded(&c, &route, || self.store.removexattr(ino.0, name)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(
+            self.guarded(&c, &route, || self.store.removexattr(ino.0, name)),
+            reply,
+        )
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         if is_virtual(ino.0) {
             return reply.ok();
         }
-        match self.store.access(&caller(req), ino.0, mask.bits()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(self.store.access(&caller(req), ino.0, mask.bits()), reply)
     }
 
     fn fallocate(
@@ -1109,10 +1016,7 @@ impl Filesystem for CoherentFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        match self.store.fallocate(fh.0, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        empty_reply(self.store.fallocate(fh.0, offset, length, mode), reply)
     }
 
     fn lseek(

@@ -14,7 +14,6 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::File;
-use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -22,6 +21,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
+
+mod creds;
+mod sys;
+mod types;
+
+use sys::{backing_flags, cstr, cvt, fstat_fd, fstatat, open_path_at, proc_path, xattr_reply};
+pub use types::*;
 
 /// The inode number of the mount root.
 pub const ROOT_INO: u64 = 1;
@@ -31,223 +37,6 @@ pub const VIRTUAL_INO_BIT: u64 = 1 << 63;
 /// Is `ino` a virtual node (served by the hooks, not the backing directory)?
 pub fn is_virtual(ino: u64) -> bool {
     ino & VIRTUAL_INO_BIT != 0
-}
-
-/// The one error type of the filesystem layer: an errno.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FsError(pub i32);
-
-impl FsError {
-    pub fn errno(self) -> i32 {
-        self.0
-    }
-    pub fn last() -> Self {
-        FsError::from(io::Error::last_os_error())
-    }
-}
-
-impl From<io::Error> for FsError {
-    fn from(e: io::Error) -> Self {
-        FsError(e.raw_os_error().unwrap_or(libc::EIO))
-    }
-}
-
-impl From<nix::errno::Errno> for FsError {
-    fn from(e: nix::errno::Errno) -> Self {
-        FsError(e as i32)
-    }
-}
-
-impl std::fmt::Display for FsError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", io::Error::from_raw_os_error(self.0))
-    }
-}
-
-impl std::error::Error for FsError {}
-
-pub type FsResult<T> = Result<T, FsError>;
-
-/// Turn a libc return value into a result (`-1` means errno).
-fn cvt<T: PartialEq + From<i8>>(r: T) -> FsResult<T> {
-    if r == T::from(-1) {
-        Err(FsError::last())
-    } else {
-        Ok(r)
-    }
-}
-
-/// Who made a request: the calling thread's id (FUSE reports the thread, not the
-/// process: map it to its process through `/proc/PID/status` `Tgid:` when needed; 0 when
-/// the kernel sends no caller, e.g. on some releases) and its fs uid/gid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller {
-    pub pid: u32,
-    pub uid: u32,
-    pub gid: u32,
-}
-
-/// A file's kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    File,
-    Dir,
-    Symlink,
-    Fifo,
-    Socket,
-    CharDev,
-    BlockDev,
-}
-
-impl Kind {
-    pub fn from_mode(mode: u32) -> Kind {
-        match mode & libc::S_IFMT {
-            libc::S_IFDIR => Kind::Dir,
-            libc::S_IFLNK => Kind::Symlink,
-            libc::S_IFIFO => Kind::Fifo,
-            libc::S_IFSOCK => Kind::Socket,
-            libc::S_IFCHR => Kind::CharDev,
-            libc::S_IFBLK => Kind::BlockDev,
-            _ => Kind::File,
-        }
-    }
-    fn from_dtype(t: u8) -> Option<Kind> {
-        Some(match t {
-            libc::DT_DIR => Kind::Dir,
-            libc::DT_LNK => Kind::Symlink,
-            libc::DT_FIFO => Kind::Fifo,
-            libc::DT_SOCK => Kind::Socket,
-            libc::DT_CHR => Kind::CharDev,
-            libc::DT_BLK => Kind::BlockDev,
-            libc::DT_REG => Kind::File,
-            _ => return None,
-        })
-    }
-}
-
-/// A timestamp as (seconds, nanoseconds) since the epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub struct Time {
-    pub sec: i64,
-    pub nsec: u32,
-}
-
-/// File attributes as the mount reports them (`ino` is ours, not the backing one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attr {
-    pub ino: u64,
-    pub kind: Kind,
-    /// Permission bits, including setuid/setgid/sticky.
-    pub perm: u16,
-    pub nlink: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub size: u64,
-    pub blocks: u64,
-    pub atime: Time,
-    pub mtime: Time,
-    pub ctime: Time,
-    pub rdev: u32,
-    pub blksize: u32,
-}
-
-/// The st_blksize reported for every file: large, so tools (cp, cat) use big buffers.
-pub const BLKSIZE: u32 = 1 << 20;
-
-impl Attr {
-    fn from_stat(ino: u64, st: &libc::stat) -> Attr {
-        Attr {
-            ino,
-            kind: Kind::from_mode(st.st_mode),
-            perm: (st.st_mode & 0o7777) as u16,
-            nlink: st.st_nlink as u32,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            size: st.st_size as u64,
-            blocks: st.st_blocks as u64,
-            atime: Time {
-                sec: st.st_atime,
-                nsec: st.st_atime_nsec as u32,
-            },
-            mtime: Time {
-                sec: st.st_mtime,
-                nsec: st.st_mtime_nsec as u32,
-            },
-            ctime: Time {
-                sec: st.st_ctime,
-                nsec: st.st_ctime_nsec as u32,
-            },
-            rdev: st.st_rdev as u32,
-            blksize: BLKSIZE,
-        }
-    }
-}
-
-/// The change stamp of a backing file (DESIGN.md §3): a handle committed a change when
-/// the stamp at flush/release differs from the one at open (or the last flush).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Stamp {
-    pub ino: u64,
-    pub ctime: Time,
-    pub mtime: Time,
-    pub size: u64,
-}
-
-impl Stamp {
-    fn from_stat(st: &libc::stat) -> Stamp {
-        Stamp {
-            ino: st.st_ino,
-            ctime: Time {
-                sec: st.st_ctime,
-                nsec: st.st_ctime_nsec as u32,
-            },
-            mtime: Time {
-                sec: st.st_mtime,
-                nsec: st.st_mtime_nsec as u32,
-            },
-            size: st.st_size as u64,
-        }
-    }
-}
-
-/// A time to set with setattr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SetTime {
-    Now,
-    At(Time),
-}
-
-/// The changes of one setattr (None = leave as is, i.e. `UTIME_OMIT` for times).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SetAttr {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime: Option<SetTime>,
-    pub mtime: Option<SetTime>,
-}
-
-/// One directory entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirEntry {
-    pub name: OsString,
-    pub kind: Kind,
-    /// Backing inode number (only a hint for plain readdir).
-    pub backing_ino: u64,
-}
-
-/// Filesystem statistics.
-#[derive(Debug, Clone, Copy)]
-pub struct StatFs {
-    pub blocks: u64,
-    pub bfree: u64,
-    pub bavail: u64,
-    pub files: u64,
-    pub ffree: u64,
-    pub bsize: u32,
-    pub namelen: u32,
-    pub frsize: u32,
 }
 
 struct Inode {
@@ -301,35 +90,6 @@ pub struct Store {
     /// A name at the root that is never shown from the backing directory (the virtual
     /// `.coherent`): lookups, readdir and creations of it are answered elsewhere.
     hidden: Option<OsString>,
-}
-
-fn cstr(name: &OsStr) -> FsResult<CString> {
-    CString::new(name.as_bytes()).map_err(|_| FsError(libc::EINVAL))
-}
-
-fn proc_path(fd: RawFd) -> CString {
-    CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL")
-}
-
-fn fstatat(dirfd: RawFd, name: &CStr, flags: i32) -> FsResult<libc::stat> {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    cvt(unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) })?;
-    Ok(st)
-}
-
-fn fstat_fd(fd: RawFd) -> FsResult<libc::stat> {
-    fstatat(fd, c"", libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW)
-}
-
-fn open_path_at(dirfd: RawFd, name: &CStr) -> FsResult<OwnedFd> {
-    let fd = cvt(unsafe {
-        libc::openat(
-            dirfd,
-            name.as_ptr(),
-            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    })?;
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl Store {
@@ -436,14 +196,8 @@ impl Store {
     fn remember(&self, fd: OwnedFd, st: &libc::stat, parent: u64, name: &OsStr) -> Attr {
         let key = (st.st_dev, st.st_ino);
         let mut t = self.tables.write();
-        if let Some(&ino) = t.by_key.get(&key) {
-            let node = &t.inodes[&ino];
-            let mut s = node.state.lock();
-            s.refs += 1;
-            if ino != ROOT_INO {
-                s.link = Some((parent, name.to_owned()));
-            }
-            return Attr::from_stat(ino, st);
+        if let Some(attr) = Self::count_known(&t, st, parent, name) {
+            return attr;
         }
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
         self.live.fetch_add(1, Ordering::Relaxed);
@@ -463,6 +217,18 @@ impl Store {
         Attr::from_stat(ino, st)
     }
 
+    /// Count one more lookup of an inode we already hold (it pins the backing inode, so
+    /// its (dev, ino) cannot have been reused by another file).
+    fn count_known(t: &Tables, st: &libc::stat, parent: u64, name: &OsStr) -> Option<Attr> {
+        let ino = *t.by_key.get(&(st.st_dev, st.st_ino))?;
+        let mut s = t.inodes[&ino].state.lock();
+        s.refs += 1;
+        if ino != ROOT_INO {
+            s.link = Some((parent, name.to_owned()));
+        }
+        Some(Attr::from_stat(ino, st))
+    }
+
     /// Look `name` up under `parent`, counting one kernel lookup on success.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
         if self.is_hidden(parent, name) {
@@ -470,7 +236,12 @@ impl Store {
         }
         let dir = self.inode(parent)?;
         let c = cstr(name)?;
-        // A fresh O_PATH fd, then stat through it, so the key and the fd agree.
+        // Known already (the common case: the kernel revalidating after the TTL): one stat.
+        let st = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW)?;
+        if let Some(attr) = Self::count_known(&self.tables.read(), &st, parent, name) {
+            return Ok(attr);
+        }
+        // New: a fresh O_PATH fd, then stat through it, so the key and the fd agree.
         let fd = open_path_at(dir.fd.as_raw_fd(), &c)?;
         let st = fstat_fd(fd.as_raw_fd())?;
         Ok(self.remember(fd, &st, parent, name))
@@ -1150,83 +921,6 @@ impl Store {
             Ok(())
         } else {
             Err(FsError(libc::EACCES))
-        }
-    }
-}
-
-/// The answer to a getxattr/listxattr: the data, or (for size 0) only its length.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum XattrReply {
-    Size(u32),
-    Data(Vec<u8>),
-}
-
-fn xattr_reply(mut buf: Vec<u8>, len: usize, size: u32) -> XattrReply {
-    if size == 0 {
-        XattrReply::Size(len as u32)
-    } else {
-        buf.truncate(len);
-        XattrReply::Data(buf)
-    }
-}
-
-/// Flags for opening the backing file: `O_DIRECT` is dropped because daemon-side buffers
-/// are not aligned (in passthrough mode the kernel opens the backing file with the
-/// caller's own flags), and `O_NOCTTY`/`O_EXCL` are not meaningful on a re-open.
-fn backing_flags(flags: i32) -> i32 {
-    flags & !(libc::O_DIRECT | libc::O_NOCTTY)
-}
-
-/// Running a syscall with the caller's credentials on this thread only.
-mod creds {
-    use super::Caller;
-
-    /// The caller's supplementary groups, from `/proc/PID/status`.
-    pub(super) fn groups_of(pid: u32) -> Vec<u32> {
-        let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-            return Vec::new();
-        };
-        s.lines()
-            .find_map(|l| l.strip_prefix("Groups:"))
-            .map(|g| {
-                g.split_whitespace()
-                    .filter_map(|x| x.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// While alive, this thread's fsuid/fsgid/groups are the caller's. The raw syscalls
-    /// are per-thread (glibc's wrappers would change every thread of the daemon).
-    pub(super) struct AsCaller {
-        active: bool,
-    }
-
-    impl AsCaller {
-        pub(super) fn enter(c: &Caller) -> AsCaller {
-            if c.uid == 0 && c.gid == 0 {
-                return AsCaller { active: false };
-            }
-            let groups = groups_of(c.pid);
-            unsafe {
-                libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
-                libc::syscall(libc::SYS_setfsgid, c.gid);
-                libc::syscall(libc::SYS_setfsuid, c.uid);
-            }
-            AsCaller { active: true }
-        }
-    }
-
-    impl Drop for AsCaller {
-        fn drop(&mut self) {
-            if self.active {
-                // fsuid back to 0 also restores the filesystem capabilities.
-                unsafe {
-                    libc::syscall(libc::SYS_setfsuid, 0);
-                    libc::syscall(libc::SYS_setfsgid, 0);
-                    libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<u32>());
-                }
-            }
         }
     }
 }

@@ -22,6 +22,15 @@ fn sigterm_unmounts_and_exits_zero() {
 }
 
 #[test]
+fn sighup_unmounts_too() {
+    let mut m = Mount::new(false);
+    m.signal(libc::SIGHUP);
+    let st = m.wait_exit(TIMEOUT).expect("exited");
+    assert!(st.success(), "{st:?}\n{}", m.log());
+    assert!(!is_mounted(&m.mnt));
+}
+
+#[test]
 fn sigint_with_a_busy_mount_still_exits_zero() {
     let mut m = Mount::new(false);
     assert!(m

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use coherent::fuse::{CoherentFs, FsOptions, NoHooks};
+use coherent::fuse::{CoherentFs, FsOptions, Hooks, NoHooks};
 use coherent::passthrough::Store;
 use fuser::{Config, MountOption, SessionACL};
 
@@ -313,6 +313,13 @@ fn abort_connection(minor: u32) {
     let _ = std::fs::write(dir.join(minor.to_string()).join("abort"), b"1");
 }
 
+/// The enforcement layer plugged into the volume. A plain passthrough volume for now;
+/// the coherence engine (issue 4) is built here from `--state-dir`, `--stale`,
+/// `--evict-after` and `--session-env`.
+fn make_hooks(_args: &Args, _plan: &Plan) -> Arc<dyn Hooks> {
+    Arc::new(NoHooks)
+}
+
 fn run(args: Args) -> Result<(), Fail> {
     let plan = validate(&args)?;
     // Open the backing directory before mounting, so an in-place mount still reaches it.
@@ -328,7 +335,7 @@ fn run(args: Args) -> Result<(), Fail> {
         None
     };
 
-    let hooks = Arc::new(NoHooks);
+    let hooks = make_hooks(&args, &plan);
     let fs = CoherentFs::new(
         root,
         hooks,
@@ -355,6 +362,8 @@ fn run(args: Args) -> Result<(), Fail> {
     let mut sigs = nix::sys::signal::SigSet::empty();
     sigs.add(nix::sys::signal::SIGINT);
     sigs.add(nix::sys::signal::SIGTERM);
+    // A closed terminal must not leave a dead mount behind either.
+    sigs.add(nix::sys::signal::SIGHUP);
     sigs.add(nix::sys::signal::SIGUSR1);
     sigs.thread_block()
         .map_err(|e| Fail(format!("sigmask: {e}")))?;

@@ -55,18 +55,12 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// Wait for a child with a timeout; kill it if it does not exit.
 pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let end = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            return Some(st);
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let st = wait_child_quiet(child, timeout);
+    if st.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
     }
+    st
 }
 
 /// Run a command with a timeout (killed when it runs over).
@@ -270,17 +264,7 @@ impl Mount {
 
     /// Wait for the daemon to exit (after a signal or an unmount); `None` on timeout.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let c = self.child.as_mut()?;
-        let end = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(st)) = c.try_wait() {
-                return Some(st);
-            }
-            if Instant::now() > end {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_child_quiet(self.child.as_mut()?, timeout)
     }
 
     /// SIGTERM the daemon and wait for it; returns its exit status.
@@ -309,7 +293,8 @@ impl Mount {
     }
 }
 
-fn wait_child_quiet(c: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+/// Wait for a child with a timeout; `None` (child left running) when it does not exit.
+pub fn wait_child_quiet(c: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let end = Instant::now() + timeout;
     loop {
         if let Ok(Some(st)) = c.try_wait() {

@@ -1,0 +1,102 @@
+//! Conversions between `fuser` types and the plain types of the store, in one place
+//! (errnos included).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyXattr, Request, TimeOrNow};
+
+use crate::passthrough::{Attr, Caller, FsError, FsResult, Kind, SetTime, Time, XattrReply};
+
+/// The one place an [`FsError`] becomes a FUSE errno.
+pub(super) fn errno(e: FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+pub(super) fn caller(req: &Request) -> Caller {
+    Caller {
+        pid: req.pid(),
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+pub(super) fn system_time(t: Time) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+pub(super) fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(st) => SetTime::At(match st.duration_since(UNIX_EPOCH) {
+            Ok(d) => Time {
+                sec: d.as_secs() as i64,
+                nsec: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let mut sec = -(d.as_secs() as i64);
+                let mut nsec = d.subsec_nanos();
+                if nsec > 0 {
+                    sec -= 1;
+                    nsec = 1_000_000_000 - nsec;
+                }
+                Time { sec, nsec }
+            }
+        }),
+    }
+}
+
+pub(super) fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+pub(super) fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: system_time(a.atime),
+        mtime: system_time(a.mtime),
+        ctime: system_time(a.ctime),
+        crtime: system_time(a.ctime),
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+pub(super) fn xattr_answer(r: FsResult<XattrReply>, reply: ReplyXattr) {
+    match r {
+        Ok(XattrReply::Size(n)) => reply.size(n),
+        Ok(XattrReply::Data(d)) => reply.data(&d),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+/// Does this process hold CAP_SYS_ADMIN (needed to register passthrough backing files)?
+pub(super) fn has_cap_sys_admin() -> bool {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    s.lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 21) != 0) // bit 21: CAP_SYS_ADMIN
+}
