@@ -122,6 +122,8 @@ fn a_session_run_by_coherent_run_is_fenced_in_every_process() {
 fn claude_code_sessions_get_the_shared_agent_id() {
     let m = Mount::new(true);
     let env = [("CLAUDE_CODE_SESSION_ID", "abc")];
+    std::fs::write(m.backing_path("readme"), "r\n").unwrap();
+    sh_env(&m, &env, "cat readme >/dev/null");
     let s = sh_env(&m, &env, "cat .coherent/whoami");
     let w: serde_json::Value = serde_json::from_str(s.out.trim()).expect("whoami JSON");
     assert_eq!(w["agent"], "54c1e55e-b8fa-534a-93fc-0c4393bd8424", "{w}");
@@ -251,4 +253,27 @@ fn register_makes_a_successor_known() {
     for n in ["alice", "zed", "yan"] {
         assert!(names.contains(&n), "{n} not in {names:?}");
     }
+}
+
+#[test]
+fn a_session_that_touched_the_mount_is_known() {
+    let m = Mount::new(true);
+    std::fs::write(m.backing_path("readme"), "r\n").unwrap();
+    sh_ok(&m, Some("alice"), "echo a > plan.md");
+    let (code, v) = cli_json(&m, Some("alice"), &["transfer", "--to", "rita", "plan.md"]);
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (Some(2), Some("handoff_successor_unknown")),
+        "{v}"
+    );
+    // rita only reads a file: she is known from then on
+    sh_ok(&m, Some("rita"), "cat readme >/dev/null");
+    let r = transfer(&m, "alice", "rita", &["plan.md"]);
+    assert_eq!(r["records"][0]["successor_agent"], agent_of("rita"), "{r}");
+    assert!(
+        events(&m)
+            .iter()
+            .any(|e| e["event"] == "session_seen" && e["session"] == "rita"),
+        "no session_seen for rita"
+    );
 }

@@ -288,13 +288,10 @@ pub fn short_of(name: &str) -> String {
     agent_of(name)[..8].to_string()
 }
 
-/// Make `who` known to the volume (a process of it touches the mount).
+/// Make `who` known to the volume: it registers itself through the control file (§2).
 pub fn touch_session(m: &impl Root, who: &str) {
-    sh_ok(
-        m,
-        Some(who),
-        "ls -a >/dev/null && cat .coherent/whoami >/dev/null",
-    );
+    let r = cli(m, Some(who), &["register"]);
+    assert!(r.ok(), "{who} coherent register: {}", r.show());
 }
 
 /// `coherent transfer --to TO PATHS` as `giver`, retried while the answer is
