@@ -238,7 +238,9 @@ fn decline_lifts_the_fence_and_ends_the_handoff(chan: Chan) {
         (&json!("declined"), &json!(false))
     );
     assert!(!events_of(&m, "decline", "plan.md", Some("bob")).is_empty());
-    // the same transfer at the same version is refused until the version moves
+    // the giver gave her hold up with the transfer: she reads the file again (S at v1);
+    // the same transfer at the same version is still refused until the version moves
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
     refused(
         &m,
         chan,
@@ -272,6 +274,7 @@ fn withdraw_lifts_the_fence(chan: Chan) {
     );
     assert!(!events_of(&m, "withdraw", "plan.md", Some("alice")).is_empty());
     assert!(inbox(&m, Some("bob")).find("plan.md").is_none());
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
     refused(
         &m,
         chan,
@@ -288,7 +291,7 @@ fn a_bystander_overtakes(chan: Chan) {
     let m = setup();
     ok(&m, chan, "alice", &transfer_req("plan.md", "bob", None));
     // an acquire without a commit: overtaken, still live (the version has not moved)
-    let h = hold_open(&m, Some("carol"), "plan.md", true).expect("carol opens for write");
+    let mut h = hold_open(&m, Some("carol"), "plan.md", true).expect("carol opens for write");
     let r = record(&m, "plan.md").unwrap();
     assert_eq!(r["status"], "overtaken", "{r}");
     assert_eq!(r["counterparty"], "carol", "{r}");
@@ -315,7 +318,7 @@ fn a_bystander_overtakes(chan: Chan) {
 
 fn in_flight_while_the_giver_holds_a_write_descriptor(chan: Chan) {
     let m = setup();
-    let h = hold_open(&m, Some("alice"), "plan.md", true).expect("alice opens for write");
+    let mut h = hold_open(&m, Some("alice"), "plan.md", true).expect("alice opens for write");
     refused(
         &m,
         chan,
@@ -518,6 +521,7 @@ fn every_refusal(chan: Chan) {
         "handoff_not_live",
         libc::EACCES,
     );
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
     refused(
         &m,
         chan,
@@ -559,6 +563,8 @@ fn every_refusal_json_requests() {
     every_refusal(Chan::CtlJson);
 }
 
+const ECHO_TRANSFER: &str = "bash -c \"echo 'transfer --to bob plan.md' > .coherent/ctl\"";
+
 /// `echo '...' > .coherent/ctl` reports failure by itself: the shell's redirection fails
 /// with the errno's text.
 #[test]
@@ -571,32 +577,24 @@ fn echo_to_ctl_fails_by_itself() {
         ("frobnicate plan.md", "Invalid argument"),
     ];
     for (line, text) in cases {
-        let r = sh(&m, Some("alice"), &format!("echo '{line}' > .coherent/ctl"));
+        let r = sh(
+            &m,
+            Some("alice"),
+            &format!("bash -c \"echo '{line}' > .coherent/ctl\""),
+        );
         assert!(
             !r.ok() && r.err.contains(text),
             "`{line}`: want {text:?}, got {}",
             r.show()
         );
     }
-    let h = hold_open(&m, Some("alice"), "plan.md", true).unwrap();
-    let r = sh(
-        &m,
-        Some("alice"),
-        "echo 'transfer --to bob plan.md' > .coherent/ctl",
-    );
+    let mut h = hold_open(&m, Some("alice"), "plan.md", true).unwrap();
+    let r = sh(&m, Some("alice"), ECHO_TRANSFER);
     assert!(r.err.contains("Device or resource busy"), "{}", r.show());
     h.close();
-    let mut last = sh(
-        &m,
-        Some("alice"),
-        "echo 'transfer --to bob plan.md' > .coherent/ctl",
-    );
+    let mut last = sh(&m, Some("alice"), ECHO_TRANSFER);
     common::wait_until(SETTLE, || {
-        last = sh(
-            &m,
-            Some("alice"),
-            "echo 'transfer --to bob plan.md' > .coherent/ctl",
-        );
+        last = sh(&m, Some("alice"), ECHO_TRANSFER);
         !last.err.contains("busy")
     });
     assert!(last.ok(), "{}", last.show());

@@ -13,42 +13,48 @@ fn on(e: &serde_json::Value, event: &str, path: &str, session: &str) -> bool {
     e["event"] == event && e["path"] == path && e["session"] == session
 }
 
+// Session names are host-wide (liveness looks at every process of a session), so the
+// reclaim tests use names no other test process runs under.
+
 #[test]
 fn a_killed_sessions_write_hold_is_reclaimed() {
     let m = Mount::new(true);
+    let (dan, erin) = (unique("dan1"), unique("erin"));
     sh_ok(&m, Some("alice"), "echo a > f");
-    let h = hold_open(&m, Some("dan"), "f", true).expect("dan opens f for write");
+    let h = hold_open(&m, Some(&dan), "f", true).expect("dan opens f for write");
     assert!(
-        wait_event(&m, SETTLE, |e| on(e, "acquire", "f", "dan")).is_some(),
+        wait_event(&m, SETTLE, |e| on(e, "acquire", "f", &dan)).is_some(),
         "no acquire event for dan"
     );
     h.kill9();
-    let got = wait_event(&m, SETTLE, |e| on(e, "reclaim", "f", "dan"));
+    let got = wait_event(&m, SETTLE, |e| on(e, "reclaim", "f", &dan));
     assert!(got.is_some(), "no reclaim event for dan within {SETTLE:?}");
     assert!(
-        events_of(&m, "release", "f", Some("dan")).is_empty(),
+        events_of(&m, "release", "f", Some(&dan)).is_empty(),
         "a dead session's hold ended as a release"
     );
     assert_eq!(version(&m, "f"), Some(1), "nothing was written");
 
     // the other way round: a clean close is a release, never a reclaim
-    let h = hold_open(&m, Some("erin"), "f", true).expect("erin opens f for write");
+    let mut h = hold_open(&m, Some(&erin), "f", true).expect("erin opens f for write");
     h.close();
     assert!(
-        wait_event(&m, SETTLE, |e| on(e, "release", "f", "erin")).is_some(),
+        wait_event(&m, SETTLE, |e| on(e, "release", "f", &erin)).is_some(),
         "no release event for erin"
     );
-    assert!(events_of(&m, "reclaim", "f", Some("erin")).is_empty());
+    h.exit();
+    assert!(events_of(&m, "reclaim", "f", Some(&erin)).is_empty());
 }
 
 #[test]
 fn a_reclaim_waits_for_the_sessions_last_process() {
     let m = Mount::new(true);
+    let dan = unique("dan2");
     sh_ok(&m, Some("alice"), "echo a > f");
     // two processes of dan: the writer dies, but another process of the session lives on
-    let keep = hold_open(&m, Some("dan"), "f", false).expect("dan reads f");
-    let h = hold_open(&m, Some("dan"), "f", true).expect("dan opens f for write");
-    assert!(wait_event(&m, SETTLE, |e| on(e, "acquire", "f", "dan")).is_some());
+    let keep = hold_open(&m, Some(&dan), "f", false).expect("dan reads f");
+    let h = hold_open(&m, Some(&dan), "f", true).expect("dan opens f for write");
+    assert!(wait_event(&m, SETTLE, |e| on(e, "acquire", "f", &dan)).is_some());
     h.kill9();
     // the write handle is gone but dan is alive: its hold ends as a release, not a reclaim
     // (the daemon sees the RELEASE asynchronously: wait for either event)
@@ -60,12 +66,12 @@ fn a_reclaim_waits_for_the_sessions_last_process() {
         e["event"], "release",
         "dan still has a live process, yet its hold was reclaimed: {e}"
     );
-    keep.close();
+    keep.exit();
 }
 
 /// Make a workspace with history: plan.md at v2 handed alice -> bob, other.md v1.
 fn history(m: &Remount) {
-    sh_ok(m, Some("bob"), "ls >/dev/null");
+    touch_session(m, "bob");
     sh_ok(
         m,
         Some("alice"),

@@ -25,11 +25,6 @@ fn writable_cgroup2() -> Option<PathBuf> {
     Some(mount)
 }
 
-/// A session name unique to this test process (cgroups are host-wide).
-fn unique(base: &str) -> String {
-    format!("{base}-{}", std::process::id())
-}
-
 /// Removes `coherent-session-NAME` cgroups left by `coherent run` (once their processes
 /// have exited).
 struct CgroupGuard(Vec<String>);

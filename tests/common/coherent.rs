@@ -274,6 +274,12 @@ pub fn committed_version(m: &impl Root, path: &str) -> Option<u64> {
         .next_back()
 }
 
+/// A session name unique to this test process: session names (and `coherent run`
+/// cgroups) are host-wide, and other test processes may run at the same time.
+pub fn unique(base: &str) -> String {
+    format!("{base}-{}", std::process::id())
+}
+
 /// The agent id of a session named by a tag other than `CLAUDE_CODE_SESSION_ID` (§2).
 pub fn agent_of(name: &str) -> String {
     uuid::Uuid::new_v5(
@@ -457,18 +463,33 @@ impl Root for Remount {
     }
 }
 
-/// A process of a session that keeps a file of the mount open until closed, killed or
-/// dropped (a python3 blocked on its stdin).
+/// A process of a session that keeps a file of the mount open until told to close it,
+/// killed or dropped (a python3 reading commands on its stdin).
+///
+/// Note: a process that exits with the file still open closes it in the kernel's exit path,
+/// exactly as when it is killed; only [`Holder::close`] is a `close(2)` by a live process.
 pub struct Holder {
     child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl Holder {
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
-    /// Close the descriptor by letting the process exit normally.
-    pub fn close(mut self) {
+    /// `close(2)` the descriptor; the process stays alive until [`Holder::exit`] or drop.
+    pub fn close(&mut self) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("holder stdin");
+        stdin
+            .write_all(b"close\n")
+            .and_then(|_| stdin.flush())
+            .expect("holder stdin");
+        let line = self.lines.recv_timeout(RUN_TIMEOUT).unwrap_or_default();
+        assert_eq!(line.trim(), "closed", "holder did not close");
+    }
+    /// Let the process exit normally (anything still open is closed by the kernel).
+    pub fn exit(mut self) {
         drop(self.child.stdin.take());
         if crate::common::wait_child(&mut self.child, RUN_TIMEOUT).is_none() {
             panic!("holder did not exit");
@@ -496,7 +517,10 @@ import os, sys
 flags = os.O_WRONLY | os.O_APPEND if sys.argv[2] == 'w' else os.O_RDONLY
 fd = os.open(sys.argv[1], flags)
 print('ready', flush=True)
-sys.stdin.read()
+for line in sys.stdin:
+    if line.strip() == 'close':
+        os.close(fd)
+        print('closed', flush=True)
 "#;
     let mut c = Command::new("python3");
     c.arg("-c")
@@ -517,13 +541,16 @@ sys.stdin.read()
     let out = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
-        let _ = tx.send(line);
+        for l in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
     });
     let line = rx.recv_timeout(RUN_TIMEOUT).unwrap_or_default();
     if line.trim() == "ready" {
-        return Ok(Holder { child });
+        return Ok(Holder { child, lines: rx });
     }
     let _ = child.kill();
     let o = child.wait_with_output().expect("wait");
