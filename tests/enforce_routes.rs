@@ -175,8 +175,8 @@ fn cmd_of(r: &Row, i: usize) -> String {
 }
 
 /// A mount where alice has read `tN.md` (v1) for every row and handed them all to bob.
-fn handed_off() -> Mount {
-    let m = Mount::new(true);
+fn handed_off(passthrough: bool) -> Mount {
+    let m = Mount::new(passthrough);
     for i in 0..ROWS.len() {
         std::fs::write(m.backing_path(target(i)), "orig\n").unwrap();
         std::fs::write(m.backing_path(helper(i)), "other\n").unwrap();
@@ -221,7 +221,17 @@ fn report(role: &str, failures: Vec<String>) {
 
 #[test]
 fn the_giver_is_fenced_on_every_route() {
-    let m = handed_off();
+    giver_is_fenced(handed_off(true));
+}
+
+/// The fence is decided at open and in the metadata calls, so it holds the same when the
+/// data goes through the daemon.
+#[test]
+fn the_giver_is_fenced_on_every_route_without_passthrough() {
+    giver_is_fenced(handed_off(false));
+}
+
+fn giver_is_fenced(m: Mount) {
     // Reads are never refused.
     let out = sh_ok(
         &m,
@@ -272,7 +282,7 @@ fn the_giver_is_fenced_on_every_route() {
 /// The successor or a bystander runs every route: allowed, with the effect and the
 /// version change of the row, and the record moves as §5 says.
 fn others_may_write(who: &str) {
-    let m = handed_off();
+    let m = handed_off(true);
     let mut failures = Vec::new();
     for (i, r) in ROWS.iter().enumerate() {
         let t = target(i);
