@@ -192,7 +192,7 @@ fn completed_by_the_successors_write(chan: Chan) {
     assert!(!inbox(&m, Some("carol")).contains("plan.md"));
 
     sh_ok(&m, Some("bob"), "cat plan.md >/dev/null");
-    assert!(!events_of(&m, "handoff_seen", "plan.md", Some("bob")).is_empty());
+    assert!(!await_events(&m, "handoff_seen", "plan.md", Some("bob"), 1).is_empty());
     writes(&m, "bob", "plan.md");
     assert_eq!(version(&m, "plan.md"), Some(2));
     let r = record(&m, "plan.md").unwrap();
@@ -200,7 +200,7 @@ fn completed_by_the_successors_write(chan: Chan) {
         (&r["status"], &r["live"]),
         (&json!("completed"), &json!(false))
     );
-    assert!(!events_of(&m, "completed", "plan.md", None).is_empty());
+    assert!(!await_events(&m, "completed", "plan.md", None, 1).is_empty());
     assert!(handoff(&m, Some("alice"), "plan.md").is_none());
     // the version moved: the fence is gone
     writes(&m, "alice", "plan.md");
@@ -308,7 +308,7 @@ fn a_bystander_overtakes(chan: Chan) {
         (&json!("overtaken"), &json!(false))
     );
     assert_eq!(r["counterparty"], "carol", "{r}");
-    let ev = events_of(&m, "overtaken", "plan.md", None);
+    let ev = await_events(&m, "overtaken", "plan.md", None, 1);
     assert!(
         ev.iter().any(|e| e["counterparty"] == "carol"),
         "overtaken events: {ev:?}"

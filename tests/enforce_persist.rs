@@ -167,6 +167,7 @@ fn ended_records_and_the_log_survive_a_restart() {
     assert_eq!(version(&m, "plan.md"), Some(3));
     sh_ok(&m, Some("alice"), "echo a >> plan.md");
     // the log goes on: old events are still there, seq keeps growing
+    await_events(&m, "commit", "plan.md", Some("alice"), 3);
     let after = events(&m);
     let last_before = before.last().unwrap()["seq"].as_u64().unwrap();
     assert!(after.iter().any(|e| e["seq"] == last_before));

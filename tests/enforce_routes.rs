@@ -266,7 +266,7 @@ fn giver_is_fenced(m: Mount) {
         if let Some(e) = check_deny_text(&why(&m, Some("alice")), &t, "bob", 1) {
             bad.push(e);
         }
-        if events_of(&m, "denied", &t, Some("alice")).len() <= denied_before {
+        if await_events(&m, "denied", &t, Some("alice"), denied_before + 1).len() <= denied_before {
             bad.push("no `denied` event for alice".into());
         }
         if live_record(&m, &t).is_none() {
@@ -312,7 +312,7 @@ fn others_may_write(who: &str) {
         let want_v = 1 + r.commits;
         let got_v = match r.after {
             Bytes(_) => version(&m, &t),
-            _ => committed_version(&m, &t),
+            _ => await_committed_version(&m, &t, want_v),
         };
         if got_v != Some(want_v) {
             bad.push(format!("version {got_v:?}, want {want_v}"));

@@ -37,7 +37,7 @@ fn strict_refuses_a_stale_write_until_the_session_reads_again() {
         w.contains("v2") && w.contains("v1") && w.contains("f"),
         "{w:?}"
     );
-    let d = events_of(&m, "denied", "f", Some("alice"));
+    let d = await_events(&m, "denied", "f", Some("alice"), 1);
     assert!(
         d.iter().any(|e| e["reason"] == "stale_view"),
         "no denied/stale_view event: {d:?}"
@@ -52,6 +52,8 @@ fn strict_refuses_a_stale_write_until_the_session_reads_again() {
     sh_ok(&m, Some("alice"), "cat f >/dev/null");
     sh_ok(&m, Some("alice"), "echo alice >> f");
     assert_eq!(version(&m, "f"), Some(4));
+    // the log is in order: once the last commit shows, a stale_write would show too
+    assert_eq!(await_committed_version(&m, "f", 4), Some(4));
     assert!(events_of(&m, "stale_write", "f", None).is_empty());
 }
 
@@ -60,16 +62,18 @@ fn warn_logs_a_stale_write_and_allows_it() {
     let m = outdated(None);
     sh_ok(&m, Some("alice"), "echo alice >> f");
     assert_eq!(version(&m, "f"), Some(3));
-    let ev = events_of(&m, "stale_write", "f", Some("alice"));
+    let ev = await_events(&m, "stale_write", "f", Some("alice"), 1);
     assert_eq!(ev.len(), 1, "{ev:?}");
     assert_eq!(
         (&ev[0]["view"], &ev[0]["version"]),
         (&1.into(), &2.into()),
         "{ev:?}"
     );
+    assert_eq!(await_committed_version(&m, "f", 3), Some(3));
     assert!(events_of(&m, "denied", "f", None).is_empty());
     // a current view is not stale
     sh_ok(&m, Some("alice"), "echo again >> f");
+    assert_eq!(await_committed_version(&m, "f", 4), Some(4));
     assert_eq!(events_of(&m, "stale_write", "f", None).len(), 1);
 }
 
@@ -77,11 +81,15 @@ fn warn_logs_a_stale_write_and_allows_it() {
 fn warn_is_the_explicit_default_and_off_says_nothing() {
     let m = outdated(Some("warn"));
     sh_ok(&m, Some("alice"), "echo alice >> f");
-    assert_eq!(events_of(&m, "stale_write", "f", Some("alice")).len(), 1);
+    assert_eq!(
+        await_events(&m, "stale_write", "f", Some("alice"), 1).len(),
+        1
+    );
 
     let m = outdated(Some("off"));
     sh_ok(&m, Some("alice"), "echo alice >> f");
     assert_eq!(version(&m, "f"), Some(3));
+    assert_eq!(await_committed_version(&m, "f", 3), Some(3));
     assert!(events_of(&m, "stale_write", "f", None).is_empty());
     assert!(events_of(&m, "denied", "f", None).is_empty());
 }

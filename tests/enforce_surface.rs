@@ -61,6 +61,7 @@ fn events_are_json_lines_with_the_common_fields() {
     let m = handed();
     sh(&m, Some("alice"), "echo x >> plan.md");
     sh_ok(&m, Some("bob"), "echo y >> plan.md");
+    await_events(&m, "completed", "plan.md", None, 1);
     let ev = events(&m);
     let mut last_seq = 0;
     for e in &ev {

@@ -135,26 +135,40 @@ pub fn ctl(m: &impl Root, who: Who, request: &str) -> (i32, Value) {
 }
 
 pub fn ctl_env(m: &impl Root, env: &[(&str, &str)], request: &str) -> (i32, Value) {
+    // prints the errno (0: the write succeeded), a newline, then the reply
     const PY: &str = r#"
-import os, sys, json
+import os, sys
 fd = os.open('.coherent/ctl', os.O_RDWR)
 err = 0
 try:
     os.write(fd, sys.argv[1].encode())
 except OSError as e:
     err = e.errno
-print(json.dumps({"errno": err, "reply": os.pread(fd, 1 << 20, 0).decode()}))
+sys.stdout.write(str(err) + '\n' + os.pread(fd, 1 << 20, 0).decode())
 "#;
-    let mut c = Command::new("python3");
+    let mut c = python();
     c.arg("-c").arg(PY).arg(request);
     let r = run_in(m.root(), env, &mut c);
     assert!(r.ok(), "ctl helper failed for {request:?}: {}", r.show());
-    let v: Value = serde_json::from_str(r.out.trim()).expect("helper output");
-    let reply = v["reply"].as_str().unwrap_or("").trim().to_string();
+    let (errno, reply) = r.out.split_once('\n').expect("helper output");
+    let reply = reply.trim();
     (
-        v["errno"].as_i64().unwrap() as i32,
-        serde_json::from_str(&reply).unwrap_or(Value::String(reply)),
+        errno.parse().expect("errno"),
+        serde_json::from_str(reply).unwrap_or_else(|_| Value::String(reply.to_string())),
     )
+}
+
+/// A quick python3 for the helpers: the system one without site packages when there is
+/// one (a version-manager shim costs a shell start per call).
+pub fn python() -> Command {
+    let sys = Path::new("/usr/bin/python3");
+    let mut c = Command::new(if sys.exists() {
+        sys
+    } else {
+        Path::new("python3")
+    });
+    c.args(["-S", "-I"]);
+    c
 }
 
 /// Read a file of `.coherent/` as `who`.
@@ -250,6 +264,35 @@ pub fn events_of(m: &impl Root, event: &str, path: &str, session: Option<&str>) 
         .filter(|e| e["event"] == event && e["path"] == path)
         .filter(|e| session.is_none_or(|s| e["session"] == s))
         .collect()
+}
+
+/// Events named `event` on `path` (by `session` if given), once at least `n` are in the
+/// log (or [`SETTLE`] passed). The daemon writes filesystem events to the log in groups,
+/// so an event can show in `.coherent/events` a moment after the call that made it.
+pub fn await_events(
+    m: &impl Root,
+    event: &str,
+    path: &str,
+    session: Option<&str>,
+    n: usize,
+) -> Vec<Value> {
+    let mut got = Vec::new();
+    wait_until(SETTLE, || {
+        got = events_of(m, event, path, session);
+        got.len() >= n
+    });
+    got
+}
+
+/// The version of the newest commit of `path` in the log once it equals `want` (or what it
+/// is after [`SETTLE`]).
+pub fn await_committed_version(m: &impl Root, path: &str, want: u64) -> Option<u64> {
+    let mut got = None;
+    wait_until(SETTLE, || {
+        got = committed_version(m, path);
+        got == Some(want)
+    });
+    got
 }
 
 /// Poll the log until an event matches, up to `timeout`.
@@ -522,7 +565,7 @@ for line in sys.stdin:
         os.close(fd)
         print('closed', flush=True)
 "#;
-    let mut c = Command::new("python3");
+    let mut c = python();
     c.arg("-c")
         .arg(PY)
         .arg(rel)
