@@ -333,6 +333,24 @@ fn in_flight_while_the_giver_holds_a_write_descriptor(chan: Chan) {
     assert!(denied(&m, "alice", "plan.md"));
 }
 
+/// The same with a shell that holds the file on a descriptor (`exec 3>>plan.md`).
+fn in_flight_while_a_shell_of_the_giver_holds_fd_3(chan: Chan) {
+    let m = setup();
+    let mut h = hold_shell(&m, Some("alice"), "plan.md").expect("exec 3>>plan.md");
+    refused(
+        &m,
+        chan,
+        Some("alice"),
+        &transfer_req("plan.md", "bob", None),
+        "handoff_in_flight",
+        libc::EBUSY,
+    );
+    // the same shell closes fd 3 and lives on: a release, and the transfer goes through
+    h.close();
+    ok(&m, chan, "alice", &transfer_req("plan.md", "bob", None));
+    assert!(denied(&m, "alice", "plan.md"));
+}
+
 fn sending_the_same_transfer_again_changes_nothing(chan: Chan) {
     let m = setup();
     let first = rec0(&ok(
@@ -553,6 +571,7 @@ per_channel!(
     withdraw_lifts_the_fence,
     a_bystander_overtakes,
     in_flight_while_the_giver_holds_a_write_descriptor,
+    in_flight_while_a_shell_of_the_giver_holds_fd_3,
     sending_the_same_transfer_again_changes_nothing,
     a_transfer_to_another_successor_supersedes,
     every_refusal,
@@ -630,4 +649,38 @@ fn cli_human_lines() {
     let st = r.json();
     assert_eq!(st["status"]["version"], 1, "{st}");
     assert_eq!(st["status"]["live"][0]["status"], "completed", "{st}");
+}
+
+/// `--evict-after`: an ended record goes away after it (event `evict`), which also ends
+/// `handoff_ended`; a live record never does (no timer ends a handoff or lifts a fence).
+#[test]
+fn ended_records_are_evicted_live_ones_never() {
+    let m = Mount::builder().args(["--evict-after", "1s"]).start();
+    touch_session(&m, "bob");
+    sh_ok(&m, Some("alice"), "echo p > plan.md && echo k > kept.md");
+    transfer(&m, "alice", "bob", &["plan.md", "kept.md"]);
+    verb_ok(&m, "bob", &["decline", "plan.md"]);
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
+    let (code, v) = cli_json(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]);
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (Some(2), Some("handoff_ended")),
+        "{v}"
+    );
+    let ev = wait_event(&m, std::time::Duration::from_secs(30), |e| {
+        e["event"] == "evict" && e["path"] == "plan.md"
+    });
+    assert!(ev.is_some(), "the declined record was never evicted");
+    assert!(
+        records(&m, "plan.md").is_empty(),
+        "{:?}",
+        records(&m, "plan.md")
+    );
+    // evicted: the same transfer at the same version is allowed again
+    transfer(&m, "alice", "bob", &["plan.md"]);
+    // the live record of kept.md outlived the eviction and still fences alice
+    assert!(events_of(&m, "evict", "kept.md", None).is_empty());
+    let r = live_record(&m, "kept.md").expect("kept.md still live");
+    assert_eq!(r["status"], "pending", "{r}");
+    assert!(denied(&m, "alice", "kept.md"));
 }

@@ -569,8 +569,28 @@ for line in sys.stdin:
     c.arg("-c")
         .arg(PY)
         .arg(rel)
-        .arg(if write { "w" } else { "r" })
-        .current_dir(m.root())
+        .arg(if write { "w" } else { "r" });
+    spawn_holder(m, who, c)
+}
+
+/// A long-lived shell of `who` that has run `exec 3>>REL` (as an agent's shell would):
+/// `close` runs `exec 3>&-` in that same shell.
+pub fn hold_shell(m: &impl Root, who: Who, rel: &str) -> Result<Holder, String> {
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(
+            "exec 3>>\"$1\" && echo ready && while read l; do \
+             [ \"$l\" = close ] && exec 3>&- && echo closed; done",
+        )
+        .arg("sh")
+        .arg(rel);
+    spawn_holder(m, who, c)
+}
+
+/// Run a holder program (prints `ready` once its descriptor is open, then obeys `close`
+/// lines on stdin) as `who` in the mount root.
+fn spawn_holder(m: &impl Root, who: Who, mut c: Command) -> Result<Holder, String> {
+    c.current_dir(m.root())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -580,7 +600,7 @@ for line in sys.stdin:
     if let Some(w) = who {
         c.env("COHERENT_SESSION", w);
     }
-    let mut child = c.spawn().expect("spawn python3");
+    let mut child = c.spawn().expect("spawn a holder");
     let out = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
