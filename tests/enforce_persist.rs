@@ -46,6 +46,35 @@ fn a_killed_sessions_write_hold_is_reclaimed() {
     assert!(events_of(&m, "reclaim", "f", Some(&erin)).is_empty());
 }
 
+/// A process that closes its write descriptor itself and exits right after has released
+/// the hold, it did not die holding it: `release`, even though the daemon sees the FUSE
+/// RELEASE only after the process is gone.
+#[test]
+fn a_close_then_a_quick_exit_is_a_release() {
+    let m = Mount::new(true);
+    sh_ok(&m, Some("alice"), "echo a > f");
+    let mut wrong = Vec::new();
+    for (i, cmd) in [
+        ": >> f",
+        "exec 3>>f; exec 3>&-",
+        "python3 -S -c \"open('f','a').close()\"",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let who = unique(&format!("quick{i}"));
+        sh_ok(&m, Some(&who), cmd);
+        let e = wait_event(&m, SETTLE, |e| {
+            (e["event"] == "release" || e["event"] == "reclaim") && e["session"] == who.as_str()
+        });
+        match e {
+            Some(e) if e["event"] == "release" => {}
+            other => wrong.push(format!("`{cmd}`: {other:?}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 #[test]
 fn a_reclaim_waits_for_the_sessions_last_process() {
     let m = Mount::new(true);
