@@ -684,3 +684,61 @@ fn ended_records_are_evicted_live_ones_never() {
     assert_eq!(r["status"], "pending", "{r}");
     assert!(denied(&m, "alice", "kept.md"));
 }
+
+/// A shell of the giver that was running before the transfer (an agent's persistent shell)
+/// is fenced after it, in itself and in its children, and free again after a withdraw.
+#[test]
+fn a_shell_started_before_the_transfer_is_fenced_after_it() {
+    let m = setup();
+    let mut sh_a = LiveShell::start(&m, Some("alice"));
+    assert_eq!(sh_a.run("echo before >> plan.md"), 0);
+    assert_eq!(sh_a.run("cat plan.md"), 0);
+    transfer(&m, "alice", "bob", &["plan.md"]);
+    assert_ne!(sh_a.run("echo after >> plan.md"), 0, "builtin redirection");
+    assert_ne!(sh_a.run("sh -c 'echo after >> plan.md'"), 0, "child");
+    assert_ne!(sh_a.run("rm -f plan.md"), 0, "rm");
+    assert_eq!(sh_a.run("cat plan.md"), 0, "reads stay allowed");
+    assert_eq!(
+        std::fs::read_to_string(m.path("plan.md")).unwrap(),
+        "plan\nbefore\n"
+    );
+    verb_ok(&m, "alice", &["withdraw", "plan.md"]);
+    assert_eq!(sh_a.run("echo after >> plan.md"), 0);
+}
+
+/// The CLI turns paths into mount-relative ones from any directory of the volume.
+#[test]
+fn cli_paths_are_relative_to_the_current_directory() {
+    let m = setup();
+    sh_ok(
+        &m,
+        Some("alice"),
+        "mkdir -p sub/deep && echo x > sub/deep/x.md",
+    );
+    let mut c = std::process::Command::new(CLI);
+    c.args(["--json", "transfer", "--to", "bob", "x.md", "../../plan.md"]);
+    let r = run_in(
+        &m.path("sub/deep"),
+        &[("COHERENT_SESSION", "alice")],
+        &mut c,
+    );
+    assert!(r.ok(), "{}", r.show());
+    let paths: Vec<String> = r.json()["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paths, ["sub/deep/x.md", "plan.md"]);
+    assert!(live_record(&m, "sub/deep/x.md").is_some());
+    let d = sh(&m, Some("alice"), "cd sub/deep && echo no >> x.md");
+    assert!(d.denied(), "{}", d.show());
+    if let Some(e) = check_deny_text(&why(&m, Some("alice")), "sub/deep/x.md", "bob", 1) {
+        panic!("{e}");
+    }
+    // a path outside the volume is not one of its files
+    let mut c = std::process::Command::new(CLI);
+    c.args(["transfer", "--to", "bob", "/etc/hostname"]);
+    let r = run_in(&m.mnt, &[("COHERENT_SESSION", "alice")], &mut c);
+    assert_ne!(r.code, Some(0), "{}", r.show());
+}

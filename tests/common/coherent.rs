@@ -619,3 +619,40 @@ fn spawn_holder(m: &impl Root, who: Who, mut c: Command) -> Result<Holder, Strin
     let o = child.wait_with_output().expect("wait");
     Err(String::from_utf8_lossy(&o.stderr).into_owned())
 }
+
+/// A long-lived shell of a session that runs one command per call (an agent's persistent
+/// shell): its process exists before and after whatever the test does in between.
+pub struct LiveShell {
+    holder: Holder,
+}
+
+impl LiveShell {
+    pub fn start(m: &impl Root, who: Who) -> LiveShell {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(
+            "echo ready; while IFS= read -r l; do eval \"$l\" >/dev/null 2>&1; echo \"rc=$?\"; done",
+        );
+        LiveShell {
+            holder: spawn_holder(m, who, c).expect("live shell"),
+        }
+    }
+    /// Run `cmd` in the shell; its exit status.
+    pub fn run(&mut self, cmd: &str) -> i32 {
+        use std::io::Write;
+        let stdin = self.holder.child.stdin.as_mut().expect("shell stdin");
+        writeln!(stdin, "{cmd}")
+            .and_then(|_| stdin.flush())
+            .expect("shell stdin");
+        let line = self
+            .holder
+            .lines
+            .recv_timeout(RUN_TIMEOUT)
+            .unwrap_or_default();
+        line.strip_prefix("rc=")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("live shell said {line:?} for `{cmd}`"))
+    }
+    pub fn pid(&self) -> i32 {
+        self.holder.pid()
+    }
+}
