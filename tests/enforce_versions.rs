@@ -85,7 +85,16 @@ fn a_created_file_is_v1_after_its_first_commit() {
 /// changes at the next open.
 #[test]
 fn each_tool_moves_the_version_once_per_commit() {
-    let m = Mount::new(true);
+    each_tool(Mount::new(true));
+}
+
+/// The same with reads and writes going through the daemon (`--no-passthrough`).
+#[test]
+fn each_tool_moves_the_version_once_per_commit_without_passthrough() {
+    each_tool(Mount::new(false));
+}
+
+fn each_tool(m: Mount) {
     sh_ok(&m, Some("alice"), "echo 0 > f && echo other > o");
     let tools: &[(&str, u64)] = &[
         // `>` and `dd of=`: two flushes see a change (see enforce_routes.rs)
