@@ -156,6 +156,13 @@ const ROWS: &[Row] = &[
         true,
     ),
     row(
+        "through_a_symlink",
+        "ln -s {t} {t}.lnk && echo new >> {t}.lnk",
+        Bytes("orig\nnew\n"),
+        1,
+        true,
+    ),
+    row(
         "background_child",
         "(sleep 0.05; echo new >> {t}) & wait $!",
         Bytes("orig\nnew\n"),
