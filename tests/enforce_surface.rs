@@ -199,7 +199,18 @@ fn the_xattrs_are_computed() {
         "setfattr -n user.coherent.version -v 99 other.md",
     );
     assert!(!r.ok(), "setting user.coherent.version succeeded");
+    let r = sh(
+        &m,
+        Some("carol"),
+        "setfattr -x user.coherent.version other.md",
+    );
+    assert!(!r.ok(), "removing user.coherent.version succeeded");
     assert_eq!(version(&m, "other.md"), Some(1));
+    // listed with the file's own xattrs
+    let names = sh_ok(&m, Some("carol"), "getfattr --absolute-names -m - plan.md");
+    for n in ["user.coherent.version", "user.coherent.handoff"] {
+        assert!(names.contains(n), "{n} not listed: {names:?}");
+    }
     // other xattrs pass through to the backing file
     sh_ok(&m, Some("alice"), "setfattr -n user.mine -v hello other.md");
     let o = Command::new("getfattr")
