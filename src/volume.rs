@@ -12,12 +12,15 @@
 //!   and no state (flush and release of them cost nothing here).
 //! - **Commits**: a flush or release whose backing stamp changed commits `Write`; a
 //!   handle that created its file commits at its first changed flush or at release (the
-//!   create and its writes are one commit); an `O_TRUNC` open that truncated counts as a
-//!   change of its handle. Metadata routes commit (`unlink`, `link`, `symlink`, `mknod`,
+//!   create and its writes are one commit); the truncation of an `O_TRUNC` open belongs
+//!   to the handle's next changed flush, or its release (so `echo x > f` is one commit). Metadata routes commit (`unlink`, `link`, `symlink`, `mknod`,
 //!   `truncate`, `rename`) or restamp (`chmod`, `chown`, `utimes`, xattrs) afterwards.
-//! - **Release or reclaim**: a write handle released without a commit is a `release`,
-//!   unless every process of its session is gone (dead, zombie or exiting): then the
-//!   session's holds are reclaimed. Only this case reads `/proc` ([`liveness`]).
+//! - **Release or reclaim**: a write handle released without a commit is a `release` when
+//!   its last `close(2)` came from a running task (read at that FLUSH, which is
+//!   synchronous and carries the closer's pid). Closed by an exiting task (killed, or
+//!   exiting with the file open), it is a `reclaim` of the session's holds if every
+//!   process of the session is gone (dead, zombie or exiting). Only handles that changed
+//!   nothing read `/proc` ([`liveness`]).
 //! - **The in-flight race**: FUSE sends RELEASE asynchronously, after `close(2)` returned,
 //!   so `echo x > f; coherent transfer f` can reach the transfer first. A transfer refused
 //!   `handoff_in_flight` waits (up to [`VolumeConfig::in_flight_wait`]) when every write
@@ -133,6 +136,11 @@ struct HandleFlags {
     dirty: bool,
     /// At least one FLUSH (a `close(2)` of one of its descriptors) arrived.
     flushed: bool,
+    /// The last FLUSH came from a running task: a deliberate `close(2)`, so an unchanged
+    /// handle ends in `release` even if its process exits before the RELEASE arrives.
+    /// (A killed process closes its files while exiting.) Only tracked while nothing is
+    /// to be committed.
+    closed_alive: bool,
 }
 
 /// What `before_write` learnt, for `after_write` and `on_open` of the same request (the
@@ -303,8 +311,12 @@ impl Volume {
         }
     }
 
+    /// The caller's session, made known to the engine (`session_seen` the first time): a
+    /// session is known once any of its processes touched the volume where it resolves.
     fn session(&self, c: &Caller) -> Session {
-        self.resolver.resolve_request(c.pid, c.uid)
+        let s = self.resolver.resolve_request(c.pid, c.uid);
+        self.engine.session_seen(&s, Timestamp::now());
+        s
     }
 
     /// `fstatat` in the backing directory, without following a final symlink.
@@ -477,6 +489,22 @@ impl Hooks for Volume {
                     .map_err(refused)?;
                 keep(p, s, pre);
             }
+            WriteRoute::Link { from, to } if rel(from).is_some() => {
+                let Some(t) = rel(to) else { return Ok(()) };
+                let f = rel(from).unwrap_or_default();
+                let s = self.session(caller);
+                // A fenced giver may not give the file it handed on a second name: writes
+                // through that name would go around the fence (beyond the letter of §6).
+                self.observe(f, now);
+                self.engine
+                    .check_write(&s, f, Route::Link, now)
+                    .map_err(refused)?;
+                let pre = self.observe(t, now);
+                self.engine
+                    .check_write(&s, t, Route::Link, now)
+                    .map_err(refused)?;
+                keep(t, s, pre);
+            }
             WriteRoute::Link { to: path, .. }
             | WriteRoute::Symlink { path, .. }
             | WriteRoute::Mknod { path, .. } => {
@@ -604,13 +632,17 @@ impl Hooks for Volume {
         Ok(token)
     }
 
-    fn on_flush(&self, _caller: &Caller, h: &HandleInfo<'_>) {
+    fn on_flush(&self, caller: &Caller, h: &HandleInfo<'_>) {
         let Some(w) = self.write_handle(h.token) else {
             return;
         };
         let mut f = w.flags.lock();
         f.flushed = true;
-        if h.changed() || f.dirty {
+        // Only a change since the last flush commits here. The truncation of an O_TRUNC
+        // open (`dirty`) waits for the handle's next change or its release: a shell's
+        // `> f` closes a duplicate of the descriptor before writing, and the truncation
+        // and the writes are one change.
+        if h.changed() {
             f.dirty = false;
             // No path: the file was removed while open; its changes have no name to count.
             if let Some(p) = rel(h.path) {
@@ -619,6 +651,11 @@ impl Hooks for Volume {
                     .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
                 f.committed = true;
             }
+        }
+        if !f.committed && !f.dirty && !w.created {
+            // Nothing to commit so far: who closed decides release or reclaim later.
+            f.closed_alive =
+                caller.pid != 0 && TaskState::read(caller.pid).is_some_and(|t| t.running());
         }
     }
 
@@ -638,7 +675,9 @@ impl Hooks for Volume {
             }
             if f.committed {
                 self.engine.close_write(&w.session, &w.path, true, now);
-            } else if w.session.is_attributed() && !session_running(&self.resolver, &w.session.name)
+            } else if !f.closed_alive
+                && w.session.is_attributed()
+                && !session_running(&self.resolver, &w.session.name)
             {
                 let n = self.engine.session_gone(&w.session, now);
                 tracing::info!(
