@@ -742,3 +742,27 @@ fn cli_paths_are_relative_to_the_current_directory() {
     let r = run_in(&m.mnt, &[("COHERENT_SESSION", "alice")], &mut c);
     assert_ne!(r.code, Some(0), "{}", r.show());
 }
+
+/// A fenced giver cannot reach the handed file's bytes through a new hard link (§1: a
+/// giver must not write the file again). §6 names `link` creating P; the mount also fences
+/// `link` with P as the source (findings, 13:22), which this guards.
+#[test]
+fn a_fenced_giver_cannot_hard_link_the_handed_file() {
+    let m = setup();
+    transfer(&m, "alice", "bob", &["plan.md"]);
+    let r = sh(
+        &m,
+        Some("alice"),
+        "ln plan.md alias.md && echo evil >> alias.md",
+    );
+    assert!(r.denied(), "{}", r.show());
+    assert!(!m.path("alias.md").exists());
+    assert_eq!(
+        std::fs::read_to_string(m.path("plan.md")).unwrap(),
+        "plan\n"
+    );
+    assert_eq!(version(&m, "plan.md"), Some(1));
+    assert!(live_record(&m, "plan.md").is_some());
+    // others may link it
+    sh_ok(&m, Some("carol"), "ln plan.md alias.md");
+}
