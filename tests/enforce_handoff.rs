@@ -766,3 +766,25 @@ fn a_fenced_giver_cannot_hard_link_the_handed_file() {
     // others may link it
     sh_ok(&m, Some("carol"), "ln plan.md alias.md");
 }
+
+/// Renaming the directory around a handed file moves its record with it: the giver cannot
+/// shake the fence off by moving the directory.
+#[test]
+fn the_fence_follows_a_directory_rename() {
+    let m = setup();
+    sh_ok(&m, Some("alice"), "mkdir d && echo x > d/plan.md");
+    transfer(&m, "alice", "bob", &["d/plan.md"]);
+    let mv = sh(&m, Some("alice"), "mv d e");
+    // moving the directory may be refused or allowed; either way the fence must hold
+    let p = if mv.ok() { "e/plan.md" } else { "d/plan.md" };
+    let r = sh(&m, Some("alice"), &format!("echo no >> {p}"));
+    assert!(r.denied(), "after `mv d e` ({}): {}", mv.show(), r.show());
+    assert_eq!(std::fs::read_to_string(m.path(p)).unwrap(), "x\n");
+    let rec = live_record(&m, p).unwrap_or_else(|| panic!("no live record at {p}"));
+    assert_eq!(rec["successor"], "bob", "{rec}");
+    let h = handoff(&m, Some("bob"), p).expect("handoff xattr at the new path");
+    assert_eq!(h["role"], "successor", "{h}");
+    if let Some(e) = check_deny_text(&why(&m, Some("alice")), p, "bob", 1) {
+        panic!("{e}");
+    }
+}
