@@ -28,7 +28,15 @@ fn a_killed_sessions_write_hold_is_reclaimed() {
     );
     h.kill9();
     let got = wait_event(&m, SETTLE, |e| on(e, "reclaim", "f", &dan));
-    assert!(got.is_some(), "no reclaim event for dan within {SETTLE:?}");
+    assert!(
+        got.is_some(),
+        "no reclaim event for dan within {SETTLE:?}; dan's events: {:?}; log:\n{}",
+        events(&m)
+            .iter()
+            .filter(|e| e["session"] == dan.as_str())
+            .collect::<Vec<_>>(),
+        m.log()
+    );
     assert!(
         events_of(&m, "release", "f", Some(&dan)).is_empty(),
         "a dead session's hold ended as a release"
