@@ -137,8 +137,8 @@ fn writes(m: &Mount, who: &str, path: &str) {
 }
 
 /// alice creates plan.md (v1, her commit); bob and carol are known.
-fn setup() -> Mount {
-    let m = Mount::new(true);
+fn setup() -> Vol {
+    let m = mount(true);
     touch_session(&m, "bob");
     touch_session(&m, "carol");
     sh_ok(&m, Some("alice"), "echo plan > plan.md");
@@ -655,7 +655,7 @@ fn cli_human_lines() {
 /// `handoff_ended`; a live record never does (no timer ends a handoff or lifts a fence).
 #[test]
 fn ended_records_are_evicted_live_ones_never() {
-    let m = Mount::builder().args(["--evict-after", "1s"]).start();
+    let m = mount_with(Mount::builder().args(["--evict-after", "1s"]));
     touch_session(&m, "bob");
     sh_ok(&m, Some("alice"), "echo p > plan.md && echo k > kept.md");
     transfer(&m, "alice", "bob", &["plan.md", "kept.md"]);

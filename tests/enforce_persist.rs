@@ -7,7 +7,6 @@ mod coherent;
 mod common;
 
 use coherent::*;
-use common::Mount;
 
 fn on(e: &serde_json::Value, event: &str, path: &str, session: &str) -> bool {
     e["event"] == event && e["path"] == path && e["session"] == session
@@ -18,7 +17,7 @@ fn on(e: &serde_json::Value, event: &str, path: &str, session: &str) -> bool {
 
 #[test]
 fn a_killed_sessions_write_hold_is_reclaimed() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let (dan, erin) = (unique("dan1"), unique("erin"));
     sh_ok(&m, Some("alice"), "echo a > f");
     let h = hold_open(&m, Some(&dan), "f", true).expect("dan opens f for write");
@@ -59,7 +58,7 @@ fn a_killed_sessions_write_hold_is_reclaimed() {
 /// RELEASE only after the process is gone.
 #[test]
 fn a_close_then_a_quick_exit_is_a_release() {
-    let m = Mount::new(true);
+    let m = mount(true);
     sh_ok(&m, Some("alice"), "echo a > f");
     let mut wrong = Vec::new();
     for (i, cmd) in [
@@ -85,7 +84,7 @@ fn a_close_then_a_quick_exit_is_a_release() {
 
 #[test]
 fn a_reclaim_waits_for_the_sessions_last_process() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let dan = unique("dan2");
     sh_ok(&m, Some("alice"), "echo a > f");
     // two processes of dan: the writer dies, but another process of the session lives on

@@ -10,7 +10,6 @@ mod coherent;
 mod common;
 
 use coherent::*;
-use common::Mount;
 
 /// What a route leaves at the target path when it is allowed.
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -181,8 +180,8 @@ fn cmd_of(r: &Row, i: usize) -> String {
 }
 
 /// A mount where alice has read `tN.md` (v1) for every row and handed them all to bob.
-fn handed_off(passthrough: bool) -> Mount {
-    let m = Mount::new(passthrough);
+fn handed_off(passthrough: bool) -> Vol {
+    let m = mount(passthrough);
     for i in 0..ROWS.len() {
         std::fs::write(m.backing_path(target(i)), "orig\n").unwrap();
         std::fs::write(m.backing_path(helper(i)), "other\n").unwrap();
@@ -237,7 +236,7 @@ fn the_giver_is_fenced_on_every_route_without_passthrough() {
     giver_is_fenced(handed_off(false));
 }
 
-fn giver_is_fenced(m: Mount) {
+fn giver_is_fenced(m: Vol) {
     // Reads are never refused.
     let out = sh_ok(
         &m,

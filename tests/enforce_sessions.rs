@@ -50,7 +50,7 @@ fn run_as(m: &Mount, name: &str, cmd: &str) -> Run {
 
 #[test]
 fn coherent_run_names_the_session() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let dave = unique("dave");
     let _g = CgroupGuard(vec![dave.clone()]);
     let r = run_as(&m, &dave, "cat .coherent/whoami");
@@ -68,7 +68,7 @@ fn coherent_run_names_the_session() {
 
 #[test]
 fn a_session_run_by_coherent_run_is_fenced_in_every_process() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let alice = unique("ralice");
     let _g = CgroupGuard(vec![alice.clone()]);
     touch_session(&m, "bob");
@@ -115,7 +115,7 @@ fn a_session_run_by_coherent_run_is_fenced_in_every_process() {
 
 #[test]
 fn claude_code_sessions_get_the_shared_agent_id() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let env = [("CLAUDE_CODE_SESSION_ID", "abc")];
     std::fs::write(m.backing_path("readme"), "r\n").unwrap();
     sh_env(&m, &env, "cat readme >/dev/null");
@@ -153,7 +153,7 @@ fn claude_code_sessions_get_the_shared_agent_id() {
 
 #[test]
 fn an_unattributed_process_is_a_bystander_only() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let w = whoami(&m, None);
     assert_eq!(
         w["session"],
@@ -193,9 +193,7 @@ fn an_unattributed_process_is_a_bystander_only() {
 
 #[test]
 fn session_env_replaces_the_tag_list() {
-    let m = Mount::builder()
-        .args(["--session-env", "MYTAG", "--session-env", "OTHER"])
-        .start();
+    let m = mount_with(Mount::builder().args(["--session-env", "MYTAG", "--session-env", "OTHER"]));
     let w = sh_env(&m, &[("MYTAG", "mia")], "cat .coherent/whoami");
     let w: serde_json::Value = serde_json::from_str(w.out.trim()).unwrap();
     assert_eq!(
@@ -222,7 +220,7 @@ fn session_env_replaces_the_tag_list() {
 
 #[test]
 fn register_makes_a_successor_known() {
-    let m = Mount::new(true);
+    let m = mount(true);
     sh_ok(&m, Some("alice"), "echo a > plan.md");
     let (code, v) = cli_json(&m, Some("alice"), &["transfer", "--to", "zed", "plan.md"]);
     assert_eq!(
@@ -252,7 +250,7 @@ fn register_makes_a_successor_known() {
 
 #[test]
 fn a_session_that_touched_the_mount_is_known() {
-    let m = Mount::new(true);
+    let m = mount(true);
     std::fs::write(m.backing_path("readme"), "r\n").unwrap();
     sh_ok(&m, Some("alice"), "echo a > plan.md");
     let (code, v) = cli_json(&m, Some("alice"), &["transfer", "--to", "rita", "plan.md"]);

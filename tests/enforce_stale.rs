@@ -10,12 +10,12 @@ use coherent::*;
 use common::Mount;
 
 /// alice reads f at v1, bob commits v2.
-fn outdated(stale: Option<&str>) -> Mount {
+fn outdated(stale: Option<&str>) -> Vol {
     let mut b = Mount::builder();
     if let Some(s) = stale {
         b = b.args(["--stale", s]);
     }
-    let m = b.start();
+    let m = mount_with(b);
     std::fs::write(m.backing_path("f"), "v1\n").unwrap();
     sh_ok(&m, Some("alice"), "cat f >/dev/null");
     sh_ok(&m, Some("bob"), "echo bob >> f");

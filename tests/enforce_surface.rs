@@ -12,8 +12,8 @@ use serde_json::Value;
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 
-fn handed() -> Mount {
-    let m = Mount::new(true);
+fn handed() -> Vol {
+    let m = mount(true);
     touch_session(&m, "bob");
     sh_ok(&m, Some("alice"), "echo plan > plan.md");
     let v = transfer(&m, "alice", "bob", &["plan.md"]);
@@ -23,7 +23,7 @@ fn handed() -> Mount {
 
 #[test]
 fn the_control_directory_lists_its_files() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let ls = sh_ok(&m, Some("alice"), "ls -a .coherent");
     for f in ["ctl", "status", "events", "whoami", "why", "inbox"] {
         assert!(ls.lines().any(|l| l == f), "{f} not in {ls:?}");
@@ -97,7 +97,7 @@ fn events_are_json_lines_with_the_common_fields() {
 
 #[test]
 fn tail_f_follows_the_events() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let mut tail = Command::new("tail")
         .args(["-n", "+1", "-f", ".coherent/events"])
         .current_dir(&m.mnt)
@@ -133,7 +133,7 @@ fn tail_f_follows_the_events() {
 
 #[test]
 fn whoami_why_and_inbox_are_per_reader() {
-    let m = Mount::new(true);
+    let m = mount(true);
     touch_session(&m, "bob");
     sh_ok(&m, Some("alice"), "echo plan > plan.md");
     let w = whoami(&m, Some("alice"));
@@ -223,7 +223,7 @@ fn the_xattrs_are_computed() {
 
 #[test]
 fn the_control_directory_cannot_be_changed() {
-    let m = Mount::new(true);
+    let m = mount(true);
     for who in [Some("alice"), None] {
         for cmd in [
             "rm -rf .coherent",
@@ -255,7 +255,7 @@ fn the_control_directory_cannot_be_changed() {
 
 #[test]
 fn a_backing_control_directory_is_hidden() {
-    let m = Mount::new(true);
+    let m = mount(true);
     std::fs::create_dir(m.backing_path(".coherent")).unwrap();
     std::fs::write(m.backing_path(".coherent/secret"), "x").unwrap();
     let ls = sh_ok(&m, None, "ls -a .coherent");
@@ -266,7 +266,7 @@ fn a_backing_control_directory_is_hidden() {
 
 #[test]
 fn a_malformed_request_fails_with_einval_and_a_reply() {
-    let m = Mount::new(true);
+    let m = mount(true);
     for req in [
         "frobnicate plan.md",
         "{\"verb\":",
@@ -294,7 +294,7 @@ fn a_malformed_request_fails_with_einval_and_a_reply() {
 
 #[test]
 fn coherent_watch_follows_the_log() {
-    let m = Mount::new(true);
+    let m = mount(true);
     let mut w = Command::new(CLI)
         .args(["watch", "-n", "0"])
         .current_dir(&m.mnt)
@@ -336,7 +336,7 @@ fn coherent_watch_follows_the_log() {
 /// finds the volume from the directory.
 #[test]
 fn an_in_place_mount_enforces_the_same() {
-    let m = Mount::builder().in_place().start();
+    let m = mount_with(Mount::builder().in_place());
     touch_session(&m, "bob");
     sh_ok(&m, Some("alice"), "echo plan > plan.md");
     transfer(&m, "alice", "bob", &["plan.md"]);

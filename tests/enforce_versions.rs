@@ -15,7 +15,7 @@ fn v(m: &Mount, p: &str) -> Option<u64> {
 
 #[test]
 fn a_read_or_an_unchanged_close_does_not_move_the_version() {
-    let m = Mount::new(true);
+    let m = mount(true);
     std::fs::write(m.backing_path("f"), "x\n").unwrap();
     sh_ok(&m, Some("alice"), "cat f >/dev/null");
     assert_eq!(
@@ -56,7 +56,7 @@ fn a_read_or_an_unchanged_close_does_not_move_the_version() {
 
 #[test]
 fn a_created_file_is_v1_after_its_first_commit() {
-    let m = Mount::new(true);
+    let m = mount(true);
     sh_ok(&m, Some("alice"), "echo a > new.md");
     assert_eq!(v(&m, "new.md"), Some(1));
     sh_ok(&m, Some("alice"), "echo b >> new.md");
@@ -84,16 +84,16 @@ fn a_created_file_is_v1_after_its_first_commit() {
 /// changes at the next open.
 #[test]
 fn each_tool_moves_the_version_once_per_commit() {
-    each_tool(Mount::new(true));
+    each_tool(mount(true));
 }
 
 /// The same with reads and writes going through the daemon (`--no-passthrough`).
 #[test]
 fn each_tool_moves_the_version_once_per_commit_without_passthrough() {
-    each_tool(Mount::new(false));
+    each_tool(mount(false));
 }
 
-fn each_tool(m: Mount) {
+fn each_tool(m: Vol) {
     sh_ok(&m, Some("alice"), "echo 0 > f && echo other > o");
     let tools: &[(&str, u64)] = &[
         // `>` and `dd of=` flush once before writing (see enforce_routes.rs)
@@ -141,7 +141,7 @@ fn each_tool(m: Mount) {
 
 #[test]
 fn changes_behind_the_volumes_back_are_counted() {
-    let m = Mount::new(true);
+    let m = mount(true);
     sh_ok(&m, Some("alice"), "echo a > f");
     assert_eq!(v(&m, "f"), Some(1));
     // an edit in the backing directory, then an open through the volume
@@ -178,7 +178,7 @@ fn changes_behind_the_volumes_back_are_counted() {
 
 #[test]
 fn directory_renames_keep_versions() {
-    let m = Mount::new(true);
+    let m = mount(true);
     sh_ok(
         &m,
         Some("alice"),
@@ -206,7 +206,7 @@ fn directory_renames_keep_versions() {
 
 #[test]
 fn a_removed_path_continues_its_numbering() {
-    let m = Mount::new(true);
+    let m = mount(true);
     sh_ok(&m, Some("alice"), "echo 1 > f && echo 2 >> f");
     assert_eq!(v(&m, "f"), Some(2));
     sh_ok(&m, Some("alice"), "rm f");
@@ -224,7 +224,7 @@ fn a_removed_path_continues_its_numbering() {
 
 #[test]
 fn commits_are_logged_with_their_session() {
-    let m = Mount::new(true);
+    let m = mount(true);
     sh_ok(&m, Some("alice"), "echo a > f");
     sh_ok(&m, Some("bob"), "echo b >> f");
     let c = await_events(&m, "commit", "f", None, 2);

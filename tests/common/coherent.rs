@@ -486,6 +486,45 @@ impl Drop for Remount {
     }
 }
 
+/// A [`Mount`] with its own `--state-dir` in a temporary directory, so test mounts leave
+/// no state under `~/.local/state/coherent` (the default). Derefs to the [`Mount`].
+pub struct Vol {
+    // dropped in this order: the daemon stops before its state directory goes
+    m: Mount,
+    _state: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Vol {
+    type Target = Mount;
+    fn deref(&self) -> &Mount {
+        &self.m
+    }
+}
+
+impl Root for Vol {
+    fn root(&self) -> &Path {
+        &self.m.mnt
+    }
+}
+
+/// Start `b` with a private state directory.
+pub fn mount_with(b: crate::common::Builder) -> Vol {
+    let state = tempfile::Builder::new()
+        .prefix("coherent-state-")
+        .tempdir()
+        .expect("tempdir");
+    let m = b
+        .arg("--state-dir")
+        .arg(state.path().to_string_lossy().into_owned())
+        .start();
+    Vol { m, _state: state }
+}
+
+/// A mount with default options and a private state directory.
+pub fn mount(passthrough: bool) -> Vol {
+    mount_with(Mount::builder().passthrough(passthrough))
+}
+
 /// What the helpers need of a mount: its root ([`Mount`] and [`Remount`]).
 pub trait Root {
     fn root(&self) -> &Path;
