@@ -47,6 +47,17 @@ use crate::passthrough::{
 
 /// Entry and attribute cache time (see the module doc).
 pub const TTL: Duration = Duration::from_secs(1);
+/// The cache time of a node's entry and attributes: 0 for virtual nodes, whose size and
+/// mtime move (`.coherent/events` grows; `tail -f` polls its size).
+fn ttl_of(ino: u64) -> &'static Duration {
+    const ZERO: Duration = Duration::ZERO;
+    if is_virtual(ino) {
+        &ZERO
+    } else {
+        &TTL
+    }
+}
+
 /// Largest read/write request through the daemon.
 pub const MAX_IO: u32 = 1 << 20;
 
@@ -233,7 +244,7 @@ impl CoherentFs {
 
     fn entry_reply(&self, r: FsResult<Attr>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(ttl_of(a.ino), &file_attr(&a), Generation(0)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -387,7 +398,7 @@ impl Filesystem for CoherentFs {
             self.store.getattr(ino.0)
         };
         match r {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(ttl_of(a.ino), &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -441,7 +452,7 @@ impl Filesystem for CoherentFs {
             })
         };
         match r {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(ttl_of(a.ino), &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -863,7 +874,14 @@ impl Filesystem for CoherentFs {
                 }
             };
             let fa = file_attr(&attr);
-            if reply.add(INodeNo(attr.ino), next, &e.name, &TTL, &fa, Generation(0)) {
+            if reply.add(
+                INodeNo(attr.ino),
+                next,
+                &e.name,
+                ttl_of(attr.ino),
+                &fa,
+                Generation(0),
+            ) {
                 if !dots {
                     self.forget_any(attr.ino, 1);
                 }

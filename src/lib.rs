@@ -10,3 +10,4 @@ pub mod fuse;
 pub mod identity;
 pub mod journal;
 pub mod passthrough;
+pub mod volume;

@@ -312,7 +312,8 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
     buf.truncate(n as usize);
     let mut out: Vec<(String, Vec<u8>)> = buf
         .split(|&b| b == 0)
-        .filter(|s| s.starts_with(b"user."))
+        // user.coherent.* are computed by the coherence layer (DESIGN.md §7), not stored.
+        .filter(|s| s.starts_with(b"user.") && !s.starts_with(b"user.coherent."))
         .map(|name| {
             let cn = CString::new(name).unwrap();
             let mut v = vec![0u8; 4096];

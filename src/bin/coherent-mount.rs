@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use coherent::coherence;
 use coherent::fuse::{CoherentFs, FsOptions, Hooks, NoHooks};
 use coherent::passthrough::Store;
+use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
 use fuser::{Config, MountOption, SessionACL};
 
 /// What `--stale` does with a write from an outdated view (DESIGN.md §4).
@@ -62,6 +64,10 @@ struct Args {
     /// Environment variable naming the session (repeatable; replaces the default list).
     #[arg(long = "session-env", value_name = "VAR")]
     session_env: Vec<String>,
+    /// A plain passthrough volume without coherence (no sessions, versions, fences or
+    /// .coherent/): the baseline of the enforcement benchmarks.
+    #[arg(long, hide = true)]
+    no_coherence: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -313,11 +319,47 @@ fn abort_connection(minor: u32) {
     let _ = std::fs::write(dir.join(minor.to_string()).join("abort"), b"1");
 }
 
-/// The enforcement layer plugged into the volume. A plain passthrough volume for now;
-/// the coherence engine (issue 4) is built here from `--state-dir`, `--stale`,
-/// `--evict-after` and `--session-env`.
-fn make_hooks(_args: &Args, _plan: &Plan) -> Arc<dyn Hooks> {
-    Arc::new(NoHooks)
+/// The hooks given to the adapter, and the volume behind them (None: no coherence).
+type Layer = (Arc<dyn Hooks>, Option<Arc<Volume>>);
+
+/// The enforcement layer plugged into the volume: the coherent [`Volume`] built from
+/// `--state-dir`, `--stale`, `--evict-after` and `--session-env` (a plain passthrough
+/// volume with the hidden `--no-coherence`). Opens (and locks) the state directory, so a
+/// state directory in use fails here, before anything is mounted.
+fn make_hooks(
+    args: &Args,
+    plan: &Plan,
+    root: &OwnedFd,
+) -> Result<Layer, Fail> {
+    if args.no_coherence {
+        tracing::info!("--no-coherence: a plain passthrough volume");
+        return Ok((Arc::new(NoHooks), None));
+    }
+    let state_dir = match &args.state_dir {
+        Some(d) => d.clone(),
+        None => default_state_dir(&plan.backing).ok_or_else(|| {
+            Fail("no state directory: set --state-dir, XDG_STATE_HOME or HOME".into())
+        })?,
+    };
+    let limit = raise_nofile_limit();
+    tracing::debug!("open file limit: {limit}");
+    let mut cfg = VolumeConfig::new(state_dir, plan.mountpoint.clone());
+    cfg.engine = coherence::Config {
+        stale: match args.stale {
+            StaleMode::Off => coherence::StaleMode::Off,
+            StaleMode::Warn => coherence::StaleMode::Warn,
+            StaleMode::Strict => coherence::StaleMode::Strict,
+        },
+        evict_after: args.evict_after,
+    };
+    cfg.session_env = args.session_env.clone();
+    let root = root.try_clone().map_err(|e| {
+        Fail(format!(
+            "cannot duplicate the backing directory handle: {e}"
+        ))
+    })?;
+    let volume = Volume::open(cfg, root).map_err(|e| Fail(e.to_string()))?;
+    Ok((volume.clone(), Some(volume)))
 }
 
 fn run(args: Args) -> Result<(), Fail> {
@@ -335,7 +377,18 @@ fn run(args: Args) -> Result<(), Fail> {
         None
     };
 
-    let hooks = make_hooks(&args, &plan);
+    // Signals are taken by a dedicated thread; block them before any thread starts (the
+    // volume starts its journal and maintenance threads).
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    sigs.add(nix::sys::signal::SIGINT);
+    sigs.add(nix::sys::signal::SIGTERM);
+    // A closed terminal must not leave a dead mount behind either.
+    sigs.add(nix::sys::signal::SIGHUP);
+    sigs.add(nix::sys::signal::SIGUSR1);
+    sigs.thread_block()
+        .map_err(|e| Fail(format!("sigmask: {e}")))?;
+
+    let (hooks, volume) = make_hooks(&args, &plan, &root)?;
     let fs = CoherentFs::new(
         root,
         hooks,
@@ -357,16 +410,6 @@ fn run(args: Args) -> Result<(), Fail> {
     config.acl = acl;
     config.n_threads = Some(args.threads as usize);
     config.clone_fd = true;
-
-    // Signals are taken by a dedicated thread; block them before any thread starts.
-    let mut sigs = nix::sys::signal::SigSet::empty();
-    sigs.add(nix::sys::signal::SIGINT);
-    sigs.add(nix::sys::signal::SIGTERM);
-    // A closed terminal must not leave a dead mount behind either.
-    sigs.add(nix::sys::signal::SIGHUP);
-    sigs.add(nix::sys::signal::SIGUSR1);
-    sigs.thread_block()
-        .map_err(|e| Fail(format!("sigmask: {e}")))?;
 
     tracing::info!(
         backing = %plan.backing.display(),
@@ -428,6 +471,9 @@ fn run(args: Args) -> Result<(), Fail> {
         detach_stdio();
     }
     let r = session.run();
+    if let Some(v) = volume {
+        v.shutdown();
+    }
     match r {
         Ok(()) => {
             tracing::info!("unmounted, exiting");

@@ -1,0 +1,791 @@
+//! The coherent volume: the glue that implements the fs adapter's [`Hooks`] with the
+//! identity [`Resolver`], the coherence [`Engine`], the [`Journal`] and the control surface
+//! (DESIGN.md §2–§8).
+//!
+//! - **Who**: the caller's session is resolved only where a decision needs it: opens and
+//!   creates, the metadata write routes of §6, the `user.coherent.handoff` xattr, opens of
+//!   `.coherent/` files and writes to `ctl`. Never on read, write, getattr or lookup.
+//! - **Write handles**: an open for write is fenced and acquired *before* the backing
+//!   file is opened (so a fenced `> plan.md` truncates nothing). The handle then gets a
+//!   token naming a [`WriteHandle`] (session, path at open, opener pid, created?), which
+//!   flush and release use: those requests may carry pid 0. Read-only opens get token 0
+//!   and no state (flush and release of them cost nothing here).
+//! - **Commits**: a flush or release whose backing stamp changed commits `Write`; a
+//!   handle that created its file commits at its first changed flush or at release (the
+//!   create and its writes are one commit); the truncation of an `O_TRUNC` open belongs
+//!   to the handle's next changed flush, or its release (so `echo x > f` is one commit). Metadata routes commit (`unlink`, `link`, `symlink`, `mknod`,
+//!   `truncate`, `rename`) or restamp (`chmod`, `chown`, `utimes`, xattrs) afterwards.
+//! - **Release or reclaim**: a write handle released without a commit is a `release` when
+//!   its last `close(2)` came from a running task (read at that FLUSH, which is
+//!   synchronous and carries the closer's pid). Closed by an exiting task (killed, or
+//!   exiting with the file open), it is a `reclaim` of the session's holds if every
+//!   process of the session is gone (dead, zombie or exiting). Only handles that changed
+//!   nothing read `/proc` ([`liveness`]).
+//! - **The in-flight race**: FUSE sends RELEASE asynchronously, after `close(2)` returned,
+//!   so `echo x > f; coherent transfer f` can reach the transfer first. A transfer refused
+//!   `handoff_in_flight` waits (up to [`VolumeConfig::in_flight_wait`]) when every write
+//!   handle in the way has been flushed and its opener no longer has the file open, then
+//!   tries once more. A descriptor really held open is refused at once.
+
+mod liveness;
+pub mod state_dir;
+mod virt;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::coherence::{self, CommitOp, Engine, Route, Timestamp};
+use crate::error::Refusal;
+use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
+use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, DEFAULT_SESSION_ENV};
+use crate::journal::{Journal, JournalError, JournalOptions};
+use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
+
+pub use liveness::{holds_open, session_running, TaskState};
+pub use state_dir::default_state_dir;
+
+/// The computed xattrs (§7); every other name passes through to the backing file.
+pub const XATTR_PREFIX: &str = "user.coherent.";
+pub const XATTR_VERSION: &str = "user.coherent.version";
+pub const XATTR_HANDOFF: &str = "user.coherent.handoff";
+
+/// `renameat2` flag: swap the two names.
+const RENAME_EXCHANGE: u32 = 2;
+
+/// How a [`Volume`] is set up.
+#[derive(Debug, Clone)]
+pub struct VolumeConfig {
+    /// The state directory (journal, snapshot, lock).
+    pub state_dir: PathBuf,
+    /// `--stale` and `--evict-after`.
+    pub engine: coherence::Config,
+    /// `--session-env` (empty: the default list of §2).
+    pub session_env: Vec<String>,
+    /// Where the volume is mounted (to recognise the volume's files in `/proc/PID/fd`).
+    pub mountpoint: PathBuf,
+    /// How long a transfer refused `handoff_in_flight` waits for imminent releases.
+    pub in_flight_wait: Duration,
+    /// Period of the maintenance thread (eviction, snapshots).
+    pub maintain_every: Duration,
+}
+
+impl VolumeConfig {
+    pub fn new(state_dir: PathBuf, mountpoint: PathBuf) -> Self {
+        VolumeConfig {
+            state_dir,
+            engine: coherence::Config::default(),
+            session_env: Vec::new(),
+            mountpoint,
+            in_flight_wait: Duration::from_millis(500),
+            maintain_every: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Raise the soft `RLIMIT_NOFILE` to the hard limit (the identity cache keeps one
+/// `/proc/TID/stat` open per cached task, within a quarter of the soft limit). Returns the
+/// soft limit now in force.
+pub fn raise_nofile_limit() -> u64 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
+            return 0;
+        }
+        if rl.rlim_cur < rl.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: rl.rlim_max,
+                rlim_max: rl.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                return want.rlim_cur;
+            }
+        }
+    }
+    rl.rlim_cur
+}
+
+/// The state of one open write handle (its token is the key).
+struct WriteHandle {
+    session: Session,
+    /// The path at open: where the `E` hold was taken, so where it is given back.
+    path: String,
+    /// The thread that opened it (for the in-flight check).
+    pid: u32,
+    /// The handle created its file: it commits at release even if nothing was written.
+    created: bool,
+    flags: Mutex<HandleFlags>,
+}
+
+#[derive(Default)]
+struct HandleFlags {
+    /// A commit was made through this handle.
+    committed: bool,
+    /// A change not visible in the handle's stamps (the `O_TRUNC` of its open).
+    dirty: bool,
+    /// At least one FLUSH (a `close(2)` of one of its descriptors) arrived.
+    flushed: bool,
+    /// The last FLUSH came from a running task: a deliberate `close(2)`, so an unchanged
+    /// handle ends in `release` even if its process exits before the RELEASE arrives.
+    /// (A killed process closes its files while exiting.) Only tracked while nothing is
+    /// to be committed.
+    closed_alive: bool,
+}
+
+/// What `before_write` learnt, for `after_write` and `on_open` of the same request (the
+/// adapter calls them in order on one thread).
+struct Stash {
+    path: String,
+    session: Session,
+    /// The backing file before the operation (None: absent).
+    pre: Option<coherence::Stamp>,
+    is_dir: bool,
+}
+
+thread_local! {
+    static STASH: RefCell<Option<Stash>> = const { RefCell::new(None) };
+}
+
+fn stash(s: Stash) {
+    STASH.with(|c| *c.borrow_mut() = Some(s));
+}
+
+fn take_stash() -> Option<Stash> {
+    STASH.with(|c| c.borrow_mut().take())
+}
+
+/// A workspace path as the engine keys it (None: the root, a name the store lost, or a
+/// name that is not UTF-8, which the volume does not track).
+fn rel(path: Option<&Path>) -> Option<&str> {
+    path.and_then(Path::to_str)
+        .filter(|p| coherence::valid_path(p))
+}
+
+fn refused(r: Refusal) -> FsError {
+    FsError(r.errno())
+}
+
+/// The engine's stamp of a backing file: (ino, ctime, size).
+fn stamp(s: &Stamp) -> coherence::Stamp {
+    coherence::Stamp {
+        ino: s.ino,
+        ctime_ns: s.ctime.sec * 1_000_000_000 + i64::from(s.ctime.nsec),
+        size: s.size,
+    }
+}
+
+/// The coherent volume: [`Hooks`] for [`crate::fuse::CoherentFs`].
+pub struct Volume {
+    engine: Arc<Engine>,
+    journal: Arc<Journal>,
+    resolver: Resolver,
+    /// The backing directory (`O_PATH`), for the stats that decide what changed.
+    root: OwnedFd,
+    cfg: VolumeConfig,
+    handles: Mutex<HashMap<u64, Arc<WriteHandle>>>,
+    /// Signalled whenever a write handle is released.
+    released: Condvar,
+    next_token: AtomicU64,
+    virt: virt::Virtual,
+    /// A session with no part in any record (for "is there a live record?").
+    nobody: SessionInfo,
+    stop: Mutex<bool>,
+    stop_cv: Condvar,
+    maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Volume {
+    /// Open the state directory (locks it; recovers the journal, logging any repair) and
+    /// build the volume over the backing directory `root` (an `O_PATH` descriptor).
+    pub fn open(cfg: VolumeConfig, root: OwnedFd) -> Result<Arc<Volume>, JournalError> {
+        let opened = Journal::open(
+            &cfg.state_dir,
+            cfg.engine.clone(),
+            JournalOptions::default(),
+        )?;
+        for w in &opened.warnings {
+            tracing::warn!("state recovery: {w}");
+        }
+        tracing::info!(
+            state_dir = %cfg.state_dir.display(),
+            from_snapshot = opened.from_snapshot,
+            replayed = opened.replayed,
+            "state loaded"
+        );
+        let env_vars = if cfg.session_env.is_empty() {
+            DEFAULT_SESSION_ENV.iter().map(|v| v.to_string()).collect()
+        } else {
+            cfg.session_env.clone()
+        };
+        let resolver = Resolver::new(ResolverConfig {
+            env_vars,
+            ..ResolverConfig::default()
+        });
+        let v = Arc::new(Volume {
+            engine: opened.engine,
+            journal: opened.journal,
+            resolver,
+            root,
+            cfg,
+            handles: Mutex::new(HashMap::new()),
+            released: Condvar::new(),
+            next_token: AtomicU64::new(1),
+            virt: virt::Virtual::new(),
+            nobody: SessionInfo::unattributed(u32::MAX),
+            stop: Mutex::new(false),
+            stop_cv: Condvar::new(),
+            maintenance: Mutex::new(None),
+        });
+        let bg = v.clone();
+        let h = std::thread::Builder::new()
+            .name("coherent-maintain".into())
+            .spawn(move || bg.maintain_loop())
+            .map_err(|err| JournalError::Io {
+                what: "spawn the maintenance thread".into(),
+                err,
+            })?;
+        *v.maintenance.lock() = Some(h);
+        Ok(v)
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    pub fn journal(&self) -> &Arc<Journal> {
+        &self.journal
+    }
+
+    pub fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
+    /// Every few seconds: evict ended records past `--evict-after`, snapshot when due.
+    fn maintain_loop(&self) {
+        loop {
+            {
+                let mut stop = self.stop.lock();
+                if !*stop {
+                    self.stop_cv.wait_for(&mut stop, self.cfg.maintain_every);
+                }
+                if *stop {
+                    return;
+                }
+            }
+            match self.journal.maintain(&self.engine, Timestamp::now()) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("evicted {n} ended handoff record(s)"),
+                Err(e) => tracing::warn!("state maintenance failed: {e}"),
+            }
+        }
+    }
+
+    /// At unmount: stop the maintenance thread, write out the log and take a snapshot.
+    pub fn shutdown(&self) {
+        *self.stop.lock() = true;
+        self.stop_cv.notify_all();
+        if let Some(h) = self.maintenance.lock().take() {
+            let _ = h.join();
+        }
+        if let Err(e) = self.journal.flush() {
+            tracing::warn!("writing the state log at exit failed: {e}");
+        }
+        match self.journal.checkpoint(&self.engine) {
+            Ok(()) => tracing::info!(
+                "state saved in {} (seq {})",
+                self.cfg.state_dir.display(),
+                self.engine.last_seq()
+            ),
+            Err(e) => tracing::warn!("snapshot at exit failed: {e}"),
+        }
+    }
+
+    /// The caller's session, made known to the engine (`session_seen` the first time): a
+    /// session is known once any of its processes touched the volume where it resolves.
+    fn session(&self, c: &Caller) -> Session {
+        let s = self.resolver.resolve_request(c.pid, c.uid);
+        self.engine.session_seen(&s, Timestamp::now());
+        s
+    }
+
+    /// `fstatat` in the backing directory, without following a final symlink.
+    fn stat(&self, p: &str) -> Option<(coherence::Stamp, bool)> {
+        let c = CString::new(p).ok()?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: a valid dirfd, a NUL-terminated path and a buffer of the right type.
+        let r = unsafe {
+            libc::fstatat(
+                self.root.as_raw_fd(),
+                c.as_ptr(),
+                st.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if r != 0 {
+            return None;
+        }
+        // SAFETY: fstatat succeeded, so it filled the buffer.
+        let st = unsafe { st.assume_init() };
+        Some((
+            coherence::Stamp {
+                ino: st.st_ino,
+                ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
+                size: st.st_size as u64,
+            },
+            st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+        ))
+    }
+
+    /// Show the engine what the backing directory holds at `p` now (versions count
+    /// regular files, symlinks and special files, not directories), so an untracked
+    /// file starts at v1 and a change behind the volume's back is counted.
+    fn observe(&self, p: &str, now: Timestamp) -> Option<(coherence::Stamp, bool)> {
+        let st = self.stat(p);
+        match st {
+            Some((_, true)) => {}
+            Some((s, false)) => {
+                self.engine.observe(p, Some(s), now);
+            }
+            None => {
+                self.engine.observe(p, None, now);
+            }
+        }
+        st
+    }
+
+    fn stamp_now(&self, p: &str) -> Option<coherence::Stamp> {
+        self.stat(p).filter(|(_, dir)| !dir).map(|(s, _)| s)
+    }
+
+    fn write_handle(&self, token: u64) -> Option<Arc<WriteHandle>> {
+        if token == 0 {
+            return None;
+        }
+        self.handles.lock().get(&token).cloned()
+    }
+
+    /// `RENAME_EXCHANGE` of `f` and `t` (after it succeeded): two files each take the
+    /// other's content (a commit of both); a directory side moves through a temporary
+    /// name so the versions under both trees swap.
+    fn exchange(&self, s: &Session, f: &str, t: &str, now: Timestamp) {
+        let f_dir = self.stat(f).is_some_and(|x| x.1); // now holds the old t
+        let t_dir = self.stat(t).is_some_and(|x| x.1); // now holds the old f
+        if !f_dir && !t_dir {
+            for p in [f, t] {
+                self.engine
+                    .commit(s, p, CommitOp::Rename, self.stamp_now(p), now);
+            }
+            return;
+        }
+        let tmp = format!("{f}.coherent-exchange-{}", self.engine.last_seq());
+        let (old_f_dir, old_t_dir) = (t_dir, f_dir);
+        if old_f_dir {
+            self.engine.rename(s, f, &tmp, true, None, now);
+            self.engine
+                .rename(s, t, f, old_t_dir, self.stamp_now(f), now);
+            self.engine.rename(s, &tmp, t, true, None, now);
+        } else {
+            self.engine.rename(s, t, &tmp, true, None, now);
+            self.engine.rename(s, f, t, false, self.stamp_now(t), now);
+            self.engine.rename(s, &tmp, f, true, None, now);
+        }
+    }
+
+    /// A transfer was refused because write handles of `s` on `paths` are open. If each
+    /// of them is about to be released (flushed, and its opener no longer has the file
+    /// open), wait until they are, at most `in_flight_wait`. True: there was something to
+    /// wait for and it is gone (try again).
+    fn wait_for_releases(&self, s: &Session, paths: &[String]) -> bool {
+        let mine = |w: &WriteHandle| w.session.name == s.name && paths.contains(&w.path);
+        let pending: Vec<Arc<WriteHandle>> = self
+            .handles
+            .lock()
+            .values()
+            .filter(|w| mine(w))
+            .cloned()
+            .collect();
+        if pending.is_empty() {
+            return false;
+        }
+        for w in &pending {
+            let flushed = w.flags.lock().flushed;
+            if !flushed || holds_open(w.pid, &self.cfg.mountpoint.join(&w.path)) {
+                return false;
+            }
+        }
+        let deadline = Instant::now() + self.cfg.in_flight_wait;
+        let mut handles = self.handles.lock();
+        while handles.values().any(|w| mine(w)) {
+            if self.released.wait_until(&mut handles, deadline).timed_out() {
+                return !handles.values().any(|w| mine(w));
+            }
+        }
+        true
+    }
+}
+
+impl Hooks for Volume {
+    fn before_write(&self, caller: &Caller, route: &WriteRoute<'_>) -> Result<(), FsError> {
+        let _ = take_stash();
+        let now = Timestamp::now();
+        let keep = |path: &str, session: Session, pre: Option<(coherence::Stamp, bool)>| {
+            stash(Stash {
+                path: path.to_string(),
+                session,
+                pre: pre.map(|x| x.0),
+                is_dir: pre.is_some_and(|x| x.1),
+            })
+        };
+        match *route {
+            WriteRoute::Open { path, .. } | WriteRoute::Create { path, .. } => {
+                let Some(p) = rel(path) else { return Ok(()) };
+                let s = self.session(caller);
+                let pre = self.observe(p, now);
+                if pre.is_some_and(|x| x.1) {
+                    return Ok(()); // a directory: the open fails with EISDIR anyway
+                }
+                self.engine.acquire(&s, p, now).map_err(refused)?;
+                keep(p, s, pre);
+            }
+            WriteRoute::Setattr { path, .. } => {
+                let Some(p) = rel(path) else { return Ok(()) };
+                let s = self.session(caller);
+                let pre = self.observe(p, now);
+                self.engine
+                    .check_write(&s, p, Route::Setattr, now)
+                    .map_err(refused)?;
+                keep(p, s, pre);
+            }
+            WriteRoute::Rename { from, to, .. } => {
+                let (Some(f), Some(t)) = (rel(from), rel(to)) else {
+                    return Ok(());
+                };
+                let s = self.session(caller);
+                let pre = self.observe(f, now);
+                self.observe(t, now);
+                let is_dir = pre.is_some_and(|x| x.1);
+                self.engine
+                    .check_rename(&s, f, t, is_dir, now)
+                    .map_err(refused)?;
+                keep(f, s, pre);
+            }
+            WriteRoute::Unlink { path } => {
+                let Some(p) = rel(path) else { return Ok(()) };
+                let s = self.session(caller);
+                let pre = self.observe(p, now);
+                self.engine
+                    .check_write(&s, p, Route::Unlink, now)
+                    .map_err(refused)?;
+                keep(p, s, pre);
+            }
+            WriteRoute::Link { from, to } if rel(from).is_some() => {
+                let Some(t) = rel(to) else { return Ok(()) };
+                let f = rel(from).unwrap_or_default();
+                let s = self.session(caller);
+                // A fenced giver may not give the file it handed on a second name: writes
+                // through that name would go around the fence (beyond the letter of §6).
+                self.observe(f, now);
+                self.engine
+                    .check_write(&s, f, Route::Link, now)
+                    .map_err(refused)?;
+                let pre = self.observe(t, now);
+                self.engine
+                    .check_write(&s, t, Route::Link, now)
+                    .map_err(refused)?;
+                keep(t, s, pre);
+            }
+            WriteRoute::Link { to: path, .. }
+            | WriteRoute::Symlink { path, .. }
+            | WriteRoute::Mknod { path, .. } => {
+                let Some(p) = rel(path) else { return Ok(()) };
+                let r = match route {
+                    WriteRoute::Link { .. } => Route::Link,
+                    WriteRoute::Symlink { .. } => Route::Symlink,
+                    _ => Route::Mknod,
+                };
+                let s = self.session(caller);
+                let pre = self.observe(p, now);
+                self.engine.check_write(&s, p, r, now).map_err(refused)?;
+                keep(p, s, pre);
+            }
+            WriteRoute::Setxattr { path, name } | WriteRoute::Removexattr { path, name } => {
+                if name.as_encoded_bytes().starts_with(XATTR_PREFIX.as_bytes()) {
+                    return Err(FsError(libc::EACCES)); // computed, not settable
+                }
+                let Some(p) = rel(path) else { return Ok(()) };
+                let r = match route {
+                    WriteRoute::Setxattr { .. } => Route::Setxattr,
+                    _ => Route::Removexattr,
+                };
+                let s = self.session(caller);
+                let pre = self.observe(p, now);
+                self.engine.check_write(&s, p, r, now).map_err(refused)?;
+                keep(p, s, pre);
+            }
+            // §6 does not fence directories being made or removed (a directory rename is).
+            WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn after_write(&self, _caller: &Caller, route: &WriteRoute<'_>, outcome: Result<(), FsError>) {
+        if matches!(route, WriteRoute::Open { .. } | WriteRoute::Create { .. }) && outcome.is_ok() {
+            return; // on_open takes the stash
+        }
+        let Some(st) = take_stash() else { return };
+        let now = Timestamp::now();
+        let (s, p) = (&st.session, st.path.as_str());
+        match *route {
+            WriteRoute::Open { .. } | WriteRoute::Create { .. } => {
+                // The open failed after the acquire: give the hold back.
+                self.engine.close_write(s, p, false, now);
+            }
+            _ if outcome.is_err() => {}
+            WriteRoute::Setattr { set, .. } => {
+                if st.is_dir {
+                    return;
+                }
+                let holds_e = matches!(self.engine.hold(s, p), Some((coherence::Hold::E, _)));
+                match self.stamp_now(p) {
+                    // A truncate by a session writing the file through a handle (coreutils
+                    // `truncate` is open + ftruncate + close) is part of that handle's
+                    // commit; any other change of size is a commit of its own.
+                    Some(after) if set.size.is_some() && !holds_e => {
+                        self.engine
+                            .commit(s, p, CommitOp::Truncate, Some(after), now);
+                    }
+                    Some(after) => self.engine.restamp(p, after),
+                    None => {}
+                }
+            }
+            WriteRoute::Rename { to, flags, .. } => {
+                let Some(t) = rel(to) else { return };
+                if flags & RENAME_EXCHANGE != 0 {
+                    self.exchange(s, p, t, now);
+                } else {
+                    let after = if st.is_dir { None } else { self.stamp_now(t) };
+                    self.engine.rename(s, p, t, st.is_dir, after, now);
+                }
+            }
+            WriteRoute::Unlink { .. } => {
+                self.engine.commit(s, p, CommitOp::Unlink, None, now);
+            }
+            WriteRoute::Link { .. } | WriteRoute::Symlink { .. } | WriteRoute::Mknod { .. } => {
+                let op = match route {
+                    WriteRoute::Link { .. } => CommitOp::Link,
+                    WriteRoute::Symlink { .. } => CommitOp::Symlink,
+                    _ => CommitOp::Mknod,
+                };
+                self.engine.commit(s, p, op, self.stamp_now(p), now);
+            }
+            WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
+                if let Some(after) = self.stamp_now(p) {
+                    self.engine.restamp(p, after);
+                }
+            }
+            WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => {}
+        }
+    }
+
+    fn on_open(&self, caller: &Caller, open: &OpenInfo<'_>) -> Result<u64, FsError> {
+        let now = Timestamp::now();
+        if !open_writes(open.flags) {
+            if let Some(p) = rel(open.path) {
+                let s = self.session(caller);
+                self.engine.observe(p, Some(stamp(&open.stamp)), now);
+                self.engine.open_read(&s, p, now);
+            }
+            return Ok(0);
+        }
+        let Some(st) = take_stash() else { return Ok(0) };
+        if rel(open.path) != Some(st.path.as_str()) {
+            // Not the open the stash was made for (cannot happen in order; be safe).
+            self.engine.close_write(&st.session, &st.path, false, now);
+            return Ok(0);
+        }
+        // An O_TRUNC open that emptied the file changed it before the handle's first stamp.
+        let dirty =
+            open.flags & libc::O_TRUNC != 0 && st.pre.is_some_and(|pre| pre != stamp(&open.stamp));
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        let w = WriteHandle {
+            session: st.session,
+            path: st.path,
+            pid: caller.pid,
+            created: open.created,
+            flags: Mutex::new(HandleFlags {
+                dirty,
+                ..HandleFlags::default()
+            }),
+        };
+        self.handles.lock().insert(token, Arc::new(w));
+        Ok(token)
+    }
+
+    fn on_flush(&self, caller: &Caller, h: &HandleInfo<'_>) {
+        let Some(w) = self.write_handle(h.token) else {
+            return;
+        };
+        let mut f = w.flags.lock();
+        f.flushed = true;
+        // Only a change since the last flush commits here. The truncation of an O_TRUNC
+        // open (`dirty`) waits for the handle's next change or its release: a shell's
+        // `> f` closes a duplicate of the descriptor before writing, and the truncation
+        // and the writes are one change.
+        if h.changed() {
+            f.dirty = false;
+            // No path: the file was removed while open; its changes have no name to count.
+            if let Some(p) = rel(h.path) {
+                let now = Timestamp::now();
+                self.engine
+                    .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+                f.committed = true;
+            }
+        }
+        if !f.committed && !f.dirty && !w.created {
+            // Nothing to commit so far: who closed decides release or reclaim later.
+            f.closed_alive =
+                caller.pid != 0 && TaskState::read(caller.pid).is_some_and(|t| t.running());
+        }
+    }
+
+    fn on_release(&self, _caller: &Caller, h: &HandleInfo<'_>) {
+        let Some(w) = self.write_handle(h.token) else {
+            return;
+        };
+        let now = Timestamp::now();
+        {
+            let mut f = w.flags.lock();
+            if h.changed() || f.dirty || (w.created && !f.committed) {
+                if let Some(p) = rel(h.path) {
+                    self.engine
+                        .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+                    f.committed = true;
+                }
+            }
+            if f.committed {
+                self.engine.close_write(&w.session, &w.path, true, now);
+            } else if !f.closed_alive
+                && w.session.is_attributed()
+                && !session_running(&self.resolver, &w.session.name)
+            {
+                let n = self.engine.session_gone(&w.session, now);
+                tracing::info!(
+                    "session {} is gone: reclaimed {n} hold(s)",
+                    w.session.display()
+                );
+            } else {
+                self.engine.close_write(&w.session, &w.path, false, now);
+            }
+        }
+        self.handles.lock().remove(&h.token);
+        self.released.notify_all();
+    }
+
+    fn getxattr(
+        &self,
+        caller: &Caller,
+        _ino: u64,
+        path: Option<&Path>,
+        name: &OsStr,
+    ) -> Option<FsResult<Vec<u8>>> {
+        let name = name.to_str()?;
+        if !name.starts_with(XATTR_PREFIX) {
+            return None;
+        }
+        let nodata = Some(Err(FsError(libc::ENODATA)));
+        let Some(p) = rel(path) else { return nodata };
+        match name {
+            XATTR_VERSION => {
+                if self.observe(p, Timestamp::now()).is_some_and(|x| x.1) {
+                    return nodata;
+                }
+                match self.engine.version(p) {
+                    Some(v) => Some(Ok(v.to_string().into_bytes())),
+                    None => nodata,
+                }
+            }
+            XATTR_HANDOFF => {
+                let s = self.session(caller);
+                match self.engine.handoff(&s, p) {
+                    Some(h) => Some(Ok(serde_json::to_vec(&h).expect("records serialise"))),
+                    None => nodata,
+                }
+            }
+            _ => nodata,
+        }
+    }
+
+    fn listxattr(&self, _caller: &Caller, _ino: u64, path: Option<&Path>) -> Vec<OsString> {
+        let Some(p) = rel(path) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        if self.observe(p, Timestamp::now()).is_some_and(|x| x.1) {
+            return out;
+        }
+        if self.engine.version(p).is_some() {
+            out.push(XATTR_VERSION.into());
+        }
+        if self.engine.handoff(&self.nobody, p).is_some() {
+            out.push(XATTR_HANDOFF.into());
+        }
+        out
+    }
+
+    fn virtual_root_name(&self) -> Option<OsString> {
+        Some(crate::control::CONTROL_DIR.into())
+    }
+
+    fn virtual_lookup(&self, _caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        self.virt_lookup(parent, name)
+    }
+
+    fn virtual_getattr(&self, _caller: &Caller, ino: u64) -> FsResult<Attr> {
+        self.virt_attr(ino)
+    }
+
+    fn virtual_readdir(&self, _caller: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+        self.virt_readdir(ino)
+    }
+
+    fn virtual_open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
+        self.virt_open(caller, ino, flags)
+    }
+
+    fn virtual_read(
+        &self,
+        _caller: &Caller,
+        _ino: u64,
+        token: u64,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Vec<u8>> {
+        self.virt_read(token, offset, size)
+    }
+
+    fn virtual_write(
+        &self,
+        caller: &Caller,
+        _ino: u64,
+        token: u64,
+        _offset: u64,
+        data: &[u8],
+    ) -> FsResult<u32> {
+        self.virt_write(caller, token, data)
+    }
+
+    fn virtual_release(&self, _ino: u64, token: u64) {
+        self.virt_release(token)
+    }
+}

@@ -1,0 +1,366 @@
+//! The `.coherent/` directory of §7: `ctl` (one request per write, the reply read back
+//! from the same handle), `status`, `events`, `whoami`, `why`, `inbox`.
+//!
+//! Content that depends on the reader (`whoami`, `why`, `inbox`) and `status` are computed
+//! once, at open, for the opener's session: a reader sees one consistent snapshot however
+//! it reads. `events` reads the journal at the requested offset, so a reader follows it as
+//! it grows; its size is the log's length and its mtime moves when the log grows (the
+//! adapter gives virtual nodes an attribute TTL of 0, so `tail -f` and `coherent watch`
+//! see both). Per-reader files report size 0 (like `/proc`): they are opened with direct
+//! I/O, so readers read until EOF. Only `ctl` is writable (mode 0666, any user may send a
+//! request; the verbs decide who may do what).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use super::Volume;
+use crate::coherence::Timestamp;
+use crate::control::{session_json, CtlHandle, Reply, Request, Verb};
+use crate::error::{Reason, Refusal};
+use crate::fuse::open_writes;
+use crate::identity::{Session, SessionInfo, Via};
+use crate::passthrough::{
+    Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
+};
+
+pub(super) const DIR: u64 = VIRTUAL_INO_BIT | 1;
+const CTL: u64 = VIRTUAL_INO_BIT | 2;
+const STATUS: u64 = VIRTUAL_INO_BIT | 3;
+const EVENTS: u64 = VIRTUAL_INO_BIT | 4;
+const WHOAMI: u64 = VIRTUAL_INO_BIT | 5;
+const WHY: u64 = VIRTUAL_INO_BIT | 6;
+const INBOX: u64 = VIRTUAL_INO_BIT | 7;
+
+const FILES: [(&str, u64); 6] = [
+    ("ctl", CTL),
+    ("status", STATUS),
+    ("events", EVENTS),
+    ("whoami", WHOAMI),
+    ("why", WHY),
+    ("inbox", INBOX),
+];
+
+/// One open handle of a virtual file.
+enum VHandle {
+    Ctl(CtlHandle),
+    /// Content computed at open.
+    Text(Vec<u8>),
+    /// The journal, read at each offset.
+    Events,
+}
+
+/// The virtual handles and the state of `events`' mtime.
+pub(super) struct Virtual {
+    handles: Mutex<HashMap<u64, Arc<Mutex<VHandle>>>>,
+    next: AtomicU64,
+    /// (log length last reported, when it was first seen at that length).
+    events_seen: Mutex<(u64, Time)>,
+    started: Time,
+    uid: u32,
+    gid: u32,
+}
+
+fn time_now() -> Time {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Time {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
+}
+
+impl Virtual {
+    pub(super) fn new() -> Self {
+        let now = time_now();
+        Virtual {
+            handles: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            events_seen: Mutex::new((0, now)),
+            started: now,
+            // SAFETY: getuid/getgid cannot fail.
+            uid: unsafe { libc::getuid() },
+            gid: unsafe { libc::getgid() },
+        }
+    }
+}
+
+/// The text of `why`: the last denial or refusal, one line ending in a newline.
+fn why_text(t: Option<String>) -> Vec<u8> {
+    match t {
+        Some(mut t) => {
+            if !t.ends_with('\n') {
+                t.push('\n');
+            }
+            t.into_bytes()
+        }
+        None => Vec::new(),
+    }
+}
+
+fn json_line(v: &impl serde::Serialize) -> Vec<u8> {
+    let mut b = serde_json::to_vec(v).expect("state serialises");
+    b.push(b'\n');
+    b
+}
+
+impl Volume {
+    pub(super) fn virt_attr(&self, ino: u64) -> FsResult<Attr> {
+        let v = &self.virt;
+        let (kind, perm, size, mtime) = match ino {
+            DIR => (Kind::Dir, 0o555, 0, v.started),
+            CTL => (Kind::File, 0o666, 0, v.started),
+            EVENTS => {
+                let len = self.journal.log_len();
+                let mut seen = v.events_seen.lock();
+                if seen.0 != len {
+                    *seen = (len, time_now());
+                }
+                (Kind::File, 0o444, len, seen.1)
+            }
+            STATUS | WHOAMI | WHY | INBOX => (Kind::File, 0o444, 0, time_now()),
+            _ => return Err(FsError(libc::ENOENT)),
+        };
+        Ok(Attr {
+            ino,
+            kind,
+            perm,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            uid: v.uid,
+            gid: v.gid,
+            size,
+            blocks: 0,
+            atime: mtime,
+            mtime,
+            ctime: mtime,
+            rdev: 0,
+            blksize: 4096,
+        })
+    }
+
+    pub(super) fn virt_lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        let ino = match parent {
+            ROOT_INO if name == crate::control::CONTROL_DIR => DIR,
+            DIR => FILES
+                .iter()
+                .find(|(n, _)| OsStr::new(n) == name)
+                .map(|(_, i)| *i)
+                .ok_or(FsError(libc::ENOENT))?,
+            _ => return Err(FsError(libc::ENOENT)),
+        };
+        self.virt_attr(ino)
+    }
+
+    pub(super) fn virt_readdir(&self, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+        if ino != DIR {
+            return Err(FsError(libc::ENOTDIR));
+        }
+        Ok(FILES
+            .iter()
+            .map(|(n, i)| {
+                (
+                    *i,
+                    DirEntry {
+                        name: (*n).into(),
+                        kind: Kind::File,
+                        backing_ino: *i,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    pub(super) fn virt_open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
+        let h = match ino {
+            DIR => return Err(FsError(libc::EISDIR)),
+            CTL => VHandle::Ctl(CtlHandle::new()),
+            _ if open_writes(flags) => return Err(FsError(libc::EACCES)),
+            EVENTS => VHandle::Events,
+            STATUS => VHandle::Text(json_line(&self.engine.status(None))),
+            WHOAMI => VHandle::Text(json_line(&session_json(&self.session(caller)))),
+            WHY => VHandle::Text(why_text(self.engine.why(&self.session(caller)))),
+            INBOX => VHandle::Text(json_line(&self.engine.inbox(&self.session(caller)))),
+            _ => return Err(FsError(libc::ENOENT)),
+        };
+        let token = self.virt.next.fetch_add(1, Ordering::Relaxed);
+        self.virt
+            .handles
+            .lock()
+            .insert(token, Arc::new(Mutex::new(h)));
+        Ok(token)
+    }
+
+    fn virt_handle(&self, token: u64) -> FsResult<Arc<Mutex<VHandle>>> {
+        self.virt
+            .handles
+            .lock()
+            .get(&token)
+            .cloned()
+            .ok_or(FsError(libc::EBADF))
+    }
+
+    pub(super) fn virt_read(&self, token: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let h = self.virt_handle(token)?;
+        let h = h.lock();
+        match &*h {
+            VHandle::Ctl(c) => Ok(c.read(offset, size).to_vec()),
+            VHandle::Text(t) => {
+                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(t.len());
+                let end = start.saturating_add(size as usize).min(t.len());
+                Ok(t[start..end].to_vec())
+            }
+            VHandle::Events => self
+                .journal
+                .read_log(offset, size as usize)
+                .map_err(FsError::from),
+        }
+    }
+
+    /// One request on `ctl`: served for the writer's session; a refusal fails the write
+    /// with its errno (the reply is stored either way, to be read back).
+    pub(super) fn virt_write(&self, caller: &Caller, token: u64, data: &[u8]) -> FsResult<u32> {
+        let h = self.virt_handle(token)?;
+        let mut h = h.lock();
+        let VHandle::Ctl(ctl) = &mut *h else {
+            return Err(FsError(libc::EBADF));
+        };
+        let s = self.session(caller);
+        ctl.write(data, |req| self.serve(&s, req)).map_err(FsError)
+    }
+
+    pub(super) fn virt_release(&self, token: u64) {
+        self.virt.handles.lock().remove(&token);
+    }
+
+    /// Serve one parsed request for session `s`.
+    fn serve(&self, s: &Session, req: &Request) -> Reply {
+        if self.journal.is_poisoned() {
+            return journal_failed(req.verb());
+        }
+        let verb = req.verb();
+        let r = self.serve_verb(s, req);
+        if self.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
+            // The events of this verb may not be on disk: do not report success.
+            return journal_failed(verb);
+        }
+        match r {
+            Ok(reply) => reply,
+            Err(f) => {
+                let paths = req.paths();
+                let path = (paths.len() == 1).then(|| paths[0].as_str());
+                Reply::refused(Some(verb), &f, path)
+            }
+        }
+    }
+
+    fn serve_verb(&self, s: &Session, req: &Request) -> Result<Reply, Refusal> {
+        let now = Timestamp::now();
+        let records = |r: crate::coherence::VerbReply| match serde_json::to_value(&r.records) {
+            Ok(Value::Array(v)) => v,
+            _ => Vec::new(),
+        };
+        Ok(match req {
+            Request::Register { name: None } => {
+                self.engine.register(s, now)?;
+                Reply::session(Verb::Register, s)
+            }
+            Request::Register { name: Some(n) } => {
+                // Anyone may name a session ahead of its first process (an unattributed
+                // human preparing a handoff included): it only makes the name known.
+                crate::identity::check_session_name(n)
+                    .map_err(|e| Refusal::new(Reason::BadRequest, format!("bad request: {e}")))?;
+                let named = Arc::new(SessionInfo::from_tag(None, n, Via::Registered));
+                self.engine.register(&named, now)?;
+                let known = self.engine.lookup_session(n).unwrap_or(named);
+                Reply::session(Verb::Register, &known)
+            }
+            Request::Transfer { paths, to, note } => {
+                self.observe_paths(paths, now)?;
+                let r = match self.engine.transfer(s, paths, to, note.clone(), now) {
+                    Err(f)
+                        if matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
+                            && self.wait_for_releases(s, paths) =>
+                    {
+                        let now = Timestamp::now();
+                        self.observe_paths(paths, now)?;
+                        self.engine.transfer(s, paths, to, note.clone(), now)
+                    }
+                    r => r,
+                }?;
+                Reply::records(Verb::Transfer, records(r))
+            }
+            Request::Accept { paths } => {
+                self.observe_paths(paths, now)?;
+                Reply::records(Verb::Accept, records(self.engine.accept(s, paths, now)?))
+            }
+            Request::Decline { paths } => {
+                self.observe_paths(paths, now)?;
+                Reply::records(Verb::Decline, records(self.engine.decline(s, paths, now)?))
+            }
+            Request::Withdraw { paths } => {
+                self.observe_paths(paths, now)?;
+                Reply::records(
+                    Verb::Withdraw,
+                    records(self.engine.withdraw(s, paths, now)?),
+                )
+            }
+            Request::Status { path } => {
+                if let Some(p) = path {
+                    self.observe(p, now);
+                }
+                let st = self.engine.status(path.as_deref());
+                let c = st.counts;
+                let msg = match path {
+                    Some(p) => format!(
+                        "{p}: {}; {} live and {} ended handoff record(s)",
+                        st.version
+                            .map(|v| format!("v{v}"))
+                            .unwrap_or_else(|| "not in the volume".into()),
+                        c.live,
+                        c.ended
+                    ),
+                    None => format!(
+                        "{} session(s), {} path(s), {} live and {} ended handoff record(s)",
+                        c.sessions, c.paths, c.live, c.ended
+                    ),
+                };
+                let body = serde_json::to_value(&st).unwrap_or(Value::Null);
+                Reply::status(body, msg)
+            }
+            Request::Whoami => Reply::session(Verb::Whoami, s),
+        })
+    }
+
+    /// Count what the backing directory holds at each path before a verb decides on it.
+    /// Directories are not handed on.
+    fn observe_paths(&self, paths: &[String], now: Timestamp) -> Result<(), Refusal> {
+        for p in paths {
+            if self.observe(p, now).is_some_and(|x| x.1) {
+                return Err(Refusal::new(
+                    Reason::BadRequest,
+                    format!("bad request: {p} is a directory; hand on the files in it"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The reply when the state log cannot be written: the write fails with `EIO`.
+fn journal_failed(verb: Verb) -> Reply {
+    Reply::from_json(json!({
+        "ok": false,
+        "verb": verb.as_str(),
+        "reason": "io_error",
+        "errno": libc::EIO,
+        "path": null,
+        "message": "the volume cannot write its state log (disk error), so it records nothing \
+                    more; see the coherent-mount log, free the disk and restart it",
+    }))
+    .expect("a refusal envelope")
+}
