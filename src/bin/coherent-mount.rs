@@ -326,11 +326,7 @@ type Layer = (Arc<dyn Hooks>, Option<Arc<Volume>>);
 /// `--state-dir`, `--stale`, `--evict-after` and `--session-env` (a plain passthrough
 /// volume with the hidden `--no-coherence`). Opens (and locks) the state directory, so a
 /// state directory in use fails here, before anything is mounted.
-fn make_hooks(
-    args: &Args,
-    plan: &Plan,
-    root: &OwnedFd,
-) -> Result<Layer, Fail> {
+fn make_hooks(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
     if args.no_coherence {
         tracing::info!("--no-coherence: a plain passthrough volume");
         return Ok((Arc::new(NoHooks), None));
