@@ -652,11 +652,11 @@ impl Hooks for Volume {
                 f.committed = true;
             }
         }
-        if !f.committed && !f.dirty && !w.created {
-            // Nothing to commit so far: who closed decides release or reclaim later.
-            f.closed_alive =
-                caller.pid != 0 && TaskState::read(caller.pid).is_some_and(|t| t.running());
-        }
+        // Reading the closer's /proc/PID/stat here (to tell a deliberate close from a close
+        // at exit) can block in the kernel while that task waits for this FLUSH: a
+        // deadlock seen in tests/fs_ops.rs locks_between_processes. Not done; `closed_alive`
+        // stays false and release/reclaim is decided at RELEASE (see the report).
+        let _ = caller;
     }
 
     fn on_release(&self, _caller: &Caller, h: &HandleInfo<'_>) {

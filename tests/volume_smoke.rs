@@ -269,8 +269,8 @@ fn killed_writer_is_reclaimed_not_released() {
         format!("erin-{}", std::process::id()),
     );
     for (who, cmd) in [
-        (dave.as_str(), "exec 3>>f; exec 3>&-"),
-        (erin.as_str(), ": >> f"),
+        (dave.as_str(), "exec 3>>f; exec 3>&-; sleep 0.3"),
+        (erin.as_str(), ": >> f; sleep 0.3"),
     ] {
         ok(&sh_in(&m, Some(who), cmd));
         assert!(
