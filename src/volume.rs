@@ -49,7 +49,7 @@ use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, DEFAULT_SE
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
 
-pub use liveness::{holds_open, session_running, TaskState};
+pub use liveness::{closer_runs, holds_open, session_running, TaskState, FLUSH_PROC_WAIT};
 pub use state_dir::default_state_dir;
 
 /// The computed xattrs (§7); every other name passes through to the backing file.
@@ -189,7 +189,7 @@ fn stamp(s: &Stamp) -> coherence::Stamp {
 pub struct Volume {
     engine: Arc<Engine>,
     journal: Arc<Journal>,
-    resolver: Resolver,
+    resolver: Arc<Resolver>,
     /// The backing directory (`O_PATH`), for the stats that decide what changed.
     root: OwnedFd,
     cfg: VolumeConfig,
@@ -228,10 +228,10 @@ impl Volume {
         } else {
             cfg.session_env.clone()
         };
-        let resolver = Resolver::new(ResolverConfig {
+        let resolver = Arc::new(Resolver::new(ResolverConfig {
             env_vars,
             ..ResolverConfig::default()
-        });
+        }));
         let v = Arc::new(Volume {
             engine: opened.engine,
             journal: opened.journal,
@@ -652,11 +652,19 @@ impl Hooks for Volume {
                 f.committed = true;
             }
         }
-        // Reading the closer's /proc/PID/stat here (to tell a deliberate close from a close
-        // at exit) can block in the kernel while that task waits for this FLUSH: a
-        // deadlock seen in tests/fs_ops.rs locks_between_processes. Not done; `closed_alive`
-        // stays false and release/reclaim is decided at RELEASE (see the report).
-        let _ = caller;
+        // A FLUSH of an unchanged handle may be its last close: note whether the closer
+        // still runs (a deliberate close(2)) or is exiting (killed, or exit with the file
+        // open), so RELEASE can tell `release` from `reclaim` even when a quick process is
+        // gone by then. The /proc read can block in the kernel while an exiting closer
+        // waits for this very FLUSH (seen in the fs_ops locks test), so it runs on its own
+        // thread and is waited for only briefly: no answer in time counts as "not known
+        // to run", which is what an exiting task would have said.
+        let settled = h.changed() || f.dirty || f.committed || w.created;
+        drop(f);
+        if !settled && w.session.is_attributed() && caller.pid != 0 {
+            let running = closer_runs(caller.pid, FLUSH_PROC_WAIT);
+            w.flags.lock().closed_alive = running;
+        }
     }
 
     fn on_release(&self, _caller: &Caller, h: &HandleInfo<'_>) {
@@ -675,15 +683,28 @@ impl Hooks for Volume {
             }
             if f.committed {
                 self.engine.close_write(&w.session, &w.path, true, now);
-            } else if !f.closed_alive
-                && w.session.is_attributed()
-                && !session_running(&self.resolver, &w.session.name)
-            {
-                let n = self.engine.session_gone(&w.session, now);
-                tracing::info!(
-                    "session {} is gone: reclaimed {n} hold(s)",
-                    w.session.display()
+            } else if !f.closed_alive && w.session.is_attributed() {
+                // Whether any process of the session is left may need a scan of /proc,
+                // which can block on a stuck task anywhere on the host: not on a FUSE
+                // thread.
+                let (engine, resolver, session, path) = (
+                    self.engine.clone(),
+                    self.resolver.clone(),
+                    w.session.clone(),
+                    w.path.clone(),
                 );
+                std::thread::spawn(move || {
+                    let now = Timestamp::now();
+                    if session_running(&resolver, &session.name) {
+                        engine.close_write(&session, &path, false, now);
+                    } else {
+                        let n = engine.session_gone(&session, now);
+                        tracing::info!(
+                            "session {} is gone: reclaimed {n} hold(s)",
+                            session.display()
+                        );
+                    }
+                });
             } else {
                 self.engine.close_write(&w.session, &w.path, false, now);
             }

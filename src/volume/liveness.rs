@@ -3,6 +3,8 @@
 //! that changed nothing (reclaim or release?) and on a transfer refused `handoff_in_flight`.
 
 use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use crate::identity::Resolver;
 
@@ -54,6 +56,23 @@ impl TaskState {
         }
         self.flags & PF_EXITING == 0
     }
+}
+
+/// How long a FLUSH waits for the closer's `/proc/PID/stat` (see [`closer_runs`]).
+pub const FLUSH_PROC_WAIT: Duration = Duration::from_millis(250);
+
+/// Is task `pid` running (not exiting), asked from a FUSE request it is waiting on? The
+/// read happens on a thread of its own, and the answer is waited for at most `wait`: an
+/// exiting task can hold up the read until the request is answered, and no answer counts
+/// as not running (what an exiting task would have said).
+pub fn closer_runs(pid: u32, wait: Duration) -> bool {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("closer-stat".into())
+        .spawn(move || {
+            let _ = tx.send(TaskState::read(pid).is_some_and(|t| t.running()));
+        });
+    spawned.is_ok() && rx.recv_timeout(wait).unwrap_or(false)
 }
 
 /// Does any process of session `name` still run? First the processes the identity cache
@@ -113,6 +132,15 @@ mod tests {
         let f = tempfile::NamedTempFile::new().unwrap();
         assert!(holds_open(me, f.path()));
         assert!(!holds_open(me, Path::new("/nonexistent/x")));
+    }
+
+    #[test]
+    fn a_running_closer_is_told_from_a_gone_one() {
+        assert!(closer_runs(std::process::id(), Duration::from_secs(5)));
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        assert!(!closer_runs(pid, Duration::from_secs(5)));
     }
 
     #[test]
