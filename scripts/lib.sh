@@ -20,6 +20,13 @@ die() {
     exit 2
 }
 
+# state_dir_for MNT: a fresh state directory beside the mount point (removed with it).
+state_dir_for() {
+    local d
+    d="$(dirname "$1")/state-$(basename "$1")"
+    rm -rf "$d" && mkdir -p "$d" && printf '%s' "$d"
+}
+
 # mode_command MODE BACKING MNT: sets the array MODE_CMD to the foreground command that
 # mounts BACKING on MNT for MODE (empty for native: the backing directory is used as is).
 mode_command() {
@@ -32,10 +39,17 @@ mode_command() {
         MODE_CMD=(bindfs -f --multithreaded "$backing" "$mnt")
         ;;
     coherent)
-        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" -o "$COHERENT_MOUNT_OPTS")
+        # The volume as shipped: passthrough and enforcement (its state beside the mount).
+        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --state-dir "$(state_dir_for "$mnt")"
+            -o "$COHERENT_MOUNT_OPTS")
+        ;;
+    coherent-plain)
+        # Passthrough without the coherence layer (hidden --no-coherence): what enforcement costs.
+        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-coherence -o "$COHERENT_MOUNT_OPTS")
         ;;
     coherent-nopt)
-        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-passthrough -o "$COHERENT_MOUNT_OPTS")
+        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-passthrough
+            --state-dir "$(state_dir_for "$mnt")" -o "$COHERENT_MOUNT_OPTS")
         ;;
     coherent-base)
         # Another build of coherent-mount (e.g. main before a change), passthrough: for
@@ -43,7 +57,7 @@ mode_command() {
         [[ -x ${COHERENT_MOUNT_BASE:-} ]] || die "coherent-base needs COHERENT_MOUNT_BASE=binary"
         MODE_CMD=("$COHERENT_MOUNT_BASE" "$backing" "$mnt" -o "$COHERENT_MOUNT_OPTS")
         ;;
-    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-nopt coherent-base)" ;;
+    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-plain coherent-nopt coherent-base)" ;;
     esac
 }
 

@@ -131,8 +131,14 @@ fn writable_cgroup2() -> Option<PathBuf> {
         (tail.split(' ').next()? == "cgroup2").then(|| PathBuf::from(point))
     })?;
     let probe = mount.join(format!("coherent-cli-probe-{}", std::process::id()));
-    std::fs::create_dir(&probe).ok()?;
-    std::fs::remove_dir(&probe).ok()?;
+    // A probe left by an earlier, killed run is as good a proof as a new one; removing it
+    // may fail for a moment, which says nothing about writability.
+    match std::fs::create_dir(&probe) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(_) => return None,
+    }
+    let _ = std::fs::remove_dir(&probe);
     Some(mount)
 }
 
