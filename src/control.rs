@@ -629,7 +629,12 @@ fn build(
         Verb::Register => match positional.as_slice() {
             [] => Ok(Request::Register { name: None }),
             [name] => {
-                check_session_name(name).map_err(|e| RequestError::bad(Some(verb), e))?;
+                // The names module's message as is: the CLI's `run --session` says the same.
+                crate::names::validate_session_name(name).map_err(|e| RequestError {
+                    verb: Some(verb),
+                    path: None,
+                    refusal: Refusal::new(Reason::BadRequest, e),
+                })?;
                 Ok(Request::Register {
                     name: Some(name.clone()),
                 })
@@ -640,33 +645,6 @@ fn build(
             )),
         },
     }
-}
-
-/// A session name that can also name a `coherent-session-NAME` cgroup: non-empty, at most
-/// 200 bytes, no `/`, no control characters, not `.` or `..`.
-pub fn check_session_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("the session name is empty".into());
-    }
-    if name.len() > 200 {
-        return Err(format!(
-            "the session name is {} bytes; the limit is 200",
-            name.len()
-        ));
-    }
-    if name == "." || name == ".." || name.contains('/') {
-        return Err(format!(
-            "the session name {} must not contain `/` or be `.`/`..`",
-            quote_for_message(name)
-        ));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(format!(
-            "the session name {} contains a control character",
-            quote_for_message(name)
-        ));
-    }
-    Ok(())
 }
 
 /// The reply to one request: always one JSON object with `ok`, `verb` and `message`.

@@ -272,8 +272,8 @@ impl Volume {
             Request::Register { name: Some(n) } => {
                 // Anyone may name a session ahead of its first process (an unattributed
                 // human preparing a handoff included): it only makes the name known.
-                crate::identity::check_session_name(n)
-                    .map_err(|e| Refusal::new(Reason::BadRequest, format!("bad request: {e}")))?;
+                crate::names::validate_session_name(n)
+                    .map_err(|e| Refusal::new(Reason::BadRequest, e))?;
                 let named = Arc::new(SessionInfo::from_tag(None, n, Via::Registered));
                 self.engine.register(&named, now)?;
                 let known = self.engine.lookup_session(n).unwrap_or(named);

@@ -28,15 +28,7 @@ pub fn is_mounted(p: &Path) -> bool {
 
 /// The filesystem type of the topmost mount at `p`.
 pub fn mount_fstype(p: &Path) -> Option<String> {
-    let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = p.to_string_lossy().replace(' ', "\\040");
-    s.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let sep = f.iter().position(|x| *x == "-")?;
-            (f.get(4)? == &want).then(|| f[sep + 1].to_string())
-        })
-        .next_back()
+    coherent::sys::mount_at(p).map(|m| m.fstype)
 }
 
 /// Poll `f` every 10 ms until it is true or `timeout` passes.
