@@ -489,15 +489,7 @@ fn human_lines(verb: Verb, reply: &Reply, hint: &dyn Fn(&str) -> String) -> Vec<
                 _ => vec![reply.message().to_string()],
             }
         }
-        Verb::Whoami if body.get("session").is_some() => {
-            let name = body["session"].as_str().unwrap_or("?");
-            let agent = body["agent"].as_str().unwrap_or("?");
-            vec![format!(
-                "you are session {name} ({}), agent id {agent}, resolved by {}",
-                control::short_id(agent),
-                control::via_text(&body["via"])
-            )]
-        }
+        Verb::Whoami if body.get("session").is_some() => vec![control::whoami_text(body)],
         Verb::Status => status_lines(reply),
         _ => vec![reply.message().to_string()],
     }

@@ -1,5 +1,7 @@
 use super::*;
+use crate::error::{Reason, Refusal};
 use crate::identity::{SessionInfo, Via};
+use serde_json::{json, Map, Value};
 
 fn ok(s: &str) -> Request {
     match parse_request(s.as_bytes()) {
