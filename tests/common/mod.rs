@@ -410,3 +410,36 @@ impl Drop for Remount {
         self.stop_with(libc::SIGTERM);
     }
 }
+
+/// The cgroup v2 mount of this host, if this process may create cgroups in it.
+pub fn writable_cgroup2() -> Option<PathBuf> {
+    let mount = coherent::identity::cgroup2_mount().ok()??.mount_point;
+    let probe = mount.join(format!("coherent-test-probe-{}", std::process::id()));
+    // A probe left by an earlier, killed run is as good a proof as a new one; removing it
+    // may fail for a moment, which says nothing about writability.
+    match std::fs::create_dir(&probe) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(_) => return None,
+    }
+    let _ = std::fs::remove_dir(&probe);
+    Some(mount)
+}
+
+/// Remove what `coherent run --session NAME` started by this process may have created: the
+/// session cgroup under this process's own cgroup (which the child inherits) or under the
+/// hierarchy root. Waits up to `wait` for its processes to leave it.
+pub fn remove_session_cgroups(name: &str, wait: Duration) {
+    let Some(m) = coherent::identity::cgroup2_mount().ok().flatten() else {
+        return;
+    };
+    let own = std::fs::read("/proc/self/cgroup").unwrap_or_default();
+    let parents = coherent::identity::procfs::parse_cgroup_v2(&own)
+        .and_then(|cg| m.dir_of(cg))
+        .into_iter()
+        .chain([m.mount_point.clone()]);
+    for p in parents {
+        let d = p.join(format!("coherent-session-{name}"));
+        wait_until(wait, || std::fs::remove_dir(&d).is_ok() || !d.exists());
+    }
+}
