@@ -73,7 +73,7 @@ pub fn is_valid_session_name(name: &str) -> bool {
 /// The one message for a refused session name, naming it: what `register NAME`,
 /// `coherent run --session NAME` and the daemon's log of an ignored tag all say.
 pub fn invalid_name_message(name: &str, why: &BadName) -> String {
-    format!("invalid session name {}: {why}", quoted(name))
+    format!("invalid session name {}: {why}", quote_for_message(name))
 }
 
 /// [`check_session_name`] with the refusal as [`invalid_name_message`].
@@ -81,8 +81,9 @@ pub fn validate_session_name(name: &str) -> Result<(), String> {
     check_session_name(name).map_err(|why| invalid_name_message(name, &why))
 }
 
-/// A name quoted for a message, shortened so a huge value never floods a reply or a log.
-fn quoted(s: &str) -> String {
+/// A value quoted for a message (a name here, any request argument in `control`),
+/// shortened so a huge value never floods a reply or a log.
+pub(crate) fn quote_for_message(s: &str) -> String {
     const MAX: usize = 120;
     if s.len() <= MAX {
         return format!("{s:?}");

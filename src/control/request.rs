@@ -24,6 +24,7 @@
 use super::reply::Reply;
 use super::{CONTROL_DIR, MAX_NAME, MAX_NOTE, MAX_PATH, MAX_REQUEST, USAGE};
 use crate::error::{Reason, Refusal};
+use crate::names::quote_for_message;
 use serde_json::{json, Map, Value};
 
 /// A control verb (the wire names of DESIGN.md §7).
@@ -270,20 +271,6 @@ pub fn normalize_path(raw: &str) -> Result<String, Refusal> {
         return Err(bad(&format!(" is longer than {MAX_PATH} bytes")));
     }
     Ok(out)
-}
-
-/// A value quoted for a message, shortened so a huge argument never floods a reply.
-fn quote_for_message(s: &str) -> String {
-    const MAX: usize = 120;
-    if s.len() <= MAX {
-        format!("{s:?}")
-    } else {
-        let mut end = MAX;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        format!("{:?}... ({} bytes)", &s[..end], s.len())
-    }
 }
 
 /// Parse the bytes of one `write(2)` to `.coherent/ctl`.
