@@ -50,6 +50,10 @@ fn usage_errors_exit_1() {
         &["install", "bogus"],
         &["completions", "tcsh"],
         &["mcp", "extra"],
+        &["wait"],
+        &["wait", "plan.md", "--until", "soon"],
+        &["wait", "plan.md", "--timeout", "-1"],
+        &["wait", "plan.md", "--timeout", "soon"],
         &["run", "--", "true"],
         &["run", "--session", "a/b", "--", "true"],
         &["run", "--session", "..", "--", "true"],
@@ -117,6 +121,7 @@ fn no_volume_here_exits_4_and_says_where_it_looked() {
         &["decline", "plan.md", "--json"],
         &["withdraw", "plan.md"],
         &["accept", "does/not/exist.md"],
+        &["wait", "plan.md"],
     ] {
         let out = run_in(&sub, args);
         let err = text(&out.stderr);
@@ -401,4 +406,27 @@ fn a_node_process_under_coherent_run_is_fenced_like_a_shell() {
             let _ = std::fs::remove_dir(cg.join(format!("coherent-session-{s}")));
         }
     }
+}
+
+#[test]
+fn wait_on_a_path_without_a_record_is_refused_promptly() {
+    use coherent::{cli, sh_ok};
+    let m = common::Mount::new(true);
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let t0 = std::time::Instant::now();
+    let r = cli(&m, Some("alice"), &["wait", "plan.md", "--timeout", "20"]);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(15),
+        "{}",
+        r.show()
+    );
+    assert_eq!(r.code, Some(2), "{}", r.show());
+    assert!(r.err.contains("refused ("), "{}", r.show());
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["wait", "--json", "plan.md", "--timeout", "20"],
+    );
+    assert_eq!(r.code, Some(2), "{}", r.show());
+    assert_eq!(r.json()["ok"], serde_json::json!(false), "{}", r.show());
 }

@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const EXIT_USAGE: u8 = 1;
+/// `wait` only: the state was not reached in time (shares 1 with usage errors, as specified).
+const EXIT_TIMEOUT: u8 = 1;
 const EXIT_REFUSED: u8 = 2;
 const EXIT_NO_VOLUME: u8 = 4;
 
@@ -132,6 +134,23 @@ enum Cmd {
         #[arg(trailing_var_arg = true, value_name = "CMD")]
         cmd: Vec<OsString>,
     },
+    /// Wait until PATH's handoff reaches a state: exit 0 reached, 1 timed out, 2 refused.
+    ///
+    /// The volume answers when the record changes (no polling). On a timeout the record's
+    /// current status is printed.
+    Wait {
+        /// A file on the volume with a handoff record.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        /// The state to wait for: accepted, completed, or ended (any final status).
+        #[arg(long, value_enum, default_value_t = Until::Ended, value_name = "STATE")]
+        until: Until,
+        /// Give up after SECS seconds (default: wait as long as it takes).
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<f64>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
     /// An MCP server on stdin/stdout, with the verbs as tools (for agents).
     ///
     /// Start it as a child of the agent (e.g. from .mcp.json) so the volume sees the
@@ -160,6 +179,27 @@ enum Cmd {
     },
     /// Print the manual page as roff (e.g. `coherent man | man -l -`).
     Man,
+}
+
+/// What `wait` waits for.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Until {
+    /// The successor accepted it (or claimed an offer).
+    Accepted,
+    /// The successor accepted or wrote it.
+    Completed,
+    /// It reached any final status.
+    Ended,
+}
+
+impl Until {
+    fn as_str(self) -> &'static str {
+        match self {
+            Until::Accepted => "accepted",
+            Until::Completed => "completed",
+            Until::Ended => "ended",
+        }
+    }
 }
 
 /// The agents `hook` and `install` know.
@@ -306,6 +346,12 @@ fn run(cli: Cli) -> Result<(), Fail> {
             no_json("run")?;
             run_in_session(&session, &cmd, verbose)
         }
+        Cmd::Wait {
+            path,
+            until,
+            timeout,
+            out,
+        } => wait(&path, until, timeout, json(out)),
         Cmd::Mcp => {
             no_json("mcp")?;
             mcp::serve().map_err(|e| Fail {
@@ -341,6 +387,73 @@ fn run(cli: Cli) -> Result<(), Fail> {
             clap_mangen::Man::new(Cli::command())
                 .render(&mut io::stdout())
                 .map_err(|e| Fail::usage(format!("cannot write the man page: {e}")))
+        }
+    }
+}
+
+/// `wait PATH UNTIL` on ctl; the daemon replies when the state is reached. The timeout is
+/// the client's: the request runs on a thread that is left behind when it expires.
+fn wait(path: &Path, until: Until, timeout: Option<f64>, json: bool) -> Result<(), Fail> {
+    let timeout = match timeout {
+        Some(t) if !(t.is_finite() && t >= 0.0) => {
+            return Err(Fail::usage(format!(
+                "--timeout {t}: give a number of seconds"
+            )))
+        }
+        t => t.map(Duration::from_secs_f64),
+    };
+    let (root, rel) = locate(path)?;
+    if rel.is_empty() {
+        return Err(Fail::usage("name a file on the volume, not its root"));
+    }
+    let line = format!("wait {} {}\n", control::shell_word(&rel), until.as_str());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let r = root.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(call_bytes(&r, line.as_bytes()));
+    });
+    let got = match timeout {
+        Some(t) => rx.recv_timeout(t).ok(),
+        None => rx.recv().ok(),
+    };
+    match got {
+        Some(reply) => {
+            let reply = reply?;
+            if json {
+                println!("{}", reply.body());
+            } else if reply.is_ok() {
+                println!("{}", reply.message());
+            }
+            if reply.is_ok() {
+                Ok(())
+            } else if json {
+                Err(Fail {
+                    code: EXIT_REFUSED,
+                    message: String::new(),
+                })
+            } else {
+                let reason = reply.body()["reason"].as_str().unwrap_or("unknown");
+                Err(Fail::refused(reason, reply.message()))
+            }
+        }
+        None => {
+            // timed out: say where the record stands
+            let status = call(&root, &Request::Status { path: Some(rel) })?;
+            if json {
+                println!("{}", status.body());
+            } else {
+                for line in status_lines(&status) {
+                    println!("{line}");
+                }
+            }
+            Err(Fail {
+                code: EXIT_TIMEOUT,
+                message: format!(
+                    "coherent: timed out after {} s waiting for {}",
+                    timeout.map_or(0.0, |t| t.as_secs_f64()),
+                    until.as_str()
+                ),
+            })
         }
     }
 }
@@ -991,6 +1104,11 @@ fn run_in_session(name: &str, cmd: &[OsString], verbose: bool) -> Result<(), Fai
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
 
     #[test]
     fn mountinfo_lines() {
