@@ -158,11 +158,13 @@ enum Cmd {
     Mcp,
     /// Agent hooks: read the hook's JSON on stdin, print the answer on stdout.
     Hook {
+        /// Which agent's hook protocol to speak.
         #[arg(value_enum, value_name = "AGENT")]
         agent: Agent,
     },
     /// Install the hooks and the MCP server into an agent's project settings.
     Install {
+        /// Which agent to install for.
         #[arg(value_enum, value_name = "AGENT")]
         agent: Agent,
         /// The project directory (default: the current directory).
@@ -174,6 +176,7 @@ enum Cmd {
     },
     /// Print a shell completion script (e.g. `coherent completions bash > /etc/bash_completion.d/coherent`).
     Completions {
+        /// The shell to complete for.
         #[arg(value_enum, value_name = "SHELL")]
         shell: clap_complete::Shell,
     },
@@ -1108,6 +1111,28 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_argument_and_flag_has_help() {
+        fn walk(cmd: &clap::Command, at: &str) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                assert!(arg.get_help().is_some(), "{at} {id} has no help");
+            }
+            for sub in cmd.get_subcommands() {
+                assert!(
+                    sub.get_about().is_some(),
+                    "{at} {} has no about",
+                    sub.get_name()
+                );
+                walk(sub, &format!("{at} {}", sub.get_name()));
+            }
+        }
+        walk(&Cli::command(), "coherent");
     }
 
     #[test]
