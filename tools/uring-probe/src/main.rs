@@ -83,6 +83,9 @@ fn cpath(p: &Path) -> CString {
 struct Phase {
     calls: u64,
     wall: Duration,
+    /// CPU time of this whole process (clients and daemon, user and kernel);
+    /// steadier than wall time on a loaded machine.
+    cpu: Duration,
     requests: [u64; 7],
     clients: u64,
 }
@@ -93,6 +96,7 @@ impl Phase {
         // Per-call latency as one client sees it; per round trip divides by requests per call.
         let us_per_call = self.wall.as_secs_f64() * 1e6 * self.clients as f64 / self.calls as f64;
         let rt_per_call = total as f64 / self.calls as f64;
+        let cpu_us_per_call = self.cpu.as_secs_f64() * 1e6 / self.calls as f64;
         let by_op: Vec<String> = OPS
             .iter()
             .filter(|op| self.requests[**op as usize] > 0)
@@ -100,12 +104,15 @@ impl Phase {
             .collect();
         format!(
             "\"{name}\":{{\"calls\":{},\"wall_s\":{:.4},\"us_per_call\":{:.3},\
-             \"requests_per_call\":{:.3},\"us_per_round_trip\":{:.3},\"requests\":{{{}}}}}",
+             \"requests_per_call\":{:.3},\"us_per_round_trip\":{:.3},\"cpu_us_per_call\":{:.3},\
+             \"cpu_us_per_round_trip\":{:.3},\"requests\":{{{}}}}}",
             self.calls,
             self.wall.as_secs_f64(),
             us_per_call,
             rt_per_call,
             us_per_call / rt_per_call,
+            cpu_us_per_call,
+            cpu_us_per_call / rt_per_call,
             by_op.join(",")
         )
     }
@@ -136,19 +143,29 @@ fn phase(
         })
         .collect();
     let before = counters.snapshot();
+    let cpu0 = cpu_time();
     barrier.wait();
     let t = Instant::now();
     for h in handles {
         h.join().unwrap();
     }
     let wall = t.elapsed();
+    let cpu = cpu_time() - cpu0;
     let after = counters.snapshot();
     Phase {
         calls: per * clients,
         wall,
+        cpu,
         requests: std::array::from_fn(|i| after[i] - before[i]),
         clients,
     }
+}
+
+fn cpu_time() -> Duration {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn do_stat(p: &CString) {
