@@ -62,6 +62,14 @@ def main():
                 if p.returncode != 0:
                     sys.exit(f"{' '.join(cmd)} failed: {p.stderr.strip()}")
                 line = json.loads(p.stdout)
+                # The figures only mean something if every call was a round trip and the
+                # transport served data and passthrough correctly.
+                bad = [f"{k}={line[k]!r}" for k, want in
+                       (("data", "ok"), ("passthrough", "passthrough")) if line[k] != want]
+                if line["stat"]["requests_per_call"] < 2:
+                    bad.append(f"stat requests_per_call={line['stat']['requests_per_call']}")
+                if bad:
+                    sys.exit(f"{' '.join(cmd)}: {', '.join(bad)}")
                 runs.setdefault((transport, threads, clients), []).append(line)
                 if args.json:
                     with open(args.json, "a") as f:

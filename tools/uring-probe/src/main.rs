@@ -104,17 +104,26 @@ impl Phase {
             .collect();
         format!(
             "\"{name}\":{{\"calls\":{},\"wall_s\":{:.4},\"us_per_call\":{:.3},\
-             \"requests_per_call\":{:.3},\"us_per_round_trip\":{:.3},\"cpu_us_per_call\":{:.3},\
-             \"cpu_us_per_round_trip\":{:.3},\"requests\":{{{}}}}}",
+             \"requests_per_call\":{:.3},\"us_per_round_trip\":{},\"cpu_us_per_call\":{:.3},\
+             \"cpu_us_per_round_trip\":{},\"requests\":{{{}}}}}",
             self.calls,
             self.wall.as_secs_f64(),
             us_per_call,
             rt_per_call,
-            us_per_call / rt_per_call,
+            per_round_trip(us_per_call, rt_per_call),
             cpu_us_per_call,
-            cpu_us_per_call / rt_per_call,
+            per_round_trip(cpu_us_per_call, rt_per_call),
             by_op.join(",")
         )
+    }
+}
+
+/// A cost split over the round trips of a call, or JSON null when none reached the daemon.
+fn per_round_trip(us: f64, round_trips: f64) -> String {
+    if round_trips > 0.0 {
+        format!("{:.3}", us / round_trips)
+    } else {
+        "null".into()
     }
 }
 
