@@ -10,4 +10,5 @@ pub mod fuse;
 pub mod identity;
 pub mod journal;
 pub mod passthrough;
+pub mod tracking;
 pub mod volume;
