@@ -54,7 +54,7 @@ workload() {
     seq_read_cold | seq_read_warm) dd if="$t/big.dat" of=/dev/null bs=1M status=none ;;
     # fio drops the file's cached pages before a job unless told not to (invalidate=0)
     rand_read) "${fio[@]}" --name=randread --rw=randread --bs=4k --randseed=42 --invalidate=0 ;;
-    # The agent's rows, in a clone of this repository (CLONE_FROM). --no-hardlinks: on the
+    # The agent's rows, in a clone of this repository (CLONE_FROM, a snapshot). --no-hardlinks: on the
     # repo's own disk a local clone would otherwise link the objects and skip the copy.
     git_clone) git clone -q --no-hardlinks "$CLONE_FROM" "$t/clone" ;;
     git_status)
@@ -175,15 +175,14 @@ TREE_DESC=$(cat "$WORK/gen.log")
 
 if [[ -n $AGENT ]]; then
     # The agent works in a clone of the repository this script belongs to (its committed
-    # HEAD); checkout goes to a commit 40 back (or the first) and returns.
-    export CLONE_FROM
-    CLONE_FROM=$(git -C "$REPO_ROOT" rev-parse --show-toplevel) || die "$REPO_ROOT is not a git repository"
-    export OLD_REV GREP_LINES
-    OLD_REV=$(git -C "$REPO_ROOT" rev-list --max-count=41 HEAD | tail -1)
-    git clone -q --no-hardlinks "$CLONE_FROM" "$WORK/refclone" || die "git clone $CLONE_FROM failed"
-    GREP_LINES=$(grep -rn --exclude-dir=.git -e 'fn ' "$WORK/refclone" | wc -l)
-    AGENT_DESC="clone of $(basename "$CLONE_FROM") at $(git -C "$WORK/refclone" rev-parse --short HEAD), $(git -C "$WORK/refclone" ls-files | wc -l) files; checkout to $(git -C "$WORK/refclone" rev-parse --short "$OLD_REV") ($(git -C "$WORK/refclone" diff --shortstat HEAD "$OLD_REV" | sed 's/^ *//')) and back"
-    rm -rf "$WORK/refclone"
+    # HEAD); checkout goes to a commit 40 back (or the first) and returns. Every run clones
+    # from one snapshot taken now, so a commit made during the run changes nothing.
+    top=$(git -C "$REPO_ROOT" rev-parse --show-toplevel) || die "$REPO_ROOT is not a git repository"
+    export CLONE_FROM=$WORK/snapshot OLD_REV GREP_LINES
+    git clone -q --no-hardlinks "$top" "$CLONE_FROM" || die "git clone $top failed"
+    OLD_REV=$(git -C "$CLONE_FROM" rev-list --max-count=41 HEAD | tail -1)
+    GREP_LINES=$(grep -rn --exclude-dir=.git -e 'fn ' "$CLONE_FROM" | wc -l)
+    AGENT_DESC="clone of $(basename "$top") at $(git -C "$CLONE_FROM" rev-parse --short HEAD), $(git -C "$CLONE_FROM" ls-files | wc -l) files; checkout to $(git -C "$CLONE_FROM" rev-parse --short "$OLD_REV") ($(git -C "$CLONE_FROM" diff --shortstat HEAD "$OLD_REV" | sed 's/^ *//')) and back"
 fi
 
 drop_caches() {

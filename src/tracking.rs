@@ -188,6 +188,16 @@ pub struct Tracking {
     cache: RwLock<Cache>,
 }
 
+impl fmt::Debug for Tracking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tracking")
+            .field("track_ignored", &self.track_ignored)
+            .field("recheck_ms", &self.recheck_ms)
+            .field("cached_dirs", &self.cache.read().dirs.len())
+            .finish()
+    }
+}
+
 impl Tracking {
     /// `root`: a descriptor of the backing directory (`O_PATH` is enough); ignore files
     /// are read beneath it without following symlinks, as git does.
@@ -269,8 +279,8 @@ impl Tracking {
     }
 
     /// Forget what depends on `rel`: call after a change through the mount to a path named
-    /// `.gitignore` or `.coherentignore` (created, written, renamed, removed), and after a
-    /// directory is renamed or removed (with both names of a rename).
+    /// `.gitignore` or `.coherentignore` (created, written, renamed to or from, removed),
+    /// and after a directory is renamed or removed (with both names of a rename).
     pub fn invalidate(&self, rel: &str) {
         let rel = trim(rel);
         let (dir, name) = split(rel);
