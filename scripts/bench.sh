@@ -139,7 +139,7 @@ need_tools fio python3 findmnt timeout
 [[ -z $AGENT || -z $BUILD ]] || need_tools cargo
 need_mode_tools "${MODES[@]}"
 if [[ -n $PLOT ]]; then
-    [[ -d $(dirname "$PLOT") ]] || die "--plot: directory of $PLOT does not exist"
+    mkdir -p "$(dirname "$PLOT")" || die "--plot: cannot create the directory of $PLOT"
     PLOT=$(cd "$(dirname "$PLOT")" && pwd)/$(basename "$PLOT")
 fi
 
