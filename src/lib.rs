@@ -12,4 +12,5 @@ pub mod journal;
 pub mod names;
 pub mod passthrough;
 pub mod sys;
+pub mod tracking;
 pub mod volume;
