@@ -120,12 +120,12 @@ impl<'a> Write<'a> {
         }
     }
 
-    /// Every path the decision looks at.
-    fn paths(&self) -> Vec<At<'a>> {
+    /// Every path the decision looks at (one or two).
+    fn paths(&self) -> [Option<At<'a>>; 2] {
         match *self {
-            Write::Link { from, to } => from.into_iter().chain([to]).collect(),
-            Write::Rename { from, to, .. } => vec![from, to],
-            _ => vec![self.main().0],
+            Write::Link { from, to } => [from, Some(to)],
+            Write::Rename { from, to, .. } => [Some(from), Some(to)],
+            _ => [Some(self.main().0), None],
         }
     }
 
@@ -163,13 +163,48 @@ pub struct Permit {
     pub acquired: Option<Acquired>,
 }
 
-/// The shards a decision holds, each with its index.
-struct Locked<'e>(Vec<(usize, MutexGuard<'e, Shard>)>);
+/// The shards a decision holds: those of its one or two paths (in shard order, so two
+/// decisions never deadlock), or every shard (a directory rename). No allocation for the
+/// common case.
+struct Locked<'e> {
+    few: [Option<(usize, MutexGuard<'e, Shard>)>; 2],
+    all: Vec<MutexGuard<'e, Shard>>,
+}
 
-impl Locked<'_> {
+impl<'e> Locked<'e> {
+    fn few(engine: &'e Engine, paths: [Option<&str>; 2]) -> Self {
+        let [a, b] = paths.map(|p| p.map(shard_of));
+        let (lo, hi) = match (a, b) {
+            (Some(i), Some(j)) if i != j => (Some(i.min(j)), Some(i.max(j))),
+            (Some(i), _) | (None, Some(i)) => (Some(i), None),
+            (None, None) => (None, None),
+        };
+        let lock = |i: Option<usize>| i.map(|i| (i, engine.shards[i].lock()));
+        let first = lock(lo);
+        Locked {
+            few: [first, lock(hi)],
+            all: Vec::new(),
+        }
+    }
+
+    fn all(engine: &'e Engine) -> Self {
+        Locked {
+            few: [None, None],
+            all: engine.lock_all(),
+        }
+    }
+
     fn shard(&mut self, path: &str) -> &mut Shard {
         let i = shard_of(path);
-        &mut self.0.iter_mut().find(|(j, _)| *j == i).expect("locked").1
+        if !self.all.is_empty() {
+            return &mut self.all[i];
+        }
+        self.few
+            .iter_mut()
+            .flatten()
+            .find(|(j, _)| *j == i)
+            .map(|(_, g)| &mut **g)
+            .expect("locked")
     }
 }
 
@@ -189,12 +224,12 @@ impl Engine {
         let paths = w.paths();
         let subtree = matches!(w, Write::Rename { from, to, .. }
             if from.found == Found::Dir || to.found == Found::Dir);
-        let mut locked = Locked(if subtree {
-            self.lock_all().into_iter().enumerate().collect()
+        let mut locked = if subtree {
+            Locked::all(self)
         } else {
-            self.lock_many(&paths.iter().map(|a| a.path).collect::<Vec<_>>())
-        });
-        for at in &paths {
+            Locked::few(self, paths.map(|a| a.map(|a| a.path)))
+        };
+        for at in paths.iter().flatten() {
             match at.found {
                 Found::Absent => self.observe_in(locked.shard(at.path), at.path, None, now),
                 Found::File(st) => self.observe_in(locked.shard(at.path), at.path, Some(st), now),
@@ -237,7 +272,7 @@ impl Engine {
                         (to.path, Route::RenameTarget),
                     ] {
                         let pre = format!("{dir}/");
-                        for (_, sh) in locked.0.iter_mut() {
+                        for sh in locked.all.iter_mut() {
                             for (k, e) in sh.iter_mut() {
                                 if k.starts_with(&pre) {
                                     self.fence(e, k, s, route, now)?;
