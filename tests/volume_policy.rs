@@ -358,10 +358,13 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
 fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_reclaimed() {
     let f = Fixture::new();
     f.write_file("a.md", "a\n");
-    let bob = Agent::new("bob");
+    let mut bob = Agent::new("bob");
     let t = f.open_write(&bob, "a.md");
     let st = f.stamp("a.md");
+    // A deliberate close(2) by a running task, then its process exits before the
+    // RELEASE arrives: still a `release`.
     f.vol.on_flush(&bob.caller, &f.handle("a.md", t, st));
+    bob.kill();
     let nobody = Caller {
         pid: 0,
         ..bob.caller
