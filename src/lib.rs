@@ -9,5 +9,7 @@ pub mod error;
 pub mod fuse;
 pub mod identity;
 pub mod journal;
+pub mod names;
 pub mod passthrough;
+pub mod sys;
 pub mod volume;
