@@ -386,12 +386,13 @@ fn observe_paths(vol: &Volume, paths: &[String], now: Timestamp) -> Result<(), R
 
 /// The reply when the state log cannot be written: the write fails with `EIO`.
 fn journal_failed(verb: Verb) -> Reply {
-    Reply::failed(
+    Reply::refused(
         Some(verb),
-        "io_error",
-        libc::EIO,
+        &Refusal::new(
+            Reason::IoError,
+            "the volume cannot write its state log (disk error), so it records nothing more \
+             for now; see the coherent-mount log and free the disk",
+        ),
         None,
-        "the volume cannot write its state log (disk error), so it records nothing more; \
-         see the coherent-mount log, free the disk and restart it",
     )
 }
