@@ -17,12 +17,24 @@
 //!
 //! Lock order: `checkpointing` → the engine's locks → `written` → `buf` → `durable`.
 //! `append` (called under engine locks) takes only `buf`.
+//!
+//! A failed write or fsync (ENOSPC, EIO) never leaves a torn record: the log is cut back
+//! to its last fsynced length and the bytes written since go back to the front of the
+//! memory buffer. The journal is then *failing* ([`Journal::is_poisoned`]: the volume
+//! answers verbs `io_error`) and the flusher retries every [`RETRY_EVERY`]; the first
+//! write and fsync that succeed write everything buffered meanwhile, in order, and verbs
+//! work again. The buffer is not bounded during an outage (events are ~150 bytes; a
+//! warning is logged past [`BUFFER_WARN`]): nothing appended is ever dropped.
+//!
+//! Private state: the directory is 0700 and every file in it 0600 whatever the umask;
+//! `open` refuses a directory that another user owns or that group or others can write.
 
 use crate::coherence::{Config, DurableState, Engine, Event, EventSink, Timestamp};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +45,11 @@ use std::time::Duration;
 pub const LOG: &str = "events.log";
 pub const SNAPSHOT: &str = "snapshot.json";
 pub const LOCK: &str = "lock";
+
+/// How often a failing journal tries to write again.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// Buffered bytes during an outage past which a warning is logged (once).
+pub const BUFFER_WARN: usize = 64 << 20;
 
 /// Tuning.
 #[derive(Debug, Clone)]
@@ -63,6 +80,11 @@ pub enum JournalError {
         what: String,
         err: io::Error,
     },
+    /// The state directory is not private (another owner, or writable by others).
+    NotPrivate {
+        dir: PathBuf,
+        why: String,
+    },
 }
 
 impl std::fmt::Display for JournalError {
@@ -82,6 +104,13 @@ impl std::fmt::Display for JournalError {
                 dir.display()
             ),
             JournalError::Io { what, err } => write!(f, "{what}: {err}"),
+            JournalError::NotPrivate { dir, why } => write!(
+                f,
+                "state directory {} {why}: anyone who can write it can rewrite the volume's \
+                 records; make it yours and private (`chown $(id -u) DIR && chmod 700 DIR`) \
+                 or choose another with --state-dir",
+                dir.display()
+            ),
         }
     }
 }
@@ -105,6 +134,13 @@ struct Written {
     file: File,
     len: u64,
     seq: u64,
+    /// Length and seq at the last successful fsync: what a failure cuts back to.
+    synced_len: u64,
+    synced_seq: u64,
+    /// Bytes written after `synced_len` (put back in the buffer if a write fails).
+    unsynced: Vec<u8>,
+    /// Number of cut-backs so far: an fsync that straddles one proves nothing.
+    cuts: u64,
 }
 
 struct Shared {
@@ -117,7 +153,9 @@ struct Shared {
     durable_cv: Condvar,
     wake: Condvar,
     stop: AtomicBool,
+    /// A write or fsync failed and has not succeeded since (verbs are refused).
     poisoned: AtomicBool,
+    warned_buffer: AtomicBool,
 }
 
 impl Shared {
@@ -129,22 +167,79 @@ impl Shared {
             (std::mem::take(&mut b.bytes), b.last_seq)
         };
         if !bytes.is_empty() {
-            w.file.write_all(&bytes)?;
+            if let Err(e) = w.file.write_all(&bytes) {
+                self.cut_back(&mut w, bytes);
+                return Err(e);
+            }
             w.len += bytes.len() as u64;
             w.seq = last;
+            w.unsynced.extend_from_slice(&bytes);
         }
         Ok((w.seq, w.len))
     }
 
+    /// After a failed write or fsync: cut the log back to its last fsynced length (no torn
+    /// record stays) and put everything written since, then `failed`, back at the front
+    /// of the buffer, to be written again in order.
+    fn cut_back(&self, w: &mut Written, failed: Vec<u8>) {
+        let mut again = std::mem::take(&mut w.unsynced);
+        again.extend_from_slice(&failed);
+        if let Err(e) = w.file.set_len(w.synced_len) {
+            // Retried with the next write (`ensure_cut`): the length is what matters.
+            tracing::warn!("state log {}: cannot cut back yet: {e}", self.dir.display());
+        }
+        w.len = w.synced_len;
+        w.seq = w.synced_seq;
+        w.cuts += 1;
+        let mut b = self.buf.lock();
+        again.extend_from_slice(&b.bytes);
+        b.bytes = again;
+        if b.bytes.len() > BUFFER_WARN && !self.warned_buffer.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                "state log {}: {} MiB of events buffered in memory until the log can be written",
+                self.dir.display(),
+                b.bytes.len() >> 20
+            );
+        }
+    }
+
     /// Writes and fsyncs everything appended so far.
     fn flush(&self) -> io::Result<()> {
-        let (seq, _) = self.write_pending()?;
+        if self.poisoned.load(Ordering::SeqCst) {
+            // The file may still be longer than its last whole fsynced record.
+            let w = self.written.lock();
+            if w.file.metadata()?.len() != w.len {
+                w.file.set_len(w.len)?;
+            }
+        }
+        let (seq, len) = self.write_pending()?;
         if *self.durable.lock() >= seq {
             return Ok(());
         }
         // fsync outside the write lock so appends and writes go on meanwhile.
-        let fd = self.written.lock().file.try_clone()?;
-        fd.sync_data()?;
+        let (fd, cuts) = {
+            let w = self.written.lock();
+            (w.file.try_clone()?, w.cuts)
+        };
+        if let Err(e) = fd.sync_data() {
+            // What the failed fsync covered may not be on disk: write it all again.
+            let mut w = self.written.lock();
+            self.cut_back(&mut w, Vec::new());
+            return Err(e);
+        }
+        {
+            let mut w = self.written.lock();
+            // Everything up to `len` is on disk (a cut_back since would have lowered it).
+            if w.cuts != cuts {
+                return Err(io::Error::other("the log was cut back during an fsync"));
+            }
+            if w.synced_len < len && len <= w.len {
+                let n = (len - w.synced_len) as usize;
+                w.unsynced.drain(..n);
+                w.synced_len = len;
+                w.synced_seq = seq;
+            }
+        }
         let mut d = self.durable.lock();
         if *d < seq {
             *d = seq;
@@ -154,14 +249,27 @@ impl Shared {
     }
 
     fn flush_or_poison(&self) {
-        if let Err(e) = self.flush() {
-            if !self.poisoned.swap(true, Ordering::SeqCst) {
-                tracing::error!(
-                    "state log {}: {e}; events are no longer durable",
-                    self.dir.display()
-                );
+        match self.flush() {
+            Ok(()) => {
+                if self.poisoned.swap(false, Ordering::SeqCst) {
+                    self.warned_buffer.store(false, Ordering::SeqCst);
+                    tracing::warn!(
+                        "state log {}: writable again; every buffered event is on disk",
+                        self.dir.display()
+                    );
+                }
             }
-            self.durable_cv.notify_all();
+            Err(e) => {
+                if !self.poisoned.swap(true, Ordering::SeqCst) {
+                    tracing::error!(
+                        "state log {}: {e}; verbs are refused (io_error) until it can be \
+                         written again (retrying every {}s, events are kept in memory)",
+                        self.dir.display(),
+                        RETRY_EVERY.as_secs()
+                    );
+                }
+                self.durable_cv.notify_all();
+            }
         }
     }
 }
@@ -224,9 +332,71 @@ struct SnapHeader {
     fnv: u64,
 }
 
+/// A new or existing file of the state directory, 0600 whatever the umask.
+fn private_file() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.mode(0o600);
+    o
+}
+
+/// Makes `dir` (creating it 0700) the daemon's private state directory: refuses one that
+/// another user owns or group or others can write (they could rewrite the records),
+/// tightens it to 0700 and its files to 0600, and removes the temporaries an interrupted
+/// snapshot or compaction left (they are never needed and may fill the disk).
+fn prepare_dir(dir: &Path) -> Result<(), JournalError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(format!("create {}", dir.display())))?;
+    let md = std::fs::metadata(dir).map_err(io_err(format!("stat {}", dir.display())))?;
+    let me = unsafe { libc::geteuid() };
+    let not_private = |why: String| JournalError::NotPrivate {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    if md.uid() != me {
+        return Err(not_private(format!(
+            "is owned by uid {}, not {me}",
+            md.uid()
+        )));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Err(not_private(format!(
+            "can be written by {} (mode {:o})",
+            if md.mode() & 0o002 != 0 {
+                "anyone"
+            } else {
+                "its group"
+            },
+            md.mode() & 0o7777
+        )));
+    }
+    if md.mode() & 0o7777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err(format!("chmod 700 {}", dir.display())))?;
+    }
+    for tmp in [format!("{SNAPSHOT}.tmp"), format!("{LOG}.tmp")] {
+        match std::fs::remove_file(dir.join(&tmp)) {
+            Ok(()) => tracing::info!("removed {tmp} left by an interrupted write"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(format!("remove {tmp}"))(e)),
+        }
+    }
+    let entries = std::fs::read_dir(dir).map_err(io_err(format!("list {}", dir.display())))?;
+    for e in entries.flatten() {
+        let Ok(md) = e.metadata() else { continue };
+        if md.is_file() && md.mode() & 0o077 != 0 {
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(format!("chmod 600 {}", e.path().display())))?;
+        }
+    }
+    Ok(())
+}
+
 fn lock_dir(dir: &Path) -> Result<File, JournalError> {
     let path = dir.join(LOCK);
-    let mut f = OpenOptions::new()
+    let mut f = private_file()
         .read(true)
         .write(true)
         .create(true)
@@ -243,9 +413,13 @@ fn lock_dir(dir: &Path) -> Result<File, JournalError> {
             pid: s.trim().parse().ok(),
         });
     }
-    f.set_len(0).map_err(io_err("truncate lock file"))?;
-    f.write_all(format!("{}\n", std::process::id()).as_bytes())
-        .map_err(io_err("write lock file"))?;
+    // The pid is for a human (and the `Locked` message): a full disk must not stop a mount.
+    if let Err(e) = f
+        .set_len(0)
+        .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+    {
+        tracing::warn!("{}: cannot record the pid: {e}", path.display());
+    }
     Ok(f)
 }
 
@@ -273,6 +447,14 @@ fn read_snapshot(dir: &Path) -> Result<Option<(SnapHeader, DurableState)>, Strin
     Ok(Some((h, st)))
 }
 
+/// Damage found by [`replay_log`].
+#[derive(Debug, Clone)]
+pub struct Damage {
+    /// The log ends in a partial line (an interrupted append), not in a bad one.
+    pub cut: bool,
+    pub message: String,
+}
+
 /// Replays `events.log` from `offset` (expecting seq `after + 1` first) into `apply`.
 /// Stops at the first incomplete or invalid line. Returns (events applied, last seq,
 /// offset of the end of the last good line, warning if damage was found).
@@ -285,7 +467,7 @@ pub fn replay_log(
     offset: u64,
     after: u64,
     apply: impl FnMut(&Event),
-) -> io::Result<(u64, u64, u64, Option<String>)> {
+) -> io::Result<(u64, u64, u64, Option<Damage>)> {
     let mut f = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, after, 0, None)),
@@ -328,18 +510,21 @@ fn feed(
     threads: usize,
     jobs: mpsc::Sender<Job>,
     mut apply: impl FnMut(&Event),
-) -> io::Result<(u64, u64, u64, Option<String>)> {
+) -> io::Result<(u64, u64, u64, Option<Damage>)> {
     // Blocks of about 1 MiB (no bigger than what is left: small logs, tests); a few in
     // flight keep every parser busy.
     let left = f.metadata()?.len().saturating_sub(offset) as usize;
     let block_len = left.clamp(4096, 1 << 20);
     let in_flight = threads * 2;
     let (mut n, mut seq, mut good) = (0u64, after, offset);
-    let warn = |what: String, seq: u64| {
-        Some(format!(
-            "{}: {what}; recovered the {seq} events before it",
-            path.display()
-        ))
+    let warn = |what: String, seq: u64, cut: bool| {
+        Some(Damage {
+            cut,
+            message: format!(
+                "{}: {what}; recovered the {seq} events before it",
+                path.display()
+            ),
+        })
     };
     let mut pending: VecDeque<mpsc::Receiver<Parsed>> = VecDeque::new();
     let mut carry: Vec<u8> = Vec::new();
@@ -380,6 +565,7 @@ fn feed(
                         carry.len()
                     ),
                     seq,
+                    true,
                 )
             });
             return Ok((n, seq, good, w.flatten()));
@@ -401,14 +587,14 @@ fn feed(
                         ev.seq,
                         seq + 1
                     );
-                    return Ok((n, seq, good, warn(w, seq)));
+                    return Ok((n, seq, good, warn(w, seq, false)));
                 }
                 Err(e) => {
                     return Ok((
                         n,
                         seq,
                         good,
-                        warn(format!("unreadable event at byte {good} ({e})"), seq),
+                        warn(format!("unreadable event at byte {good} ({e})"), seq, false),
                     ))
                 }
             }
@@ -437,7 +623,7 @@ impl Journal {
     /// damaged tail off the log (kept aside as `events.log.damaged-OFFSET`), and starts the
     /// flusher. The engine's events go to the returned journal.
     pub fn open(dir: &Path, config: Config, opts: JournalOptions) -> Result<Opened, JournalError> {
-        std::fs::create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
+        prepare_dir(dir)?;
         let lock = lock_dir(dir)?;
         let mut warnings = Vec::new();
         let log_path = dir.join(LOG);
@@ -473,19 +659,24 @@ impl Journal {
                 since_snapshot: 0,
             }),
             written: Mutex::new(Written {
-                file: OpenOptions::new()
+                file: private_file()
                     .create(true)
                     .append(true)
                     .open(&log_path)
                     .map_err(io_err(format!("open {}", log_path.display())))?,
                 len: 0,
                 seq: 0,
+                synced_len: 0,
+                synced_seq: 0,
+                unsynced: Vec::new(),
+                cuts: 0,
             }),
             durable: Mutex::new(0),
             durable_cv: Condvar::new(),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
+            warned_buffer: AtomicBool::new(false),
         });
         let journal = Arc::new(Journal {
             shared: shared.clone(),
@@ -504,7 +695,8 @@ impl Journal {
                 let engine = Engine::from_state(config.clone(), st, sink.clone());
                 let r = replay(&engine, h.log_offset, h.seq)?;
                 // A snapshot whose offset does not start the next event is unusable.
-                if r.0 == 0 && r.3.is_some() && h.log_offset < log_len {
+                // (A cut right after the snapshot's offset is an interrupted append.)
+                if r.0 == 0 && r.3.as_ref().is_some_and(|d| !d.cut) && h.log_offset < log_len {
                     warnings.push(format!(
                         "{SNAPSHOT} does not match the log at offset {}; rebuilding from the whole log",
                         h.log_offset
@@ -523,8 +715,8 @@ impl Journal {
             }
         };
         if let Some(w) = warn {
-            tracing::warn!("{w}");
-            warnings.push(w);
+            tracing::warn!("{}", w.message);
+            warnings.push(w.message);
         }
         if !from_snapshot && dir.join(SNAPSHOT).exists() {
             // Set the unusable snapshot aside so the next start does not trip on it again.
@@ -539,7 +731,18 @@ impl Journal {
             let mut tail = Vec::new();
             f.read_to_end(&mut tail).map_err(io_err("read log tail"))?;
             let aside = dir.join(format!("{LOG}.damaged-{good}"));
-            std::fs::write(&aside, &tail).map_err(io_err(format!("write {}", aside.display())))?;
+            // Kept if there is room: a full disk must not stop the mount.
+            if let Err(e) = private_file()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&aside)
+                .and_then(|mut f| f.write_all(&tail))
+            {
+                let w = format!("{}: cannot keep the damaged tail: {e}", aside.display());
+                tracing::warn!("{w}");
+                warnings.push(w);
+            }
             let f = OpenOptions::new()
                 .write(true)
                 .open(&log_path)
@@ -555,6 +758,8 @@ impl Journal {
             let mut w = shared.written.lock();
             w.len = good;
             w.seq = seq;
+            w.synced_len = good;
+            w.synced_seq = seq;
             *shared.durable.lock() = seq;
         }
         let engine = Arc::new(engine);
@@ -633,12 +838,21 @@ impl Journal {
         };
         let dir = &self.shared.dir;
         let tmp = dir.join(format!("{SNAPSHOT}.tmp"));
-        {
-            let mut f = File::create(&tmp)?;
+        let written = (|| {
+            let mut f = private_file()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
             serde_json::to_writer(&mut f, &header).map_err(io::Error::other)?;
             f.write_all(b"\n")?;
             f.write_all(&body)?;
-            f.sync_all()?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            // A partial temporary must not keep the disk full.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
         std::fs::rename(&tmp, dir.join(SNAPSHOT))?;
         File::open(dir)?.sync_all()?;
@@ -664,7 +878,12 @@ fn flusher(s: Arc<Shared>) {
             if s.stop.load(Ordering::SeqCst) {
                 break;
             }
-            s.wake.wait_for(&mut b, s.opts.flush_interval);
+            let wait = if s.poisoned.load(Ordering::SeqCst) {
+                RETRY_EVERY
+            } else {
+                s.opts.flush_interval
+            };
+            s.wake.wait_for(&mut b, wait);
         }
         s.flush_or_poison();
     }
