@@ -2,12 +2,19 @@
 //!
 //! State directory layout:
 //! - `lock`: held with `flock(LOCK_EX)` by the daemon using the directory; holds its pid;
-//! - `events.log`: one JSON event per line (the §8 schema), `seq` 1, 2, 3, ... with no gap;
+//! - `events.log`: one JSON event per line (the §8 schema), `seq` 1, 2, 3, ... with no gap.
+//!   Offsets in the log are *logical*: they never go back. After a compaction the file
+//!   starts with a header line `{"log_base":B,"seq":S}`: its first event (seq S + 1) is at
+//!   logical offset B; a log without one starts at logical offset 0, seq 1;
 //! - `snapshot.json`: a compacted state. Line 1 is a header
 //!   `{"format":1,"seq":N,"log_offset":O,"len":L,"fnv":H}`; then L bytes of the
 //!   [`DurableState`] as JSON whose FNV-1a 64 is H. It equals the log's first N events,
-//!   which end at byte O of `events.log`. Written to `snapshot.json.tmp`, fsynced, renamed,
+//!   which end at logical offset O. Written to `snapshot.json.tmp`, fsynced, renamed,
 //!   and the directory fsynced;
+//! - compaction (once the log holds `compact_bytes` of events): drop unreferenced
+//!   tombstones, write a snapshot, then write the events after it to `events.log.tmp`
+//!   under a header with their base, fsync and rename it over `events.log`. A crash at any
+//!   point leaves a snapshot and a log that agree;
 //! - `events.log.damaged-OFFSET`: bytes cut off a damaged log at recovery, kept for a human.
 //!
 //! Appends go to a memory buffer (with the engine's locks held, so the log order is the
@@ -58,6 +65,8 @@ pub struct JournalOptions {
     pub flush_interval: Duration,
     /// Write a snapshot (at the next `maintain`) after this many events.
     pub snapshot_every: u64,
+    /// Compact (at the next `maintain`) once the log file holds this many bytes of events.
+    pub compact_bytes: u64,
 }
 
 impl Default for JournalOptions {
@@ -65,6 +74,7 @@ impl Default for JournalOptions {
         JournalOptions {
             flush_interval: Duration::from_millis(5),
             snapshot_every: 100_000,
+            compact_bytes: 8 << 20,
         }
     }
 }
@@ -141,6 +151,52 @@ struct Written {
     unsynced: Vec<u8>,
     /// Number of cut-backs so far: an fsync that straddles one proves nothing.
     cuts: u64,
+    /// Number of compactions so far: an fsync that straddles one was of the old file.
+    compactions: u64,
+    /// The logical offset of the file's first event and the length of its header line:
+    /// `len`, `synced_len` are file offsets, logical = file - hdr + base.
+    base: u64,
+    hdr: u64,
+}
+
+impl Written {
+    fn logical(&self, file_off: u64) -> u64 {
+        file_off - self.hdr + self.base
+    }
+}
+
+/// The first line of a compacted log.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LogHeader {
+    log_base: u64,
+    seq: u64,
+}
+
+/// The header of the log at `path`, with its length in bytes (None: a log from offset 0).
+fn read_log_header(path: &Path) -> io::Result<Option<(LogHeader, u64)>> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut head = vec![0u8; 256];
+    let mut n = 0;
+    while n < head.len() {
+        let k = f.read(&mut head[n..])?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    head.truncate(n);
+    if !head.starts_with(b"{\"log_base\"") {
+        return Ok(None);
+    }
+    let Some(nl) = head.iter().position(|&b| b == b'\n') else {
+        return Err(io::Error::other("log header line cut short"));
+    };
+    let h: LogHeader = serde_json::from_slice(&head[..nl]).map_err(io::Error::other)?;
+    Ok(Some((h, nl as u64 + 1)))
 }
 
 struct Shared {
@@ -217,9 +273,9 @@ impl Shared {
             return Ok(());
         }
         // fsync outside the write lock so appends and writes go on meanwhile.
-        let (fd, cuts) = {
+        let (fd, cuts, compactions) = {
             let w = self.written.lock();
-            (w.file.try_clone()?, w.cuts)
+            (w.file.try_clone()?, w.cuts, w.compactions)
         };
         if let Err(e) = fd.sync_data() {
             // What the failed fsync covered may not be on disk: write it all again.
@@ -233,7 +289,8 @@ impl Shared {
             if w.cuts != cuts {
                 return Err(io::Error::other("the log was cut back during an fsync"));
             }
-            if w.synced_len < len && len <= w.len {
+            // A compaction meanwhile fsynced a new file holding all of it.
+            if w.compactions == compactions && w.synced_len < len && len <= w.len {
                 let n = (len - w.synced_len) as usize;
                 w.unsynced.drain(..n);
                 w.synced_len = len;
@@ -628,6 +685,14 @@ impl Journal {
         let mut warnings = Vec::new();
         let log_path = dir.join(LOG);
         let log_len = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+        let (base, base_seq, hdr) = match read_log_header(&log_path) {
+            Ok(Some((h, n))) => (h.log_base, h.seq, n),
+            Ok(None) => (0, 0, 0),
+            Err(e) => return Err(io_err(format!("read the header of {}", log_path.display()))(e)),
+        };
+        // The logical end of the log, and a logical offset's place in the file.
+        let log_end = log_len.max(hdr) - hdr + base;
+        let file_off = |logical: u64| logical - base + hdr;
 
         let mut snap = match read_snapshot(dir) {
             Ok(s) => s,
@@ -640,9 +705,15 @@ impl Journal {
             }
         };
         if let Some((h, _)) = &snap {
-            if h.log_offset > log_len {
+            if h.log_offset > log_end {
                 warnings.push(format!(
-                    "{} is ahead of the log (offset {} > {log_len}); rebuilding from the whole log",
+                    "{} is ahead of the log (offset {} > {log_end}); rebuilding from the whole log",
+                    SNAPSHOT, h.log_offset
+                ));
+                snap = None;
+            } else if h.log_offset < base {
+                warnings.push(format!(
+                    "{} is older than the log (offset {} < {base}); rebuilding from the log",
                     SNAPSHOT, h.log_offset
                 ));
                 snap = None;
@@ -661,6 +732,7 @@ impl Journal {
             written: Mutex::new(Written {
                 file: private_file()
                     .create(true)
+                    .read(true)
                     .append(true)
                     .open(&log_path)
                     .map_err(io_err(format!("open {}", log_path.display())))?,
@@ -670,6 +742,9 @@ impl Journal {
                 synced_seq: 0,
                 unsynced: Vec::new(),
                 cuts: 0,
+                compactions: 0,
+                base,
+                hdr,
             }),
             durable: Mutex::new(0),
             durable_cv: Condvar::new(),
@@ -693,16 +768,16 @@ impl Journal {
         let (engine, from_snapshot, (n, seq, good, warn)) = match snap {
             Some((h, st)) => {
                 let engine = Engine::from_state(config.clone(), st, sink.clone());
-                let r = replay(&engine, h.log_offset, h.seq)?;
+                let r = replay(&engine, file_off(h.log_offset), h.seq)?;
                 // A snapshot whose offset does not start the next event is unusable.
                 // (A cut right after the snapshot's offset is an interrupted append.)
-                if r.0 == 0 && r.3.as_ref().is_some_and(|d| !d.cut) && h.log_offset < log_len {
+                if r.0 == 0 && r.3.as_ref().is_some_and(|d| !d.cut) && h.log_offset < log_end {
                     warnings.push(format!(
                         "{SNAPSHOT} does not match the log at offset {}; rebuilding from the whole log",
                         h.log_offset
                     ));
                     let engine = Engine::new(config, sink.clone());
-                    let r = replay(&engine, 0, 0)?;
+                    let r = replay(&engine, hdr, base_seq)?;
                     (engine, false, r)
                 } else {
                     (engine, true, r)
@@ -710,10 +785,19 @@ impl Journal {
             }
             None => {
                 let engine = Engine::new(config, sink.clone());
-                let r = replay(&engine, 0, 0)?;
+                let r = replay(&engine, hdr, base_seq)?;
                 (engine, false, r)
             }
         };
+        if !from_snapshot && base > 0 {
+            // Should not happen (a compacted log always has its snapshot): say what is lost.
+            let w = format!(
+                "{LOG} was compacted at seq {base_seq} and no usable {SNAPSHOT} covers it: \
+                 versions and records before that event are lost"
+            );
+            tracing::error!("{w}");
+            warnings.push(w);
+        }
         if let Some(w) = warn {
             tracing::warn!("{}", w.message);
             warnings.push(w.message);
@@ -787,22 +871,35 @@ impl Journal {
         self.shared.dir.join(LOG)
     }
 
-    /// Bytes of whole events written to the log so far.
+    /// The logical end of the whole events written to the log so far: it only grows,
+    /// across compactions too.
     pub fn log_len(&self) -> u64 {
-        self.shared.written.lock().len
+        let w = self.shared.written.lock();
+        w.logical(w.len)
     }
 
-    /// Reads up to `max` bytes of the log from `offset` (never past `log_len`, so only whole
-    /// lines): what `.coherent/events` serves; `tail -f` follows as `log_len` grows.
+    /// The logical offset of the oldest event still in the log (0 until a compaction).
+    pub fn log_base(&self) -> u64 {
+        self.shared.written.lock().base
+    }
+
+    /// Reads up to `max` bytes of the log from logical `offset` (never past `log_len`, so
+    /// only whole lines): what `.coherent/events` serves; `tail -f` follows as `log_len`
+    /// grows. An offset below [`Journal::log_base`] (compacted away) reads from the base.
     pub fn read_log(&self, offset: u64, max: usize) -> io::Result<Vec<u8>> {
-        let len = self.log_len();
-        if offset >= len {
-            return Ok(Vec::new());
-        }
-        let n = (len - offset).min(max as u64) as usize;
+        let (f, from, end) = {
+            let w = self.shared.written.lock();
+            let from = offset.max(w.base);
+            let end = w.logical(w.len);
+            if from >= end {
+                return Ok(Vec::new());
+            }
+            // The same open file as the writer's, so a compaction cannot swap it under us.
+            (w.file.try_clone()?, from - w.base + w.hdr, end - from)
+        };
+        let n = end.min(max as u64) as usize;
         let mut buf = vec![0u8; n];
-        let f = File::open(self.log_path())?;
-        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, offset)?;
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, from)?;
         Ok(buf)
     }
 
@@ -824,9 +921,17 @@ impl Journal {
     /// Writes a snapshot of `engine` (which must be the engine writing to this journal).
     pub fn checkpoint(&self, engine: &Engine) -> io::Result<()> {
         let _one = self.checkpointing.lock();
+        self.checkpoint_locked(engine).map(drop)
+    }
+
+    /// [`Journal::checkpoint`] with `checkpointing` held; returns the snapshot's seq and
+    /// logical log offset.
+    fn checkpoint_locked(&self, engine: &Engine) -> io::Result<(u64, u64)> {
         let (state, pos) = engine.durable_state_with(|| self.shared.write_pending());
-        let (seq, offset) = pos?;
+        let (seq, file_len) = pos?;
         debug_assert_eq!(seq, state.seq);
+        // Only a compaction moves the base, and it holds `checkpointing` too.
+        let offset = self.shared.written.lock().logical(file_len);
         self.shared.flush()?;
         let body = serde_json::to_vec(&state).map_err(io::Error::other)?;
         let header = SnapHeader {
@@ -857,14 +962,78 @@ impl Journal {
         std::fs::rename(&tmp, dir.join(SNAPSHOT))?;
         File::open(dir)?.sync_all()?;
         self.shared.buf.lock().since_snapshot = 0;
-        Ok(())
+        Ok((state.seq, offset))
+    }
+
+    /// Compacts: drops the tombstones nothing refers to, writes a snapshot, and replaces
+    /// the log with the events after it (under a header giving their logical base).
+    /// Returns the number of tombstones dropped. On an error the old log stays, whole.
+    pub fn compact(&self, engine: &Engine) -> io::Result<usize> {
+        let _one = self.checkpointing.lock();
+        let dropped = engine.evict_tombstones();
+        let (seq, offset) = self.checkpoint_locked(engine)?;
+        let dir = &self.shared.dir;
+        let tmp = dir.join(format!("{LOG}.tmp"));
+        // Appends go on into the buffer meanwhile; writes to the file wait.
+        let mut w = self.shared.written.lock();
+        let from = offset - w.base + w.hdr;
+        let mut tail = vec![0u8; (w.len - from) as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&w.file, &mut tail, from)?;
+        let mut header = serde_json::to_vec(&LogHeader {
+            log_base: offset,
+            seq,
+        })
+        .map_err(io::Error::other)?;
+        header.push(b'\n');
+        let written = (|| {
+            let mut f = private_file()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            f.write_all(&header)?;
+            f.write_all(&tail)?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        std::fs::rename(&tmp, dir.join(LOG))?;
+        File::open(dir)?.sync_all()?;
+        w.file = private_file().read(true).append(true).open(dir.join(LOG))?;
+        w.base = offset;
+        w.hdr = header.len() as u64;
+        w.len = w.hdr + tail.len() as u64;
+        // The new file is fsynced whole.
+        w.synced_len = w.len;
+        w.synced_seq = w.seq;
+        w.unsynced.clear();
+        w.compactions += 1;
+        let seq = w.seq;
+        drop(w);
+        let mut d = self.shared.durable.lock();
+        if *d < seq {
+            *d = seq;
+        }
+        self.shared.durable_cv.notify_all();
+        tracing::debug!("compacted the state log at offset {offset}; {dropped} tombstones dropped");
+        Ok(dropped)
     }
 
     /// Periodic upkeep for the mount (e.g. every few seconds): evicts ended records
-    /// (`evict_after`) and writes a snapshot once `snapshot_every` events have accumulated.
+    /// (`evict_after`), compacts once the log holds `compact_bytes` of events, and else
+    /// writes a snapshot once `snapshot_every` events have accumulated. Returns the number
+    /// of records evicted.
     pub fn maintain(&self, engine: &Engine, now: Timestamp) -> io::Result<usize> {
         let n = engine.evict(now);
-        if self.shared.buf.lock().since_snapshot >= self.shared.opts.snapshot_every {
+        let bytes = {
+            let w = self.shared.written.lock();
+            w.len - w.hdr
+        };
+        if bytes >= self.shared.opts.compact_bytes {
+            self.compact(engine)?;
+        } else if self.shared.buf.lock().since_snapshot >= self.shared.opts.snapshot_every {
             self.checkpoint(engine)?;
         }
         Ok(n)

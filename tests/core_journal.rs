@@ -612,3 +612,108 @@ fn private_state_under_umask_0() {
     }
     unsafe { libc::umask(old) };
 }
+
+/// Every line of `bytes` as an event.
+fn events_in(bytes: &[u8]) -> Vec<Event> {
+    assert!(bytes.is_empty() || bytes.ends_with(b"\n"));
+    std::str::from_utf8(bytes)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an event"))
+        .collect()
+}
+
+#[test]
+fn compaction_bounds_the_log_and_followers_keep_following() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = JournalOptions {
+        compact_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let o = Journal::open(dir.path(), Config::default(), opts.clone()).unwrap();
+    let (a, b) = (sess("alice"), sess("bob"));
+    o.engine.register(&b, Timestamp(T0)).unwrap();
+    o.engine
+        .commit(&a, "kept.md", CommitOp::Write, stamp(1), Timestamp(T0));
+    o.engine.open_read(&a, "kept.md", Timestamp(T0));
+    o.engine
+        .transfer(&a, &paths(&["kept.md"]), "bob", None, Timestamp(T0))
+        .unwrap();
+    // Files created and removed: tombstones, and a log past the bound.
+    let churn = |from: u64, to: u64| {
+        for i in from..to {
+            let p = format!("churn/f{i}");
+            o.engine
+                .commit(&a, &p, CommitOp::Write, stamp(i + 10), Timestamp(T0 + 1));
+            o.engine
+                .commit(&a, &p, CommitOp::Unlink, None, Timestamp(T0 + 2));
+        }
+        o.journal.flush().unwrap();
+    };
+    churn(0, 1000);
+    // A follower reads everything so far.
+    let first = o.journal.read_log(0, 1 << 30).unwrap();
+    let mut pos = first.len() as u64;
+    let mut seen = events_in(&first);
+    assert_eq!(pos, o.journal.log_len());
+    let file_before = std::fs::metadata(dir.path().join(LOG)).unwrap().len();
+    assert!(file_before >= opts.compact_bytes, "{file_before}");
+    assert!(o.engine.durable_state().paths.contains_key("churn/f0"));
+
+    o.journal.maintain(&o.engine, Timestamp(T0 + 3)).unwrap();
+    // Compacted: the file is small, the logical length did not move, tombstones are gone,
+    // the live record stays.
+    let file_after = std::fs::metadata(dir.path().join(LOG)).unwrap().len();
+    assert!(file_after < 200, "{file_after}");
+    assert_eq!(o.journal.log_len(), pos);
+    assert_eq!(o.journal.log_base(), pos);
+    let st = o.engine.durable_state();
+    assert!(
+        !st.paths.keys().any(|p| p.starts_with("churn/")),
+        "tombstones left"
+    );
+    assert!(st.paths.contains_key("kept.md"));
+    assert!(st.records.iter().any(|r| r.path == "kept.md"));
+
+    // The follower goes on from where it was: the next events, no gap, no repeat.
+    churn(1000, 1010);
+    let more = o.journal.read_log(pos, 1 << 30).unwrap();
+    pos += more.len() as u64;
+    seen.extend(events_in(&more));
+    assert_eq!(pos, o.journal.log_len());
+    for (i, ev) in seen.iter().enumerate() {
+        assert_eq!(ev.seq, i as u64 + 1);
+    }
+    assert_eq!(seen.last().unwrap().seq, o.engine.last_seq());
+    // A reader from 0 starts at the base: the first event after the compaction.
+    let from0 = events_in(&o.journal.read_log(0, 1 << 30).unwrap());
+    assert_eq!(from0.first().unwrap().seq, st.seq + 1);
+
+    // A restart rebuilds the same state, and the offsets go on.
+    let before = o.engine.durable_state();
+    drop(o);
+    std::fs::write(
+        dir.path().join("events.log.tmp"),
+        b"an interrupted compaction",
+    )
+    .unwrap();
+    let o = Journal::open(dir.path(), Config::default(), opts).unwrap();
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert!(o.from_snapshot);
+    assert!(!dir.path().join("events.log.tmp").exists());
+    assert_eq!(o.engine.durable_state(), before);
+    assert_eq!(o.journal.log_len(), pos);
+    o.engine
+        .commit(&a, "after", CommitOp::Write, stamp(3), Timestamp(T0 + 4));
+    o.journal.flush().unwrap();
+    let last = events_in(&o.journal.read_log(pos, 1 << 20).unwrap());
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].seq, before.seq + 1);
+    // A second compaction, then a restart: still the same.
+    o.journal.compact(&o.engine).unwrap();
+    let before = o.engine.durable_state();
+    drop(o);
+    let o = open(dir.path());
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert_eq!(o.engine.durable_state(), before);
+}
