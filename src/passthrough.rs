@@ -114,7 +114,7 @@ impl Store {
         }
         let key = (st.st_dev, st.st_ino);
         let mount = match handle_at(root.as_raw_fd(), c"")? {
-            HandleOf::Handle(_, mount_id) => {
+            HandleOf::Handle(h, mount_id) => {
                 let fd = cvt(unsafe {
                     libc::openat(
                         root.as_raw_fd(),
@@ -122,7 +122,15 @@ impl Store {
                         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
                     )
                 })?;
-                Some((unsafe { File::from_raw_fd(fd) }, mount_id))
+                let m = unsafe { File::from_raw_fd(fd) };
+                // open_by_handle_at needs CAP_DAC_READ_SEARCH: without it, resolve by name.
+                match open_handle(m.as_raw_fd(), &h) {
+                    Ok(_) => Some((m, mount_id)),
+                    Err(e) => {
+                        tracing::info!("no file handles ({e}): nodes are re-resolved by name");
+                        None
+                    }
+                }
             }
             HandleOf::Unsupported => None,
         };

@@ -116,13 +116,27 @@ const CHURN: u64 = 100_000;
 #[test]
 fn a_hundred_thousand_files_created_and_removed_stay_bounded() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "churn_in_own_process", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "churn_in_own_process",
+            "--ignored",
+            "--nocapture",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("1 passed"), "{text}\n{err}");
-    eprintln!("{}", err.lines().filter(|l| l.starts_with("churn:")).collect::<Vec<_>>().join("\n"));
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{text}\n{err}"
+    );
+    eprintln!(
+        "{}",
+        err.lines()
+            .filter(|l| l.starts_with("churn:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 #[test]
@@ -144,8 +158,10 @@ fn churn_in_own_process() {
     // Warm up (threads, allocator arenas), then measure from here.
     for i in 0..1000u64 {
         let p = format!("warm/f{i}");
-        o.engine.commit(&a, &p, CommitOp::Write, None, Timestamp(t0));
-        o.engine.commit(&a, &p, CommitOp::Unlink, None, Timestamp(t0));
+        o.engine
+            .commit(&a, &p, CommitOp::Write, None, Timestamp(t0));
+        o.engine
+            .commit(&a, &p, CommitOp::Unlink, None, Timestamp(t0));
     }
     o.journal.maintain(&o.engine, Timestamp(t0)).unwrap();
     let rss0 = rss_kib();
@@ -164,12 +180,16 @@ fn churn_in_own_process() {
         // The mount's upkeep runs every few seconds: here every 5,000 files.
         if i % 5000 == 4999 {
             o.journal.flush().unwrap();
-            o.journal.maintain(&o.engine, Timestamp(t0 + i as i64)).unwrap();
+            o.journal
+                .maintain(&o.engine, Timestamp(t0 + i as i64))
+                .unwrap();
             peak_dir = peak_dir.max(dir_bytes(dir.path()));
         }
     }
     o.journal.flush().unwrap();
-    o.journal.maintain(&o.engine, Timestamp(t0 + CHURN as i64)).unwrap();
+    o.journal
+        .maintain(&o.engine, Timestamp(t0 + CHURN as i64))
+        .unwrap();
     let rss1 = rss_kib();
     let seq = o.engine.last_seq();
     let state = o.engine.durable_state();
@@ -195,5 +215,8 @@ fn churn_in_own_process() {
     assert!(peak_dir <= 16 << 20, "state dir reached {peak_dir} bytes");
     // Restart within 1 s in an optimised build; a debug build parses ~10x slower.
     let bound = if cfg!(debug_assertions) { 10 } else { 1 };
-    assert!(restart.as_secs_f64() < bound as f64, "restart took {restart:?}");
+    assert!(
+        restart.as_secs_f64() < bound as f64,
+        "restart took {restart:?}"
+    );
 }
