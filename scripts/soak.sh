@@ -145,7 +145,7 @@ log "git: 40 commits, a branch, a merge, gc"
     done
     git merge -q --no-edit soak-work
     git gc -q
-    git fsck -q
+    git fsck --no-progress --no-dangling
 ) || fail "git work in the mount"
 report "git log length after the merge" "$(cd "$MNT/coherent" && git rev-list --count HEAD)"
 
@@ -187,6 +187,8 @@ report "$HANDOFFS handoffs (transfer + accept)" "$((($(now_ms) - t0) / 1000)) s"
 
 # --- 5. churn ------------------------------------------------------------------------------
 log "$CHURN files created and removed"
+RSS_CHURN0=$(rss_kib)
+report "daemon RSS before the churn" "${RSS_CHURN0} KiB"
 t0=$(now_ms)
 python3 - "$MNT/churn" "$CHURN" <<'EOF' || fail "churn"
 import os, sys
@@ -204,7 +206,8 @@ for _ in $(seq 1 300); do
     (($(stat -c %s "$STATE/events.log") < 8 * 1024 * 1024)) && break
     sleep 0.1
 done
-report "daemon RSS at the end" "$(rss_kib) KiB (start ${RSS0} KiB, +$(($(rss_kib) - RSS0)) KiB)"
+RSS1=$(rss_kib)
+report "daemon RSS at the end" "${RSS1} KiB (+$((RSS1 - RSS_CHURN0)) KiB over the churn)"
 report "daemon descriptors at the end" "$(fds)"
 report "state dir at the end" "$(state_kib) KiB"
 

@@ -386,6 +386,11 @@ impl Store {
                 if t.by_key.get(&node.key) == Some(&ino) {
                     t.by_key.remove(&node.key);
                 }
+                // After a big tree is gone (rm -rf, a build's clean), give the memory back.
+                if t.inodes.capacity() > 4096 && t.inodes.len() < t.inodes.capacity() / 8 {
+                    t.inodes.shrink_to_fit();
+                    t.by_key.shrink_to_fit();
+                }
             }
         }
     }
@@ -739,26 +744,37 @@ impl Store {
     /// `held` is the node's descriptor taken before the name went: a node with no name
     /// left keeps it pinned, as it can no longer be re-resolved by name.
     fn orphan(&self, key: (u64, u64), held: Option<Arc<OwnedFd>>) {
-        let t = self.tables.read();
-        let Some(ino) = t.by_key.get(&key) else {
+        let Some(ino) = self.tables.read().by_key.get(&key).copied() else {
             return;
         };
-        let node = &t.inodes[ino];
-        let gone = match held.as_ref().map(|fd| fstat_fd(fd.as_raw_fd())) {
-            Some(Ok(st)) => st.st_nlink == 0 || node.kind == Kind::Dir,
-            _ => true,
+        if ino == ROOT_INO {
+            return;
+        }
+        let Ok(node) = self.inode(ino) else { return };
+        let fd = match held.clone() {
+            Some(fd) => Ok(fd),
+            None => self.node_fd(ino).map(|(_, fd)| fd),
         };
-        if gone && *ino != ROOT_INO {
+        let gone = match fd.and_then(|fd| fstat_fd(fd.as_raw_fd())) {
+            Ok(st) => st.st_nlink == 0 || node.kind == Kind::Dir,
+            Err(_) => true,
+        };
+        if gone {
             node.state.lock().link = None;
             if let Some(fd) = held {
                 *node.pinned.lock() = Some(fd);
-                self.fds.remove(*ino);
+                self.fds.remove(ino);
             }
         }
     }
 
-    /// The descriptor of the node we know at `key`, if any.
+    /// The descriptor of the node we know at `key`, if any, to pin if it loses its last
+    /// name. Only without handles: a handle still opens an unlinked file while it is open
+    /// (and a file neither named nor open has nothing left to serve).
     fn known_fd(&self, key: (u64, u64)) -> Option<Arc<OwnedFd>> {
+        if self.mount.is_some() {
+            return None;
+        }
         let ino = *self.tables.read().by_key.get(&key)?;
         self.node_fd(ino).ok().map(|(_, fd)| fd)
     }
