@@ -224,7 +224,7 @@ impl Shared {
         };
         if !bytes.is_empty() {
             if let Err(e) = w.file.write_all(&bytes) {
-                self.cut_back(&mut w, bytes);
+                self.cut_back(&mut w, bytes, &e);
                 return Err(e);
             }
             w.len += bytes.len() as u64;
@@ -237,7 +237,10 @@ impl Shared {
     /// After a failed write or fsync: cut the log back to its last fsynced length (no torn
     /// record stays) and put everything written since, then `failed`, back at the front
     /// of the buffer, to be written again in order.
-    fn cut_back(&self, w: &mut Written, failed: Vec<u8>) {
+    /// The journal is failing from here on (until a flush succeeds), which also makes the
+    /// next flush check the file's length before it appends.
+    fn cut_back(&self, w: &mut Written, failed: Vec<u8>, why: &io::Error) {
+        self.failing(why);
         let mut again = std::mem::take(&mut w.unsynced);
         again.extend_from_slice(&failed);
         if let Err(e) = w.file.set_len(w.synced_len) {
@@ -280,7 +283,7 @@ impl Shared {
         if let Err(e) = fd.sync_data() {
             // What the failed fsync covered may not be on disk: write it all again.
             let mut w = self.written.lock();
-            self.cut_back(&mut w, Vec::new());
+            self.cut_back(&mut w, Vec::new(), &e);
             return Err(e);
         }
         {
@@ -317,16 +320,21 @@ impl Shared {
                 }
             }
             Err(e) => {
-                if !self.poisoned.swap(true, Ordering::SeqCst) {
-                    tracing::error!(
-                        "state log {}: {e}; verbs are refused (io_error) until it can be \
-                         written again (retrying every {}s, events are kept in memory)",
-                        self.dir.display(),
-                        RETRY_EVERY.as_secs()
-                    );
-                }
+                self.failing(&e);
                 self.durable_cv.notify_all();
             }
+        }
+    }
+
+    /// Marks the journal failing (verbs refused), saying so once per outage.
+    fn failing(&self, e: &io::Error) {
+        if !self.poisoned.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                "state log {}: {e}; verbs are refused (io_error) until it can be \
+                 written again (retrying every {}s, events are kept in memory)",
+                self.dir.display(),
+                RETRY_EVERY.as_secs()
+            );
         }
     }
 }
@@ -866,7 +874,8 @@ impl Journal {
         &self.shared.dir
     }
 
-    /// `events.log` (for `.coherent/events`: read it from any offset up to `log_len`).
+    /// `events.log` (its first line is a header after a compaction: read events through
+    /// [`Journal::read_log`]).
     pub fn log_path(&self) -> PathBuf {
         self.shared.dir.join(LOG)
     }
