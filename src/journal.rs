@@ -895,21 +895,37 @@ impl Journal {
     /// Reads up to `max` bytes of the log from logical `offset` (never past `log_len`, so
     /// only whole lines): what `.coherent/events` serves; `tail -f` follows as `log_len`
     /// grows. An offset below [`Journal::log_base`] (compacted away) reads from the base.
+    ///
+    /// A reader that reads on sequentially must then go on from the base, not from its own
+    /// offset plus what it got: see [`Journal::read_log_from`].
     pub fn read_log(&self, offset: u64, max: usize) -> io::Result<Vec<u8>> {
-        let (f, from, end) = {
+        self.read_log_from(offset, max).map(|(_, b)| b)
+    }
+
+    /// [`Journal::read_log`], also returning the logical offset the bytes start at (the
+    /// base when `offset` was below it): a sequential reader of `.coherent/events` that
+    /// started below the base keeps the difference and adds it to its later offsets, so it
+    /// reads each event once.
+    pub fn read_log_from(&self, offset: u64, max: usize) -> io::Result<(u64, Vec<u8>)> {
+        let (f, start, file_off, left) = {
             let w = self.shared.written.lock();
-            let from = offset.max(w.base);
+            let start = offset.max(w.base);
             let end = w.logical(w.len);
-            if from >= end {
-                return Ok(Vec::new());
+            if start >= end {
+                return Ok((start, Vec::new()));
             }
             // The same open file as the writer's, so a compaction cannot swap it under us.
-            (w.file.try_clone()?, from - w.base + w.hdr, end - from)
+            (
+                w.file.try_clone()?,
+                start,
+                start - w.base + w.hdr,
+                end - start,
+            )
         };
-        let n = end.min(max as u64) as usize;
+        let n = left.min(max as u64) as usize;
         let mut buf = vec![0u8; n];
-        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, from)?;
-        Ok(buf)
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, file_off)?;
+        Ok((start, buf))
     }
 
     /// Writes and fsyncs every event appended so far.

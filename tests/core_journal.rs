@@ -688,6 +688,9 @@ fn compaction_bounds_the_log_and_followers_keep_following() {
     // A reader from 0 starts at the base: the first event after the compaction.
     let from0 = events_in(&o.journal.read_log(0, 1 << 30).unwrap());
     assert_eq!(from0.first().unwrap().seq, st.seq + 1);
+    let (start, bytes) = o.journal.read_log_from(10, 1 << 30).unwrap();
+    assert_eq!(start, o.journal.log_base());
+    assert_eq!(events_in(&bytes), from0);
 
     // A restart rebuilds the same state, and the offsets go on.
     let before = o.engine.durable_state();
