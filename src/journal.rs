@@ -397,8 +397,9 @@ struct SnapHeader {
     fnv: u64,
 }
 
-/// A new or existing file of the state directory, 0600 whatever the umask.
-fn private_file() -> OpenOptions {
+/// Options for a file of the state directory: created 0600 whatever the umask (the daemon
+/// runs with umask 0). Every file written there goes through this.
+pub fn private_file() -> OpenOptions {
     let mut o = OpenOptions::new();
     o.mode(0o600);
     o
