@@ -1206,6 +1206,44 @@ mod tests {
         assert_eq!(again.size, 7);
     }
 
+    /// A node whose file is gone and whose inode number came back for a new file (as
+    /// ext4 does) is told apart by its handle: the new file gets a new node.
+    #[test]
+    fn a_reused_inode_number_is_a_new_node() {
+        let (d, s) = small_store(true);
+        std::fs::write(d.path().join("f"), b"new").unwrap();
+        let st = fstatat(
+            s.node_fd(ROOT_INO).unwrap().1.as_raw_fd(),
+            c"f",
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+        let stale = FileHandle::from_parts(1, vec![0; 8]);
+        {
+            let mut t = s.tables.write();
+            t.inodes.insert(
+                999,
+                Arc::new(Inode {
+                    key: (st.st_dev, st.st_ino),
+                    kind: Kind::File,
+                    handle: Some(stale),
+                    pinned: Mutex::new(None),
+                    state: Mutex::new(InodeState {
+                        refs: 1,
+                        link: Some((ROOT_INO, "old".into())),
+                    }),
+                }),
+            );
+            t.by_key.insert((st.st_dev, st.st_ino), 999);
+        }
+        let a = s.lookup(ROOT_INO, OsStr::new("f")).unwrap();
+        assert_ne!(a.ino, 999, "the stale node was reused for a new file");
+        assert_eq!(s.path_of(a.ino).unwrap(), Path::new("f"));
+        // The stale node stays until the kernel forgets it, without taking the key back.
+        s.forget(999, 1);
+        assert_eq!(s.lookup(ROOT_INO, OsStr::new("f")).unwrap().ino, a.ino);
+    }
+
     #[test]
     fn bounded_descriptors_with_handles() {
         bounded_descriptors(true);

@@ -33,6 +33,16 @@ pub(super) struct FileHandle {
     bytes: Box<[u8]>,
 }
 
+impl FileHandle {
+    #[cfg(test)]
+    pub(super) fn from_parts(handle_type: i32, bytes: Vec<u8>) -> FileHandle {
+        FileHandle {
+            handle_type,
+            bytes: bytes.into(),
+        }
+    }
+}
+
 /// What `name_to_handle_at` answered.
 pub(super) enum HandleOf {
     /// A handle on the mount `mount_id`.
