@@ -3,6 +3,7 @@
 //! [`EventSink`] (the journal).
 
 mod engine;
+mod evict;
 mod lookup;
 mod ops;
 mod queries;
