@@ -54,8 +54,12 @@ enum VHandle {
     Ctl(CtlHandle),
     /// Content computed at open.
     Text(Vec<u8>),
-    /// The journal, read at each offset.
-    Events,
+    /// The journal, read at each offset plus `shift`: a reader that started below the
+    /// log's base (compacted away) is moved up to the base once, and stays moved, so it
+    /// reads each event once.
+    Events {
+        shift: u64,
+    },
 }
 
 /// The `.coherent/` control surface: its open handles and the state of `events`' mtime.
@@ -190,7 +194,7 @@ impl Surface {
             DIR => return Err(FsError(libc::EISDIR)),
             CTL => VHandle::Ctl(CtlHandle::new()),
             _ if open_writes(flags) => return Err(FsError(libc::EACCES)),
-            EVENTS => VHandle::Events,
+            EVENTS => VHandle::Events { shift: 0 },
             STATUS => VHandle::Text(json_line(&vol.engine.status(None))),
             WHOAMI => VHandle::Text(json_line(&whoami_json(vol, caller))),
             WHY => VHandle::Text(why_text(vol.engine.why(&vol.session(caller)))),
@@ -226,10 +230,15 @@ impl Surface {
                 let end = start.saturating_add(size as usize).min(t.len());
                 Ok(t[start..end].to_vec())
             }
-            VHandle::Events => vol
-                .journal
-                .read_log(offset, size as usize)
-                .map_err(FsError::from),
+            VHandle::Events { shift } => {
+                let want = offset.saturating_add(*shift);
+                let (start, bytes) = vol
+                    .journal
+                    .read_log_from(want, size as usize)
+                    .map_err(FsError::from)?;
+                *shift += start - want;
+                Ok(bytes)
+            }
         }
     }
 
