@@ -188,6 +188,10 @@ pub struct Event {
     pub reason: Option<Reason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Route>,
+    /// `accept` of an offer to anyone: the accepting session claimed it and is now its
+    /// successor (`successor` names it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub claimed: bool,
 }
 
 impl Event {
@@ -221,6 +225,7 @@ impl Event {
             view: None,
             reason: None,
             route: None,
+            claimed: false,
         }
     }
 }
@@ -243,12 +248,21 @@ pub struct Record {
     pub updated: Timestamp,
     /// The successor has opened the path since the transfer (`handoff_seen` was logged).
     pub seen: bool,
+    /// Made by `transfer --to any`: `successor` is the placeholder `any` until a session
+    /// claims it by `accept`, then that session.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub offer: bool,
 }
 
 impl Record {
     /// Live: status pending/completed/overtaken and the version has not moved.
     pub fn is_live(&self, current_version: u64) -> bool {
         self.status.may_be_live() && self.version_at_transfer == current_version
+    }
+
+    /// An offer to anyone that no session has claimed yet.
+    pub fn unclaimed(&self) -> bool {
+        self.offer && self.successor.name == crate::names::ANY
     }
 
     pub fn to_json(&self, current_version: u64) -> RecordJson {
@@ -266,6 +280,8 @@ impl Record {
             created: self.created,
             updated: self.updated,
             live: self.is_live(current_version),
+            offer: self.offer,
+            claimed_by: (self.offer && !self.unclaimed()).then(|| self.successor.name.clone()),
         }
     }
 }
@@ -286,6 +302,12 @@ pub struct RecordJson {
     pub created: Timestamp,
     pub updated: Timestamp,
     pub live: bool,
+    /// An offer to anyone (`transfer --to any`); `successor` is `any` until claimed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub offer: bool,
+    /// The session that claimed the offer (it is then the successor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_by: Option<String>,
 }
 
 /// How a session stands to a record.
