@@ -193,6 +193,8 @@ pub struct Engine {
     pub(super) why: Mutex<HashMap<String, String>>,
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
+    /// Bumped by every event that can change a record (`wait`).
+    pub(super) changes: super::wait::Changes,
 }
 
 pub(super) fn shard_of(path: &str) -> usize {
@@ -247,6 +249,7 @@ impl Engine {
             why: Mutex::new(HashMap::new()),
             sink,
             applied: AtomicU64::new(0),
+            changes: Default::default(),
         }
     }
 
@@ -351,6 +354,9 @@ impl Engine {
         self.sink.append(&mut ev);
         self.applied.fetch_max(ev.seq, Ordering::SeqCst);
         self.apply_entry(entry, &ev, true);
+        if super::wait::changes_records(ev.event) {
+            self.changes.bump();
+        }
         ev.seq
     }
 

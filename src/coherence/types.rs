@@ -415,3 +415,55 @@ mod arc_session {
         SessionInfo::deserialize(d).map(Arc::new)
     }
 }
+
+/// What `wait PATH [UNTIL]` waits for (§7); wire names `accepted`, `completed`, `ended`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Until {
+    /// The successor took it: `accept` (or the claim of an offer), or its commit. Both
+    /// make the status `completed` (§5), so this is reached exactly when `completed` is.
+    Accepted,
+    /// Status `completed`.
+    Completed,
+    /// Any status but `pending` (every other status is final).
+    #[default]
+    Ended,
+}
+
+impl Until {
+    pub const ALL: [Until; 3] = [Until::Accepted, Until::Completed, Until::Ended];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Until::Accepted => "accepted",
+            Until::Completed => "completed",
+            Until::Ended => "ended",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Until> {
+        Until::ALL
+            .into_iter()
+            .find(|u| u.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// Is a record with this status there? (`Some(false)`: never will be, the status is
+    /// final; `None`: not yet.)
+    pub fn reached(self, st: Status) -> Option<bool> {
+        match (self, st) {
+            (_, Status::Pending) => None,
+            (Until::Ended, _) => Some(true),
+            (_, Status::Completed) => Some(true),
+            _ => Some(false),
+        }
+    }
+}
+
+/// Where the record a `wait` follows stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WaitState {
+    /// The state waited for is reached.
+    Reached(RecordJson),
+    /// Not yet: the record is still `pending`.
+    Pending(RecordJson),
+}

@@ -22,11 +22,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde_json::Value;
 
+use super::waits::{self, Check, Waits};
 use super::Volume;
 use crate::coherence::Timestamp;
 use crate::control::{session_json, CtlHandle, Reply, Request, Verb};
 use crate::error::{Reason, Refusal};
-use crate::fuse::open_writes;
+use crate::fuse::{open_writes, ReadDone};
 use crate::identity::{Session, SessionInfo, Via};
 use crate::passthrough::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
@@ -71,6 +72,8 @@ pub(crate) struct Surface {
     started: Time,
     uid: u32,
     gid: u32,
+    /// `ctl` handles waiting for a `wait` request's answer, and their kept reads.
+    waits: Waits,
 }
 
 fn time_now() -> Time {
@@ -94,6 +97,7 @@ impl Surface {
             // SAFETY: getuid/getgid cannot fail.
             uid: unsafe { libc::getuid() },
             gid: unsafe { libc::getgid() },
+            waits: Waits::default(),
         }
     }
 }
@@ -242,8 +246,37 @@ impl Surface {
         }
     }
 
+    /// A read that a waiting `ctl` handle answers later (see `waits`); any other read at
+    /// once.
+    pub(super) fn read_deferred(
+        &self,
+        vol: &Volume,
+        caller: &Caller,
+        token: u64,
+        offset: u64,
+        size: u32,
+        done: ReadDone,
+    ) {
+        let done = match self.handle(token) {
+            Ok(h) => {
+                let _locked = h.lock();
+                match self.waits.keep_read(token, offset, size, caller.pid, done) {
+                    Some(done) => done,
+                    None => {
+                        // The waiter now checks this reader for a kill, too.
+                        vol.engine.poke();
+                        return;
+                    }
+                }
+            }
+            Err(e) => return done(Err(e)),
+        };
+        done(self.read(vol, token, offset, size))
+    }
+
     /// One request on `ctl`: served for the writer's session; a refusal fails the write
-    /// with its errno (the reply is stored either way, to be read back).
+    /// with its errno (the reply is stored either way, to be read back). A `wait` not
+    /// reached yet leaves the handle waiting: its next read is answered when it is.
     pub(super) fn write(
         &self,
         vol: &Volume,
@@ -256,12 +289,90 @@ impl Surface {
         let VHandle::Ctl(ctl) = &mut *h else {
             return Err(FsError(libc::EBADF));
         };
-        ctl.write(data, |req| self.serve(vol, caller, req))
-            .map_err(FsError)
+        let lost = self.waits.stop(token);
+        let mut later = None;
+        let r = ctl.write(data, |req| match req {
+            Request::Wait {
+                path,
+                until,
+                timeout_ms,
+            } => {
+                vol.observe(path, Timestamp::now());
+                match waits::check(&vol.engine, path, *until, *timeout_ms) {
+                    Check::Now(reply) => reply,
+                    Check::Later(w) => {
+                        later = Some(w);
+                        waits::placeholder(path, *until)
+                    }
+                }
+            }
+            _ => self.serve(vol, caller, req),
+        });
+        if let Some(w) = later {
+            self.waits.start(token, w);
+            // The waiter looks again, so a change since the check is not missed.
+            vol.engine.poke();
+        }
+        drop(h);
+        waits::interrupted(lost.into_iter().flatten().map(|(_, _, d)| d));
+        r.map_err(FsError)
     }
 
     pub(super) fn release(&self, token: u64) {
+        if let Ok(h) = self.handle(token) {
+            let _locked = h.lock();
+            let lost = self.waits.stop(token);
+            drop(_locked);
+            waits::interrupted(lost.into_iter().flatten().map(|(_, _, d)| d));
+        }
         self.handles.lock().remove(&token);
+    }
+
+    /// Answer a waiting handle: store `reply` and answer its kept reads from it.
+    fn finish(&self, token: u64, reply: &Reply) {
+        let Ok(h) = self.handle(token) else {
+            self.waits.stop(token);
+            return;
+        };
+        let mut h = h.lock();
+        let Some(reads) = self.waits.stop(token) else {
+            return;
+        };
+        let VHandle::Ctl(ctl) = &mut *h else { return };
+        let _ = ctl.set_reply(reply);
+        let answers: Vec<(ReadDone, Vec<u8>)> = reads
+            .into_iter()
+            .map(|(offset, size, done)| (done, ctl.read(offset, size).to_vec()))
+            .collect();
+        drop(h);
+        for (done, bytes) in answers {
+            done(Ok(bytes));
+        }
+    }
+
+    /// The `coherent-wait` thread: answers waiting handles when their record changes,
+    /// their deadline passes or their reader is killed, until `stopped()`.
+    pub(super) fn run_waits(&self, vol: &Volume, stopped: impl Fn() -> bool) {
+        let mut seen = vol.engine.changes();
+        loop {
+            if stopped() {
+                for token in self.waits.tokens() {
+                    let r = Reply::refused(
+                        Some(Verb::Wait),
+                        &Refusal::new(Reason::IoError, "the volume is being unmounted"),
+                        None,
+                    );
+                    self.finish(token, &r);
+                }
+                return;
+            }
+            let (due, killed, next) = self.waits.due(&vol.engine);
+            waits::interrupted(killed);
+            for (token, reply) in due {
+                self.finish(token, &reply);
+            }
+            seen = vol.engine.wait_change(seen, next);
+        }
     }
 }
 
@@ -375,6 +486,7 @@ impl Surface {
                 Reply::status(body, msg)
             }
             Request::Whoami => unreachable!("served above, with the ignored tags"),
+            Request::Wait { .. } => unreachable!("served by `write`, which may leave it waiting"),
         })
     }
 }
