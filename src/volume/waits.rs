@@ -29,6 +29,9 @@ use crate::error::Refusal;
 use crate::fuse::ReadDone;
 use crate::passthrough::FsError;
 
+/// The longest the wait thread sleeps without a change.
+const IDLE_LOOK: Duration = Duration::from_secs(5);
+
 /// How often kept reads are checked for a killed reader.
 const KILLED_CHECK: Duration = Duration::from_millis(250);
 
@@ -192,7 +195,9 @@ impl Waits {
         let now = Instant::now();
         let mut out = Vec::new();
         let mut gone = Vec::new();
-        let mut next = now + Duration::from_secs(3600);
+        // Never sleep long: a missed wake-up (there should be none) costs seconds, not a
+        // hung unmount.
+        let mut next = now + IDLE_LOOK;
         let mut map = self.map.lock();
         for (token, w) in map.iter_mut() {
             let reply = match engine.wait_state(&w.path, w.record, w.until) {
