@@ -81,11 +81,20 @@ fn a_wait_returns_when_the_successor_writes() {
         ],
     );
     await_pending(&m, 1);
+    // the waiter's exit is seen by a thread of its own, so its time is not the end of
+    // bob's command
+    let reaper = std::thread::spawn(move || {
+        let r = finish(w, Duration::from_secs(20));
+        (r, Instant::now())
+    });
+    let start = Instant::now();
     sh_ok(&m, Some("bob"), "echo done >> plan.md");
-    let wrote = Instant::now();
-    let (code, out, err) = finish(w, Duration::from_secs(20));
-    let latency = wrote.elapsed();
-    eprintln!("wait returned {latency:?} after the successor's write returned");
+    let bob_took = start.elapsed();
+    let ((code, out, err), exited) = reaper.join().unwrap();
+    eprintln!(
+        "bob's `echo >>` took {bob_took:?}; the wait exited {:?} after it started",
+        exited - start
+    );
     assert_eq!(code, Some(0), "{out} {err}");
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["reached"], true, "{v}");
