@@ -3,6 +3,8 @@
 //! The core (`identity`, `coherence`, `journal`) has no FUSE in it; `passthrough` owns the
 //! backing directory; `fuse` is a thin adapter from `fuser` callbacks to the rest.
 
+pub mod access;
+pub mod beneath;
 pub mod coherence;
 pub mod control;
 pub mod error;
