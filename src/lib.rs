@@ -5,6 +5,7 @@
 
 pub mod access;
 pub mod beneath;
+pub mod bypass;
 pub mod coherence;
 pub mod control;
 pub mod error;
