@@ -97,11 +97,17 @@ impl User {
     /// `sh -c CMD` as this user (real and effective uid/gid, its groups), in `dir`, with a
     /// clean environment (`PATH`, `HOME=/`, `USER`) plus `env`, killed after 60 s.
     pub fn command(&self, dir: &Path, env: &[(&str, &str)], cmd: &str) -> Command {
+        self.argv(dir, env, &["sh", "-c", cmd])
+    }
+
+    /// `ARGV...` as this user, like [`User::command`].
+    pub fn argv(&self, dir: &Path, env: &[(&str, &str)], argv: &[&str]) -> Command {
         let mut c = Command::new("timeout");
         c.args(["--kill-after=5", "60", "setpriv"])
             .arg(format!("--reuid={}", self.uid))
             .arg(format!("--regid={}", self.gid))
-            .args(["--init-groups", "--", "sh", "-c", cmd])
+            .args(["--init-groups", "--"])
+            .args(argv)
             .current_dir(dir)
             .env_clear()
             .env(
