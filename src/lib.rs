@@ -13,4 +13,5 @@ pub mod fuse;
 pub mod identity;
 pub mod journal;
 pub mod passthrough;
+pub mod visibility;
 pub mod volume;

@@ -215,3 +215,52 @@ fn checks_leave_the_thread_as_root() {
     // Root's capabilities are back: this thread writes into coh-u1's 0700 directory.
     fs::write(d.path().join("root/u1home/by-root"), "r").unwrap();
 }
+
+#[test]
+fn a_log_view_shows_only_lines_the_reader_may_see() {
+    use coherent::visibility::LogView;
+    let (_d, root) = tree();
+    let (u1, u2) = (users::u1(), users::u2());
+    let lines = [
+        r#"{"seq":1,"event":"session_seen","session":"a"}"#,
+        r#"{"seq":2,"event":"commit","path":"u1home/x"}"#,
+        r#"{"seq":3,"event":"commit","path":"pub/ro"}"#,
+        r#"{"seq":4,"event":"commit","path":"pub/moved","from":"u1home/y"}"#,
+        r#"{"seq":5,"event":"transfer","path":"grp/w","note":"n"}"#,
+        r#"{"seq":6,"event":"commit","path":"top"}"#,
+    ];
+    let log: Vec<u8> = lines
+        .iter()
+        .flat_map(|l| format!("{l}\n").into_bytes())
+        .collect();
+    let raw = |off: u64, max: usize| -> std::io::Result<Vec<u8>> {
+        let off = off as usize;
+        Ok(log
+            .get(off..log.len().min(off + max.min(11)))
+            .unwrap_or_default()
+            .to_vec())
+    };
+    let read_all = |who: Who| {
+        let mut v = LogView::new(who);
+        let mut got = Vec::new();
+        loop {
+            let b = v.read(root.as_fd(), got.len() as u64, 13, raw).unwrap();
+            if b.is_empty() {
+                break String::from_utf8(got).unwrap();
+            }
+            got.extend(b);
+        }
+    };
+    let seqs = |text: String| -> Vec<u64> {
+        text.lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["seq"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(seqs(read_all(Who::root())), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(seqs(read_all(who(&u1))), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(seqs(read_all(who(&u2))), vec![1, 3, 6]);
+}
