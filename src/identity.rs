@@ -24,17 +24,18 @@ mod directory;
 pub mod procfs;
 mod resolver;
 
+pub use crate::names::{check_session_name, is_valid_session_name, BadName, MAX_SESSION_NAME};
 pub use cache::{CacheStats, Entry as CacheEntry, HeldStat, Outcome, PidCache};
 pub use cgroup::{
-    cgroup2_mount, join_session_cgroup, parse_mountinfo, remove_session_cgroup, Cgroup2Mount,
+    cgroup2_mount, cgroup2_of, join_session_cgroup, remove_session_cgroup, Cgroup2Mount,
 };
 pub use directory::{SessionDirectory, MIN_ID_PREFIX};
 pub use procfs::{ProcStamp, StatFile};
 pub use resolver::{
-    ResolveError, Resolver, ResolverConfig, DEFAULT_CACHE_CAPACITY, DEFAULT_HELD_STAT_FILES,
+    IgnoredTag, ResolveError, Resolver, ResolverConfig, DEFAULT_CACHE_CAPACITY,
+    DEFAULT_HELD_STAT_FILES,
 };
 
-use std::fmt;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -126,62 +127,6 @@ impl SessionInfo {
 
 /// The cgroup directory name prefix that names a session: `coherent-session-NAME`.
 pub const CGROUP_PREFIX: &str = "coherent-session-";
-
-/// The longest valid session name.
-pub const MAX_SESSION_NAME: usize = 128;
-
-/// Why a string is not a valid session name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BadName {
-    Empty,
-    TooLong(usize),
-    BadChar(char),
-    /// `uid:...` names only unattributed sessions.
-    Reserved,
-}
-
-impl fmt::Display for BadName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BadName::Empty => f.write_str("a session name cannot be empty"),
-            BadName::TooLong(n) => write!(
-                f,
-                "a session name has at most {MAX_SESSION_NAME} characters, not {n}"
-            ),
-            BadName::BadChar(c) => write!(
-                f,
-                "a session name may hold only letters, digits and . _ : @ -, not {c:?}"
-            ),
-            BadName::Reserved => f.write_str("session names starting with uid: are reserved"),
-        }
-    }
-}
-
-impl std::error::Error for BadName {}
-
-/// Check a session name against the rule in the module doc.
-pub fn check_session_name(name: &str) -> Result<(), BadName> {
-    if name.is_empty() {
-        return Err(BadName::Empty);
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-')))
-    {
-        return Err(BadName::BadChar(c));
-    }
-    if name.len() > MAX_SESSION_NAME {
-        return Err(BadName::TooLong(name.len()));
-    }
-    if name.starts_with("uid:") {
-        return Err(BadName::Reserved);
-    }
-    Ok(())
-}
-
-pub fn is_valid_session_name(name: &str) -> bool {
-    check_session_name(name).is_ok()
-}
 
 /// The session named by a cgroup v2 path: its innermost `coherent-session-NAME` segment
 /// with a valid NAME (a `coherent run` inside another session's cgroup is the inner one).

@@ -12,6 +12,8 @@ pub mod error;
 pub mod fuse;
 pub mod identity;
 pub mod journal;
+pub mod names;
 pub mod passthrough;
+pub mod sys;
 pub mod visibility;
 pub mod volume;

@@ -29,7 +29,7 @@
 
 mod liveness;
 pub mod state_dir;
-mod virt;
+mod surface;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -197,7 +197,7 @@ pub struct Volume {
     /// Signalled whenever a write handle is released.
     released: Condvar,
     next_token: AtomicU64,
-    virt: virt::Virtual,
+    surface: surface::Surface,
     /// A session with no part in any record (for "is there a live record?").
     nobody: SessionInfo,
     stop: Mutex<bool>,
@@ -241,7 +241,7 @@ impl Volume {
             handles: Mutex::new(HashMap::new()),
             released: Condvar::new(),
             next_token: AtomicU64::new(1),
-            virt: virt::Virtual::new(),
+            surface: surface::Surface::new(),
             nobody: SessionInfo::unattributed(u32::MAX),
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
@@ -769,19 +769,19 @@ impl Hooks for Volume {
     }
 
     fn virtual_lookup(&self, _caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        self.virt_lookup(parent, name)
+        self.surface.lookup(self, parent, name)
     }
 
     fn virtual_getattr(&self, _caller: &Caller, ino: u64) -> FsResult<Attr> {
-        self.virt_attr(ino)
+        self.surface.attr(self, ino)
     }
 
     fn virtual_readdir(&self, _caller: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
-        self.virt_readdir(ino)
+        self.surface.readdir(ino)
     }
 
     fn virtual_open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
-        self.virt_open(caller, ino, flags)
+        self.surface.open(self, caller, ino, flags)
     }
 
     fn virtual_read(
@@ -792,7 +792,7 @@ impl Hooks for Volume {
         offset: u64,
         size: u32,
     ) -> FsResult<Vec<u8>> {
-        self.virt_read(token, offset, size)
+        self.surface.read(self, token, offset, size)
     }
 
     fn virtual_write(
@@ -803,10 +803,10 @@ impl Hooks for Volume {
         _offset: u64,
         data: &[u8],
     ) -> FsResult<u32> {
-        self.virt_write(caller, token, data)
+        self.surface.write(self, caller, token, data)
     }
 
     fn virtual_release(&self, _ino: u64, token: u64) {
-        self.virt_release(token)
+        self.surface.release(token)
     }
 }

@@ -1,8 +1,11 @@
 //! The `coherent` CLI where no mount is needed: usage errors, "no volume here", `run`.
 //! (End-to-end tests against a mounted volume live with the mount's tests.)
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 fn coherent() -> Command {
     Command::new(env!("CARGO_BIN_EXE_coherent"))
@@ -122,26 +125,6 @@ fn no_volume_here_exits_4_and_says_where_it_looked() {
     }
 }
 
-/// The cgroup v2 mount of this host, if this process may create cgroups in it.
-fn writable_cgroup2() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mount = info.lines().find_map(|l| {
-        let (head, tail) = l.split_once(" - ")?;
-        let point = head.split(' ').nth(4)?;
-        (tail.split(' ').next()? == "cgroup2").then(|| PathBuf::from(point))
-    })?;
-    let probe = mount.join(format!("coherent-cli-probe-{}", std::process::id()));
-    // A probe left by an earlier, killed run is as good a proof as a new one; removing it
-    // may fail for a moment, which says nothing about writability.
-    match std::fs::create_dir(&probe) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(_) => return None,
-    }
-    let _ = std::fs::remove_dir(&probe);
-    Some(mount)
-}
-
 #[test]
 fn run_sets_the_session_env_and_cgroup() {
     let dir = tempfile::tempdir().unwrap();
@@ -155,10 +138,8 @@ fn run_sets_the_session_env_and_cgroup() {
         .unwrap();
     let stdout = text(&out.stdout);
     let stderr = text(&out.stderr);
-    let cg = writable_cgroup2();
-    if let Some(m) = &cg {
-        let _ = std::fs::remove_dir(m.join(format!("coherent-session-{name}")));
-    }
+    let cg = common::writable_cgroup2();
+    common::remove_session_cgroups(&name, Duration::ZERO);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert_eq!(stdout.lines().next(), Some(name.as_str()), "{stdout}");
     let v2 = stdout
@@ -186,9 +167,7 @@ fn run_is_quiet_without_v_and_passes_the_exit_code() {
         .args(["run", "--session", &name, "--", "sh", "-c", "exit 7"])
         .output()
         .unwrap();
-    if let Some(m) = writable_cgroup2() {
-        let _ = std::fs::remove_dir(m.join(format!("coherent-session-{name}")));
-    }
+    common::remove_session_cgroups(&name, Duration::ZERO);
     assert_eq!(out.status.code(), Some(7));
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
 
@@ -206,9 +185,7 @@ fn run_is_quiet_without_v_and_passes_the_exit_code() {
         ])
         .output()
         .unwrap();
-    if let Some(m) = writable_cgroup2() {
-        let _ = std::fs::remove_dir(m.join(format!("coherent-session-{name}")));
-    }
+    common::remove_session_cgroups(&name, Duration::ZERO);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(text(&out.stdout), "--json -v a b\n");
 
@@ -216,9 +193,7 @@ fn run_is_quiet_without_v_and_passes_the_exit_code() {
         .args(["run", "--session", &name, "--", "/no/such/program"])
         .output()
         .unwrap();
-    if let Some(m) = writable_cgroup2() {
-        let _ = std::fs::remove_dir(m.join(format!("coherent-session-{name}")));
-    }
+    common::remove_session_cgroups(&name, Duration::ZERO);
     assert_eq!(out.status.code(), Some(127));
     assert!(text(&out.stderr).contains("/no/such/program"));
 }

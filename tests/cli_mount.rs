@@ -228,8 +228,8 @@ impl Filesystem for FakeVolume {
     ) {
         match u64::from(ino) {
             CTL => {
-                let handles = self.handles.lock().unwrap();
-                match handles.get(&u64::from(fh)) {
+                let mut handles = self.handles.lock().unwrap();
+                match handles.get_mut(&u64::from(fh)) {
                     Some(h) => reply.data(h.read(offset, size)),
                     None => reply.error(Errno::EBADF),
                 }

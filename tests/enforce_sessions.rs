@@ -8,22 +8,7 @@ mod coherent;
 mod common;
 
 use coherent::*;
-use common::Mount;
-use std::path::PathBuf;
-
-/// The cgroup v2 mount, if this process may create cgroups in it.
-fn writable_cgroup2() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mount = info.lines().find_map(|l| {
-        let (head, tail) = l.split_once(" - ")?;
-        let point = head.split(' ').nth(4)?;
-        (tail.split(' ').next()? == "cgroup2").then(|| PathBuf::from(point))
-    })?;
-    let probe = mount.join(format!("coherent-etests-probe-{}", std::process::id()));
-    std::fs::create_dir(&probe).ok()?;
-    std::fs::remove_dir(&probe).ok()?;
-    Some(mount)
-}
+use common::{writable_cgroup2, Mount};
 
 /// Removes `coherent-session-NAME` cgroups left by `coherent run` (once their processes
 /// have exited).
@@ -31,13 +16,8 @@ struct CgroupGuard(Vec<String>);
 
 impl Drop for CgroupGuard {
     fn drop(&mut self) {
-        if let Some(m) = writable_cgroup2() {
-            for n in &self.0 {
-                let d = m.join(format!("coherent-session-{n}"));
-                common::wait_until(std::time::Duration::from_secs(5), || {
-                    std::fs::remove_dir(&d).is_ok() || !d.exists()
-                });
-            }
+        for n in &self.0 {
+            common::remove_session_cgroups(n, std::time::Duration::from_secs(5));
         }
     }
 }

@@ -346,3 +346,102 @@ fn an_in_place_mount_enforces_the_same() {
     sh_ok(&m, Some("bob"), "echo y >> plan.md");
     assert_eq!(version(&m, "plan.md"), Some(2));
 }
+
+/// One descriptor, several requests: after `write(2)`, a plain `read(2)` returns the whole
+/// reply from its first byte whatever offset the write left, and the next request on the
+/// same descriptor gets its own reply.
+#[test]
+fn ctl_replies_read_back_on_the_writing_descriptor() {
+    let m = mount(true);
+    let out = sh_ok(
+        &m,
+        Some("alice"),
+        "exec 3<>.coherent/ctl; echo whoami >&3; cat <&3; echo status >&3; cat <&3",
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "two whole replies expected: {out:?}");
+    let first: Value = serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(
+        (&first["ok"], &first["verb"], &first["session"]),
+        (
+            &Value::Bool(true),
+            &Value::from("whoami"),
+            &Value::from("alice")
+        ),
+        "{first}"
+    );
+    let second: Value = serde_json::from_str(lines[1]).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(second["verb"], "status", "{second}");
+    assert!(second["status"]["sessions"].is_array(), "{second}");
+}
+
+/// A name the volume would ignore is refused up front by `coherent run` with the very
+/// message `register` gets; a tag that is ignored anyway (set by hand) is logged once per
+/// process and explained by `whoami`.
+#[test]
+fn an_invalid_session_name_is_refused_alike_and_explained_by_whoami() {
+    let m = mount(true);
+    let want = "coherent: refused (bad_request): invalid session name \"a b\": a session \
+                name may hold only letters, digits and . _ : @ -, not ' '";
+    let run = cli(&m, None, &["run", "--session", "a b", "--", "true"]);
+    assert_eq!(
+        (run.code, run.err.trim()),
+        (Some(1), want),
+        "{}",
+        run.show()
+    );
+    let reg = cli(&m, Some("alice"), &["register", "a b"]);
+    assert_eq!(
+        (reg.code, reg.err.trim()),
+        (Some(2), want),
+        "{}",
+        reg.show()
+    );
+    let (errno, reply) = ctl(&m, Some("alice"), "register 'a b'");
+    assert_eq!(
+        (errno, &reply["reason"]),
+        (libc::EINVAL, &Value::from("bad_request"))
+    );
+
+    let bad = [("COHERENT_SESSION", "a b")];
+    let who = cli_env(&m, &bad, &["whoami"]);
+    assert!(who.ok(), "{}", who.show());
+    assert!(
+        who.out.contains("resolved by uid")
+            && who
+                .out
+                .contains("COHERENT_SESSION was ignored: invalid session name \"a b\""),
+        "{}",
+        who.show()
+    );
+    let (_, j) = cli_json(&m, None, &["whoami"]);
+    assert!(
+        j.get("ignored").is_none(),
+        "nothing ignored without a tag: {j}"
+    );
+    let file = sh_env(&m, &bad, "cat .coherent/whoami");
+    let v: Value = serde_json::from_str(file.out.trim()).unwrap();
+    assert_eq!(v["ignored"][0]["var"], "COHERENT_SESSION", "{v}");
+    assert!(v["session"].as_str().unwrap().starts_with("uid:"), "{v}");
+
+    // Four threads of one process, each resolved cold: one log line for the process.
+    let threads = "import threading\n\
+                   def f(): open('.coherent/whoami').read()\n\
+                   ts = [threading.Thread(target=f) for _ in range(4)]\n\
+                   [t.start() for t in ts]\n\
+                   [t.join() for t in ts]\n\
+                   print(__import__('os').getpid())";
+    let r = run_in(
+        m.root(),
+        &[("COHERENT_SESSION", "x y")],
+        python().arg("-c").arg(threads),
+    );
+    assert!(r.ok(), "{}", r.show());
+    let needle = format!("process {}: ignoring COHERENT_SESSION", r.out.trim());
+    assert!(
+        common::wait_until(SETTLE, || m.log().contains(&needle)),
+        "not logged: {}",
+        m.log()
+    );
+    assert_eq!(m.log().matches(&needle).count(), 1, "{}", m.log());
+}

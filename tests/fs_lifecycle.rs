@@ -166,11 +166,10 @@ fn refused(args: &[&Path], want: &str) {
 }
 
 fn mounts_at(p: &Path) -> usize {
-    let want = p.to_string_lossy().into_owned();
-    fs::read_to_string("/proc/self/mountinfo")
+    coherent::sys::mounts()
         .unwrap()
-        .lines()
-        .filter(|l| l.split(' ').nth(4) == Some(&want))
+        .iter()
+        .filter(|m| m.mount_point == p)
         .count()
 }
 

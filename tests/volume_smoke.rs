@@ -7,11 +7,11 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{lazy_umount, mount_fstype, run_timeout, wait_child, wait_until, Mount, BIN, TIMEOUT};
+use common::{mount_fstype, run_timeout, wait_child, wait_until, Mount, Remount, BIN, TIMEOUT};
 
 const CLI: &str = env!("CARGO_BIN_EXE_coherent");
 
@@ -358,48 +358,11 @@ fn control_directory_is_read_only_and_xattrs_are_computed() {
     assert!(who.contains("\"session\":\"eve\""), "{who}");
 }
 
-/// Start the real binary on fixed directories; returns the child once mounted.
-fn start_on(backing: &Path, mnt: &Path, state: &Path) -> std::process::Child {
-    let mut c = Command::new(BIN)
-        .arg(backing)
-        .arg(mnt)
-        .arg("--state-dir")
-        .arg(state)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let up = wait_until(TIMEOUT, || {
-        mount_fstype(mnt).is_some_and(|t| t.starts_with("fuse"))
-            || c.try_wait().ok().flatten().is_some()
-    });
-    assert!(up && c.try_wait().unwrap().is_none(), "mount failed");
-    c
-}
-
-struct Cleanup(PathBuf, Option<std::process::Child>);
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.1.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        lazy_umount(&self.0);
-    }
-}
-
 #[test]
 fn handoff_survives_restart_and_kill_9() {
     let dir = tempfile::tempdir().unwrap();
-    let (b, mnt, st) = (
-        dir.path().join("b"),
-        dir.path().join("m"),
-        dir.path().join("s"),
-    );
-    std::fs::create_dir(&b).unwrap();
-    std::fs::create_dir(&mnt).unwrap();
-    let mut guard = Cleanup(mnt.clone(), Some(start_on(&b, &mnt, &st)));
+    let mut vol = Remount::start(dir.path(), &[]);
+    let (b, mnt, st) = (vol.backing.clone(), vol.mnt.clone(), vol.state.clone());
     handed_to_bob(&mnt);
     let v = version(&mnt.join("plan.md")).unwrap();
 
@@ -418,11 +381,10 @@ fn handoff_survives_restart_and_kill_9() {
     assert!(mount_fstype(other.path()).is_none());
 
     for kill in [libc::SIGTERM, libc::SIGKILL] {
-        let mut c = guard.1.take().unwrap();
-        unsafe { libc::kill(c.id() as i32, kill) };
-        wait_child(&mut c, TIMEOUT);
-        lazy_umount(&mnt);
-        guard.1 = Some(start_on(&b, &mnt, &st));
+        vol.stop_with(kill);
+        // stopped: dropping it unmounts nothing, so the next daemon may take the mount point
+        drop(vol);
+        vol = Remount::start(dir.path(), &[]);
         assert_eq!(version(&mnt.join("plan.md")), Some(v));
         let o = sh_in(&mnt, Some("alice"), "echo again >> plan.md");
         assert!(
@@ -432,5 +394,5 @@ fn handoff_survives_restart_and_kill_9() {
         let h = ok(&sh_in(&mnt, Some("bob"), "cat .coherent/inbox"));
         assert!(h.contains("\"live\":true"), "{h}");
     }
-    drop(guard);
+    drop(vol);
 }

@@ -1,6 +1,5 @@
 //! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (DESIGN.md §9).
 
-use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
@@ -133,42 +132,6 @@ fn mount_options(opts: &[String]) -> (Vec<MountOption>, SessionACL) {
     (out, acl)
 }
 
-/// Mount points listed in /proc/self/mountinfo with their filesystem type.
-fn mounts() -> Vec<(PathBuf, String)> {
-    let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    s.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let mp = f.get(4)?;
-            let sep = f.iter().position(|x| *x == "-")?;
-            let fstype = f.get(sep + 1)?;
-            Some((PathBuf::from(unescape(mp)), fstype.to_string()))
-        })
-        .collect()
-}
-
-/// Undo the octal escapes of mountinfo (`\040` for a space, ...).
-fn unescape(s: &str) -> OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    OsString::from_vec(out)
-}
-
 fn check_dev_fuse() -> Result<(), Fail> {
     let p = Path::new("/dev/fuse");
     match std::fs::metadata(p) {
@@ -237,7 +200,7 @@ fn validate(args: &Args) -> Result<Plan, Fail> {
     }
     // The topmost mount at that path decides: an existing FUSE volume (another
     // coherent-mount, say) is busy; in the two-argument form any mount is.
-    if let Some((_, fstype)) = mounts().into_iter().rev().find(|(p, _)| *p == mountpoint) {
+    if let Some(coherent::sys::MountEntry { fstype, .. }) = coherent::sys::mount_at(&mountpoint) {
         if !in_place || fstype.starts_with("fuse") {
             return fail(format!(
                 "mountpoint {} is busy: a {fstype} filesystem is already mounted there (unmount it first: umount {})",
@@ -291,14 +254,7 @@ fn detach_stdio() {
 /// The FUSE connection id (the minor device number) of the topmost mount at `p`, from
 /// mountinfo (a stat would ask our own, not yet serving, filesystem).
 fn connection_of(p: &Path) -> Option<u32> {
-    let s = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    s.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (Path::new(&unescape(f.get(4)?)) == p)
-                .then(|| f.get(2)?.split(':').nth(1)?.parse().ok())?
-        })
-        .next_back()
+    coherent::sys::mount_at(p).map(|m| m.minor)
 }
 
 /// Abort a FUSE connection (the last resort when a busy mount cannot be unmounted).

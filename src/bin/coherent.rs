@@ -8,6 +8,7 @@
 use clap::{Args, Parser, Subcommand};
 use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
 use coherent::error::Reason;
+use coherent::{identity, names, sys};
 use serde_json::Value;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -203,52 +204,9 @@ fn run(cli: Cli) -> Result<(), Fail> {
 
 // ---- finding the volume -----------------------------------------------------------------
 
-/// One line of /proc/self/mountinfo that matters here.
-struct MountEntry {
-    point: PathBuf,
-    fstype: String,
-}
-
 /// The mounts visible to this process, in mount order (later entries are on top).
-fn mounts() -> Option<Vec<MountEntry>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    Some(text.lines().filter_map(parse_mountinfo_line).collect())
-}
-
-fn parse_mountinfo_line(line: &str) -> Option<MountEntry> {
-    // id parent major:minor root mountpoint options [optional...] - fstype source superopts
-    let (head, tail) = line.split_once(" - ")?;
-    let point = head.split(' ').nth(4)?;
-    let fstype = tail.split(' ').next()?;
-    Some(MountEntry {
-        point: PathBuf::from(unescape_mountinfo(point)),
-        fstype: fstype.to_string(),
-    })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    OsString::from_vec(out)
-}
-
-fn is_fuse(fstype: &str) -> bool {
-    fstype == "fuse" || fstype == "fuseblk" || fstype.starts_with("fuse.")
+fn mounts() -> Option<Vec<sys::MountEntry>> {
+    sys::mounts().ok()
 }
 
 /// The absolute form of `p` without following its last component (a symlink on the volume
@@ -314,10 +272,10 @@ fn find_root(abs: &Path, searched: &Path) -> Result<PathBuf, Fail> {
         match &table {
             Some(table) => {
                 // the topmost mount at this point decides which filesystem `anc` is on
-                let Some(m) = table.iter().rev().find(|m| m.point == anc) else {
+                let Some(m) = table.iter().rev().find(|m| m.mount_point == anc) else {
                     continue;
                 };
-                if !is_fuse(&m.fstype) {
+                if !m.is_fuse() {
                     return Err(not_found());
                 }
                 return match std::fs::symlink_metadata(&ctl) {
@@ -531,15 +489,7 @@ fn human_lines(verb: Verb, reply: &Reply, hint: &dyn Fn(&str) -> String) -> Vec<
                 _ => vec![reply.message().to_string()],
             }
         }
-        Verb::Whoami if body.get("session").is_some() => {
-            let name = body["session"].as_str().unwrap_or("?");
-            let agent = body["agent"].as_str().unwrap_or("?");
-            vec![format!(
-                "you are session {name} ({}), agent id {agent}, resolved by {}",
-                control::short_id(agent),
-                control::via_text(&body["via"])
-            )]
-        }
+        Verb::Whoami if body.get("session").is_some() => vec![control::whoami_text(body)],
         Verb::Status => status_lines(reply),
         _ => vec![reply.message().to_string()],
     }
@@ -634,8 +584,8 @@ fn still_mounted(root: &Path) -> bool {
         Some(t) => t
             .iter()
             .rev()
-            .find(|m| m.point == root)
-            .is_some_and(|m| is_fuse(&m.fstype)),
+            .find(|m| m.mount_point == root)
+            .is_some_and(|m| m.is_fuse()),
         None => root.join(".coherent/ctl").exists(),
     }
 }
@@ -776,32 +726,14 @@ fn shorten(s: &str, max: usize) -> String {
 
 // ---- run --------------------------------------------------------------------------------
 
-/// The cgroup v2 mount, from mountinfo (on hybrid hosts `/sys/fs/cgroup/unified`).
-fn cgroup2_mount() -> Option<PathBuf> {
-    mounts()?
-        .into_iter()
-        .find(|m| m.fstype == "cgroup2")
-        .map(|m| m.point)
-}
-
-/// Move this process into `coherent-session-NAME` under the cgroup v2 mount.
-fn join_session_cgroup(name: &str) -> Result<PathBuf, String> {
-    let mount = cgroup2_mount().ok_or("no cgroup v2 mount in /proc/self/mountinfo")?;
-    let dir = mount.join(format!("coherent-session-{name}"));
-    match std::fs::create_dir(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
-    }
-    let procs = dir.join("cgroup.procs");
-    std::fs::write(&procs, format!("{}\n", std::process::id()))
-        .map_err(|e| format!("cannot join {}: {e}", dir.display()))?;
-    Ok(dir)
-}
-
 fn run_in_session(name: &str, cmd: &[OsString], verbose: bool) -> Result<(), Fail> {
-    control::check_session_name(name).map_err(|e| Fail::usage(format!("--session: {e}")))?;
-    match join_session_cgroup(name) {
+    // The volume's own rule and message, so a name the volume would ignore (running the
+    // command as `uid:UID`) is refused here exactly as `coherent register NAME` is.
+    names::validate_session_name(name).map_err(|e| Fail {
+        code: EXIT_USAGE,
+        message: Fail::refused(Reason::BadRequest.as_str(), &e).message,
+    })?;
+    match identity::join_session_cgroup(name, std::process::id()) {
         Ok(dir) if verbose => {
             eprintln!("coherent: session {name}: joined cgroup {}", dir.display())
         }
@@ -831,25 +763,6 @@ fn run_in_session(name: &str, cmd: &[OsString], verbose: bool) -> Result<(), Fai
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_lines() {
-        let m = parse_mountinfo_line(
-            "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw",
-        )
-        .unwrap();
-        assert_eq!(m.point, PathBuf::from("/sys/fs/cgroup/unified"));
-        assert_eq!(m.fstype, "cgroup2");
-        let m = parse_mountinfo_line(
-            "90 23 0:50 / /tmp/my\\040mnt\\134x rw,nosuid shared:1 - fuse.coherent coherent rw",
-        )
-        .unwrap();
-        assert_eq!(m.point, PathBuf::from("/tmp/my mnt\\x"));
-        assert!(is_fuse(&m.fstype));
-        assert!(!is_fuse("ext4"));
-        assert!(parse_mountinfo_line("garbage").is_none());
-        assert_eq!(unescape_mountinfo("a\\0"), OsString::from("a\\0"));
-    }
 
     #[test]
     fn event_lines_are_readable() {

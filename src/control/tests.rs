@@ -1,5 +1,7 @@
 use super::*;
+use crate::error::{Reason, Refusal};
 use crate::identity::{SessionInfo, Via};
+use serde_json::{json, Map, Value};
 
 fn ok(s: &str) -> Request {
     match parse_request(s.as_bytes()) {
@@ -249,9 +251,9 @@ fn plain_refusals_say_what_is_valid() {
         ("status a b", "at most one path"),
         ("whoami extra", "takes no arguments"),
         ("register a b", "at most one name"),
-        ("register a/b", "must not contain"),
-        ("register ..", "must not contain"),
-        ("register \"\"", "is empty"),
+        ("register a/b", "may hold only"),
+        ("register ..", "cannot be . or .."),
+        ("register \"\"", "cannot be empty"),
         ("frobnicate plan.md", "unknown verb"),
         ("transfer --to bob \"plan.md", "unterminated double quote"),
         ("transfer --to bob 'plan.md", "unterminated single quote"),
@@ -269,7 +271,8 @@ fn plain_refusals_say_what_is_valid() {
         assert!(
             e.refusal.message.contains("expected `")
                 || e.refusal.message.contains("valid requests:")
-                || e.refusal.message.contains("relative to the mount root"),
+                || e.refusal.message.contains("relative to the mount root")
+                || e.refusal.message.starts_with("invalid session name"),
             "{line:?} does not say what is valid: {e}"
         );
     }
@@ -401,7 +404,7 @@ fn json_refusals() {
             "NUL",
         ),
         (r#"{"verb":"accept","path":"a\u0000b"}"#, "NUL"),
-        (r#"{"verb":"register","name":"a/b"}"#, "must not contain"),
+        (r#"{"verb":"register","name":"a/b"}"#, "may hold only"),
     ] {
         let e = bad(text);
         assert!(e.refusal.message.contains(says), "{text}: {e}");
@@ -793,4 +796,62 @@ fn ctl_handle_serves_stores_and_replaces_replies() {
     let body: Value = serde_json::from_slice(h.reply()).unwrap();
     assert_eq!(body["verb"], "status");
     assert_eq!(body["ok"], true);
+}
+
+/// After a request, the first read marks the reply's first byte whatever offset the write
+/// left (`echo whoami >&3; cat <&3`); the next request starts a new reply.
+#[test]
+fn ctl_handle_reads_the_reply_from_its_start_after_a_write() {
+    let mut h = CtlHandle::new();
+    let req = b"whoami\n";
+    h.write(req, |_| Reply::ok(Verb::Whoami, Map::new(), "you"))
+        .unwrap();
+    let first = h.reply().to_vec();
+    let at = req.len() as u64; // the offset the write left
+    assert_eq!(h.read(at, 4096), &first[..]);
+    assert_eq!(h.read(at + first.len() as u64, 4096), b"");
+    assert_eq!(
+        h.read(0, 3),
+        &first[..3],
+        "a pread below the mark is absolute"
+    );
+
+    let req2 = b"status\n";
+    let at2 = at + first.len() as u64 + req2.len() as u64;
+    h.write(req2, |_| Reply::ok(Verb::Status, Map::new(), "all"))
+        .unwrap();
+    let second = h.reply().to_vec();
+    assert_ne!(first, second);
+    assert_eq!(h.read(at2, 10), &second[..10]);
+    assert_eq!(h.read(at2 + 10, 4096), &second[10..]);
+}
+
+/// The errno of a refused write is the typed refusal's, whatever the JSON says.
+#[test]
+fn a_refused_write_fails_with_the_refusals_errno() {
+    let mut h = CtlHandle::new();
+    for (reason, errno) in [
+        (Reason::HandoffInFlight, libc::EBUSY),
+        (Reason::NoSuchPath, libc::ENOENT),
+        (Reason::HandoffSuccessorUnknown, libc::ESRCH),
+        (Reason::HandoffNotHeld, libc::EACCES),
+    ] {
+        let got = h
+            .write(b"withdraw plan.md", |_| {
+                Reply::refused(Some(Verb::Withdraw), &Refusal::new(reason, "no"), None)
+            })
+            .unwrap_err();
+        assert_eq!(got, errno, "{reason:?}");
+        let body: Value = serde_json::from_slice(h.reply()).unwrap();
+        assert_eq!(
+            (&body["reason"], &body["errno"]),
+            (&Value::from(reason.as_str()), &Value::from(errno))
+        );
+    }
+    let io = h
+        .write(b"status", |_| {
+            Reply::failed(Some(Verb::Status), "io_error", libc::EIO, None, "disk")
+        })
+        .unwrap_err();
+    assert_eq!(io, libc::EIO);
 }

@@ -34,43 +34,18 @@ impl Cgroup2Mount {
 /// `/proc/self/mountinfo` (e.g. `/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid
 /// host).
 pub fn cgroup2_mount() -> io::Result<Option<Cgroup2Mount>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(parse_mountinfo(&text))
+    Ok(cgroup2_of(&crate::sys::mounts()?))
 }
 
-/// Parse mountinfo lines: `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [TAGS...] - FSTYPE SRC
-/// SUPEROPTS`; paths escape space, tab, newline and backslash as octal.
-pub fn parse_mountinfo(text: &str) -> Option<Cgroup2Mount> {
-    text.lines().find_map(|line| {
-        let (head, tail) = line.split_once(" - ")?;
-        if tail.split(' ').next()? != "cgroup2" {
-            return None;
-        }
-        let mut f = head.split(' ');
-        let root = unescape(f.nth(3)?);
-        let mount_point = PathBuf::from(unescape(f.next()?));
-        Some(Cgroup2Mount { mount_point, root })
-    })
-}
-
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let digit = |k: usize| u32::from(b[i + k] - b'0');
-            out.push((digit(1) * 64 + digit(2) * 8 + digit(3)) as u8);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// The first cgroup2 mount among `mounts` (as [`crate::sys::parse_mountinfo`] lists them).
+pub fn cgroup2_of(mounts: &[crate::sys::MountEntry]) -> Option<Cgroup2Mount> {
+    mounts
+        .iter()
+        .find(|m| m.fstype == "cgroup2")
+        .map(|m| Cgroup2Mount {
+            mount_point: m.mount_point.clone(),
+            root: m.root.to_string_lossy().into_owned(),
+        })
 }
 
 /// Put process `pid` in the cgroup of session `name` and return that cgroup's directory.
@@ -137,13 +112,14 @@ pub fn remove_session_cgroup(dir: &Path) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::parse_mountinfo;
 
     #[test]
     fn finds_cgroup2_in_hybrid_and_unified_layouts() {
         let hybrid = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
             40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd\n\
             41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
-        let m = parse_mountinfo(hybrid).unwrap();
+        let m = cgroup2_of(&parse_mountinfo(hybrid)).unwrap();
         assert_eq!(m.mount_point, PathBuf::from("/sys/fs/cgroup/unified"));
         assert_eq!(
             m.dir_of("/a/b"),
@@ -151,7 +127,7 @@ mod tests {
         );
         assert_eq!(m.dir_of("/"), Some(PathBuf::from("/sys/fs/cgroup/unified")));
         let bound = "30 1 0:26 /user.slice /sys/fs/cgroup rw shared:4 - cgroup2 cgroup2 rw\n";
-        let m = parse_mountinfo(bound).unwrap();
+        let m = cgroup2_of(&parse_mountinfo(bound)).unwrap();
         assert_eq!(m.root, "/user.slice");
         assert_eq!(
             m.dir_of("/user.slice/x"),
@@ -161,10 +137,10 @@ mod tests {
         assert_eq!(m.dir_of("/system.slice"), None);
         let spaced = "30 1 0:26 / /mnt/cg\\040v2 rw - cgroup2 none rw\n";
         assert_eq!(
-            parse_mountinfo(spaced).unwrap().mount_point,
+            cgroup2_of(&parse_mountinfo(spaced)).unwrap().mount_point,
             PathBuf::from("/mnt/cg v2")
         );
-        assert!(parse_mountinfo("1 0 0:1 / / rw - ext4 /dev/sda rw\n").is_none());
+        assert!(cgroup2_of(&parse_mountinfo("1 0 0:1 / / rw - ext4 /dev/sda rw\n")).is_none());
     }
 
     #[test]

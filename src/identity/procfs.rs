@@ -44,35 +44,17 @@ impl Stat {
     }
 }
 
-/// Parse a `/proc/TID/stat` line. `comm` (field 2) may hold spaces and `)`, so the fields
-/// are counted from the *last* `)`. Returns None when the line is not a stat line.
+/// Parse a `/proc/TID/stat` line (the one parser is [`crate::sys::parse_stat`]).
 pub fn parse_stat(line: &[u8]) -> Option<Stat> {
-    let close = line.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(line.get(close + 1..)?).ok()?;
-    // Index i of this iterator is field i + 3.
-    let mut fields = rest.split_ascii_whitespace();
-    let state = fields.next()?.as_bytes().first().copied()?;
-    let mut num_threads = 0;
-    let mut stamp = ProcStamp::default();
-    let mut seen_start = false;
-    for (i, f) in fields.enumerate() {
-        let field = i + 4;
-        let slot = match field {
-            20 => &mut num_threads,
-            22 => &mut stamp.start_time,
-            28 => &mut stamp.start_stack,
-            50 => &mut stamp.env_start,
-            51 => &mut stamp.env_end,
-            52.. => break,
-            _ => continue,
-        };
-        *slot = f.parse().ok()?;
-        seen_start |= field == 22;
-    }
-    seen_start.then_some(Stat {
-        state,
-        num_threads,
-        stamp,
+    crate::sys::parse_stat(line).map(|p| Stat {
+        state: p.state,
+        num_threads: p.num_threads,
+        stamp: ProcStamp {
+            start_time: p.start_time,
+            start_stack: p.start_stack,
+            env_start: p.env_start,
+            env_end: p.env_end,
+        },
     })
 }
 
@@ -291,40 +273,6 @@ pub fn env_values<'a, S: AsRef<str>>(environ: &'a [u8], vars: &[S]) -> Vec<Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn line_with_comm(comm: &str) -> String {
-        // 52 fields: pid (comm) state, then fields 4..=52 numbered by their position.
-        let mut s = format!("4242 ({comm}) S");
-        for field in 4..=52 {
-            s.push_str(&format!(" {field}"));
-        }
-        s
-    }
-
-    #[test]
-    fn stat_fields_counted_from_the_last_paren() {
-        for comm in ["sleep", "a b", "x) S 1 2 (y", ")", "((", ") 99 99 99"] {
-            let st = parse_stat(line_with_comm(comm).as_bytes()).unwrap();
-            assert_eq!(st.state, b'S', "{comm}");
-            assert_eq!(st.num_threads, 20, "{comm}");
-            assert_eq!(st.stamp.start_time, 22, "{comm}");
-            assert_eq!(st.stamp.start_stack, 28, "{comm}");
-            assert_eq!(st.stamp.env_start, 50, "{comm}");
-            assert_eq!(st.stamp.env_end, 51, "{comm}");
-        }
-    }
-
-    #[test]
-    fn short_or_garbled_stat_lines() {
-        // An older kernel without the env fields: start time still counts.
-        let st = parse_stat(b"1 (init) S 0 1 1 0 -1 4194560 1 1 0 0 0 0 0 0 20 0 1 0 77").unwrap();
-        assert_eq!(st.stamp.start_time, 77);
-        assert_eq!(st.stamp.env_start, 0);
-        assert!(parse_stat(b"1 (init) S 0 1").is_none());
-        assert!(parse_stat(b"no paren here").is_none());
-        assert!(parse_stat(b"").is_none());
-        assert!(parse_stat(line_with_comm("x").replace(" 22 ", " z ").as_bytes()).is_none());
-    }
 
     #[test]
     fn own_stat_is_readable_and_stable() {

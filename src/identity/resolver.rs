@@ -18,9 +18,8 @@
 use super::cache::{CacheStats, Entry, HeldStat, Outcome, PidCache};
 use super::directory::SessionDirectory;
 use super::procfs::{self, ProcStamp, StatFile, TaskDir};
-use super::{
-    check_session_name, session_of_cgroup, Session, SessionInfo, Via, DEFAULT_SESSION_ENV,
-};
+use super::{session_of_cgroup, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
+use crate::names::validate_session_name;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -131,7 +130,22 @@ pub struct Resolver {
     spilled: Mutex<HashSet<String>>,
     held: Arc<AtomicUsize>,
     max_held: usize,
+    /// (tgid, variable, value) of the ignored tags already logged: once per process.
+    warned: Mutex<HashSet<(u32, String, String)>>,
 }
+
+/// An environment tag that was present but ignored because its value is not a valid
+/// session name (DESIGN.md §2: ignored loudly, explained by `whoami`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct IgnoredTag {
+    pub var: String,
+    /// The names module's message, naming the value and the rule it breaks.
+    pub why: String,
+}
+
+/// The bound of [`Resolver`]'s once-per-process log memory; when full it starts afresh
+/// (a process may then be logged a second time, never not at all).
+const WARNED_MAX: usize = 4096;
 
 impl Default for Resolver {
     fn default() -> Self {
@@ -153,6 +167,7 @@ impl Resolver {
             spilled: Mutex::new(HashSet::new()),
             held: Arc::new(AtomicUsize::new(0)),
             max_held: held_budget(config.held_stat_files),
+            warned: Mutex::new(HashSet::new()),
         }
     }
 
@@ -248,7 +263,7 @@ impl Resolver {
                 return Err(ResolveError::Gone { pid: tid });
             }
             let (tgid, euid) = dir.tgid_and_euid().map_err(e)?;
-            let info = self.classify(tid, &dir, euid, warn)?;
+            let info = self.classify(tid, &dir, euid, warn.then_some(tgid))?;
             let after = stat_file.read().map_err(e)?;
             if after.is_dead() {
                 return Err(ResolveError::Gone { pid: tid });
@@ -277,13 +292,14 @@ impl Resolver {
         })
     }
 
-    /// §2 order: cgroup, then the environment tags, then `uid:UID`.
+    /// §2 order: cgroup, then the environment tags, then `uid:UID`. `warn_for`: the tgid
+    /// to log ignored tags for (once per process), None to stay quiet.
     fn classify(
         &self,
         tid: u32,
         dir: &TaskDir,
         euid: u32,
-        warn: bool,
+        warn_for: Option<u32>,
     ) -> Result<SessionInfo, ResolveError> {
         let e = |x| err(tid, x);
         if let Some(path) = dir.cgroup_v2_path().map_err(e)? {
@@ -303,27 +319,78 @@ impl Resolver {
             Err(x) if x.kind() == io::ErrorKind::PermissionDenied => Vec::new(),
             Err(x) => return Err(e(x)),
         };
-        let values = procfs::env_values(&environ, &self.env_vars);
+        let (found, ignored) = self.env_tag(&environ);
+        if let Some(tgid) = warn_for {
+            for t in &ignored {
+                self.warn_once(tgid, t);
+            }
+        }
+        Ok(match found {
+            Some((var, name)) => SessionInfo::from_tag(
+                Some(var),
+                name,
+                Via::Env {
+                    var: var.to_string(),
+                },
+            ),
+            None => SessionInfo::unattributed(euid),
+        })
+    }
+
+    /// The first configured tag whose value is a valid session name, and the tags before
+    /// it that were set but invalid (empty values count as unset).
+    fn env_tag<'a>(&'a self, environ: &'a [u8]) -> (Option<(&'a str, &'a str)>, Vec<IgnoredTag>) {
+        let mut ignored = Vec::new();
+        let values = procfs::env_values(environ, &self.env_vars);
         for (var, value) in self.env_vars.iter().zip(values) {
             let Some(value) = value.filter(|v| !v.is_empty()) else {
                 continue;
             };
-            match std::str::from_utf8(value)
-                .map_err(|_| "not UTF-8".to_string())
-                .and_then(|v| check_session_name(v).map(|_| v).map_err(|b| b.to_string()))
-            {
-                Ok(name) => {
-                    return Ok(SessionInfo::from_tag(
-                        Some(var),
-                        name,
-                        Via::Env { var: var.clone() },
-                    ))
-                }
-                Err(why) if warn => tracing::warn!("pid {tid}: ignoring {var}: {why}"),
-                Err(_) => {}
+            let checked = match std::str::from_utf8(value) {
+                Ok(v) => validate_session_name(v).map(|_| v),
+                Err(_) => Err(format!(
+                    "invalid session name {:?}: not UTF-8",
+                    String::from_utf8_lossy(value)
+                )),
+            };
+            match checked {
+                Ok(name) => return (Some((var.as_str(), name)), ignored),
+                Err(why) => ignored.push(IgnoredTag {
+                    var: var.clone(),
+                    why,
+                }),
             }
         }
-        Ok(SessionInfo::unattributed(euid))
+        (None, ignored)
+    }
+
+    fn warn_once(&self, tgid: u32, t: &IgnoredTag) {
+        let mut warned = self.warned.lock();
+        if warned.len() >= WARNED_MAX {
+            warned.clear();
+        }
+        if warned.insert((tgid, t.var.clone(), t.why.clone())) {
+            tracing::warn!("process {tgid}: ignoring {}: {}", t.var, t.why);
+        }
+    }
+
+    /// The environment tags of `tid` that are set but ignored (invalid names): what
+    /// `whoami` explains. Reads `/proc/TID/environ` afresh (whoami is rare); a process whose
+    /// cgroup names its session has none (the environment is not consulted).
+    pub fn ignored_tags(&self, tid: u32) -> Vec<IgnoredTag> {
+        let Ok(dir) = TaskDir::open(tid) else {
+            return Vec::new();
+        };
+        if dir
+            .cgroup_v2_path()
+            .ok()
+            .flatten()
+            .is_some_and(|p| session_of_cgroup(&p).is_some())
+        {
+            return Vec::new();
+        }
+        let environ = dir.environ().unwrap_or_default();
+        self.env_tag(&environ).1
     }
 
     /// Is any process of session `name` still running? Checks the processes the cache knows

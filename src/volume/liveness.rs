@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use crate::identity::Resolver;
 
-/// `PF_EXITING` in field 9 (`flags`) of `/proc/PID/stat`: the task is in `do_exit`. A
-/// killed process closes its files there, so its last RELEASE arrives while it still
-/// looks running (state `R`/`D`), before it turns into a zombie.
-const PF_EXITING: u64 = 0x4;
+// `PF_EXITING` (field 9 of `/proc/PID/stat`): the task is in `do_exit`. A killed process
+// closes its files there, so its last RELEASE arrives while it still looks running
+// (state `R`/`D`), before it turns into a zombie.
+use crate::sys::{ProcStat, PF_EXITING};
 
 /// The fields of `/proc/PID/stat` that decide whether a task still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,28 +23,23 @@ pub struct TaskState {
 }
 
 impl TaskState {
-    /// Parse a stat line (fields counted from the last `)`, since `comm` may hold any byte).
+    fn of(p: ProcStat) -> TaskState {
+        TaskState {
+            state: p.state,
+            flags: p.flags,
+            num_threads: p.num_threads,
+            start_time: p.start_time,
+        }
+    }
+
+    /// Parse a stat line (with the one parser, [`crate::sys::parse_stat`]).
     pub fn parse(line: &[u8]) -> Option<TaskState> {
-        let close = line.iter().rposition(|&b| b == b')')?;
-        let rest = std::str::from_utf8(line.get(close + 1..)?).ok()?;
-        let mut f = rest.split_ascii_whitespace();
-        // Index i of `f` is field i + 3.
-        let state = *f.next()?.as_bytes().first()?;
-        let flags = f.nth(5)?.parse().ok()?; // field 9
-        let num_threads = f.nth(10)?.parse().ok()?; // field 20
-        let start_time = f.nth(1)?.parse().ok()?; // field 22
-        Some(TaskState {
-            state,
-            flags,
-            num_threads,
-            start_time,
-        })
+        crate::sys::parse_stat(line).map(TaskState::of)
     }
 
     /// Read `/proc/PID/stat` (None: no such task).
     pub fn read(pid: u32) -> Option<TaskState> {
-        let b = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-        TaskState::parse(&b)
+        crate::sys::read_stat(pid).map(TaskState::of)
     }
 
     /// Still running: not a zombie (unless other threads of its group run) and not

@@ -10,7 +10,7 @@
 //! ```
 #![allow(dead_code)]
 
-use crate::common::{lazy_umount, mount_fstype, run_timeout, wait_until, Mount, BIN, TIMEOUT};
+use crate::common::{run_timeout, wait_until, Mount};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -390,101 +390,7 @@ pub fn check_deny_text(why: &str, path: &str, successor: &str, version: u64) -> 
     (!missing.is_empty()).then(|| format!("why {why:?} lacks {missing:?}"))
 }
 
-/// A `coherent-mount` on a given backing directory, mount point and state directory, so a
-/// test can stop it and mount the same workspace again. Cleans up like [`Mount`].
-pub struct Remount {
-    pub backing: PathBuf,
-    pub mnt: PathBuf,
-    pub state: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Remount {
-    /// Start `coherent-mount BACKING MNT --state-dir STATE ARGS` and wait for the mount.
-    pub fn start(base: &Path, args: &[&str]) -> Remount {
-        let backing = base.join("backing");
-        let mnt = base.join("mnt");
-        let state = base.join("state");
-        for d in [&backing, &mnt, &state] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        let log = base.join(format!("daemon-{}.log", std::process::id()));
-        let child = Command::new(BIN)
-            .arg(&backing)
-            .arg(&mnt)
-            .arg("--state-dir")
-            .arg(&state)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            )
-            .spawn()
-            .expect("spawn coherent-mount");
-        let mut r = Remount {
-            backing,
-            mnt,
-            state,
-            log,
-            child: Some(child),
-        };
-        let ok = wait_until(TIMEOUT, || {
-            mount_fstype(&r.mnt).is_some_and(|t| t.starts_with("fuse"))
-                || r.child
-                    .as_mut()
-                    .unwrap()
-                    .try_wait()
-                    .ok()
-                    .flatten()
-                    .is_some()
-        });
-        let exited = r.child.as_mut().unwrap().try_wait().ok().flatten();
-        assert!(
-            ok && exited.is_none(),
-            "coherent-mount did not mount (exit {exited:?}); log:\n{}",
-            r.log()
-        );
-        r
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
-    }
-
-    /// Signal the daemon and wait for it to exit; then make sure nothing stays mounted
-    /// (a daemon killed with SIGKILL leaves a dead mount behind: `umount -l`).
-    pub fn stop_with(&mut self, sig: i32) {
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, sig) };
-            if crate::common::wait_child(&mut c, TIMEOUT).is_none() {
-                lazy_umount(&self.mnt);
-            }
-        }
-        if mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
-            lazy_umount(&self.mnt);
-        }
-        assert!(
-            wait_until(TIMEOUT, || mount_fstype(&self.mnt).is_none()),
-            "still mounted"
-        );
-    }
-}
-
-impl Drop for Remount {
-    fn drop(&mut self) {
-        self.stop_with(libc::SIGTERM);
-    }
-}
+pub use crate::common::Remount;
 
 /// A [`Mount`] with its own `--state-dir` in a temporary directory, so test mounts leave
 /// no state under `~/.local/state/coherent` (the default). Derefs to the [`Mount`].

@@ -10,7 +10,6 @@
 //! ```
 #![allow(dead_code)]
 
-use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -28,15 +27,7 @@ pub fn is_mounted(p: &Path) -> bool {
 
 /// The filesystem type of the topmost mount at `p`.
 pub fn mount_fstype(p: &Path) -> Option<String> {
-    let s = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = p.to_string_lossy().replace(' ', "\\040");
-    s.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let sep = f.iter().position(|x| *x == "-")?;
-            (f.get(4)? == &want).then(|| f[sep + 1].to_string())
-        })
-        .next_back()
+    coherent::sys::mount_at(p).map(|m| m.fstype)
 }
 
 /// Poll `f` every 10 ms until it is true or `timeout` passes.
@@ -148,37 +139,51 @@ impl Builder {
             cmd.arg("--no-passthrough");
         }
         cmd.args(&self.args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap());
-        let child = cmd.spawn().expect("spawn coherent-mount");
-        let mut m = Mount {
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        let child = spawn_mounted(cmd, &mnt, &log);
+        Mount {
             dir: Some(dir),
             backing,
             mnt,
             log,
             child: Some(child),
-        };
-        let ok = wait_until(TIMEOUT, || {
-            mount_fstype(&m.mnt).is_some_and(|t| t.starts_with("fuse"))
-                || m.child
-                    .as_mut()
-                    .unwrap()
-                    .try_wait()
-                    .ok()
-                    .flatten()
-                    .is_some()
-        });
-        let exited = m.child.as_mut().unwrap().try_wait().ok().flatten();
-        if !ok || exited.is_some() {
-            panic!(
-                "coherent-mount did not mount (exit {exited:?}); log:\n{}",
-                m.log()
-            );
         }
-        m
     }
+}
+
+/// Run `cmd` (a `coherent-mount` command line) with stdin and stdout on /dev/null and
+/// stderr appended to `log`, and wait until `mnt` is a FUSE mount. Panics with the log if
+/// the daemon exits first or the mount does not appear in time: the one way every test
+/// harness starts a daemon.
+pub fn spawn_mounted(mut cmd: Command, mnt: &Path, log: &Path) -> Child {
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("open the daemon log");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("spawn coherent-mount");
+    let ok = wait_until(TIMEOUT, || {
+        mount_fstype(mnt).is_some_and(|t| t.starts_with("fuse"))
+            || child.try_wait().ok().flatten().is_some()
+    });
+    let exited = child.try_wait().ok().flatten();
+    if !ok || exited.is_some() {
+        if exited.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            lazy_umount(mnt);
+        }
+        panic!(
+            "coherent-mount did not mount (exit {exited:?}); log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+    }
+    child
 }
 
 /// A live mount of the real binary on temporary directories.
@@ -335,4 +340,106 @@ macro_rules! both_modes {
             $( #[test] fn $name() { super::$name(&$crate::common::Mount::new(false)) } )*
         }
     };
+}
+
+/// A `coherent-mount` on a given backing directory, mount point and state directory, so a
+/// test can stop it and mount the same workspace again. Cleans up like [`Mount`].
+pub struct Remount {
+    pub backing: PathBuf,
+    pub mnt: PathBuf,
+    pub state: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Remount {
+    /// Start `coherent-mount BACKING MNT --state-dir STATE ARGS` and wait for the mount.
+    pub fn start(base: &Path, args: &[&str]) -> Remount {
+        let backing = base.join("backing");
+        let mnt = base.join("mnt");
+        let state = base.join("state");
+        for d in [&backing, &mnt, &state] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let log = base.join(format!("daemon-{}.log", std::process::id()));
+        let mut cmd = Command::new(BIN);
+        cmd.arg(&backing)
+            .arg(&mnt)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(args);
+        let child = spawn_mounted(cmd, &mnt, &log);
+        Remount {
+            backing,
+            mnt,
+            state,
+            log,
+            child: Some(child),
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    /// Signal the daemon and wait for it to exit; then make sure nothing stays mounted
+    /// (a daemon killed with SIGKILL leaves a dead mount behind: `umount -l`).
+    pub fn stop_with(&mut self, sig: i32) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, sig) };
+            if wait_child(&mut c, TIMEOUT).is_none() {
+                lazy_umount(&self.mnt);
+            }
+        }
+        if mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
+            lazy_umount(&self.mnt);
+        }
+        assert!(
+            wait_until(TIMEOUT, || mount_fstype(&self.mnt).is_none()),
+            "still mounted"
+        );
+    }
+}
+
+impl Drop for Remount {
+    fn drop(&mut self) {
+        self.stop_with(libc::SIGTERM);
+    }
+}
+
+/// The cgroup v2 mount of this host, if this process may create cgroups in it.
+pub fn writable_cgroup2() -> Option<PathBuf> {
+    let mount = coherent::identity::cgroup2_mount().ok()??.mount_point;
+    let probe = mount.join(format!("coherent-test-probe-{}", std::process::id()));
+    // A probe left by an earlier, killed run is as good a proof as a new one; removing it
+    // may fail for a moment, which says nothing about writability.
+    match std::fs::create_dir(&probe) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(_) => return None,
+    }
+    let _ = std::fs::remove_dir(&probe);
+    Some(mount)
+}
+
+/// Remove what `coherent run --session NAME` started by this process may have created: the
+/// session cgroup under this process's own cgroup (which the child inherits) or under the
+/// hierarchy root. Waits up to `wait` for its processes to leave it.
+pub fn remove_session_cgroups(name: &str, wait: Duration) {
+    let Some(m) = coherent::identity::cgroup2_mount().ok().flatten() else {
+        return;
+    };
+    let own = std::fs::read("/proc/self/cgroup").unwrap_or_default();
+    let parents = coherent::identity::procfs::parse_cgroup_v2(&own)
+        .and_then(|cg| m.dir_of(cg))
+        .into_iter()
+        .chain([m.mount_point.clone()]);
+    for p in parents {
+        let d = p.join(format!("coherent-session-{name}"));
+        wait_until(wait, || std::fs::remove_dir(&d).is_ok() || !d.exists());
+    }
 }

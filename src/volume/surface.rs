@@ -9,6 +9,10 @@
 //! see both). Per-reader files report size 0 (like `/proc`): they are opened with direct
 //! I/O, so readers read until EOF. Only `ctl` is writable (mode 0666, any user may send a
 //! request; the verbs decide who may do what).
+//!
+//! [`Surface`] owns the open virtual handles; the volume's `virtual_*` hooks delegate to it
+//! in one line each, and its methods take the [`Volume`] for what they read (engine,
+//! journal, resolver, the backing directory).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -16,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::Volume;
 use crate::coherence::Timestamp;
@@ -54,8 +58,8 @@ enum VHandle {
     Events,
 }
 
-/// The virtual handles and the state of `events`' mtime.
-pub(super) struct Virtual {
+/// The `.coherent/` control surface: its open handles and the state of `events`' mtime.
+pub(crate) struct Surface {
     handles: Mutex<HashMap<u64, Arc<Mutex<VHandle>>>>,
     next: AtomicU64,
     /// (log length last reported, when it was first seen at that length).
@@ -75,10 +79,10 @@ fn time_now() -> Time {
     }
 }
 
-impl Virtual {
+impl Surface {
     pub(super) fn new() -> Self {
         let now = time_now();
-        Virtual {
+        Surface {
             handles: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             events_seen: Mutex::new((0, now)),
@@ -109,14 +113,14 @@ fn json_line(v: &impl serde::Serialize) -> Vec<u8> {
     b
 }
 
-impl Volume {
-    pub(super) fn virt_attr(&self, ino: u64) -> FsResult<Attr> {
-        let v = &self.virt;
+impl Surface {
+    pub(super) fn attr(&self, vol: &Volume, ino: u64) -> FsResult<Attr> {
+        let v = self;
         let (kind, perm, size, mtime) = match ino {
             DIR => (Kind::Dir, 0o555, 0, v.started),
             CTL => (Kind::File, 0o666, 0, v.started),
             EVENTS => {
-                let len = self.journal.log_len();
+                let len = vol.journal.log_len();
                 let mut seen = v.events_seen.lock();
                 if seen.0 != len {
                     *seen = (len, time_now());
@@ -143,7 +147,7 @@ impl Volume {
         })
     }
 
-    pub(super) fn virt_lookup(&self, parent: u64, name: &OsStr) -> FsResult<Attr> {
+    pub(super) fn lookup(&self, vol: &Volume, parent: u64, name: &OsStr) -> FsResult<Attr> {
         let ino = match parent {
             ROOT_INO if name == crate::control::CONTROL_DIR => DIR,
             DIR => FILES
@@ -153,10 +157,10 @@ impl Volume {
                 .ok_or(FsError(libc::ENOENT))?,
             _ => return Err(FsError(libc::ENOENT)),
         };
-        self.virt_attr(ino)
+        self.attr(vol, ino)
     }
 
-    pub(super) fn virt_readdir(&self, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+    pub(super) fn readdir(&self, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
         if ino != DIR {
             return Err(FsError(libc::ENOTDIR));
         }
@@ -175,46 +179,54 @@ impl Volume {
             .collect())
     }
 
-    pub(super) fn virt_open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
+    pub(super) fn open(
+        &self,
+        vol: &Volume,
+        caller: &Caller,
+        ino: u64,
+        flags: i32,
+    ) -> FsResult<u64> {
         let h = match ino {
             DIR => return Err(FsError(libc::EISDIR)),
             CTL => VHandle::Ctl(CtlHandle::new()),
             _ if open_writes(flags) => return Err(FsError(libc::EACCES)),
             EVENTS => VHandle::Events,
-            STATUS => VHandle::Text(json_line(&self.engine.status(None))),
-            WHOAMI => VHandle::Text(json_line(&session_json(&self.session(caller)))),
-            WHY => VHandle::Text(why_text(self.engine.why(&self.session(caller)))),
-            INBOX => VHandle::Text(json_line(&self.engine.inbox(&self.session(caller)))),
+            STATUS => VHandle::Text(json_line(&vol.engine.status(None))),
+            WHOAMI => VHandle::Text(json_line(&whoami_json(vol, caller))),
+            WHY => VHandle::Text(why_text(vol.engine.why(&vol.session(caller)))),
+            INBOX => VHandle::Text(json_line(&vol.engine.inbox(&vol.session(caller)))),
             _ => return Err(FsError(libc::ENOENT)),
         };
-        let token = self.virt.next.fetch_add(1, Ordering::Relaxed);
-        self.virt
-            .handles
-            .lock()
-            .insert(token, Arc::new(Mutex::new(h)));
+        let token = self.next.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(token, Arc::new(Mutex::new(h)));
         Ok(token)
     }
 
-    fn virt_handle(&self, token: u64) -> FsResult<Arc<Mutex<VHandle>>> {
-        self.virt
-            .handles
+    fn handle(&self, token: u64) -> FsResult<Arc<Mutex<VHandle>>> {
+        self.handles
             .lock()
             .get(&token)
             .cloned()
             .ok_or(FsError(libc::EBADF))
     }
 
-    pub(super) fn virt_read(&self, token: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        let h = self.virt_handle(token)?;
-        let h = h.lock();
-        match &*h {
+    pub(super) fn read(
+        &self,
+        vol: &Volume,
+        token: u64,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Vec<u8>> {
+        let h = self.handle(token)?;
+        let mut h = h.lock();
+        match &mut *h {
             VHandle::Ctl(c) => Ok(c.read(offset, size).to_vec()),
             VHandle::Text(t) => {
                 let start = usize::try_from(offset).unwrap_or(usize::MAX).min(t.len());
                 let end = start.saturating_add(size as usize).min(t.len());
                 Ok(t[start..end].to_vec())
             }
-            VHandle::Events => self
+            VHandle::Events => vol
                 .journal
                 .read_log(offset, size as usize)
                 .map_err(FsError::from),
@@ -223,28 +235,52 @@ impl Volume {
 
     /// One request on `ctl`: served for the writer's session; a refusal fails the write
     /// with its errno (the reply is stored either way, to be read back).
-    pub(super) fn virt_write(&self, caller: &Caller, token: u64, data: &[u8]) -> FsResult<u32> {
-        let h = self.virt_handle(token)?;
+    pub(super) fn write(
+        &self,
+        vol: &Volume,
+        caller: &Caller,
+        token: u64,
+        data: &[u8],
+    ) -> FsResult<u32> {
+        let h = self.handle(token)?;
         let mut h = h.lock();
         let VHandle::Ctl(ctl) = &mut *h else {
             return Err(FsError(libc::EBADF));
         };
-        let s = self.session(caller);
-        ctl.write(data, |req| self.serve(&s, req)).map_err(FsError)
+        ctl.write(data, |req| self.serve(vol, caller, req))
+            .map_err(FsError)
     }
 
-    pub(super) fn virt_release(&self, token: u64) {
-        self.virt.handles.lock().remove(&token);
+    pub(super) fn release(&self, token: u64) {
+        self.handles.lock().remove(&token);
     }
+}
 
-    /// Serve one parsed request for session `s`.
-    fn serve(&self, s: &Session, req: &Request) -> Reply {
-        if self.journal.is_poisoned() {
+/// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
+/// tags that were ignored because their value is not a valid session name.
+fn whoami_json(vol: &Volume, caller: &Caller) -> Value {
+    let mut v = session_json(&vol.session(caller));
+    let ignored = vol.resolver().ignored_tags(caller.pid);
+    if !ignored.is_empty() {
+        v["ignored"] = serde_json::to_value(&ignored).unwrap_or(Value::Null);
+    }
+    v
+}
+
+/// The verbs, served for the caller's session: what `ctl` runs on a well-formed request.
+impl Surface {
+    /// Serve one parsed request for `caller`.
+    fn serve(&self, vol: &Volume, caller: &Caller, req: &Request) -> Reply {
+        if vol.journal.is_poisoned() {
             return journal_failed(req.verb());
         }
+        if let Request::Whoami = req {
+            return Reply::whoami(whoami_json(vol, caller));
+        }
+        let s = &vol.session(caller);
         let verb = req.verb();
-        let r = self.serve_verb(s, req);
-        if self.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
+        let r = self.serve_verb(vol, s, req);
+        if vol.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
             // The events of this verb may not be on disk: do not report success.
             return journal_failed(verb);
         }
@@ -258,7 +294,7 @@ impl Volume {
         }
     }
 
-    fn serve_verb(&self, s: &Session, req: &Request) -> Result<Reply, Refusal> {
+    fn serve_verb(&self, vol: &Volume, s: &Session, req: &Request) -> Result<Reply, Refusal> {
         let now = Timestamp::now();
         let records = |r: crate::coherence::VerbReply| match serde_json::to_value(&r.records) {
             Ok(Value::Array(v)) => v,
@@ -266,54 +302,51 @@ impl Volume {
         };
         Ok(match req {
             Request::Register { name: None } => {
-                self.engine.register(s, now)?;
+                vol.engine.register(s, now)?;
                 Reply::session(Verb::Register, s)
             }
             Request::Register { name: Some(n) } => {
                 // Anyone may name a session ahead of its first process (an unattributed
                 // human preparing a handoff included): it only makes the name known.
-                crate::identity::check_session_name(n)
-                    .map_err(|e| Refusal::new(Reason::BadRequest, format!("bad request: {e}")))?;
+                crate::names::validate_session_name(n)
+                    .map_err(|e| Refusal::new(Reason::BadRequest, e))?;
                 let named = Arc::new(SessionInfo::from_tag(None, n, Via::Registered));
-                self.engine.register(&named, now)?;
-                let known = self.engine.lookup_session(n).unwrap_or(named);
+                vol.engine.register(&named, now)?;
+                let known = vol.engine.lookup_session(n).unwrap_or(named);
                 Reply::session(Verb::Register, &known)
             }
             Request::Transfer { paths, to, note } => {
-                self.observe_paths(paths, now)?;
-                let r = match self.engine.transfer(s, paths, to, note.clone(), now) {
+                observe_paths(vol, paths, now)?;
+                let r = match vol.engine.transfer(s, paths, to, note.clone(), now) {
                     Err(f)
                         if matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
-                            && self.wait_for_releases(s, paths) =>
+                            && vol.wait_for_releases(s, paths) =>
                     {
                         let now = Timestamp::now();
-                        self.observe_paths(paths, now)?;
-                        self.engine.transfer(s, paths, to, note.clone(), now)
+                        observe_paths(vol, paths, now)?;
+                        vol.engine.transfer(s, paths, to, note.clone(), now)
                     }
                     r => r,
                 }?;
                 Reply::records(Verb::Transfer, records(r))
             }
             Request::Accept { paths } => {
-                self.observe_paths(paths, now)?;
-                Reply::records(Verb::Accept, records(self.engine.accept(s, paths, now)?))
+                observe_paths(vol, paths, now)?;
+                Reply::records(Verb::Accept, records(vol.engine.accept(s, paths, now)?))
             }
             Request::Decline { paths } => {
-                self.observe_paths(paths, now)?;
-                Reply::records(Verb::Decline, records(self.engine.decline(s, paths, now)?))
+                observe_paths(vol, paths, now)?;
+                Reply::records(Verb::Decline, records(vol.engine.decline(s, paths, now)?))
             }
             Request::Withdraw { paths } => {
-                self.observe_paths(paths, now)?;
-                Reply::records(
-                    Verb::Withdraw,
-                    records(self.engine.withdraw(s, paths, now)?),
-                )
+                observe_paths(vol, paths, now)?;
+                Reply::records(Verb::Withdraw, records(vol.engine.withdraw(s, paths, now)?))
             }
             Request::Status { path } => {
                 if let Some(p) = path {
-                    self.observe(p, now);
+                    vol.observe(p, now);
                 }
-                let st = self.engine.status(path.as_deref());
+                let st = vol.engine.status(path.as_deref());
                 let c = st.counts;
                 let msg = match path {
                     Some(p) => format!(
@@ -332,35 +365,33 @@ impl Volume {
                 let body = serde_json::to_value(&st).unwrap_or(Value::Null);
                 Reply::status(body, msg)
             }
-            Request::Whoami => Reply::session(Verb::Whoami, s),
+            Request::Whoami => unreachable!("served above, with the ignored tags"),
         })
     }
+}
 
-    /// Count what the backing directory holds at each path before a verb decides on it.
-    /// Directories are not handed on.
-    fn observe_paths(&self, paths: &[String], now: Timestamp) -> Result<(), Refusal> {
-        for p in paths {
-            if self.observe(p, now).is_some_and(|x| x.1) {
-                return Err(Refusal::new(
-                    Reason::BadRequest,
-                    format!("bad request: {p} is a directory; hand on the files in it"),
-                ));
-            }
+/// Count what the backing directory holds at each path before a verb decides on it.
+/// Directories are not handed on.
+fn observe_paths(vol: &Volume, paths: &[String], now: Timestamp) -> Result<(), Refusal> {
+    for p in paths {
+        if vol.observe(p, now).is_some_and(|x| x.1) {
+            return Err(Refusal::new(
+                Reason::BadRequest,
+                format!("bad request: {p} is a directory; hand on the files in it"),
+            ));
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// The reply when the state log cannot be written: the write fails with `EIO`.
 fn journal_failed(verb: Verb) -> Reply {
-    Reply::from_json(json!({
-        "ok": false,
-        "verb": verb.as_str(),
-        "reason": "io_error",
-        "errno": libc::EIO,
-        "path": null,
-        "message": "the volume cannot write its state log (disk error), so it records nothing \
-                    more; see the coherent-mount log, free the disk and restart it",
-    }))
-    .expect("a refusal envelope")
+    Reply::failed(
+        Some(verb),
+        "io_error",
+        libc::EIO,
+        None,
+        "the volume cannot write its state log (disk error), so it records nothing more; \
+         see the coherent-mount log, free the disk and restart it",
+    )
 }
