@@ -1,6 +1,10 @@
-//! The `coherent` CLI where no mount is needed: usage errors, "no volume here", `run`.
-//! (End-to-end tests against a mounted volume live with the mount's tests.)
+//! The `coherent` CLI where no mount is needed: usage errors, "no volume here", `run`,
+//! help, completions and the man page; at the end, the session behaviours that need a real
+//! mount (the `export` trap warning of `whoami`, a node process under `coherent run`).
+//! (The verbs end to end live with the mount's tests.)
 
+#[path = "common/coherent.rs"]
+mod coherent;
 mod common;
 
 use std::path::Path;
@@ -37,7 +41,20 @@ fn usage_errors_exit_1() {
         &["withdraw"],
         &["status", "a", "b"],
         &["whoami", "extra"],
-        &["run", "--session", "x"],
+        // flags only where they do something: `run` has no reply to print as JSON
+        &["--json", "run", "--session", "x", "--", "true"],
+        &["run", "--json", "--session", "x", "--", "true"],
+        &["run", "-v", "--json", "--session", "x"],
+        &["status", "-v"],
+        &["hook"],
+        &["hook", "codex"],
+        &["install", "bogus"],
+        &["completions", "tcsh"],
+        &["mcp", "extra"],
+        &["wait"],
+        &["wait", "plan.md", "--until", "soon"],
+        &["wait", "plan.md", "--timeout", "-1"],
+        &["wait", "plan.md", "--timeout", "soon"],
         &["run", "--", "true"],
         &["run", "--session", "a/b", "--", "true"],
         &["run", "--session", "..", "--", "true"],
@@ -105,6 +122,7 @@ fn no_volume_here_exits_4_and_says_where_it_looked() {
         &["decline", "plan.md", "--json"],
         &["withdraw", "plan.md"],
         &["accept", "does/not/exist.md"],
+        &["wait", "plan.md"],
     ] {
         let out = run_in(&sub, args);
         let err = text(&out.stderr);
@@ -196,4 +214,192 @@ fn run_is_quiet_without_v_and_passes_the_exit_code() {
     common::remove_session_cgroups(&name, Duration::ZERO);
     assert_eq!(out.status.code(), Some(127));
     assert!(text(&out.stderr).contains("/no/such/program"));
+}
+
+#[test]
+fn run_without_a_command_starts_the_shell_in_the_session() {
+    let name = format!("clitests{}", std::process::id());
+    let mut child = coherent()
+        .args(["run", "--session", &name])
+        .env("SHELL", "/bin/sh")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"echo \"in $COHERENT_SESSION\"; exit 3\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if let Some(m) = common::writable_cgroup2() {
+        let _ = std::fs::remove_dir(m.join(format!("coherent-session-{name}")));
+    }
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(text(&out.stdout), format!("in {name}\n"));
+}
+
+#[test]
+fn every_argument_has_help_and_completions_and_man_page_print() {
+    let dir = tempfile::tempdir().unwrap();
+    for verb in [
+        "transfer",
+        "accept",
+        "decline",
+        "withdraw",
+        "status",
+        "whoami",
+        "register",
+        "watch",
+        "run",
+        "mcp",
+        "hook",
+        "install",
+        "completions",
+        "man",
+    ] {
+        let out = run_in(dir.path(), &[verb, "-h"]);
+        assert_eq!(out.status.code(), Some(0), "{verb}");
+        let help = text(&out.stdout);
+        // clap prints an argument with no help as its name alone on the line
+        for line in help.lines().map(str::trim) {
+            let bare = (line.starts_with('<') || line.starts_with('[') || line.starts_with('-'))
+                && !line.contains("  ");
+            assert!(!bare, "{verb}: `{line}` has no help:\n{help}");
+        }
+        // --json only where there is a reply to print
+        let has_json = help.contains("--json");
+        let wants_json = !matches!(
+            verb,
+            "run" | "mcp" | "hook" | "install" | "completions" | "man"
+        );
+        assert_eq!(has_json, wants_json, "{verb}:\n{help}");
+        assert_eq!(help.contains("--verbose"), verb == "run", "{verb}:\n{help}");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run_in(dir.path(), &["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = text(&out.stdout);
+        assert!(
+            script.contains("coherent") && script.contains("transfer"),
+            "{shell}"
+        );
+    }
+    // the bash script loads in bash and completes a verb
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source <({} completions bash) && COMP_WORDS=(coherent tra) COMP_CWORD=1 && \
+             _coherent coherent tra coherent && echo \"${{COMPREPLY[@]}}\"",
+            env!("CARGO_BIN_EXE_coherent")
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stdout).contains("transfer"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_in(dir.path(), &["man"]);
+    assert_eq!(out.status.code(), Some(0));
+    let roff = text(&out.stdout);
+    assert!(roff.contains(".TH coherent 1"), "{roff}");
+    assert!(
+        roff.contains("transfer") && roff.contains("Exit codes"),
+        "{roff}"
+    );
+}
+
+#[test]
+fn whoami_warns_about_the_export_trap() {
+    use coherent::{sh_env, Root};
+    let m = common::Mount::new(true);
+    let cli = coherent::CLI;
+    // a shell started with no session exports one: the shell itself is still uid:N
+    let r = sh_env(
+        &m,
+        &[],
+        &format!("export COHERENT_SESSION=alice; {cli} whoami; true"),
+    );
+    assert!(r.ok(), "{}", r.show());
+    assert!(r.out.contains("you are session alice"), "{}", r.show());
+    assert!(r.err.contains("warning"), "{}", r.show());
+    assert!(
+        r.err.contains("coherent run --session alice"),
+        "{}",
+        r.show()
+    );
+    // the same shell started in the session, or `coherent run`: no warning
+    let r = sh_env(
+        &m,
+        &[("COHERENT_SESSION", "alice")],
+        &format!("{cli} whoami; true"),
+    );
+    assert!(r.ok() && r.err.is_empty(), "{}", r.show());
+    let r = coherent::run_in(
+        m.root(),
+        &[],
+        Command::new(cli)
+            .args(["run", "--session", "alice", "--", "sh", "-c"])
+            .arg(format!("{cli} whoami; true")),
+    );
+    assert!(r.ok() && r.err.is_empty(), "{}", r.show());
+    assert!(r.out.contains("you are session alice"), "{}", r.show());
+}
+
+#[test]
+fn a_node_process_under_coherent_run_is_fenced_like_a_shell() {
+    use coherent::{cli, sh_ok, Root};
+    if Command::new("node").arg("--version").output().is_err() {
+        eprintln!("NOT RUN: node is not installed (apt-get install nodejs)");
+        return;
+    }
+    let m = common::Mount::new(true);
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    assert!(cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]).ok());
+    let node = |who: &str| {
+        coherent::run_in(
+            m.root(),
+            &[],
+            Command::new(coherent::CLI)
+                .args(["run", "--session", who, "--", "node", "-e"])
+                .arg("require('fs').appendFileSync('plan.md', 'x\\n')"),
+        )
+    };
+    let r = node("alice");
+    assert_ne!(r.code, Some(0), "{}", r.show());
+    assert!(r.err.contains("EACCES"), "{}", r.show());
+    let r = node("bob");
+    assert!(r.ok(), "{}", r.show());
+    if let Some(cg) = common::writable_cgroup2() {
+        for s in ["alice", "bob"] {
+            let _ = std::fs::remove_dir(cg.join(format!("coherent-session-{s}")));
+        }
+    }
+}
+
+#[test]
+fn wait_on_a_path_without_a_record_is_refused_promptly() {
+    use coherent::{cli, sh_ok};
+    let m = common::Mount::new(true);
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let t0 = std::time::Instant::now();
+    let r = cli(&m, Some("alice"), &["wait", "plan.md", "--timeout", "20"]);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(15),
+        "{}",
+        r.show()
+    );
+    assert_eq!(r.code, Some(2), "{}", r.show());
+    assert!(r.err.contains("refused ("), "{}", r.show());
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["wait", "--json", "plan.md", "--timeout", "20"],
+    );
+    assert_eq!(r.code, Some(2), "{}", r.show());
+    assert_eq!(r.json()["ok"], serde_json::json!(false), "{}", r.show());
 }

@@ -5,7 +5,12 @@
 //! in one `write(2)`, reads the reply back from the same descriptor and prints one line.
 //! Exit codes: 0 done, 1 usage, 2 refused, 4 no coherent volume here.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+
+mod hook;
+mod install;
+mod mcp;
+mod whoami;
 use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
 use coherent::error::Reason;
 use coherent::{identity, names, sys};
@@ -21,6 +26,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const EXIT_USAGE: u8 = 1;
+/// `wait` only: the state was not reached in time (shares 1 with usage errors, as specified).
+const EXIT_TIMEOUT: u8 = 1;
 const EXIT_REFUSED: u8 = 2;
 const EXIT_NO_VOLUME: u8 = 4;
 
@@ -33,14 +40,19 @@ const EXIT_NO_VOLUME: u8 = 4;
                   Mount a volume with: coherent-mount DIR"
 )]
 struct Cli {
-    /// Print the volume's JSON reply instead of a human line.
-    #[arg(long, global = true)]
+    /// Print the volume's JSON reply instead of a human line (same as VERB --json).
+    #[arg(long)]
     json: bool,
-    /// Say more on stderr (e.g. whether `run` could use a cgroup).
-    #[arg(short, long, global = true)]
-    verbose: bool,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// `--json`, on the subcommands whose output is a volume reply or the event log.
+#[derive(Args)]
+struct JsonFlag {
+    /// Print the volume's JSON reply instead of a human line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -53,8 +65,11 @@ enum Cmd {
         /// A note for the successor (up to 64 KiB).
         #[arg(long, value_name = "TEXT")]
         note: Option<String>,
+        /// Files on the volume to hand on (relative to the current directory or absolute).
         #[arg(required = true, value_name = "PATH")]
         paths: Vec<PathBuf>,
+        #[command(flatten)]
+        out: JsonFlag,
     },
     /// Accept PATHs handed to you (the giver stays fenced until the file changes).
     Accept(PathArgs),
@@ -64,15 +79,28 @@ enum Cmd {
     Withdraw(PathArgs),
     /// Sessions and handoffs of the volume, or of one PATH.
     Status {
+        /// A file on the volume (default: the whole volume of the current directory).
         #[arg(value_name = "PATH")]
         path: Option<PathBuf>,
+        #[command(flatten)]
+        out: JsonFlag,
     },
     /// Which session this process belongs to, and how it was resolved.
-    Whoami,
+    ///
+    /// Also warns when the shell it was started from resolves to another session than
+    /// this process (after `export COHERENT_SESSION=...` in a running shell, the shell's
+    /// own redirections still carry the old session).
+    Whoami {
+        #[command(flatten)]
+        out: JsonFlag,
+    },
     /// Register this session (or NAME) so others can hand files to it.
     Register {
+        /// The session to register (default: the caller's own; only your own is accepted).
         #[arg(value_name = "NAME")]
         name: Option<String>,
+        #[command(flatten)]
+        out: JsonFlag,
     },
     /// Follow the volume's state log (.coherent/events), one readable line per event.
     Watch {
@@ -85,29 +113,113 @@ enum Cmd {
         /// Show every existing event first.
         #[arg(long, conflicts_with = "lines")]
         all: bool,
+        /// Print each event as its raw JSON line.
+        #[arg(long)]
+        json: bool,
     },
-    /// Run CMD in session NAME (env tag, and a cgroup where possible).
+    /// Run CMD (default: $SHELL) in session NAME (env tag, and a cgroup where possible).
     ///
     /// Sets COHERENT_SESSION=NAME and, where cgroup v2 is writable, moves into a
     /// coherent-session-NAME cgroup under the cgroup v2 mount before running CMD (-v says
-    /// which). Exits with CMD's exit code (127 if it cannot be found).
+    /// which). Without CMD it starts your login shell ($SHELL, else /bin/sh), so an
+    /// interactive shell and everything it starts is that session. Exits with CMD's exit
+    /// code (127 if it cannot be found).
     Run {
+        /// The session name (no `/`, no control characters, at most 200 bytes).
         #[arg(long, value_name = "NAME")]
         session: String,
-        #[arg(
-            required = true,
-            trailing_var_arg = true,
-            allow_hyphen_values = true,
-            value_name = "CMD"
-        )]
+        /// Say on stderr whether the cgroup could be used.
+        #[arg(short, long)]
+        verbose: bool,
+        /// The command and its arguments (put them after `--`).
+        #[arg(trailing_var_arg = true, value_name = "CMD")]
         cmd: Vec<OsString>,
     },
+    /// Wait until PATH's handoff reaches a state: exit 0 reached, 1 timed out, 2 refused.
+    ///
+    /// The volume answers when the record changes (no polling). On a timeout the record's
+    /// current status is printed.
+    Wait {
+        /// A file on the volume with a handoff record.
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+        /// The state to wait for: accepted, completed, or ended (any final status).
+        #[arg(long, value_enum, default_value_t = Until::Ended, value_name = "STATE")]
+        until: Until,
+        /// Give up after SECS seconds (default: wait as long as it takes).
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<f64>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// An MCP server on stdin/stdout, with the verbs as tools (for agents).
+    ///
+    /// Start it as a child of the agent (e.g. from .mcp.json) so the volume sees the
+    /// agent's session. Paths are relative to its working directory or absolute.
+    Mcp,
+    /// Agent hooks: read the hook's JSON on stdin, print the answer on stdout.
+    Hook {
+        /// Which agent's hook protocol to speak.
+        #[arg(value_enum, value_name = "AGENT")]
+        agent: Agent,
+    },
+    /// Install the hooks and the MCP server into an agent's project settings.
+    Install {
+        /// Which agent to install for.
+        #[arg(value_enum, value_name = "AGENT")]
+        agent: Agent,
+        /// The project directory (default: the current directory).
+        #[arg(value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Remove exactly what an install added, and nothing else.
+        #[arg(long)]
+        uninstall: bool,
+    },
+    /// Print a shell completion script (e.g. `coherent completions bash > /etc/bash_completion.d/coherent`).
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum, value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page as roff (e.g. `coherent man | man -l -`).
+    Man,
+}
+
+/// What `wait` waits for.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Until {
+    /// The successor accepted it (or claimed an offer).
+    Accepted,
+    /// The successor accepted or wrote it.
+    Completed,
+    /// It reached any final status.
+    Ended,
+}
+
+impl Until {
+    fn as_str(self) -> &'static str {
+        match self {
+            Until::Accepted => "accepted",
+            Until::Completed => "completed",
+            Until::Ended => "ended",
+        }
+    }
+}
+
+/// The agents `hook` and `install` know.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Agent {
+    /// Claude Code (hooks in .claude/settings.json, MCP server in .mcp.json).
+    ClaudeCode,
 }
 
 #[derive(Args)]
 struct PathArgs {
+    /// Files on the volume (relative to the current directory or absolute).
     #[arg(required = true, value_name = "PATH")]
     paths: Vec<PathBuf>,
+    #[command(flatten)]
+    out: JsonFlag,
 }
 
 /// Why the command stopped: an exit code and what to say on stderr.
@@ -159,26 +271,41 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<(), Fail> {
-    let json = cli.json;
+    // `coherent --json VERB` and `coherent VERB --json` are the same; `run`, `mcp`, ... have
+    // no reply to print, so a top-level --json there is a usage error, not silently ignored
+    let top_json = cli.json;
+    let json = |out: JsonFlag| top_json || out.json;
+    let no_json = |verb: &str| -> Result<(), Fail> {
+        if top_json {
+            Err(Fail::usage(format!("--json does nothing for `{verb}`")))
+        } else {
+            Ok(())
+        }
+    };
     match cli.cmd {
-        Cmd::Transfer { to, note, paths } => {
+        Cmd::Transfer {
+            to,
+            note,
+            paths,
+            out,
+        } => {
             let (root, paths) = locate_paths(&paths)?;
             let req = Request::Transfer { paths, to, note };
-            verb_call(&root, &req, json)
+            verb_call(&root, &req, json(out))
         }
         Cmd::Accept(a) => {
             let (root, paths) = locate_paths(&a.paths)?;
-            verb_call(&root, &Request::Accept { paths }, json)
+            verb_call(&root, &Request::Accept { paths }, json(a.out))
         }
         Cmd::Decline(a) => {
             let (root, paths) = locate_paths(&a.paths)?;
-            verb_call(&root, &Request::Decline { paths }, json)
+            verb_call(&root, &Request::Decline { paths }, json(a.out))
         }
         Cmd::Withdraw(a) => {
             let (root, paths) = locate_paths(&a.paths)?;
-            verb_call(&root, &Request::Withdraw { paths }, json)
+            verb_call(&root, &Request::Withdraw { paths }, json(a.out))
         }
-        Cmd::Status { path } => {
+        Cmd::Status { path, out } => {
             let (root, rel) = match path {
                 Some(p) => {
                     let (root, rel) = locate(&p)?;
@@ -187,18 +314,151 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 }
                 None => (locate_cwd()?, None),
             };
-            verb_call(&root, &Request::Status { path: rel }, json)
+            verb_call(&root, &Request::Status { path: rel }, json(out))
         }
-        Cmd::Whoami => verb_call(&locate_cwd()?, &Request::Whoami, json),
-        Cmd::Register { name } => verb_call(&locate_cwd()?, &Request::Register { name }, json),
-        Cmd::Watch { dir, lines, all } => {
+        Cmd::Whoami { out } => {
+            let root = locate_cwd()?;
+            let json = json(out);
+            let result = verb_call(&root, &Request::Whoami, json);
+            if result.is_ok() {
+                if let Some(warning) = whoami::parent_mismatch() {
+                    eprintln!("{warning}");
+                }
+            }
+            result
+        }
+        Cmd::Register { name, out } => {
+            verb_call(&locate_cwd()?, &Request::Register { name }, json(out))
+        }
+        Cmd::Watch {
+            dir,
+            lines,
+            all,
+            json: raw,
+        } => {
             let root = match dir {
                 Some(d) => locate(&d)?.0,
                 None => locate_cwd()?,
             };
-            watch(&root, if all { usize::MAX } else { lines }, json)
+            watch(&root, if all { usize::MAX } else { lines }, top_json || raw)
         }
-        Cmd::Run { session, cmd } => run_in_session(&session, &cmd, cli.verbose),
+        Cmd::Run {
+            session,
+            verbose,
+            cmd,
+        } => {
+            no_json("run")?;
+            run_in_session(&session, &cmd, verbose)
+        }
+        Cmd::Wait {
+            path,
+            until,
+            timeout,
+            out,
+        } => wait(&path, until, timeout, json(out)),
+        Cmd::Mcp => {
+            no_json("mcp")?;
+            mcp::serve().map_err(|e| Fail {
+                code: EXIT_USAGE,
+                message: format!("coherent mcp: {e}"),
+            })
+        }
+        Cmd::Hook { agent } => {
+            no_json("hook")?;
+            match agent {
+                Agent::ClaudeCode => hook::claude_code(),
+            }
+            Ok(())
+        }
+        Cmd::Install {
+            agent,
+            dir,
+            uninstall,
+        } => {
+            no_json("install")?;
+            match agent {
+                Agent::ClaudeCode => install::claude_code(dir.as_deref(), uninstall),
+            }
+        }
+        Cmd::Completions { shell } => {
+            no_json("completions")?;
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "coherent", &mut io::stdout());
+            Ok(())
+        }
+        Cmd::Man => {
+            no_json("man")?;
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut io::stdout())
+                .map_err(|e| Fail::usage(format!("cannot write the man page: {e}")))
+        }
+    }
+}
+
+/// `wait PATH UNTIL` on ctl; the daemon replies when the state is reached. The timeout is
+/// the client's: the request runs on a thread that is left behind when it expires.
+fn wait(path: &Path, until: Until, timeout: Option<f64>, json: bool) -> Result<(), Fail> {
+    let timeout = match timeout {
+        Some(t) if !(t.is_finite() && t >= 0.0) => {
+            return Err(Fail::usage(format!(
+                "--timeout {t}: give a number of seconds"
+            )))
+        }
+        t => t.map(Duration::from_secs_f64),
+    };
+    let (root, rel) = locate(path)?;
+    if rel.is_empty() {
+        return Err(Fail::usage("name a file on the volume, not its root"));
+    }
+    let line = format!("wait {} {}\n", control::shell_word(&rel), until.as_str());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let r = root.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(call_bytes(&r, line.as_bytes()));
+    });
+    let got = match timeout {
+        Some(t) => rx.recv_timeout(t).ok(),
+        None => rx.recv().ok(),
+    };
+    match got {
+        Some(reply) => {
+            let reply = reply?;
+            if json {
+                println!("{}", reply.body());
+            } else if reply.is_ok() {
+                println!("{}", reply.message());
+            }
+            if reply.is_ok() {
+                Ok(())
+            } else if json {
+                Err(Fail {
+                    code: EXIT_REFUSED,
+                    message: String::new(),
+                })
+            } else {
+                let reason = reply.body()["reason"].as_str().unwrap_or("unknown");
+                Err(Fail::refused(reason, reply.message()))
+            }
+        }
+        None => {
+            // timed out: say where the record stands
+            let status = call(&root, &Request::Status { path: Some(rel) })?;
+            if json {
+                println!("{}", status.body());
+            } else {
+                for line in status_lines(&status) {
+                    println!("{line}");
+                }
+            }
+            Err(Fail {
+                code: EXIT_TIMEOUT,
+                message: format!(
+                    "coherent: timed out after {} s waiting for {}",
+                    timeout.map_or(0.0, |t| t.as_secs_f64()),
+                    until.as_str()
+                ),
+            })
+        }
     }
 }
 
@@ -365,6 +625,13 @@ fn locate_paths(paths: &[PathBuf]) -> Result<(PathBuf, Vec<String>), Fail> {
 
 /// Send one request; the reply, or the failure to report.
 fn call(root: &Path, req: &Request) -> Result<Reply, Fail> {
+    let mut bytes = serde_json::to_vec(&req.to_json()).expect("requests serialise");
+    bytes.push(b'\n');
+    call_bytes(root, &bytes)
+}
+
+/// Send one request already in its wire form (a JSON object or a `VERB ARG...` line).
+fn call_bytes(root: &Path, bytes: &[u8]) -> Result<Reply, Fail> {
     let ctl = root.join(".coherent/ctl");
     let file = OpenOptions::new()
         .read(true)
@@ -374,10 +641,8 @@ fn call(root: &Path, req: &Request) -> Result<Reply, Fail> {
             Some(libc::ENOTCONN) | Some(libc::ENODEV) => gone(root, &e),
             _ => Fail::no_volume(format!("cannot open {}: {e}", ctl.display())),
         })?;
-    let mut bytes = serde_json::to_vec(&req.to_json()).expect("requests serialise");
-    bytes.push(b'\n');
     // one request is one write(2): a short write would cut it, so it counts as a failure
-    let write_err = match (&file).write(&bytes) {
+    let write_err = match (&file).write(bytes) {
         Ok(n) if n == bytes.len() => None,
         Ok(n) => Some(io::Error::other(format!(
             "short write to ctl ({n} of {} bytes)",
@@ -744,6 +1009,17 @@ fn run_in_session(name: &str, cmd: &[OsString], verbose: bool) -> Result<(), Fai
         ),
         Err(_) => {}
     }
+    // no command: the user's shell, so an interactive shell is the session from its start
+    // (an `export COHERENT_SESSION=...` inside a running shell cannot do that)
+    let shell;
+    let cmd = if cmd.is_empty() {
+        shell = [std::env::var_os("SHELL")
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| OsString::from("/bin/sh"))];
+        &shell[..]
+    } else {
+        cmd
+    };
     let err = std::process::Command::new(&cmd[0])
         .args(&cmd[1..])
         .env("COHERENT_SESSION", name)
@@ -763,6 +1039,33 @@ fn run_in_session(name: &str, cmd: &[OsString], verbose: bool) -> Result<(), Fai
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_argument_and_flag_has_help() {
+        fn walk(cmd: &clap::Command, at: &str) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                assert!(arg.get_help().is_some(), "{at} {id} has no help");
+            }
+            for sub in cmd.get_subcommands() {
+                assert!(
+                    sub.get_about().is_some(),
+                    "{at} {} has no about",
+                    sub.get_name()
+                );
+                walk(sub, &format!("{at} {}", sub.get_name()));
+            }
+        }
+        walk(&Cli::command(), "coherent");
+    }
 
     #[test]
     fn event_lines_are_readable() {

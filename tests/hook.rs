@@ -1,0 +1,324 @@
+//! `coherent hook claude-code` fed Claude Code's documented hook JSON for each event, run as
+//! the agent's session in a real mount: fenced, not fenced, unattributed, garbage.
+
+#[path = "common/coherent.rs"]
+mod coherent;
+mod common;
+
+use coherent::{cli, sh, sh_ok, Root, CLI, TAGS};
+use common::Mount;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The hook's (exit code, stdout, stderr) for `input` on stdin, as `who` in `dir`.
+fn hook(dir: &Path, who: Option<&str>, input: &str) -> (Option<i32>, String, String) {
+    let mut c = Command::new(CLI);
+    c.args(["hook", "claude-code"]).current_dir(dir);
+    for t in TAGS {
+        c.env_remove(t);
+    }
+    if let Some(w) = who {
+        c.env("COHERENT_SESSION", w);
+    }
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_string();
+    // fed from a thread, so a hook that stops reading cannot block the test
+    let feeder = std::thread::spawn(move || {
+        let _ = stdin.write_all(input.as_bytes());
+    });
+    let o = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The hook's JSON answer; panics unless it exits 0 and prints exactly one JSON object.
+fn answer(dir: &Path, who: Option<&str>, input: &Value) -> Value {
+    let (code, out, err) = hook(dir, who, &input.to_string());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.is_empty(), "stderr: {err}");
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+}
+
+/// The hook says nothing (and exits 0).
+fn silent(dir: &Path, who: Option<&str>, input: &str) {
+    let (code, out, err) = hook(dir, who, input);
+    assert_eq!(code, Some(0), "{input}: {err}");
+    assert!(out.is_empty(), "{who:?} {input}: said {out}");
+    assert!(err.is_empty(), "{who:?} {input}: stderr {err}");
+}
+
+fn pre(root: &Path, tool: &str, file: &str) -> Value {
+    let key = if tool == "NotebookEdit" {
+        "notebook_path"
+    } else {
+        "file_path"
+    };
+    json!({
+        "session_id": "abc123",
+        "transcript_path": "/tmp/t.jsonl",
+        "cwd": root,
+        "permission_mode": "default",
+        "hook_event_name": "PreToolUse",
+        "tool_name": tool,
+        "tool_input": { key: root.join(file), "content": "x" }
+    })
+}
+
+fn event(root: &Path, name: &str) -> Value {
+    json!({
+        "session_id": "abc123",
+        "transcript_path": "/tmp/t.jsonl",
+        "cwd": root,
+        "hook_event_name": name,
+        "source": "startup",
+        "prompt": "go on"
+    })
+}
+
+fn bash_result(root: &Path, command: &str, stderr: &str) -> Value {
+    json!({
+        "session_id": "abc123",
+        "cwd": root,
+        "hook_event_name": "PostToolUse",
+        "tool_name": "Bash",
+        "tool_input": { "command": command },
+        "tool_response": { "stdout": "", "stderr": stderr, "interrupted": false, "isImage": false }
+    })
+}
+
+fn context(v: &Value, event: &str) -> String {
+    let h = &v["hookSpecificOutput"];
+    assert_eq!(h["hookEventName"], event, "{v}");
+    h["additionalContext"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no additionalContext: {v}"))
+        .to_string()
+}
+
+#[test]
+fn pre_tool_use_denies_a_fenced_write_and_nothing_else() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && echo o > other.md",
+    );
+    let r = cli(
+        &m,
+        Some("alice"),
+        &[
+            "transfer",
+            "--to",
+            "bob",
+            "--note",
+            "review step 3",
+            "plan.md",
+        ],
+    );
+    assert!(r.ok(), "{}", r.show());
+
+    for tool in ["Write", "Edit", "MultiEdit", "NotebookEdit"] {
+        let v = answer(&root, Some("alice"), &pre(&root, tool, "plan.md"));
+        let h = &v["hookSpecificOutput"];
+        assert_eq!(h["hookEventName"], "PreToolUse", "{v}");
+        assert_eq!(h["permissionDecision"], "deny", "{tool}: {v}");
+        let why = h["permissionDecisionReason"].as_str().unwrap();
+        for want in [
+            "plan.md",
+            "(bob)",
+            "at v1",
+            "declines",
+            "coherent withdraw plan.md",
+            "review step 3",
+        ] {
+            assert!(why.contains(want), "{tool}: no {want:?} in {why}");
+        }
+    }
+    // the volume agrees: the same write is refused there
+    assert!(sh(&m, Some("alice"), "echo x >> plan.md").denied());
+
+    // not fenced: the successor, a bystander, an unattributed process, another file, a
+    // tool that does not write, a file that does not exist yet
+    silent(
+        &root,
+        Some("bob"),
+        &pre(&root, "Edit", "plan.md").to_string(),
+    );
+    silent(
+        &root,
+        Some("carol"),
+        &pre(&root, "Write", "plan.md").to_string(),
+    );
+    silent(&root, None, &pre(&root, "Write", "plan.md").to_string());
+    silent(
+        &root,
+        Some("alice"),
+        &pre(&root, "Edit", "other.md").to_string(),
+    );
+    silent(
+        &root,
+        Some("alice"),
+        &pre(&root, "Read", "plan.md").to_string(),
+    );
+    silent(
+        &root,
+        Some("alice"),
+        &pre(&root, "Write", "new.md").to_string(),
+    );
+
+    // the fence lifted: silent again
+    assert!(cli(&m, Some("alice"), &["withdraw", "plan.md"]).ok());
+    silent(
+        &root,
+        Some("alice"),
+        &pre(&root, "Edit", "plan.md").to_string(),
+    );
+}
+
+#[test]
+fn post_tool_use_explains_a_denied_shell_write() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && echo o > other.md",
+    );
+    assert!(cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]).ok());
+    let denied = sh(&m, Some("alice"), "echo x >> plan.md");
+    assert!(denied.denied(), "{}", denied.show());
+
+    let v = answer(
+        &root,
+        Some("alice"),
+        &bash_result(&root, "echo x >> plan.md", &denied.err),
+    );
+    let why = context(&v, "PostToolUse");
+    assert!(why.contains("write denied: you handed plan.md"), "{why}");
+    assert!(why.contains("coherent withdraw plan.md"), "{why}");
+
+    // no permission error, or one about a file alice is not fenced on, or another session
+    silent(
+        &root,
+        Some("alice"),
+        &bash_result(&root, "ls >&2", "other.md\nplan.md").to_string(),
+    );
+    silent(
+        &root,
+        Some("alice"),
+        &bash_result(
+            &root,
+            "cat /root/x",
+            "cat: /root/secret.txt: Permission denied",
+        )
+        .to_string(),
+    );
+    silent(
+        &root,
+        Some("bob"),
+        &bash_result(&root, "echo x >> plan.md", &denied.err).to_string(),
+    );
+}
+
+#[test]
+fn session_start_and_prompts_carry_the_inbox_and_own_transfers() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let r = cli(
+        &m,
+        Some("alice"),
+        &[
+            "transfer",
+            "--to",
+            "bob",
+            "--note",
+            "BOOTSTRAP: read plan.md, do step 2",
+            "plan.md",
+        ],
+    );
+    assert!(r.ok(), "{}", r.show());
+
+    for ev in ["SessionStart", "UserPromptSubmit"] {
+        let bob = context(&answer(&root, Some("bob"), &event(&root, ev)), ev);
+        assert!(bob.contains("plan.md from alice"), "{bob}");
+        assert!(bob.contains("BOOTSTRAP: read plan.md, do step 2"), "{bob}");
+        let alice = context(&answer(&root, Some("alice"), &event(&root, ev)), ev);
+        assert!(alice.contains("plan.md: to bob at v1, pending"), "{alice}");
+        assert!(alice.contains("coherent withdraw plan.md"), "{alice}");
+    }
+    // carol has nothing waiting: a short note at the start, nothing on each prompt
+    let carol = context(
+        &answer(&root, Some("carol"), &event(&root, "SessionStart")),
+        "SessionStart",
+    );
+    assert!(carol.contains("you are session carol"), "{carol}");
+    silent(
+        &root,
+        Some("carol"),
+        &event(&root, "UserPromptSubmit").to_string(),
+    );
+
+    // unattributed: how to fix it, once
+    let anon = context(
+        &answer(&root, None, &event(&root, "SessionStart")),
+        "SessionStart",
+    );
+    assert!(anon.contains("not attributed"), "{anon}");
+    assert!(
+        anon.contains("coherent run --session NAME -- claude"),
+        "{anon}"
+    );
+    silent(&root, None, &event(&root, "UserPromptSubmit").to_string());
+}
+
+#[test]
+fn garbage_and_foreign_input_exit_0_silently() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    let elsewhere = tempfile::tempdir().unwrap();
+    for input in [
+        "",
+        "garbage",
+        "[1,2]",
+        "{}",
+        r#"{"hook_event_name": 7}"#,
+        r#"{"hook_event_name": "Stop", "cwd": "/"}"#,
+        r#"{"hook_event_name": "PreToolUse", "tool_name": "Write"}"#,
+        r#"{"hook_event_name": "PreToolUse", "tool_name": "Write", "tool_input": {"file_path": 5}}"#,
+        r#"{"hook_event_name": "SessionStart", "cwd": "/no/such/dir"}"#,
+    ] {
+        silent(&root, Some("alice"), input);
+    }
+    // outside any volume: nothing to say about any event
+    let d = elsewhere.path();
+    silent(d, Some("alice"), &event(d, "SessionStart").to_string());
+    silent(d, Some("alice"), &pre(d, "Write", "x.md").to_string());
+    silent(
+        d,
+        Some("alice"),
+        &bash_result(d, "x", "Permission denied").to_string(),
+    );
+    // a huge input is read and ignored
+    let big = format!(
+        r#"{{"hook_event_name":"PreToolUse","pad":"{}"}}"#,
+        "x".repeat(1 << 20)
+    );
+    silent(&root, Some("alice"), &big);
+}
