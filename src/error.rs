@@ -23,6 +23,9 @@ pub enum Reason {
     Unattributed,
     NoSuchPath,
     BadRequest,
+    /// The caller's uid does not own the session it names, or lacks a permission the verb
+    /// needs (also: setting or removing a computed `user.coherent.*` xattr).
+    SessionNotYours,
     /// A fenced write (the giver handed the path on).
     Fenced,
     /// `--stale strict`: the session's view is older than the current version.
@@ -30,7 +33,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::HandoffToSelf,
         Reason::HandoffSuccessorUnknown,
         Reason::HandoffSuccessorMalformed,
@@ -44,6 +47,7 @@ impl Reason {
         Reason::Unattributed,
         Reason::NoSuchPath,
         Reason::BadRequest,
+        Reason::SessionNotYours,
         Reason::Fenced,
         Reason::StaleView,
     ];
@@ -64,6 +68,7 @@ impl Reason {
             Reason::Unattributed => "unattributed",
             Reason::NoSuchPath => "no_such_path",
             Reason::BadRequest => "bad_request",
+            Reason::SessionNotYours => "session_not_yours",
             Reason::Fenced => "fenced",
             Reason::StaleView => "stale_view",
         }

@@ -45,7 +45,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::coherence::{self, CommitOp, Engine, Route, Timestamp};
 use crate::error::Refusal;
 use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
-use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, DEFAULT_SESSION_ENV};
+use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
 
@@ -313,10 +313,25 @@ impl Volume {
 
     /// The caller's session, made known to the engine (`session_seen` the first time): a
     /// session is known once any of its processes touched the volume where it resolves.
+    /// A session name belongs to the first uid that shows it (§2): a process of another
+    /// uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
     fn session(&self, c: &Caller) -> Session {
         let s = self.resolver.resolve_request(c.pid, c.uid);
-        self.engine.session_seen(&s, Timestamp::now());
-        s
+        let now = Timestamp::now();
+        match self.engine.claim(&s, c.uid, now) {
+            Ok(()) => s,
+            Err(owner) => {
+                let mine = SessionInfo::unattributed(c.uid);
+                self.engine.session_seen(&Arc::new(mine.clone()), now);
+                Arc::new(SessionInfo {
+                    via: Via::NotYours {
+                        session: s.name.clone(),
+                        owner,
+                    },
+                    ..mine
+                })
+            }
+        }
     }
 
     /// `fstatat` in the backing directory, without following a final symlink.

@@ -172,6 +172,12 @@ impl Engine {
             .iter()
             .map(|(k, v)| (k.clone(), (**v).clone()))
             .collect();
+        st.owners = self
+            .owners
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
         (st, r)
     }
 
