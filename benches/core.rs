@@ -1,8 +1,8 @@
 //! Core benchmark (issue 3): `cargo bench --bench core`.
 //!
 //! With 100,000 tracked paths, 1,000 sessions and 10,000 transfer records:
-//! - the fence decision per open (`check_write` for an open for write, `open_read`), one
-//!   thread and two threads;
+//! - the write decision per route (`Engine::decide`: the fence of a setattr, and an open
+//!   for write with its acquire and release), `open_read`, one thread and two threads;
 //! - commits with the grouped journal append (commits/s, durable at the end);
 //! - memory per tracked path (bytes, counted by a wrapping global allocator);
 //! - rebuilding the state from a log of 1,000,000 events (and from a snapshot + tail).
@@ -123,6 +123,21 @@ fn populated(sink: Arc<dyn EventSink>) -> (Engine, Vec<Session>, Vec<String>) {
     (e, ss, ps)
 }
 
+/// The write decision of a setattr on `p` (the fence; no hold is taken): the same work
+/// `check_write` measured before `decide` existed.
+fn decide(e: &Engine, s: &Session, p: &str) -> Result<Permit, coherent::error::Refusal> {
+    e.decide(s, Write::Setattr(At::unseen(p)), t())
+}
+
+/// An open for write of untouched path `i` as the mount decides it (the backing stamp
+/// observed, the fence, the stale guard, the acquire) and its release.
+fn open_write(e: &Engine, s: &Session, ps: &[String], i: usize) {
+    let p = &ps[i];
+    let at = At::new(p, Found::File(stamp(i).unwrap()));
+    let pm = e.decide(s, Write::Open(at), t()).unwrap();
+    e.close_write(&pm.session, &pm.path, false, t());
+}
+
 fn fence(c: &mut Criterion) {
     let (e, ss, ps) = populated(Arc::new(MemorySink::discarding()));
     let e = Arc::new(e);
@@ -130,22 +145,27 @@ fn fence(c: &mut Criterion) {
     let m = median_per_op(3000, 1000, || {
         i = (i + 7919) % RECORDS;
         let s = &ss[(i + 500) % SESSIONS];
-        black_box(e.check_write(s, &ps[i], Route::OpenWrite, t())).unwrap();
+        black_box(decide(&e, s, &ps[i])).unwrap();
     });
-    println!("fence: check_write (open for write, path with a live record, bystander): median {m:?} per decision, 1 thread");
+    println!("fence: decide (setattr, path with a live record, bystander): median {m:?} per decision, 1 thread");
     let m = median_per_op(3000, 1000, || {
         i = (i + 7919) % RECORDS;
         let s = &ss[i % SESSIONS];
-        black_box(e.check_write(s, &ps[i], Route::OpenWrite, t())).unwrap_err();
+        black_box(decide(&e, s, &ps[i])).unwrap_err();
     });
-    println!(
-        "fence: check_write refused (the giver; builds the deny text, logs denied): median {m:?}"
-    );
+    println!("fence: decide refused (the giver; builds the deny text, logs denied): median {m:?}");
     let m = median_per_op(3000, 1000, || {
         i = (i + 7919) % PATHS;
         black_box(e.open_read(&ss[i % SESSIONS], &ps[i], t()));
     });
     println!("fence: open_read: median {m:?} per open, 1 thread");
+    let m = median_per_op(3000, 1000, || {
+        i = (i + 7919) % (PATHS - RECORDS);
+        open_write(&e, &ss[i % SESSIONS], &ps, RECORDS + i);
+    });
+    println!(
+        "fence: decide an open for write (observe, fence, stale guard, acquire) + close_write: median {m:?}"
+    );
     let meds: Vec<Duration> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..2usize)
             .map(|k| {
@@ -154,38 +174,28 @@ fn fence(c: &mut Criterion) {
                     let mut j = k * 31;
                     median_per_op(3000, 1000, || {
                         j = (j + 7919) % PATHS;
-                        let _ = black_box(e.check_write(
-                            &ss[(j + 500) % SESSIONS],
-                            &ps[j],
-                            Route::OpenWrite,
-                            t(),
-                        ));
+                        let _ = black_box(decide(e, &ss[(j + 500) % SESSIONS], &ps[j]));
                     })
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    println!("fence: check_write with 2 threads at once: median {meds:?} per decision per thread");
+    println!("fence: decide with 2 threads at once: median {meds:?} per decision per thread");
     let mut g = c.benchmark_group("fence");
     // A bystander opening a path with a live record for write (allowed).
-    g.bench_function("check_write_open_on_handed_path", |b| {
+    g.bench_function("decide_on_handed_path", |b| {
         b.iter(|| {
             i = (i + 7919) % RECORDS;
             let s = &ss[(i + 500) % SESSIONS];
-            black_box(e.check_write(s, &ps[i], Route::OpenWrite, t())).unwrap();
+            black_box(decide(&e, s, &ps[i])).unwrap();
         })
     });
-    g.bench_function("check_write_open_on_untouched_path", |b| {
+    g.bench_function("decide_on_untouched_path", |b| {
         b.iter(|| {
             i = (i + 7919) % PATHS;
             let s = &ss[i % SESSIONS];
-            let _ = black_box(e.check_write(
-                s,
-                &ps[RECORDS + i % (PATHS - RECORDS)],
-                Route::OpenWrite,
-                t(),
-            ));
+            let _ = black_box(decide(&e, s, &ps[RECORDS + i % (PATHS - RECORDS)]));
         })
     });
     g.bench_function("open_read", |b| {
@@ -196,7 +206,7 @@ fn fence(c: &mut Criterion) {
     });
     // Two threads deciding at once (different random paths): wall time per decision per
     // thread.
-    g.bench_function("check_write_open_2_threads", |b| {
+    g.bench_function("decide_2_threads", |b| {
         b.iter_custom(|iters| {
             let start = Instant::now();
             std::thread::scope(|sc| {
@@ -206,12 +216,7 @@ fn fence(c: &mut Criterion) {
                         let mut j = k * 31;
                         for _ in 0..iters {
                             j = (j + 7919) % PATHS;
-                            let _ = black_box(e.check_write(
-                                &ss[(j + 500) % SESSIONS],
-                                &ps[j],
-                                Route::OpenWrite,
-                                t(),
-                            ));
+                            let _ = black_box(decide(e, &ss[(j + 500) % SESSIONS], &ps[j]));
                         }
                     });
                 }

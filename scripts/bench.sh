@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Benchmark: the same workloads on the native backing directory and on each mount, median
-# of RUNS runs, printed as a Markdown table (seconds, ratio against native) on stdout.
-# Raw timings go to target/bench/raw-TIMESTAMP.tsv, the table to target/bench/table-*.md.
+# Benchmark: the same workloads on the native backing directory and on each mount, on a disk
+# backing (the repo's filesystem, ext4 here) and/or a tmpfs backing; every mode takes turns
+# run by run (interleaved rounds), median of RUNS runs, printed as Markdown tables (seconds,
+# ratio against native) on stdout. Raw timings go to target/bench/raw-TIMESTAMP.tsv, the
+# tables to target/bench/table-*.md, the ratios to target/bench/ratios-*.tsv.
 #
 # Usage: scripts/bench.sh [--runs N] [--modes "native bindfs coherent coherent-nopt"]
-#                         [--files N] [--dirs N] [--big-mib N]
+#                         [--backing ext4|tmpfs|both] [--files N] [--dirs N] [--big-mib N]
+#                         [--no-build] [--no-agent] [--plot FILE.svg]
+#   --backing   where the backing directories live: ext4 (under target/, the repo's disk),
+#               tmpfs (a tmpfs mounted for the run), both (ext4 first). Default both.
+#   --no-agent  skip the agent rows (git clone of this repository, git status x20,
+#               git checkout back and forth, grep -rn, cargo build)
+#   --no-build  skip only the agent's debug `cargo build --offline` (the slow row)
+#   --plot F    also draw the ratio table as a bar chart (SVG, scripts/plot.py)
 # Env:   BENCH_MODES, BENCH_RUNS (5), BENCH_FILES (3000), BENCH_DIRS (300),
-#        BENCH_BIG_MIB (1024), BENCH_DIR (where to work; default under target/),
-#        BENCH_NICE (-10: priority of the run and its daemons), BENCH_TIMEOUT (600 s per
-#        workload), COHERENT_MOUNT_OPTS, COHERENT_NO_BUILD.
+#        BENCH_BIG_MIB (1024), BENCH_BACKING (both), BENCH_DIR (where to work; default under
+#        target/), BENCH_TMPFS_SIZE (half the RAM), BENCH_NICE (-10: priority of the run and
+#        its daemons), BENCH_TIMEOUT (600 s per workload), COHERENT_MOUNT_OPTS,
+#        COHERENT_NO_BUILD (do not rebuild target/release/coherent-mount).
 # Modes and their mount commands: scripts/lib.sh (mode_command).
 set -uo pipefail
 # shellcheck source=scripts/lib.sh
@@ -44,6 +54,24 @@ workload() {
     seq_read_cold | seq_read_warm) dd if="$t/big.dat" of=/dev/null bs=1M status=none ;;
     # fio drops the file's cached pages before a job unless told not to (invalidate=0)
     rand_read) "${fio[@]}" --name=randread --rw=randread --bs=4k --randseed=42 --invalidate=0 ;;
+    # The agent's rows, in a clone of this repository (CLONE_FROM, a snapshot). --no-hardlinks: on the
+    # repo's own disk a local clone would otherwise link the objects and skip the copy.
+    git_clone) git clone -q --no-hardlinks "$CLONE_FROM" "$t/clone" ;;
+    git_status)
+        for ((i = 0; i < 20; i++)); do
+            git -C "$t/clone" status --porcelain >/dev/null || return 1
+        done
+        ;;
+    git_checkout) git -C "$t/clone" checkout -q "$OLD_REV" && git -C "$t/clone" checkout -q - ;;
+    grep_rn)
+        local n
+        n=$(grep -rn --exclude-dir=.git -e 'fn ' "$t/clone" | wc -l)
+        ((n == GREP_LINES)) || { echo "grep -rn found $n lines, expected $GREP_LINES" >&2; return 1; }
+        ;;
+    cargo_build)
+        # The clone's own target dir, inside the directory under test; the caller's
+        # CARGO_TARGET_DIR would put it elsewhere.
+        (cd "$t/clone" && CARGO_TARGET_DIR=$t/clone/target cargo build --offline --quiet) ;;
     *) return 2 ;;
     esac
 }
@@ -77,16 +105,22 @@ RUNS=${BENCH_RUNS:-5}
 FILES=${BENCH_FILES:-3000}
 DIRS=${BENCH_DIRS:-300}
 BIG_MIB=${BENCH_BIG_MIB:-1024}
+BACKING=${BENCH_BACKING:-both}
 TIMEOUT=${BENCH_TIMEOUT:-600}
+AGENT=1 BUILD=1 PLOT=
 
 while (($#)); do
     case $1 in
     --runs) RUNS=$2; shift ;;
     --modes) MODES=$2; shift ;;
+    --backing) BACKING=$2; shift ;;
     --files) FILES=$2; shift ;;
     --dirs) DIRS=$2; shift ;;
     --big-mib) BIG_MIB=$2; shift ;;
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-agent) AGENT= ;;
+    --no-build) BUILD= ;;
+    --plot) PLOT=$2; shift ;;
+    -h | --help) sed -n '2,/^# Modes and/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
     esac
     shift
@@ -94,23 +128,38 @@ done
 read -r -a MODES <<<"$MODES"
 [[ ${MODES[0]} == native ]] || die "the first mode must be native (ratios are against it)"
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs wants a positive integer"
+case $BACKING in
+ext4 | tmpfs) BACKINGS=("$BACKING") ;;
+both) BACKINGS=(ext4 tmpfs) ;;
+*) die "--backing wants ext4, tmpfs or both" ;;
+esac
 [[ $EUID -eq 0 ]] || die "run as root (mounts, and dropping the page cache)"
 need_tools fio python3 findmnt timeout
+[[ -z $AGENT ]] || need_tools git grep
+[[ -z $AGENT || -z $BUILD ]] || need_tools cargo
 need_mode_tools "${MODES[@]}"
+if [[ -n $PLOT ]]; then
+    mkdir -p "$(dirname "$PLOT")" || die "--plot: cannot create the directory of $PLOT"
+    PLOT=$(cd "$(dirname "$PLOT")" && pwd)/$(basename "$PLOT")
+fi
 
 OUT=$REPO_ROOT/target/bench
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 RAW=$OUT/raw-$STAMP.tsv
+RATIOS=$OUT/ratios-$STAMP.tsv
 mkdir -p "$OUT" || die "cannot create $OUT"
 # On the same filesystem as the repo by default (the backing directory of a real workspace).
 WORK=$(mktemp -d "${BENCH_DIR:-$REPO_ROOT/target}/bench-work.XXXXXX") || die "mktemp failed"
 chmod 755 "$WORK"
+DISK_FS=$(findmnt -rn -o FSTYPE -T "$WORK")
 
+TMPFS_MNT=
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     stop_child
     cleanup_mounts
+    [[ -z $TMPFS_MNT ]] || umount "$TMPFS_MNT" 2>/dev/null || umount -l "$TMPFS_MNT" 2>/dev/null
     rm -rf "$WORK"
     exit "$rc"
 }
@@ -123,6 +172,18 @@ log "generating the tree ($FILES files, $DIRS dirs)"
 python3 "$REPO_ROOT/scripts/gen-tree.py" "$SRC" "$FILES" "$DIRS" 42 2>"$WORK/gen.log" ||
     die "tree generation failed: $(cat "$WORK/gen.log")"
 TREE_DESC=$(cat "$WORK/gen.log")
+
+if [[ -n $AGENT ]]; then
+    # The agent works in a clone of the repository this script belongs to (its committed
+    # HEAD); checkout goes to a commit 40 back (or the first) and returns. Every run clones
+    # from one snapshot taken now, so a commit made during the run changes nothing.
+    top=$(git -C "$REPO_ROOT" rev-parse --show-toplevel) || die "$REPO_ROOT is not a git repository"
+    export CLONE_FROM=$WORK/snapshot OLD_REV GREP_LINES
+    git clone -q --no-hardlinks "$top" "$CLONE_FROM" || die "git clone $top failed"
+    OLD_REV=$(git -C "$CLONE_FROM" rev-list --max-count=41 HEAD | tail -1)
+    GREP_LINES=$(grep -rn --exclude-dir=.git -e 'fn ' "$CLONE_FROM" | wc -l)
+    AGENT_DESC="clone of $(basename "$top") at $(git -C "$CLONE_FROM" rev-parse --short HEAD), $(git -C "$CLONE_FROM" ls-files | wc -l) files; checkout to $(git -C "$CLONE_FROM" rev-parse --short "$OLD_REV") ($(git -C "$CLONE_FROM" diff --shortstat HEAD "$OLD_REV" | sed 's/^ *//')) and back"
+fi
 
 drop_caches() {
     sync
@@ -143,6 +204,15 @@ WORKLOADS=(
     "seq_read_warm|sequential read ${BIG_MIB} MiB (dd bs=1M, warm)"
     "rand_read|4 KiB random reads, ${BIG_MIB} MiB in total (fio, warm)"
 )
+if [[ -n $AGENT ]]; then
+    WORKLOADS+=(
+        "git_clone|agent: git clone of this repository (local, --no-hardlinks)"
+        "git_status|agent: git status x20"
+        "git_checkout|agent: git checkout 40 commits back and return"
+        "grep_rn|agent: grep -rn over the clone"
+    )
+    [[ -z $BUILD ]] || WORKLOADS+=("cargo_build|agent: cargo build --offline (debug, target in the clone)")
+fi
 
 # prepare NAME T: untimed set-up before a workload.
 prepare() {
@@ -155,55 +225,82 @@ prepare() {
         ;;
     seq_write) rm -f "$2/big.dat"; sync ;;
     seq_read_cold) drop_caches ;;
+    git_clone) rm -rf "$2/clone" ;;
     # No sync between the tree workloads: on this ext4 an rm -rf right after a sync costs
     # 10x more and varies 2x from run to run, which would drown what is measured.
     *) ;;
     esac
 }
 
-# one_run MODE T RUN: every workload once; appends "mode workload run seconds" to RAW.
+# one_run BACKING MODE T RUN: every workload once; appends a line per workload to RAW.
 one_run() {
-    local mode=$1 t=$2 run=$3 w name t0 t1
+    local backing=$1 mode=$2 t=$3 run=$4 w name
     for w in "${WORKLOADS[@]}"; do
         name=${w%%|*}
         prepare "$name" "$t"
         if ! run_bounded "$TIMEOUT" bash "$REPO_ROOT/scripts/bench.sh" --run-workload "$name" "$t" \
             >"$WORK/seconds" 2>>"$OUT/bench-$STAMP.log"; then
-            log "$mode: $name failed or timed out (run $run); see $OUT/bench-$STAMP.log"
-            printf '%s\t%s\t%s\tFAILED\n' "$mode" "$name" "$run" >>"$RAW"
+            log "$backing/$mode: $name failed or timed out (run $run); see $OUT/bench-$STAMP.log"
+            printf '%s\t%s\t%s\t%s\tFAILED\n' "$backing" "$mode" "$name" "$run" >>"$RAW"
             continue
         fi
-        printf '%s\t%s\t%s\t%s\n' "$mode" "$name" "$run" "$(cat "$WORK/seconds")" >>"$RAW"
+        printf '%s\t%s\t%s\t%s\t%s\n' "$backing" "$mode" "$name" "$run" "$(cat "$WORK/seconds")" >>"$RAW"
     done
-    rm -f "$t/big.dat"
+    # leave nothing behind: on tmpfs every mode shares the memory
+    rm -rf "$t/big.dat" "$t/clone"
+}
+
+# backing_dir BACKING: where that backing's directories go (mounts the tmpfs).
+backing_dir() {
+    case $1 in
+    ext4) printf '%s' "$WORK/ext4" ;;
+    tmpfs)
+        local size=${BENCH_TMPFS_SIZE:-$(awk '/MemTotal/ {printf "%dk", $2/2}' /proc/meminfo)}
+        TMPFS_MNT=$WORK/tmpfs
+        mkdir -p "$TMPFS_MNT" && mount -t tmpfs -o "size=$size,mode=755" tmpfs "$TMPFS_MNT" ||
+            die "cannot mount a tmpfs on $TMPFS_MNT"
+        printf '%s' "$TMPFS_MNT"
+        ;;
+    esac
 }
 
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
-printf 'mode\tworkload\trun\tseconds\n' >"$RAW"
-# All modes are mounted for the whole run and take turns run by run, so that a burst of
-# load from other work on the machine falls on every column rather than on one.
+printf 'backing\tmode\tworkload\trun\tseconds\n' >"$RAW"
 declare -A MOUNT_FAILED=() TARGET=()
-for mode in "${MODES[@]}"; do
-    dir=$WORK/$mode
-    mkdir -p "$dir/backing" "$dir/mnt"
-    if [[ $mode == native ]]; then TARGET[$mode]=$dir/backing; else TARGET[$mode]=$dir/mnt; fi
-    mount_mode "$mode" "$dir/backing" "$dir/mnt" "$OUT/mount-$mode-$STAMP.log" || MOUNT_FAILED[$mode]=1
-done
-for ((run = 1; run <= RUNS; run++)); do
+for backing in "${BACKINGS[@]}"; do
+    base=$(backing_dir "$backing") || exit 2
+    [[ $backing != tmpfs ]] || TMPFS_MNT=$base # backing_dir ran in a subshell
+    # All modes are mounted for the whole run and take turns run by run, so that a burst of
+    # load from other work on the machine falls on every column rather than on one.
     for mode in "${MODES[@]}"; do
-        [[ -z ${MOUNT_FAILED[$mode]:-} ]] || continue
-        log "$(mode_label "$mode"): run $run/$RUNS"
-        one_run "$mode" "${TARGET[$mode]}" "$run"
+        dir=$base/$mode
+        mkdir -p "$dir/backing" "$dir/mnt"
+        if [[ $mode == native ]]; then TARGET[$mode]=$dir/backing; else TARGET[$mode]=$dir/mnt; fi
+        mount_mode "$mode" "$dir/backing" "$dir/mnt" "$OUT/mount-$backing-$mode-$STAMP.log" ||
+            MOUNT_FAILED[$backing/$mode]=1
     done
+    for ((run = 1; run <= RUNS; run++)); do
+        for mode in "${MODES[@]}"; do
+            [[ -z ${MOUNT_FAILED[$backing/$mode]:-} ]] || continue
+            log "$backing: $(mode_label "$mode"): run $run/$RUNS"
+            one_run "$backing" "$mode" "${TARGET[$mode]}" "$run"
+        done
+    done
+    for mode in "${MODES[@]}"; do unmount "$base/$mode/mnt"; done
+    if [[ $backing == tmpfs ]]; then
+        umount "$TMPFS_MNT" || log "umount $TMPFS_MNT failed"
+        TMPFS_MNT=
+    fi
 done
-for mode in "${MODES[@]}"; do unmount "$WORK/$mode/mnt"; done
 
-# --- table ----------------------------------------------------------------------------
-med() { awk -F'\t' -v m="$1" -v w="$2" '$1 == m && $2 == w && $4 != "FAILED" {print $4}' "$RAW" | median; }
+# --- tables ---------------------------------------------------------------------------
+med() { awk -F'\t' -v b="$1" -v m="$2" -v w="$3" '$1 == b && $2 == m && $3 == w && $5 != "FAILED" {print $5}' "$RAW" | median; }
+
+backing_label() { if [[ $1 == ext4 ]]; then echo "$DISK_FS (the repo's disk)"; else echo tmpfs; fi; }
 
 table() {
-    local w name desc mode v n cell
-    echo "Benchmark $(date -u '+%Y-%m-%d %H:%M UTC') — $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), $(findmnt -rn -o FSTYPE -T "$REPO_ROOT") backing, load average $LOAD_START at start and $(cut -d' ' -f1-3 /proc/loadavg) at end; median of $RUNS runs, seconds (ratio to native). Tree: $TREE_DESC."
+    local backing=$1 w name desc mode v n cell
+    echo "### $(backing_label "$backing") backing"
     echo
     printf '| workload |'
     for mode in "${MODES[@]}"; do printf ' %s |' "$(mode_label "$mode")"; done
@@ -212,11 +309,11 @@ table() {
     echo
     for w in "${WORKLOADS[@]}"; do
         name=${w%%|*} desc=${w#*|}
-        n=$(med native "$name")
+        n=$(med "$backing" native "$name")
         printf '| %s |' "$desc"
         for mode in "${MODES[@]}"; do
-            v=$(med "$mode" "$name")
-            if [[ -n ${MOUNT_FAILED[$mode]:-} ]]; then cell="mount failed"
+            v=$(med "$backing" "$mode" "$name")
+            if [[ -n ${MOUNT_FAILED[$backing/$mode]:-} ]]; then cell="mount failed"
             elif [[ $v == nan ]]; then cell="failed"
             elif [[ $mode == native ]]; then cell=$(printf '%.3f' "$v")
             else cell=$(awk -v v="$v" -v n="$n" 'BEGIN{ if (n > 0 && n != "nan") printf "%.3f (%.2fx)", v, v/n; else printf "%.3f", v }')
@@ -224,7 +321,26 @@ table() {
             printf ' %s |' "$cell"
         done
         echo
+        # ratios for the plot: backing, workload, mode, ratio (empty when unknown)
+        for mode in "${MODES[@]:1}"; do
+            v=$(med "$backing" "$mode" "$name")
+            printf '%s\t%s\t%s\t%s\n' "$(backing_label "$backing")" "$desc" "$(mode_label "$mode")" \
+                "$(awk -v v="$v" -v n="$n" 'BEGIN{ if (v != "nan" && n != "nan" && n > 0) printf "%.4f", v/n }')" >>"$RATIOS"
+        done
     done
+    echo
 }
-table | tee "$OUT/table-$STAMP.md"
-log "raw timings: $RAW"
+
+printf 'backing\tworkload\tmode\tratio\n' >"$RATIOS"
+{
+    echo "Benchmark $(date -u '+%Y-%m-%d %H:%M UTC') — $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), load average $LOAD_START at start and $(cut -d' ' -f1-3 /proc/loadavg) at end; interleaved rounds, median of $RUNS runs, seconds (ratio to native, lower is better). Tree: $TREE_DESC.${AGENT:+ Agent: $AGENT_DESC.}"
+    echo
+    for backing in "${BACKINGS[@]}"; do table "$backing"; done
+} | tee "$OUT/table-$STAMP.md"
+log "raw timings: $RAW; ratios: $RATIOS"
+if [[ -n $PLOT ]]; then
+    python3 "$REPO_ROOT/scripts/plot.py" "$RATIOS" "$PLOT" \
+        --title "Time relative to native (median of $RUNS runs, $(date -u +%Y-%m-%d), $(nproc) cores)" ||
+        die "plot failed"
+    log "plot: $PLOT"
+fi

@@ -69,6 +69,7 @@ mode_label() {
     native) echo "native" ;;
     bindfs) echo "bindfs" ;;
     coherent) echo "coherent (passthrough)" ;;
+    coherent-plain) echo "coherent (--no-coherence)" ;;
     coherent-nopt) echo "coherent (--no-passthrough)" ;;
     coherent-base) echo "coherent base build (passthrough)" ;;
     *) echo "$1" ;;

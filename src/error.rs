@@ -4,6 +4,7 @@
 //! wire (tests outside this repo match on it); the errno is what a `write(2)` to
 //! `.coherent/ctl` or a fenced filesystem call fails with.
 
+use crate::coherence::Status;
 use std::fmt;
 
 /// A wire-stable refusal reason code.
@@ -26,14 +27,23 @@ pub enum Reason {
     /// The caller's uid does not own the session it names, or lacks a permission the verb
     /// needs (also: setting or removing a computed `user.coherent.*` xattr).
     SessionNotYours,
-    /// A fenced write (the giver handed the path on).
+    /// An untracked path (§3).
+    NotTracked,
+    /// The state could not be made durable.
+    IoError,
+    /// Multi-host (§13): the coordinator could not be reached.
+    CoordinatorUnavailable,
+    /// A fenced write (the giver handed the path on); a `denied` event reason.
     Fenced,
     /// `--stale strict`: the session's view is older than the current version.
     StaleView,
+    /// The caller could not be resolved to a session where the volume fails closed
+    /// (issue 9); a `denied` event reason.
+    Unresolved,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 20] = [
         Reason::HandoffToSelf,
         Reason::HandoffSuccessorUnknown,
         Reason::HandoffSuccessorMalformed,
@@ -48,8 +58,12 @@ impl Reason {
         Reason::NoSuchPath,
         Reason::BadRequest,
         Reason::SessionNotYours,
+        Reason::NotTracked,
+        Reason::IoError,
+        Reason::CoordinatorUnavailable,
         Reason::Fenced,
         Reason::StaleView,
+        Reason::Unresolved,
     ];
 
     /// The wire code.
@@ -69,8 +83,12 @@ impl Reason {
             Reason::NoSuchPath => "no_such_path",
             Reason::BadRequest => "bad_request",
             Reason::SessionNotYours => "session_not_yours",
+            Reason::NotTracked => "not_tracked",
+            Reason::IoError => "io_error",
+            Reason::CoordinatorUnavailable => "coordinator_unavailable",
             Reason::Fenced => "fenced",
             Reason::StaleView => "stale_view",
+            Reason::Unresolved => "unresolved",
         }
     }
 
@@ -81,6 +99,7 @@ impl Reason {
             Reason::NoSuchPath => libc::ENOENT,
             Reason::HandoffSuccessorUnknown => libc::ESRCH,
             Reason::HandoffInFlight => libc::EBUSY,
+            Reason::IoError | Reason::CoordinatorUnavailable => libc::EIO,
             _ => libc::EACCES,
         }
     }
@@ -97,11 +116,17 @@ impl fmt::Display for Reason {
 }
 
 /// A refusal: the reason code plus a human sentence that names the file, the other
-/// session and what to do next.
+/// session and what to do next; the path it refers to and, where a transfer record
+/// exists, that record's status (§5: every refusal reply names both). A refused
+/// multi-path request lists each refused path with its own refusal in `per_path` (the
+/// request stays all-or-nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub reason: Reason,
     pub message: String,
+    pub path: Option<String>,
+    pub status: Option<Status>,
+    pub per_path: Vec<Refusal>,
 }
 
 impl Refusal {
@@ -109,7 +134,22 @@ impl Refusal {
         Refusal {
             reason,
             message: message.into(),
+            path: None,
+            status: None,
+            per_path: Vec::new(),
         }
+    }
+
+    /// The path the refusal refers to.
+    pub fn at(mut self, path: impl Into<String>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
+    /// The status of the record the refusal refers to.
+    pub fn with_status(mut self, status: Status) -> Self {
+        self.status = Some(status);
+        self
     }
 
     pub fn errno(&self) -> i32 {
@@ -147,7 +187,12 @@ mod tests {
         assert_eq!(Reason::NoSuchPath.errno(), libc::ENOENT);
         assert_eq!(Reason::HandoffSuccessorUnknown.errno(), libc::ESRCH);
         assert_eq!(Reason::HandoffInFlight.errno(), libc::EBUSY);
+        assert_eq!(Reason::IoError.errno(), libc::EIO);
+        assert_eq!(Reason::CoordinatorUnavailable.errno(), libc::EIO);
         for r in [
+            Reason::SessionNotYours,
+            Reason::NotTracked,
+            Reason::Unresolved,
             Reason::HandoffToSelf,
             Reason::HandoffNotHeld,
             Reason::HandoffOtherHolder,

@@ -36,9 +36,9 @@ use fuser::{
 use parking_lot::Mutex;
 
 use convert::{
-    caller, errno, file_attr, file_type, has_cap_sys_admin, negative_attr, set_time, xattr_answer,
+    caller, fail, file_attr, file_type, has_cap_sys_admin, negative_attr, set_time, xattr_answer,
 };
-pub use hooks::{open_writes, HandleInfo, Hooks, NoHooks, OpenInfo, WriteRoute};
+pub use hooks::{open_writes, HandleInfo, Hooks, NoHooks, OpenInfo, Permit, WriteRoute};
 
 use crate::passthrough::{
     is_virtual, Attr, Caller, DirEntry, FsError, FsResult, Kind, SetAttr, Store, XattrReply,
@@ -150,15 +150,40 @@ impl CoherentFs {
         route: &WriteRoute<'_>,
         op: impl FnOnce() -> FsResult<T>,
     ) -> FsResult<T> {
-        self.hooks.before_write(caller, route)?;
+        let permit = self.hooks.before_write(caller, route)?;
         let r = op();
         self.hooks
-            .after_write(caller, route, r.as_ref().map(drop).map_err(|e| *e));
+            .after_write(caller, route, permit, r.as_ref().map(drop).map_err(|e| *e));
         r
     }
 
+    /// An open or create for write through the hooks: before (may refuse), the
+    /// operation; a failure goes to `after_write`, a success returns the permit for
+    /// `opened`.
+    fn guarded_open<T>(
+        &self,
+        caller: &Caller,
+        route: &WriteRoute<'_>,
+        op: impl FnOnce() -> FsResult<T>,
+    ) -> FsResult<(T, Option<Permit>)> {
+        let permit = self.hooks.before_write(caller, route)?;
+        match op() {
+            Ok(x) => Ok((x, permit)),
+            Err(e) => {
+                self.hooks.after_write(caller, route, permit, Err(e));
+                Err(e)
+            }
+        }
+    }
+
     /// Tell the hooks about a new handle and store its token; on refusal, close it.
-    fn opened(&self, caller: &Caller, fh: u64, created: bool) -> FsResult<()> {
+    fn opened(
+        &self,
+        caller: &Caller,
+        fh: u64,
+        created: bool,
+        permit: Option<Permit>,
+    ) -> FsResult<()> {
         let h = self.store.handle(fh)?;
         let path = self.store.path_of(h.ino);
         let info = OpenInfo {
@@ -168,7 +193,7 @@ impl CoherentFs {
             created,
             stamp: *h.stamp.lock(),
         };
-        match self.hooks.on_open(caller, &info) {
+        match self.hooks.on_open(caller, &info, permit) {
             Ok(token) => {
                 h.token.store(token, Ordering::Relaxed);
                 Ok(())
@@ -242,10 +267,10 @@ impl CoherentFs {
         }
     }
 
-    fn entry_reply(&self, r: FsResult<Attr>, reply: ReplyEntry) {
+    fn entry_reply(&self, op: &str, r: FsResult<Attr>, reply: ReplyEntry) {
         match r {
             Ok(a) => reply.entry(ttl_of(a.ino), &file_attr(&a), Generation(0)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail(op, e)),
         }
     }
 
@@ -318,10 +343,10 @@ impl CoherentFs {
 }
 
 /// Answer a request that returns nothing but success or an errno.
-fn empty_reply(r: FsResult<()>, reply: ReplyEmpty) {
+fn empty_reply(op: &str, r: FsResult<()>, reply: ReplyEmpty) {
     match r {
         Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(e)),
+        Err(e) => reply.error(fail(op, e)),
     }
 }
 
@@ -383,7 +408,7 @@ impl Filesystem for CoherentFs {
             // that for its own create/mkdir/link/rename); names made directly in
             // the backing directory show up within TTL, like changed attributes.
             Err(FsError(libc::ENOENT)) => reply.entry(&TTL, &negative_attr(), Generation(0)),
-            r => self.entry_reply(r, reply),
+            r => self.entry_reply("lookup", r, reply),
         }
     }
 
@@ -399,7 +424,7 @@ impl Filesystem for CoherentFs {
         };
         match r {
             Ok(a) => reply.attr(ttl_of(a.ino), &file_attr(&a)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("getattr", e)),
         }
     }
 
@@ -453,14 +478,14 @@ impl Filesystem for CoherentFs {
         };
         match r {
             Ok(a) => reply.attr(ttl_of(a.ino), &file_attr(&a)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("setattr", e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.store.readlink(ino.0) {
             Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("readlink", e)),
         }
     }
 
@@ -487,7 +512,7 @@ impl Filesystem for CoherentFs {
         let r = self.guarded(&c, &route, || {
             self.store.mknod(&c, parent.0, name, mode, rdev)
         });
-        self.entry_reply(r, reply)
+        self.entry_reply("mknod", r, reply)
     }
 
     fn mkdir(
@@ -509,7 +534,7 @@ impl Filesystem for CoherentFs {
             mode,
         };
         let r = self.guarded(&c, &route, || self.store.mkdir(&c, parent.0, name, mode));
-        self.entry_reply(r, reply)
+        self.entry_reply("mkdir", r, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -522,6 +547,7 @@ impl Filesystem for CoherentFs {
             path: path.as_deref(),
         };
         empty_reply(
+            "unlink",
             self.guarded(&c, &route, || self.store.unlink(parent.0, name)),
             reply,
         )
@@ -537,6 +563,7 @@ impl Filesystem for CoherentFs {
             path: path.as_deref(),
         };
         empty_reply(
+            "rmdir",
             self.guarded(&c, &route, || self.store.rmdir(parent.0, name)),
             reply,
         )
@@ -562,7 +589,7 @@ impl Filesystem for CoherentFs {
         let r = self.guarded(&c, &route, || {
             self.store.symlink(&c, parent.0, link_name, target)
         });
-        self.entry_reply(r, reply)
+        self.entry_reply("symlink", r, reply)
     }
 
     fn rename(
@@ -591,6 +618,7 @@ impl Filesystem for CoherentFs {
             flags: flags.bits(),
         };
         empty_reply(
+            "rename",
             self.guarded(&c, &route, || {
                 self.store
                     .rename(parent.0, name, newparent.0, newname, flags.bits())
@@ -621,7 +649,7 @@ impl Filesystem for CoherentFs {
             to: to.as_deref(),
         };
         let r = self.guarded(&c, &route, || self.store.link(ino.0, newparent.0, newname));
-        self.entry_reply(r, reply)
+        self.entry_reply("link", r, reply)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -630,7 +658,7 @@ impl Filesystem for CoherentFs {
         if is_virtual(ino) {
             return match self.hooks.virtual_open(&c, ino, flags) {
                 Ok(t) => reply.opened(FileHandle(t), FopenFlags::FOPEN_DIRECT_IO),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(fail("open", e)),
             };
         }
         let r = if open_writes(flags) {
@@ -640,17 +668,18 @@ impl Filesystem for CoherentFs {
                 path: path.as_deref(),
                 flags,
             };
-            self.guarded(&c, &route, || self.store.open(ino, flags))
+            self.guarded_open(&c, &route, || self.store.open(ino, flags))
         } else {
-            self.store.open(ino, flags)
+            self.store.open(ino, flags).map(|x| (x, None))
         };
-        let fh = match r.and_then(|(fh, _)| self.opened(&c, fh, false).map(|()| fh)) {
-            Ok(fh) => fh,
-            Err(e) => return reply.error(errno(e)),
-        };
+        let fh =
+            match r.and_then(|((fh, _), permit)| self.opened(&c, fh, false, permit).map(|()| fh)) {
+                Ok(fh) => fh,
+                Err(e) => return reply.error(fail("open", e)),
+            };
         let h = match self.store.handle(fh) {
             Ok(h) => h,
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(fail("open", e)),
         };
         // A read-only handle changes nothing, so no hook has anything to learn from its
         // FLUSH: spare the round trip at every close.
@@ -685,16 +714,16 @@ impl Filesystem for CoherentFs {
             flags,
             mode,
         };
-        let r = self.guarded(&c, &route, || {
+        let r = self.guarded_open(&c, &route, || {
             self.store.create(&c, parent.0, name, mode, flags)
         });
-        let (attr, fh, h) = match r {
+        let ((attr, fh, h), permit) = match r {
             Ok(x) => x,
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(fail("create", e)),
         };
-        if let Err(e) = self.opened(&c, fh, true) {
+        if let Err(e) = self.opened(&c, fh, true, permit) {
             self.store.forget(attr.ino, 1);
-            return reply.error(errno(e));
+            return reply.error(fail("create", e));
         }
         let fa = file_attr(&attr);
         match self.backing_id(attr.ino, fh, || reply.open_backing(&h.file)) {
@@ -725,7 +754,7 @@ impl Filesystem for CoherentFs {
         };
         match r {
             Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("read", e)),
         }
     }
 
@@ -750,7 +779,7 @@ impl Filesystem for CoherentFs {
         };
         match r {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("write", e)),
         }
     }
 
@@ -772,7 +801,7 @@ impl Filesystem for CoherentFs {
                 self.hooks.on_flush(&caller(req), &info);
                 reply.ok()
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("flush", e)),
         }
     }
 
@@ -807,7 +836,7 @@ impl Filesystem for CoherentFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty_reply(self.store.fsync(fh.0, datasync), reply)
+        empty_reply("fsync", self.store.fsync(fh.0, datasync), reply)
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -815,12 +844,12 @@ impl Filesystem for CoherentFs {
             return match self.hooks.virtual_getattr(&caller(req), ino.0) {
                 Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
                 Ok(_) => reply.error(Errno::ENOTDIR),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(fail("opendir", e)),
             };
         }
         match self.store.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("opendir", e)),
         }
     }
 
@@ -834,7 +863,7 @@ impl Filesystem for CoherentFs {
     ) {
         let entries = match self.dir_entries(&caller(req), ino.0, fh.0, offset) {
             Ok(e) => e,
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(fail("readdir", e)),
         };
         for (i, (n, e)) in entries.into_iter().enumerate() {
             let ino_hint = if n != 0 { n } else { e.backing_ino.max(1) };
@@ -858,7 +887,7 @@ impl Filesystem for CoherentFs {
         let dir = ino.0;
         let entries = match self.dir_entries(&c, dir, fh.0, offset) {
             Ok(e) => e,
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(fail("readdirplus", e)),
         };
         for (i, (_, e)) in entries.into_iter().enumerate() {
             let next = offset + i as u64 + 1;
@@ -923,7 +952,7 @@ impl Filesystem for CoherentFs {
         if is_virtual(ino.0) {
             return reply.ok();
         }
-        empty_reply(self.store.fsyncdir(fh.0, datasync), reply)
+        empty_reply("fsyncdir", self.store.fsyncdir(fh.0, datasync), reply)
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
@@ -931,7 +960,7 @@ impl Filesystem for CoherentFs {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
             ),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("statfs", e)),
         }
     }
 
@@ -955,6 +984,7 @@ impl Filesystem for CoherentFs {
             name,
         };
         empty_reply(
+            "setxattr",
             self.guarded(&c, &route, || {
                 self.store.setxattr(ino.0, name, value, flags)
             }),
@@ -999,10 +1029,10 @@ impl Filesystem for CoherentFs {
             Ok(XattrReply::Size(n)) if n > 0 => match self.store.listxattr(ino.0, n) {
                 Ok(XattrReply::Data(d)) => d,
                 Ok(XattrReply::Size(_)) => Vec::new(),
-                Err(e) => return reply.error(errno(e)),
+                Err(e) => return reply.error(fail("listxattr", e)),
             },
             Ok(_) => Vec::new(),
-            Err(e) => return reply.error(errno(e)),
+            Err(e) => return reply.error(fail("listxattr", e)),
         };
         for n in extra {
             list.extend_from_slice(n.as_bytes());
@@ -1028,6 +1058,7 @@ impl Filesystem for CoherentFs {
             name,
         };
         empty_reply(
+            "removexattr",
             self.guarded(&c, &route, || self.store.removexattr(ino.0, name)),
             reply,
         )
@@ -1037,7 +1068,11 @@ impl Filesystem for CoherentFs {
         if is_virtual(ino.0) {
             return reply.ok();
         }
-        empty_reply(self.store.access(&caller(req), ino.0, mask.bits()), reply)
+        empty_reply(
+            "access",
+            self.store.access(&caller(req), ino.0, mask.bits()),
+            reply,
+        )
     }
 
     fn fallocate(
@@ -1050,7 +1085,11 @@ impl Filesystem for CoherentFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        empty_reply(self.store.fallocate(fh.0, offset, length, mode), reply)
+        empty_reply(
+            "fallocate",
+            self.store.fallocate(fh.0, offset, length, mode),
+            reply,
+        )
     }
 
     fn lseek(
@@ -1064,7 +1103,7 @@ impl Filesystem for CoherentFs {
     ) {
         match self.store.lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("lseek", e)),
         }
     }
 
@@ -1090,7 +1129,7 @@ impl Filesystem for CoherentFs {
             flags.bits() as u32,
         ) {
             Ok(n) => reply.written(n.min(u32::MAX as u64) as u32),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(fail("copy_file_range", e)),
         }
     }
 }

@@ -2,12 +2,19 @@
 //!
 //! State directory layout:
 //! - `lock`: held with `flock(LOCK_EX)` by the daemon using the directory; holds its pid;
-//! - `events.log`: one JSON event per line (the §8 schema), `seq` 1, 2, 3, ... with no gap;
+//! - `events.log`: one JSON event per line (the §8 schema), `seq` 1, 2, 3, ... with no gap.
+//!   Offsets in the log are *logical*: they never go back. After a compaction the file
+//!   starts with a header line `{"log_base":B,"seq":S}`: its first event (seq S + 1) is at
+//!   logical offset B; a log without one starts at logical offset 0, seq 1;
 //! - `snapshot.json`: a compacted state. Line 1 is a header
 //!   `{"format":1,"seq":N,"log_offset":O,"len":L,"fnv":H}`; then L bytes of the
 //!   [`DurableState`] as JSON whose FNV-1a 64 is H. It equals the log's first N events,
-//!   which end at byte O of `events.log`. Written to `snapshot.json.tmp`, fsynced, renamed,
+//!   which end at logical offset O. Written to `snapshot.json.tmp`, fsynced, renamed,
 //!   and the directory fsynced;
+//! - compaction (once the log holds `compact_bytes` of events): drop unreferenced
+//!   tombstones, write a snapshot, then write the events after it to `events.log.tmp`
+//!   under a header with their base, fsync and rename it over `events.log`. A crash at any
+//!   point leaves a snapshot and a log that agree;
 //! - `events.log.damaged-OFFSET`: bytes cut off a damaged log at recovery, kept for a human.
 //!
 //! Appends go to a memory buffer (with the engine's locks held, so the log order is the
@@ -17,12 +24,24 @@
 //!
 //! Lock order: `checkpointing` → the engine's locks → `written` → `buf` → `durable`.
 //! `append` (called under engine locks) takes only `buf`.
+//!
+//! A failed write or fsync (ENOSPC, EIO) never leaves a torn record: the log is cut back
+//! to its last fsynced length and the bytes written since go back to the front of the
+//! memory buffer. The journal is then *failing* ([`Journal::is_poisoned`]: the volume
+//! answers verbs `io_error`) and the flusher retries every [`RETRY_EVERY`]; the first
+//! write and fsync that succeed write everything buffered meanwhile, in order, and verbs
+//! work again. The buffer is not bounded during an outage (events are ~150 bytes; a
+//! warning is logged past [`BUFFER_WARN`]): nothing appended is ever dropped.
+//!
+//! Private state: the directory is 0700 and every file in it 0600 whatever the umask;
+//! `open` refuses a directory that another user owns or that group or others can write.
 
 use crate::coherence::{Config, DurableState, Engine, Event, EventSink, Timestamp};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +53,11 @@ pub const LOG: &str = "events.log";
 pub const SNAPSHOT: &str = "snapshot.json";
 pub const LOCK: &str = "lock";
 
+/// How often a failing journal tries to write again.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// Buffered bytes during an outage past which a warning is logged (once).
+pub const BUFFER_WARN: usize = 64 << 20;
+
 /// Tuning.
 #[derive(Debug, Clone)]
 pub struct JournalOptions {
@@ -41,6 +65,8 @@ pub struct JournalOptions {
     pub flush_interval: Duration,
     /// Write a snapshot (at the next `maintain`) after this many events.
     pub snapshot_every: u64,
+    /// Compact (at the next `maintain`) once the log file holds this many bytes of events.
+    pub compact_bytes: u64,
 }
 
 impl Default for JournalOptions {
@@ -48,6 +74,7 @@ impl Default for JournalOptions {
         JournalOptions {
             flush_interval: Duration::from_millis(5),
             snapshot_every: 100_000,
+            compact_bytes: 8 << 20,
         }
     }
 }
@@ -62,6 +89,11 @@ pub enum JournalError {
     Io {
         what: String,
         err: io::Error,
+    },
+    /// The state directory is not private (another owner, or writable by others).
+    NotPrivate {
+        dir: PathBuf,
+        why: String,
     },
 }
 
@@ -82,6 +114,13 @@ impl std::fmt::Display for JournalError {
                 dir.display()
             ),
             JournalError::Io { what, err } => write!(f, "{what}: {err}"),
+            JournalError::NotPrivate { dir, why } => write!(
+                f,
+                "state directory {} {why}: anyone who can write it can rewrite the volume's \
+                 records; make it yours and private (`chown $(id -u) DIR && chmod 700 DIR`) \
+                 or choose another with --state-dir",
+                dir.display()
+            ),
         }
     }
 }
@@ -105,6 +144,59 @@ struct Written {
     file: File,
     len: u64,
     seq: u64,
+    /// Length and seq at the last successful fsync: what a failure cuts back to.
+    synced_len: u64,
+    synced_seq: u64,
+    /// Bytes written after `synced_len` (put back in the buffer if a write fails).
+    unsynced: Vec<u8>,
+    /// Number of cut-backs so far: an fsync that straddles one proves nothing.
+    cuts: u64,
+    /// Number of compactions so far: an fsync that straddles one was of the old file.
+    compactions: u64,
+    /// The logical offset of the file's first event and the length of its header line:
+    /// `len`, `synced_len` are file offsets, logical = file - hdr + base.
+    base: u64,
+    hdr: u64,
+}
+
+impl Written {
+    fn logical(&self, file_off: u64) -> u64 {
+        file_off - self.hdr + self.base
+    }
+}
+
+/// The first line of a compacted log.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct LogHeader {
+    log_base: u64,
+    seq: u64,
+}
+
+/// The header of the log at `path`, with its length in bytes (None: a log from offset 0).
+fn read_log_header(path: &Path) -> io::Result<Option<(LogHeader, u64)>> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut head = vec![0u8; 256];
+    let mut n = 0;
+    while n < head.len() {
+        let k = f.read(&mut head[n..])?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    head.truncate(n);
+    if !head.starts_with(b"{\"log_base\"") {
+        return Ok(None);
+    }
+    let Some(nl) = head.iter().position(|&b| b == b'\n') else {
+        return Err(io::Error::other("log header line cut short"));
+    };
+    let h: LogHeader = serde_json::from_slice(&head[..nl]).map_err(io::Error::other)?;
+    Ok(Some((h, nl as u64 + 1)))
 }
 
 struct Shared {
@@ -117,7 +209,9 @@ struct Shared {
     durable_cv: Condvar,
     wake: Condvar,
     stop: AtomicBool,
+    /// A write or fsync failed and has not succeeded since (verbs are refused).
     poisoned: AtomicBool,
+    warned_buffer: AtomicBool,
 }
 
 impl Shared {
@@ -129,22 +223,83 @@ impl Shared {
             (std::mem::take(&mut b.bytes), b.last_seq)
         };
         if !bytes.is_empty() {
-            w.file.write_all(&bytes)?;
+            if let Err(e) = w.file.write_all(&bytes) {
+                self.cut_back(&mut w, bytes, &e);
+                return Err(e);
+            }
             w.len += bytes.len() as u64;
             w.seq = last;
+            w.unsynced.extend_from_slice(&bytes);
         }
         Ok((w.seq, w.len))
     }
 
+    /// After a failed write or fsync: cut the log back to its last fsynced length (no torn
+    /// record stays) and put everything written since, then `failed`, back at the front
+    /// of the buffer, to be written again in order.
+    /// The journal is failing from here on (until a flush succeeds), which also makes the
+    /// next flush check the file's length before it appends.
+    fn cut_back(&self, w: &mut Written, failed: Vec<u8>, why: &io::Error) {
+        self.failing(why);
+        let mut again = std::mem::take(&mut w.unsynced);
+        again.extend_from_slice(&failed);
+        if let Err(e) = w.file.set_len(w.synced_len) {
+            // Retried with the next write (`ensure_cut`): the length is what matters.
+            tracing::warn!("state log {}: cannot cut back yet: {e}", self.dir.display());
+        }
+        w.len = w.synced_len;
+        w.seq = w.synced_seq;
+        w.cuts += 1;
+        let mut b = self.buf.lock();
+        again.extend_from_slice(&b.bytes);
+        b.bytes = again;
+        if b.bytes.len() > BUFFER_WARN && !self.warned_buffer.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                "state log {}: {} MiB of events buffered in memory until the log can be written",
+                self.dir.display(),
+                b.bytes.len() >> 20
+            );
+        }
+    }
+
     /// Writes and fsyncs everything appended so far.
     fn flush(&self) -> io::Result<()> {
-        let (seq, _) = self.write_pending()?;
+        if self.poisoned.load(Ordering::SeqCst) {
+            // The file may still be longer than its last whole fsynced record.
+            let w = self.written.lock();
+            if w.file.metadata()?.len() != w.len {
+                w.file.set_len(w.len)?;
+            }
+        }
+        let (seq, len) = self.write_pending()?;
         if *self.durable.lock() >= seq {
             return Ok(());
         }
         // fsync outside the write lock so appends and writes go on meanwhile.
-        let fd = self.written.lock().file.try_clone()?;
-        fd.sync_data()?;
+        let (fd, cuts, compactions) = {
+            let w = self.written.lock();
+            (w.file.try_clone()?, w.cuts, w.compactions)
+        };
+        if let Err(e) = fd.sync_data() {
+            // What the failed fsync covered may not be on disk: write it all again.
+            let mut w = self.written.lock();
+            self.cut_back(&mut w, Vec::new(), &e);
+            return Err(e);
+        }
+        {
+            let mut w = self.written.lock();
+            // Everything up to `len` is on disk (a cut_back since would have lowered it).
+            if w.cuts != cuts {
+                return Err(io::Error::other("the log was cut back during an fsync"));
+            }
+            // A compaction meanwhile fsynced a new file holding all of it.
+            if w.compactions == compactions && w.synced_len < len && len <= w.len {
+                let n = (len - w.synced_len) as usize;
+                w.unsynced.drain(..n);
+                w.synced_len = len;
+                w.synced_seq = seq;
+            }
+        }
         let mut d = self.durable.lock();
         if *d < seq {
             *d = seq;
@@ -154,14 +309,32 @@ impl Shared {
     }
 
     fn flush_or_poison(&self) {
-        if let Err(e) = self.flush() {
-            if !self.poisoned.swap(true, Ordering::SeqCst) {
-                tracing::error!(
-                    "state log {}: {e}; events are no longer durable",
-                    self.dir.display()
-                );
+        match self.flush() {
+            Ok(()) => {
+                if self.poisoned.swap(false, Ordering::SeqCst) {
+                    self.warned_buffer.store(false, Ordering::SeqCst);
+                    tracing::warn!(
+                        "state log {}: writable again; every buffered event is on disk",
+                        self.dir.display()
+                    );
+                }
             }
-            self.durable_cv.notify_all();
+            Err(e) => {
+                self.failing(&e);
+                self.durable_cv.notify_all();
+            }
+        }
+    }
+
+    /// Marks the journal failing (verbs refused), saying so once per outage.
+    fn failing(&self, e: &io::Error) {
+        if !self.poisoned.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                "state log {}: {e}; verbs are refused (io_error) until it can be \
+                 written again (retrying every {}s, events are kept in memory)",
+                self.dir.display(),
+                RETRY_EVERY.as_secs()
+            );
         }
     }
 }
@@ -224,9 +397,72 @@ struct SnapHeader {
     fnv: u64,
 }
 
+/// Options for a file of the state directory: created 0600 whatever the umask (the daemon
+/// runs with umask 0). Every file written there goes through this.
+pub fn private_file() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.mode(0o600);
+    o
+}
+
+/// Makes `dir` (creating it 0700) the daemon's private state directory: refuses one that
+/// another user owns or group or others can write (they could rewrite the records),
+/// tightens it to 0700 and its files to 0600, and removes the temporaries an interrupted
+/// snapshot or compaction left (they are never needed and may fill the disk).
+fn prepare_dir(dir: &Path) -> Result<(), JournalError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(format!("create {}", dir.display())))?;
+    let md = std::fs::metadata(dir).map_err(io_err(format!("stat {}", dir.display())))?;
+    let me = unsafe { libc::geteuid() };
+    let not_private = |why: String| JournalError::NotPrivate {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    if md.uid() != me {
+        return Err(not_private(format!(
+            "is owned by uid {}, not {me}",
+            md.uid()
+        )));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Err(not_private(format!(
+            "can be written by {} (mode {:o})",
+            if md.mode() & 0o002 != 0 {
+                "anyone"
+            } else {
+                "its group"
+            },
+            md.mode() & 0o7777
+        )));
+    }
+    if md.mode() & 0o7777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err(format!("chmod 700 {}", dir.display())))?;
+    }
+    for tmp in [format!("{SNAPSHOT}.tmp"), format!("{LOG}.tmp")] {
+        match std::fs::remove_file(dir.join(&tmp)) {
+            Ok(()) => tracing::info!("removed {tmp} left by an interrupted write"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(format!("remove {tmp}"))(e)),
+        }
+    }
+    let entries = std::fs::read_dir(dir).map_err(io_err(format!("list {}", dir.display())))?;
+    for e in entries.flatten() {
+        let Ok(md) = e.metadata() else { continue };
+        if md.is_file() && md.mode() & 0o077 != 0 {
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(format!("chmod 600 {}", e.path().display())))?;
+        }
+    }
+    Ok(())
+}
+
 fn lock_dir(dir: &Path) -> Result<File, JournalError> {
     let path = dir.join(LOCK);
-    let mut f = OpenOptions::new()
+    let mut f = private_file()
         .read(true)
         .write(true)
         .create(true)
@@ -243,9 +479,13 @@ fn lock_dir(dir: &Path) -> Result<File, JournalError> {
             pid: s.trim().parse().ok(),
         });
     }
-    f.set_len(0).map_err(io_err("truncate lock file"))?;
-    f.write_all(format!("{}\n", std::process::id()).as_bytes())
-        .map_err(io_err("write lock file"))?;
+    // The pid is for a human (and the `Locked` message): a full disk must not stop a mount.
+    if let Err(e) = f
+        .set_len(0)
+        .and_then(|()| f.write_all(format!("{}\n", std::process::id()).as_bytes()))
+    {
+        tracing::warn!("{}: cannot record the pid: {e}", path.display());
+    }
     Ok(f)
 }
 
@@ -273,6 +513,14 @@ fn read_snapshot(dir: &Path) -> Result<Option<(SnapHeader, DurableState)>, Strin
     Ok(Some((h, st)))
 }
 
+/// Damage found by [`replay_log`].
+#[derive(Debug, Clone)]
+pub struct Damage {
+    /// The log ends in a partial line (an interrupted append), not in a bad one.
+    pub cut: bool,
+    pub message: String,
+}
+
 /// Replays `events.log` from `offset` (expecting seq `after + 1` first) into `apply`.
 /// Stops at the first incomplete or invalid line. Returns (events applied, last seq,
 /// offset of the end of the last good line, warning if damage was found).
@@ -285,7 +533,7 @@ pub fn replay_log(
     offset: u64,
     after: u64,
     apply: impl FnMut(&Event),
-) -> io::Result<(u64, u64, u64, Option<String>)> {
+) -> io::Result<(u64, u64, u64, Option<Damage>)> {
     let mut f = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, after, 0, None)),
@@ -328,18 +576,21 @@ fn feed(
     threads: usize,
     jobs: mpsc::Sender<Job>,
     mut apply: impl FnMut(&Event),
-) -> io::Result<(u64, u64, u64, Option<String>)> {
+) -> io::Result<(u64, u64, u64, Option<Damage>)> {
     // Blocks of about 1 MiB (no bigger than what is left: small logs, tests); a few in
     // flight keep every parser busy.
     let left = f.metadata()?.len().saturating_sub(offset) as usize;
     let block_len = left.clamp(4096, 1 << 20);
     let in_flight = threads * 2;
     let (mut n, mut seq, mut good) = (0u64, after, offset);
-    let warn = |what: String, seq: u64| {
-        Some(format!(
-            "{}: {what}; recovered the {seq} events before it",
-            path.display()
-        ))
+    let warn = |what: String, seq: u64, cut: bool| {
+        Some(Damage {
+            cut,
+            message: format!(
+                "{}: {what}; recovered the {seq} events before it",
+                path.display()
+            ),
+        })
     };
     let mut pending: VecDeque<mpsc::Receiver<Parsed>> = VecDeque::new();
     let mut carry: Vec<u8> = Vec::new();
@@ -380,6 +631,7 @@ fn feed(
                         carry.len()
                     ),
                     seq,
+                    true,
                 )
             });
             return Ok((n, seq, good, w.flatten()));
@@ -401,14 +653,14 @@ fn feed(
                         ev.seq,
                         seq + 1
                     );
-                    return Ok((n, seq, good, warn(w, seq)));
+                    return Ok((n, seq, good, warn(w, seq, false)));
                 }
                 Err(e) => {
                     return Ok((
                         n,
                         seq,
                         good,
-                        warn(format!("unreadable event at byte {good} ({e})"), seq),
+                        warn(format!("unreadable event at byte {good} ({e})"), seq, false),
                     ))
                 }
             }
@@ -437,11 +689,19 @@ impl Journal {
     /// damaged tail off the log (kept aside as `events.log.damaged-OFFSET`), and starts the
     /// flusher. The engine's events go to the returned journal.
     pub fn open(dir: &Path, config: Config, opts: JournalOptions) -> Result<Opened, JournalError> {
-        std::fs::create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
+        prepare_dir(dir)?;
         let lock = lock_dir(dir)?;
         let mut warnings = Vec::new();
         let log_path = dir.join(LOG);
         let log_len = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+        let (base, base_seq, hdr) = match read_log_header(&log_path) {
+            Ok(Some((h, n))) => (h.log_base, h.seq, n),
+            Ok(None) => (0, 0, 0),
+            Err(e) => return Err(io_err(format!("read the header of {}", log_path.display()))(e)),
+        };
+        // The logical end of the log, and a logical offset's place in the file.
+        let log_end = log_len.max(hdr) - hdr + base;
+        let file_off = |logical: u64| logical - base + hdr;
 
         let mut snap = match read_snapshot(dir) {
             Ok(s) => s,
@@ -454,9 +714,15 @@ impl Journal {
             }
         };
         if let Some((h, _)) = &snap {
-            if h.log_offset > log_len {
+            if h.log_offset > log_end {
                 warnings.push(format!(
-                    "{} is ahead of the log (offset {} > {log_len}); rebuilding from the whole log",
+                    "{} is ahead of the log (offset {} > {log_end}); rebuilding from the whole log",
+                    SNAPSHOT, h.log_offset
+                ));
+                snap = None;
+            } else if h.log_offset < base {
+                warnings.push(format!(
+                    "{} is older than the log (offset {} < {base}); rebuilding from the log",
                     SNAPSHOT, h.log_offset
                 ));
                 snap = None;
@@ -473,19 +739,28 @@ impl Journal {
                 since_snapshot: 0,
             }),
             written: Mutex::new(Written {
-                file: OpenOptions::new()
+                file: private_file()
                     .create(true)
+                    .read(true)
                     .append(true)
                     .open(&log_path)
                     .map_err(io_err(format!("open {}", log_path.display())))?,
                 len: 0,
                 seq: 0,
+                synced_len: 0,
+                synced_seq: 0,
+                unsynced: Vec::new(),
+                cuts: 0,
+                compactions: 0,
+                base,
+                hdr,
             }),
             durable: Mutex::new(0),
             durable_cv: Condvar::new(),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
+            warned_buffer: AtomicBool::new(false),
         });
         let journal = Arc::new(Journal {
             shared: shared.clone(),
@@ -502,15 +777,16 @@ impl Journal {
         let (engine, from_snapshot, (n, seq, good, warn)) = match snap {
             Some((h, st)) => {
                 let engine = Engine::from_state(config.clone(), st, sink.clone());
-                let r = replay(&engine, h.log_offset, h.seq)?;
+                let r = replay(&engine, file_off(h.log_offset), h.seq)?;
                 // A snapshot whose offset does not start the next event is unusable.
-                if r.0 == 0 && r.3.is_some() && h.log_offset < log_len {
+                // (A cut right after the snapshot's offset is an interrupted append.)
+                if r.0 == 0 && r.3.as_ref().is_some_and(|d| !d.cut) && h.log_offset < log_end {
                     warnings.push(format!(
                         "{SNAPSHOT} does not match the log at offset {}; rebuilding from the whole log",
                         h.log_offset
                     ));
                     let engine = Engine::new(config, sink.clone());
-                    let r = replay(&engine, 0, 0)?;
+                    let r = replay(&engine, hdr, base_seq)?;
                     (engine, false, r)
                 } else {
                     (engine, true, r)
@@ -518,13 +794,22 @@ impl Journal {
             }
             None => {
                 let engine = Engine::new(config, sink.clone());
-                let r = replay(&engine, 0, 0)?;
+                let r = replay(&engine, hdr, base_seq)?;
                 (engine, false, r)
             }
         };
-        if let Some(w) = warn {
-            tracing::warn!("{w}");
+        if !from_snapshot && base > 0 {
+            // Should not happen (a compacted log always has its snapshot): say what is lost.
+            let w = format!(
+                "{LOG} was compacted at seq {base_seq} and no usable {SNAPSHOT} covers it: \
+                 versions and records before that event are lost"
+            );
+            tracing::error!("{w}");
             warnings.push(w);
+        }
+        if let Some(w) = warn {
+            tracing::warn!("{}", w.message);
+            warnings.push(w.message);
         }
         if !from_snapshot && dir.join(SNAPSHOT).exists() {
             // Set the unusable snapshot aside so the next start does not trip on it again.
@@ -539,7 +824,18 @@ impl Journal {
             let mut tail = Vec::new();
             f.read_to_end(&mut tail).map_err(io_err("read log tail"))?;
             let aside = dir.join(format!("{LOG}.damaged-{good}"));
-            std::fs::write(&aside, &tail).map_err(io_err(format!("write {}", aside.display())))?;
+            // Kept if there is room: a full disk must not stop the mount.
+            if let Err(e) = private_file()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&aside)
+                .and_then(|mut f| f.write_all(&tail))
+            {
+                let w = format!("{}: cannot keep the damaged tail: {e}", aside.display());
+                tracing::warn!("{w}");
+                warnings.push(w);
+            }
             let f = OpenOptions::new()
                 .write(true)
                 .open(&log_path)
@@ -555,6 +851,8 @@ impl Journal {
             let mut w = shared.written.lock();
             w.len = good;
             w.seq = seq;
+            w.synced_len = good;
+            w.synced_seq = seq;
             *shared.durable.lock() = seq;
         }
         let engine = Arc::new(engine);
@@ -577,28 +875,58 @@ impl Journal {
         &self.shared.dir
     }
 
-    /// `events.log` (for `.coherent/events`: read it from any offset up to `log_len`).
+    /// `events.log` (its first line is a header after a compaction: read events through
+    /// [`Journal::read_log`]).
     pub fn log_path(&self) -> PathBuf {
         self.shared.dir.join(LOG)
     }
 
-    /// Bytes of whole events written to the log so far.
+    /// The logical end of the whole events written to the log so far: it only grows,
+    /// across compactions too.
     pub fn log_len(&self) -> u64 {
-        self.shared.written.lock().len
+        let w = self.shared.written.lock();
+        w.logical(w.len)
     }
 
-    /// Reads up to `max` bytes of the log from `offset` (never past `log_len`, so only whole
-    /// lines): what `.coherent/events` serves; `tail -f` follows as `log_len` grows.
+    /// The logical offset of the oldest event still in the log (0 until a compaction).
+    pub fn log_base(&self) -> u64 {
+        self.shared.written.lock().base
+    }
+
+    /// Reads up to `max` bytes of the log from logical `offset` (never past `log_len`, so
+    /// only whole lines): what `.coherent/events` serves; `tail -f` follows as `log_len`
+    /// grows. An offset below [`Journal::log_base`] (compacted away) reads from the base.
+    ///
+    /// A reader that reads on sequentially must then go on from the base, not from its own
+    /// offset plus what it got: see [`Journal::read_log_from`].
     pub fn read_log(&self, offset: u64, max: usize) -> io::Result<Vec<u8>> {
-        let len = self.log_len();
-        if offset >= len {
-            return Ok(Vec::new());
-        }
-        let n = (len - offset).min(max as u64) as usize;
+        self.read_log_from(offset, max).map(|(_, b)| b)
+    }
+
+    /// [`Journal::read_log`], also returning the logical offset the bytes start at (the
+    /// base when `offset` was below it): a sequential reader of `.coherent/events` that
+    /// started below the base keeps the difference and adds it to its later offsets, so it
+    /// reads each event once.
+    pub fn read_log_from(&self, offset: u64, max: usize) -> io::Result<(u64, Vec<u8>)> {
+        let (f, start, file_off, left) = {
+            let w = self.shared.written.lock();
+            let start = offset.max(w.base);
+            let end = w.logical(w.len);
+            if start >= end {
+                return Ok((start, Vec::new()));
+            }
+            // The same open file as the writer's, so a compaction cannot swap it under us.
+            (
+                w.file.try_clone()?,
+                start,
+                start - w.base + w.hdr,
+                end - start,
+            )
+        };
+        let n = left.min(max as u64) as usize;
         let mut buf = vec![0u8; n];
-        let f = File::open(self.log_path())?;
-        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, offset)?;
-        Ok(buf)
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut buf, file_off)?;
+        Ok((start, buf))
     }
 
     /// Writes and fsyncs every event appended so far.
@@ -619,9 +947,17 @@ impl Journal {
     /// Writes a snapshot of `engine` (which must be the engine writing to this journal).
     pub fn checkpoint(&self, engine: &Engine) -> io::Result<()> {
         let _one = self.checkpointing.lock();
+        self.checkpoint_locked(engine).map(drop)
+    }
+
+    /// [`Journal::checkpoint`] with `checkpointing` held; returns the snapshot's seq and
+    /// logical log offset.
+    fn checkpoint_locked(&self, engine: &Engine) -> io::Result<(u64, u64)> {
         let (state, pos) = engine.durable_state_with(|| self.shared.write_pending());
-        let (seq, offset) = pos?;
+        let (seq, file_len) = pos?;
         debug_assert_eq!(seq, state.seq);
+        // Only a compaction moves the base, and it holds `checkpointing` too.
+        let offset = self.shared.written.lock().logical(file_len);
         self.shared.flush()?;
         let body = serde_json::to_vec(&state).map_err(io::Error::other)?;
         let header = SnapHeader {
@@ -633,24 +969,103 @@ impl Journal {
         };
         let dir = &self.shared.dir;
         let tmp = dir.join(format!("{SNAPSHOT}.tmp"));
-        {
-            let mut f = File::create(&tmp)?;
+        let written = (|| {
+            let mut f = private_file()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
             serde_json::to_writer(&mut f, &header).map_err(io::Error::other)?;
             f.write_all(b"\n")?;
             f.write_all(&body)?;
-            f.sync_all()?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            // A partial temporary must not keep the disk full.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
         std::fs::rename(&tmp, dir.join(SNAPSHOT))?;
         File::open(dir)?.sync_all()?;
         self.shared.buf.lock().since_snapshot = 0;
-        Ok(())
+        Ok((state.seq, offset))
+    }
+
+    /// Compacts: drops the tombstones nothing refers to, writes a snapshot, and replaces
+    /// the log with the events after it (under a header giving their logical base).
+    /// Returns the number of tombstones dropped. On an error the old log stays, whole.
+    pub fn compact(&self, engine: &Engine) -> io::Result<usize> {
+        let _one = self.checkpointing.lock();
+        let dropped = engine.evict_tombstones();
+        let (seq, offset) = self.checkpoint_locked(engine)?;
+        let dir = &self.shared.dir;
+        let tmp = dir.join(format!("{LOG}.tmp"));
+        // Appends go on into the buffer meanwhile; writes to the file wait.
+        let mut w = self.shared.written.lock();
+        let from = offset - w.base + w.hdr;
+        let mut tail = vec![0u8; (w.len - from) as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&w.file, &mut tail, from)?;
+        let mut header = serde_json::to_vec(&LogHeader {
+            log_base: offset,
+            seq,
+        })
+        .map_err(io::Error::other)?;
+        header.push(b'\n');
+        let written = (|| {
+            let mut f = private_file()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            f.write_all(&header)?;
+            f.write_all(&tail)?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        std::fs::rename(&tmp, dir.join(LOG))?;
+        File::open(dir)?.sync_all()?;
+        w.file = private_file().read(true).append(true).open(dir.join(LOG))?;
+        w.base = offset;
+        w.hdr = header.len() as u64;
+        w.len = w.hdr + tail.len() as u64;
+        // The new file is fsynced whole.
+        w.synced_len = w.len;
+        w.synced_seq = w.seq;
+        w.unsynced.clear();
+        w.compactions += 1;
+        let seq = w.seq;
+        drop(w);
+        let mut d = self.shared.durable.lock();
+        if *d < seq {
+            *d = seq;
+        }
+        self.shared.durable_cv.notify_all();
+        tracing::debug!("compacted the state log at offset {offset}; {dropped} tombstones dropped");
+        // The dropped state was many small allocations: hand the freed pages back to the
+        // system, or the daemon's RSS keeps its high-water mark.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        Ok(dropped)
     }
 
     /// Periodic upkeep for the mount (e.g. every few seconds): evicts ended records
-    /// (`evict_after`) and writes a snapshot once `snapshot_every` events have accumulated.
+    /// (`evict_after`), compacts once the log holds `compact_bytes` of events, and else
+    /// writes a snapshot once `snapshot_every` events have accumulated. Returns the number
+    /// of records evicted.
     pub fn maintain(&self, engine: &Engine, now: Timestamp) -> io::Result<usize> {
         let n = engine.evict(now);
-        if self.shared.buf.lock().since_snapshot >= self.shared.opts.snapshot_every {
+        let bytes = {
+            let w = self.shared.written.lock();
+            w.len - w.hdr
+        };
+        if bytes >= self.shared.opts.compact_bytes {
+            self.compact(engine)?;
+        } else if self.shared.buf.lock().since_snapshot >= self.shared.opts.snapshot_every {
             self.checkpoint(engine)?;
         }
         Ok(n)
@@ -664,7 +1079,12 @@ fn flusher(s: Arc<Shared>) {
             if s.stop.load(Ordering::SeqCst) {
                 break;
             }
-            s.wake.wait_for(&mut b, s.opts.flush_interval);
+            let wait = if s.poisoned.load(Ordering::SeqCst) {
+                RETRY_EVERY
+            } else {
+                s.opts.flush_interval
+            };
+            s.wake.wait_for(&mut b, wait);
         }
         s.flush_or_poison();
     }

@@ -15,5 +15,6 @@ pub mod journal;
 pub mod names;
 pub mod passthrough;
 pub mod sys;
+pub mod tracking;
 pub mod visibility;
 pub mod volume;

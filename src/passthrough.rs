@@ -23,9 +23,11 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 
 mod creds;
+mod handles;
 mod sys;
 mod types;
 
+use handles::{handle_at, open_handle, FdCache, FileHandle, HandleOf};
 use sys::{backing_flags, cstr, cvt, fstat_fd, fstatat, open_path_at, proc_path, xattr_reply};
 pub use types::*;
 
@@ -40,9 +42,14 @@ pub fn is_virtual(ino: u64) -> bool {
 }
 
 struct Inode {
-    fd: OwnedFd,
     key: (u64, u64),
     kind: Kind,
+    /// The backing file's handle, when its filesystem has them and it is on the root's
+    /// mount: its descriptor is re-opened from it on demand.
+    handle: Option<FileHandle>,
+    /// A descriptor held for the node's whole life: the root, nodes on another mount, and
+    /// nodes without a handle that lost their last name (they cannot be re-resolved).
+    pinned: Mutex<Option<Arc<OwnedFd>>>,
     state: Mutex<InodeState>,
 }
 
@@ -87,6 +94,11 @@ pub struct Store {
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     dirs: RwLock<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
+    /// The bounded set of open `O_PATH` descriptors of nodes that are not pinned.
+    fds: FdCache,
+    /// A plain descriptor of the root for `open_by_handle_at` (which does not take an
+    /// `O_PATH` one), and the root's mount id; None when the filesystem has no handles.
+    mount: Option<(File, i32)>,
     /// A name at the root that is never shown from the backing directory (the virtual
     /// `.coherent`): lookups, readdir and creations of it are answered elsewhere.
     hidden: Option<OsString>,
@@ -101,13 +113,35 @@ impl Store {
             return Err(FsError(libc::ENOTDIR));
         }
         let key = (st.st_dev, st.st_ino);
+        let mount = match handle_at(root.as_raw_fd(), c"")? {
+            HandleOf::Handle(h, mount_id) => {
+                let fd = cvt(unsafe {
+                    libc::openat(
+                        root.as_raw_fd(),
+                        c".".as_ptr(),
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    )
+                })?;
+                let m = unsafe { File::from_raw_fd(fd) };
+                // open_by_handle_at needs CAP_DAC_READ_SEARCH: without it, resolve by name.
+                match open_handle(m.as_raw_fd(), &h) {
+                    Ok(_) => Some((m, mount_id)),
+                    Err(e) => {
+                        tracing::info!("no file handles ({e}): nodes are re-resolved by name");
+                        None
+                    }
+                }
+            }
+            HandleOf::Unsupported => None,
+        };
         let mut t = Tables::default();
         t.inodes.insert(
             ROOT_INO,
             Arc::new(Inode {
-                fd: root,
                 key,
                 kind: Kind::Dir,
+                handle: None,
+                pinned: Mutex::new(Some(Arc::new(root))),
                 state: Mutex::new(InodeState {
                     refs: u64::MAX / 2,
                     link: None,
@@ -122,6 +156,8 @@ impl Store {
             handles: RwLock::new(HashMap::new()),
             dirs: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            fds: FdCache::new(handles::default_capacity()),
+            mount,
             hidden,
         })
     }
@@ -192,36 +228,101 @@ impl Store {
         self.path_of(parent).map(|p| p.join(name))
     }
 
-    /// Register (or find) the node behind `fd` and count one kernel lookup.
-    fn remember(&self, fd: OwnedFd, st: &libc::stat, parent: u64, name: &OsStr) -> Attr {
+    /// The node `ino` and an open `O_PATH` descriptor of it: pinned, cached, or re-opened
+    /// (from its handle, else by its (parent, name) checked against its (dev, ino)).
+    fn node_fd(&self, ino: u64) -> FsResult<(Arc<Inode>, Arc<OwnedFd>)> {
+        self.node_fd_depth(ino, 0)
+    }
+
+    fn node_fd_depth(&self, ino: u64, depth: u32) -> FsResult<(Arc<Inode>, Arc<OwnedFd>)> {
+        let node = self.inode(ino)?;
+        let pinned = node.pinned.lock().clone();
+        if let Some(fd) = pinned {
+            return Ok((node, fd));
+        }
+        if let Some(fd) = self.fds.get(ino) {
+            return Ok((node, fd));
+        }
+        let fd = match (&node.handle, &self.mount) {
+            (Some(h), Some((m, _))) => open_handle(m.as_raw_fd(), h)?,
+            _ => {
+                // Re-resolution: the parent chain is held by the kernel's dentries.
+                let link = node.state.lock().link.clone();
+                let (parent, name) = link.ok_or(FsError(libc::ESTALE))?;
+                if depth > 4096 {
+                    return Err(FsError(libc::ELOOP));
+                }
+                let (_, dir) = self.node_fd_depth(parent, depth + 1)?;
+                let fd = open_path_at(dir.as_raw_fd(), &cstr(&name)?)?;
+                let st = fstat_fd(fd.as_raw_fd())?;
+                if (st.st_dev, st.st_ino) != node.key {
+                    return Err(FsError(libc::ESTALE));
+                }
+                fd
+            }
+        };
+        let fd = Arc::new(fd);
+        self.fds.put(ino, fd.clone());
+        Ok((node, fd))
+    }
+
+    /// Register (or find) the node behind `fd` (whose handle is `handle`) and count one
+    /// kernel lookup. `pin`: keep `fd` for the node's life instead of caching it.
+    fn remember(
+        &self,
+        fd: OwnedFd,
+        handle: Option<FileHandle>,
+        pin: bool,
+        st: &libc::stat,
+        parent: u64,
+        name: &OsStr,
+    ) -> Attr {
         let key = (st.st_dev, st.st_ino);
         let mut t = self.tables.write();
-        if let Some(attr) = Self::count_known(&t, st, parent, name) {
+        if let Some(attr) = Self::count_known(&t, st, handle.as_ref(), parent, name) {
             return attr;
         }
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
         self.live.fetch_add(1, Ordering::Relaxed);
+        // A (dev, ino) seen before under another handle is a reused inode number: the new
+        // file takes the key, the stale node keeps its kernel references until forgotten.
         t.by_key.insert(key, ino);
+        let fd = Arc::new(fd);
         t.inodes.insert(
             ino,
             Arc::new(Inode {
-                fd,
                 key,
                 kind: Kind::from_mode(st.st_mode),
+                handle,
+                pinned: Mutex::new(pin.then(|| fd.clone())),
                 state: Mutex::new(InodeState {
                     refs: 1,
                     link: Some((parent, name.to_owned())),
                 }),
             }),
         );
+        if !pin {
+            self.fds.put(ino, fd);
+        }
         Attr::from_stat(ino, st)
     }
 
-    /// Count one more lookup of an inode we already hold (it pins the backing inode, so
-    /// its (dev, ino) cannot have been reused by another file).
-    fn count_known(t: &Tables, st: &libc::stat, parent: u64, name: &OsStr) -> Option<Attr> {
+    /// Count one more lookup of an inode we already hold. With handles, the handle must
+    /// match (a reused inode number has another); without, the node is the one at that
+    /// (dev, ino) now.
+    fn count_known(
+        t: &Tables,
+        st: &libc::stat,
+        handle: Option<&FileHandle>,
+        parent: u64,
+        name: &OsStr,
+    ) -> Option<Attr> {
         let ino = *t.by_key.get(&(st.st_dev, st.st_ino))?;
-        let mut s = t.inodes[&ino].state.lock();
+        let node = &t.inodes[&ino];
+        if ino != ROOT_INO && node.handle.as_ref() != handle {
+            return None;
+        }
+        let mut s = node.state.lock();
         s.refs += 1;
         if ino != ROOT_INO {
             s.link = Some((parent, name.to_owned()));
@@ -234,17 +335,34 @@ impl Store {
         if self.is_hidden(parent, name) {
             return Err(FsError(libc::ENOENT));
         }
-        let dir = self.inode(parent)?;
+        let (_, dir) = self.node_fd(parent)?;
         let c = cstr(name)?;
-        // Known already (the common case: the kernel revalidating after the TTL): one stat.
-        let st = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW)?;
-        if let Some(attr) = Self::count_known(&self.tables.read(), &st, parent, name) {
+        let st = fstatat(dir.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW)?;
+        let handle = match &self.mount {
+            Some((_, root_mount)) => match handle_at(dir.as_raw_fd(), &c)? {
+                HandleOf::Handle(h, m) if m == *root_mount => Some(h),
+                // Another mount below the root: no mount fd for it, so hold its descriptor.
+                _ => None,
+            },
+            None => None,
+        };
+        // Known already (the common case: the kernel revalidating after the TTL).
+        if let Some(attr) =
+            Self::count_known(&self.tables.read(), &st, handle.as_ref(), parent, name)
+        {
             return Ok(attr);
         }
-        // New: a fresh O_PATH fd, then stat through it, so the key and the fd agree.
-        let fd = open_path_at(dir.fd.as_raw_fd(), &c)?;
+        // New: a descriptor, then stat through it, so the key and the descriptor agree.
+        let (fd, handle) = match handle {
+            Some(h) => (
+                open_handle(self.mount.as_ref().expect("handles").0.as_raw_fd(), &h)?,
+                Some(h),
+            ),
+            None => (open_path_at(dir.as_raw_fd(), &c)?, None),
+        };
         let st = fstat_fd(fd.as_raw_fd())?;
-        Ok(self.remember(fd, &st, parent, name))
+        let pin = self.mount.is_some() && handle.is_none();
+        Ok(self.remember(fd, handle, pin, &st, parent, name))
     }
 
     /// Drop `n` kernel lookups of `ino`.
@@ -264,24 +382,30 @@ impl Store {
         if gone {
             if let Some(node) = t.inodes.remove(&ino) {
                 self.live.fetch_sub(1, Ordering::Relaxed);
+                self.fds.remove(ino);
                 if t.by_key.get(&node.key) == Some(&ino) {
                     t.by_key.remove(&node.key);
+                }
+                // After a big tree is gone (rm -rf, a build's clean), give the memory back.
+                if t.inodes.capacity() > 4096 && t.inodes.len() < t.inodes.capacity() / 8 {
+                    t.inodes.shrink_to_fit();
+                    t.by_key.shrink_to_fit();
                 }
             }
         }
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
-        let node = self.inode(ino)?;
-        let st = fstat_fd(node.fd.as_raw_fd())?;
+        let (_, node_fd) = self.node_fd(ino)?;
+        let st = fstat_fd(node_fd.as_raw_fd())?;
         Ok(Attr::from_stat(ino, &st))
     }
 
     /// Apply `set`; `fh` is the open handle the change came through, if any.
     pub fn setattr(&self, ino: u64, set: &SetAttr, fh: Option<u64>) -> FsResult<Attr> {
-        let node = self.inode(ino)?;
+        let (node, node_fd) = self.node_fd(ino)?;
         let handle = fh.and_then(|fh| self.handle(fh).ok());
-        let fd = node.fd.as_raw_fd();
+        let fd = node_fd.as_raw_fd();
         let path = proc_path(fd);
         if let Some(mode) = set.mode {
             if node.kind == Kind::Symlink {
@@ -344,11 +468,11 @@ impl Store {
     }
 
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
-        let node = self.inode(ino)?;
+        let (_, node_fd) = self.node_fd(ino)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
         let n = cvt(unsafe {
             libc::readlinkat(
-                node.fd.as_raw_fd(),
+                node_fd.as_raw_fd(),
                 c"".as_ptr(),
                 buf.as_mut_ptr().cast(),
                 buf.len(),
@@ -370,11 +494,11 @@ impl Store {
         if self.is_hidden(parent, name) {
             return Err(FsError(libc::EEXIST));
         }
-        let dir = self.inode(parent)?;
+        let (_, dir_fd) = self.node_fd(parent)?;
         let c = cstr(name)?;
         {
             let _as = creds::AsCaller::enter(caller);
-            f(dir.fd.as_raw_fd(), &c)?;
+            f(dir_fd.as_raw_fd(), &c)?;
         }
         self.lookup(parent, name)
     }
@@ -423,13 +547,13 @@ impl Store {
         if self.is_hidden(parent, name) {
             return Err(FsError(libc::EACCES));
         }
-        let dir = self.inode(parent)?;
+        let (_, dir_fd) = self.node_fd(parent)?;
         let c = cstr(name)?;
         let fd = {
             let _as = creds::AsCaller::enter(caller);
             cvt(unsafe {
                 libc::openat(
-                    dir.fd.as_raw_fd(),
+                    dir_fd.as_raw_fd(),
                     c.as_ptr(),
                     backing_flags(flags) | libc::O_CREAT | libc::O_CLOEXEC,
                     mode,
@@ -458,11 +582,11 @@ impl Store {
 
     /// Open `ino` with the kernel's `flags`; returns the handle id.
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, Arc<Handle>)> {
-        let node = self.inode(ino)?;
+        let (node, node_fd) = self.node_fd(ino)?;
         if node.kind == Kind::Symlink {
             return Err(FsError(libc::ELOOP));
         }
-        let path = proc_path(node.fd.as_raw_fd());
+        let path = proc_path(node_fd.as_raw_fd());
         let fd = cvt(unsafe {
             libc::open(
                 path.as_ptr(),
@@ -602,12 +726,13 @@ impl Store {
         if self.is_hidden(parent, name) {
             return Err(FsError(libc::EACCES));
         }
-        let dir = self.inode(parent)?;
+        let (_, dir_fd) = self.node_fd(parent)?;
         let c = cstr(name)?;
-        let victim = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok();
-        cvt(unsafe { libc::unlinkat(dir.fd.as_raw_fd(), c.as_ptr(), flags) })?;
+        let victim = fstatat(dir_fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok();
+        let held = victim.and_then(|st| self.known_fd((st.st_dev, st.st_ino)));
+        cvt(unsafe { libc::unlinkat(dir_fd.as_raw_fd(), c.as_ptr(), flags) })?;
         if let Some(st) = victim {
-            self.orphan((st.st_dev, st.st_ino));
+            self.orphan((st.st_dev, st.st_ino), held);
         }
         Ok(())
     }
@@ -615,26 +740,52 @@ impl Store {
     /// A node lost a name: once it has no name left (a removed file still open, a file
     /// replaced by a rename), it has no path any more ([`Store::path_of`] is `None`), so
     /// nothing done through an old handle is attributed to whatever now has that name.
-    fn orphan(&self, key: (u64, u64)) {
-        let t = self.tables.read();
-        let Some(ino) = t.by_key.get(&key) else {
+    ///
+    /// `held` is the node's descriptor taken before the name went: a node with no name
+    /// left keeps it pinned, as it can no longer be re-resolved by name.
+    fn orphan(&self, key: (u64, u64), held: Option<Arc<OwnedFd>>) {
+        let Some(ino) = self.tables.read().by_key.get(&key).copied() else {
             return;
         };
-        let node = &t.inodes[ino];
-        let gone = match fstat_fd(node.fd.as_raw_fd()) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let Ok(node) = self.inode(ino) else { return };
+        let fd = match held.clone() {
+            Some(fd) => Ok(fd),
+            None => self.node_fd(ino).map(|(_, fd)| fd),
+        };
+        let gone = match fd.and_then(|fd| fstat_fd(fd.as_raw_fd())) {
             Ok(st) => st.st_nlink == 0 || node.kind == Kind::Dir,
             Err(_) => true,
         };
-        if gone && *ino != ROOT_INO {
+        if gone {
             node.state.lock().link = None;
+            if let Some(fd) = held {
+                *node.pinned.lock() = Some(fd);
+                self.fds.remove(ino);
+            }
         }
+    }
+
+    /// The descriptor of the node we know at `key`, if any, to pin if it loses its last
+    /// name. Only without handles: a handle still opens an unlinked file while it is open
+    /// (and a file neither named nor open has nothing left to serve).
+    fn known_fd(&self, key: (u64, u64)) -> Option<Arc<OwnedFd>> {
+        if self.mount.is_some() {
+            return None;
+        }
+        let ino = *self.tables.read().by_key.get(&key)?;
+        self.node_fd(ino).ok().map(|(_, fd)| fd)
     }
 
     /// Point the inode now found at (parent, name) to that name.
     fn relink(&self, parent: u64, name: &OsStr) {
-        let Ok(dir) = self.inode(parent) else { return };
+        let Ok((_, dir_fd)) = self.node_fd(parent) else {
+            return;
+        };
         let Ok(c) = cstr(name) else { return };
-        let Ok(st) = fstatat(dir.fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) else {
+        let Ok(st) = fstatat(dir_fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW) else {
             return;
         };
         let t = self.tables.read();
@@ -656,27 +807,28 @@ impl Store {
         if self.is_hidden(parent, name) || self.is_hidden(newparent, newname) {
             return Err(FsError(libc::EACCES));
         }
-        let d1 = self.inode(parent)?;
-        let d2 = self.inode(newparent)?;
+        let (_, d1_fd) = self.node_fd(parent)?;
+        let (_, d2_fd) = self.node_fd(newparent)?;
         let c1 = cstr(name)?;
         let c2 = cstr(newname)?;
         // The node a plain rename replaces loses its name.
         let replaced = if flags & libc::RENAME_EXCHANGE == 0 {
-            fstatat(d2.fd.as_raw_fd(), &c2, libc::AT_SYMLINK_NOFOLLOW).ok()
+            fstatat(d2_fd.as_raw_fd(), &c2, libc::AT_SYMLINK_NOFOLLOW).ok()
         } else {
             None
         };
+        let held = replaced.and_then(|st| self.known_fd((st.st_dev, st.st_ino)));
         cvt(unsafe {
             libc::renameat2(
-                d1.fd.as_raw_fd(),
+                d1_fd.as_raw_fd(),
                 c1.as_ptr(),
-                d2.fd.as_raw_fd(),
+                d2_fd.as_raw_fd(),
                 c2.as_ptr(),
                 flags,
             )
         })?;
         if let Some(st) = replaced {
-            self.orphan((st.st_dev, st.st_ino));
+            self.orphan((st.st_dev, st.st_ino), held);
         }
         self.relink(newparent, newname);
         if flags & libc::RENAME_EXCHANGE != 0 {
@@ -690,14 +842,14 @@ impl Store {
         if self.is_hidden(newparent, newname) {
             return Err(FsError(libc::EEXIST));
         }
-        let node = self.inode(ino)?;
-        let dir = self.inode(newparent)?;
+        let (_, node_fd) = self.node_fd(ino)?;
+        let (_, dir_fd) = self.node_fd(newparent)?;
         let c = cstr(newname)?;
         cvt(unsafe {
             libc::linkat(
-                node.fd.as_raw_fd(),
+                node_fd.as_raw_fd(),
                 c"".as_ptr(),
-                dir.fd.as_raw_fd(),
+                dir_fd.as_raw_fd(),
                 c.as_ptr(),
                 libc::AT_EMPTY_PATH,
             )
@@ -706,10 +858,10 @@ impl Store {
     }
 
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
-        let node = self.inode(ino)?;
+        let (_, node_fd) = self.node_fd(ino)?;
         let fd = cvt(unsafe {
             libc::openat(
-                node.fd.as_raw_fd(),
+                node_fd.as_raw_fd(),
                 c".".as_ptr(),
                 libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
             )
@@ -824,9 +976,9 @@ impl Store {
     }
 
     pub fn statfs(&self, ino: u64) -> FsResult<StatFs> {
-        let node = self.inode(if is_virtual(ino) { ROOT_INO } else { ino })?;
+        let (_, node_fd) = self.node_fd(if is_virtual(ino) { ROOT_INO } else { ino })?;
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        cvt(unsafe { libc::fstatvfs(node.fd.as_raw_fd(), &mut s) })?;
+        cvt(unsafe { libc::fstatvfs(node_fd.as_raw_fd(), &mut s) })?;
         Ok(StatFs {
             blocks: s.f_blocks,
             bfree: s.f_bfree,
@@ -841,15 +993,16 @@ impl Store {
 
     /// A path that reaches the node itself for the xattr calls (which do not accept
     /// `O_PATH` descriptors). Symlinks have no user xattrs on Linux.
-    fn xattr_target(&self, ino: u64) -> FsResult<(Arc<Inode>, CString)> {
-        let node = self.inode(ino)?;
-        let p = proc_path(node.fd.as_raw_fd());
-        Ok((node, p))
+    /// The descriptor returned keeps the path valid.
+    fn xattr_target(&self, ino: u64) -> FsResult<(Arc<Inode>, CString, Arc<OwnedFd>)> {
+        let (node, node_fd) = self.node_fd(ino)?;
+        let p = proc_path(node_fd.as_raw_fd());
+        Ok((node, p, node_fd))
     }
 
     /// Get an xattr; `size` 0 asks for the length only (returned as an empty vec + len).
     pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> FsResult<XattrReply> {
-        let (node, p) = self.xattr_target(ino)?;
+        let (node, p, _fd) = self.xattr_target(ino)?;
         if node.kind == Kind::Symlink {
             return Err(FsError(libc::ENODATA));
         }
@@ -862,7 +1015,7 @@ impl Store {
     }
 
     pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
-        let (node, p) = self.xattr_target(ino)?;
+        let (node, p, _fd) = self.xattr_target(ino)?;
         if node.kind == Kind::Symlink {
             return Ok(xattr_reply(Vec::new(), 0, size));
         }
@@ -872,7 +1025,7 @@ impl Store {
     }
 
     pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
-        let (node, p) = self.xattr_target(ino)?;
+        let (node, p, _fd) = self.xattr_target(ino)?;
         if node.kind == Kind::Symlink {
             return Err(FsError(libc::EPERM));
         }
@@ -890,7 +1043,7 @@ impl Store {
     }
 
     pub fn removexattr(&self, ino: u64, name: &OsStr) -> FsResult<()> {
-        let (node, p) = self.xattr_target(ino)?;
+        let (node, p, _fd) = self.xattr_target(ino)?;
         if node.kind == Kind::Symlink {
             return Err(FsError(libc::ENODATA));
         }
@@ -982,6 +1135,123 @@ mod tests {
         std::fs::hard_link(d.path().join("b"), d.path().join("b3")).unwrap();
         s.unlink(ROOT_INO, OsStr::new("c2")).unwrap();
         assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
+    }
+
+    /// A store holding at most 8 descriptors; `handles` false: re-resolution by name.
+    fn small_store(handles: bool) -> (tempfile::TempDir, Store) {
+        let (d, mut s) = store();
+        s.fds = FdCache::new(8);
+        if !handles {
+            s.mount = None;
+        }
+        (d, s)
+    }
+
+    fn bounded_descriptors(handles: bool) {
+        let (d, s) = small_store(handles);
+        assert_eq!(s.mount.is_some(), handles);
+        let sub = s.mkdir(&ROOT, ROOT_INO, OsStr::new("sub"), 0o755).unwrap();
+        let mut inos = Vec::new();
+        for i in 0..300 {
+            let name = format!("f{i}");
+            let (a, fh, _) = s
+                .create(&ROOT, sub.ino, OsStr::new(&name), 0o644, libc::O_WRONLY)
+                .unwrap();
+            s.write(fh, 0, name.as_bytes()).unwrap();
+            s.release(fh);
+            inos.push(a.ino);
+        }
+        assert!(s.fds.len() <= 8, "{} descriptors cached", s.fds.len());
+        // Every node still answers, re-opened on demand, after its descriptor was evicted.
+        for (i, ino) in inos.iter().enumerate() {
+            let a = s.getattr(*ino).unwrap();
+            assert_eq!(a.size, format!("f{i}").len() as u64);
+            let (fh, _) = s.open(*ino, libc::O_RDONLY).unwrap();
+            assert_eq!(s.read(fh, 0, 16).unwrap(), format!("f{i}").as_bytes());
+            s.release(fh);
+        }
+        assert!(s.fds.len() <= 8);
+        // Renamed behind a cold cache: still the same node under its new name.
+        s.rename(sub.ino, OsStr::new("f7"), ROOT_INO, OsStr::new("g7"), 0)
+            .unwrap();
+        for ino in &inos[100..120] {
+            s.getattr(*ino).unwrap();
+        }
+        assert_eq!(s.getattr(inos[7]).unwrap().size, 2);
+        // Removed and still referenced: the node keeps answering from its pinned descriptor.
+        let (fh, _) = s.open(inos[9], libc::O_RDONLY).unwrap();
+        s.unlink(sub.ino, OsStr::new("f9")).unwrap();
+        for ino in &inos[120..140] {
+            s.getattr(*ino).unwrap();
+        }
+        assert_eq!(s.getattr(inos[9]).unwrap().nlink, 0);
+        s.release(fh);
+        // Replaced behind the volume's back with a new file: never reached through the old
+        // node (a stale handle, or a (dev, ino) that no longer matches).
+        for ino in &inos[140..160] {
+            s.getattr(*ino).unwrap();
+        }
+        std::fs::remove_file(d.path().join("sub/f11")).unwrap();
+        std::fs::write(d.path().join("sub/f11"), b"another").unwrap();
+        match s.getattr(inos[11]) {
+            Err(e) => assert_eq!(e, FsError(libc::ESTALE)),
+            // By name, a reused inode number at the same name cannot be told apart (the
+            // known limit of the fallback); with handles the generation tells.
+            Ok(a) => assert!(!handles, "old node reached a new file: {a:?}"),
+        }
+        let again = s.lookup(sub.ino, OsStr::new("f11")).unwrap();
+        if handles {
+            assert_ne!(again.ino, inos[11]);
+        }
+        assert_eq!(again.size, 7);
+    }
+
+    /// A node whose file is gone and whose inode number came back for a new file (as
+    /// ext4 does) is told apart by its handle: the new file gets a new node.
+    #[test]
+    fn a_reused_inode_number_is_a_new_node() {
+        let (d, s) = small_store(true);
+        std::fs::write(d.path().join("f"), b"new").unwrap();
+        let st = fstatat(
+            s.node_fd(ROOT_INO).unwrap().1.as_raw_fd(),
+            c"f",
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+        let stale = FileHandle::from_parts(1, vec![0; 8]);
+        {
+            let mut t = s.tables.write();
+            t.inodes.insert(
+                999,
+                Arc::new(Inode {
+                    key: (st.st_dev, st.st_ino),
+                    kind: Kind::File,
+                    handle: Some(stale),
+                    pinned: Mutex::new(None),
+                    state: Mutex::new(InodeState {
+                        refs: 1,
+                        link: Some((ROOT_INO, "old".into())),
+                    }),
+                }),
+            );
+            t.by_key.insert((st.st_dev, st.st_ino), 999);
+        }
+        let a = s.lookup(ROOT_INO, OsStr::new("f")).unwrap();
+        assert_ne!(a.ino, 999, "the stale node was reused for a new file");
+        assert_eq!(s.path_of(a.ino).unwrap(), Path::new("f"));
+        // The stale node stays until the kernel forgets it, without taking the key back.
+        s.forget(999, 1);
+        assert_eq!(s.lookup(ROOT_INO, OsStr::new("f")).unwrap().ino, a.ino);
+    }
+
+    #[test]
+    fn bounded_descriptors_with_handles() {
+        bounded_descriptors(true);
+    }
+
+    #[test]
+    fn bounded_descriptors_by_name() {
+        bounded_descriptors(false);
     }
 
     #[test]

@@ -118,13 +118,15 @@ impl LogView {
     }
 
     /// Up to `size` bytes of the view at `offset`. `raw(offset, max)` reads the log itself
-    /// (what [`crate::journal::Journal::read_log`] does); `root` is the backing directory.
+    /// and says where the bytes start (what [`crate::journal::Journal::read_log_from`]
+    /// does: past `offset` when the log was compacted below it); `root` is the backing
+    /// directory.
     pub fn read(
         &mut self,
         root: BorrowedFd<'_>,
         offset: u64,
         size: usize,
-        mut raw: impl FnMut(u64, usize) -> io::Result<Vec<u8>>,
+        mut raw: impl FnMut(u64, usize) -> io::Result<(u64, Vec<u8>)>,
     ) -> io::Result<Vec<u8>> {
         if offset < self.window_start {
             *self = LogView::new(self.sight.who().clone());
@@ -132,11 +134,15 @@ impl LogView {
         self.sight.forget();
         let want_end = offset.saturating_add(size as u64);
         while self.window_start + (self.window.len() as u64) < want_end {
-            let chunk = raw(self.raw_next, RAW_CHUNK)?;
+            let (start, chunk) = raw(self.raw_next, RAW_CHUNK)?;
             if chunk.is_empty() {
                 break;
             }
-            self.raw_next += chunk.len() as u64;
+            if start != self.raw_next {
+                // Compacted away below `start`: a line begun there is gone.
+                self.partial.clear();
+            }
+            self.raw_next = start + chunk.len() as u64;
             self.partial.extend_from_slice(&chunk);
             let Some(last_nl) = self.partial.iter().rposition(|&b| b == b'\n') else {
                 continue;
@@ -172,12 +178,11 @@ mod tests {
             .collect()
     }
 
-    fn reader(log: &[u8]) -> impl FnMut(u64, usize) -> io::Result<Vec<u8>> + '_ {
+    fn reader(log: &[u8]) -> impl FnMut(u64, usize) -> io::Result<(u64, Vec<u8>)> + '_ {
         // Small raw reads, so lines are cut across chunks.
         move |off, max| {
-            let off = off as usize;
-            let end = log.len().min(off + max.min(7));
-            Ok(log.get(off..end).unwrap_or_default().to_vec())
+            let end = log.len().min(off as usize + max.min(7));
+            Ok((off, log.get(off as usize..end).unwrap_or_default().to_vec()))
         }
     }
 

@@ -5,9 +5,14 @@
 //! - **Who**: the caller's session is resolved only where a decision needs it: opens and
 //!   creates, the metadata write routes of §6, the `user.coherent.handoff` xattr, opens of
 //!   `.coherent/` files and writes to `ctl`. Never on read, write, getattr or lookup.
+//! - **The decision**: every write route is decided by [`Engine::decide`] before it
+//!   reaches the backing directory (`before_write` turns the route into a
+//!   [`coherence::Write`]); the adapter hands the [`Permit`] back to `after_write`, or to
+//!   `on_open` for an open that succeeded.
 //! - **Write handles**: an open for write is fenced and acquired *before* the backing
 //!   file is opened (so a fenced `> plan.md` truncates nothing). The handle then gets a
-//!   token naming a [`WriteHandle`] (session, path at open, opener pid, created?), which
+//!   token naming a `WriteHandle` (`handle.rs`: session, path at open, opener pid,
+//!   created?, and one [`handle::State`]), which
 //!   flush and release use: those requests may carry pid 0. Read-only opens get token 0
 //!   and no state (flush and release of them cost nothing here).
 //! - **Commits**: a flush or release whose backing stamp changed commits `Write`; a
@@ -27,11 +32,11 @@
 //!   handle in the way has been flushed and its opener no longer has the file open, then
 //!   tries once more. A descriptor really held open is refused at once.
 
+mod handle;
 mod liveness;
 pub mod state_dir;
 mod surface;
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -42,18 +47,19 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::coherence::{self, CommitOp, Engine, Route, Timestamp};
+use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Write};
 use crate::error::Refusal;
 use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
 use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
+use handle::{End, WriteHandle};
 
 pub use liveness::{closer_runs, holds_open, session_running, TaskState, FLUSH_PROC_WAIT};
 pub use state_dir::default_state_dir;
 
 /// The computed xattrs (§7); every other name passes through to the backing file.
-pub const XATTR_PREFIX: &str = "user.coherent.";
+pub use crate::coherence::XATTR_PREFIX;
 pub const XATTR_VERSION: &str = "user.coherent.version";
 pub const XATTR_HANDOFF: &str = "user.coherent.handoff";
 
@@ -114,55 +120,6 @@ pub fn raise_nofile_limit() -> u64 {
         }
     }
     rl.rlim_cur
-}
-
-/// The state of one open write handle (its token is the key).
-struct WriteHandle {
-    session: Session,
-    /// The path at open: where the `E` hold was taken, so where it is given back.
-    path: String,
-    /// The thread that opened it (for the in-flight check).
-    pid: u32,
-    /// The handle created its file: it commits at release even if nothing was written.
-    created: bool,
-    flags: Mutex<HandleFlags>,
-}
-
-#[derive(Default)]
-struct HandleFlags {
-    /// A commit was made through this handle.
-    committed: bool,
-    /// A change not visible in the handle's stamps (the `O_TRUNC` of its open).
-    dirty: bool,
-    /// At least one FLUSH (a `close(2)` of one of its descriptors) arrived.
-    flushed: bool,
-    /// The last FLUSH came from a running task: a deliberate `close(2)`, so an unchanged
-    /// handle ends in `release` even if its process exits before the RELEASE arrives.
-    /// (A killed process closes its files while exiting.) Only tracked while nothing is
-    /// to be committed.
-    closed_alive: bool,
-}
-
-/// What `before_write` learnt, for `after_write` and `on_open` of the same request (the
-/// adapter calls them in order on one thread).
-struct Stash {
-    path: String,
-    session: Session,
-    /// The backing file before the operation (None: absent).
-    pre: Option<coherence::Stamp>,
-    is_dir: bool,
-}
-
-thread_local! {
-    static STASH: RefCell<Option<Stash>> = const { RefCell::new(None) };
-}
-
-fn stash(s: Stash) {
-    STASH.with(|c| *c.borrow_mut() = Some(s));
-}
-
-fn take_stash() -> Option<Stash> {
-    STASH.with(|c| c.borrow_mut().take())
 }
 
 /// A workspace path as the engine keys it (None: the root, a name the store lost, or a
@@ -379,6 +336,15 @@ impl Volume {
         st
     }
 
+    /// What the backing directory holds at `p` now, for the write decision.
+    fn found(&self, p: &str) -> Found {
+        match self.stat(p) {
+            None => Found::Absent,
+            Some((_, true)) => Found::Dir,
+            Some((s, false)) => Found::File(s),
+        }
+    }
+
     fn stamp_now(&self, p: &str) -> Option<coherence::Stamp> {
         self.stat(p).filter(|(_, dir)| !dir).map(|(s, _)| s)
     }
@@ -434,8 +400,7 @@ impl Volume {
             return false;
         }
         for w in &pending {
-            let flushed = w.flags.lock().flushed;
-            if !flushed || holds_open(w.pid, &self.cfg.mountpoint.join(&w.path)) {
+            if !w.flushed() || holds_open(w.pid, &self.cfg.mountpoint.join(&w.path)) {
                 return false;
             }
         }
@@ -451,124 +416,94 @@ impl Volume {
 }
 
 impl Hooks for Volume {
-    fn before_write(&self, caller: &Caller, route: &WriteRoute<'_>) -> Result<(), FsError> {
-        let _ = take_stash();
-        let now = Timestamp::now();
-        let keep = |path: &str, session: Session, pre: Option<(coherence::Stamp, bool)>| {
-            stash(Stash {
-                path: path.to_string(),
-                session,
-                pre: pre.map(|x| x.0),
-                is_dir: pre.is_some_and(|x| x.1),
-            })
-        };
-        match *route {
+    fn before_write(
+        &self,
+        caller: &Caller,
+        route: &WriteRoute<'_>,
+    ) -> Result<Option<Permit>, FsError> {
+        let at = |p| At::new(p, self.found(p));
+        let w = match *route {
             WriteRoute::Open { path, .. } | WriteRoute::Create { path, .. } => {
-                let Some(p) = rel(path) else { return Ok(()) };
-                let s = self.session(caller);
-                let pre = self.observe(p, now);
-                if pre.is_some_and(|x| x.1) {
-                    return Ok(()); // a directory: the open fails with EISDIR anyway
-                }
-                self.engine.acquire(&s, p, now).map_err(refused)?;
-                keep(p, s, pre);
+                let Some(p) = rel(path) else { return Ok(None) };
+                Write::Open(at(p))
             }
             WriteRoute::Setattr { path, .. } => {
-                let Some(p) = rel(path) else { return Ok(()) };
-                let s = self.session(caller);
-                let pre = self.observe(p, now);
-                self.engine
-                    .check_write(&s, p, Route::Setattr, now)
-                    .map_err(refused)?;
-                keep(p, s, pre);
+                let Some(p) = rel(path) else { return Ok(None) };
+                Write::Setattr(at(p))
             }
-            WriteRoute::Rename { from, to, .. } => {
+            WriteRoute::Rename { from, to, flags } => {
                 let (Some(f), Some(t)) = (rel(from), rel(to)) else {
-                    return Ok(());
+                    return Ok(None);
                 };
-                let s = self.session(caller);
-                let pre = self.observe(f, now);
-                self.observe(t, now);
-                let is_dir = pre.is_some_and(|x| x.1);
-                self.engine
-                    .check_rename(&s, f, t, is_dir, now)
-                    .map_err(refused)?;
-                keep(f, s, pre);
+                Write::Rename {
+                    from: at(f),
+                    to: at(t),
+                    exchange: flags & RENAME_EXCHANGE != 0,
+                }
             }
             WriteRoute::Unlink { path } => {
-                let Some(p) = rel(path) else { return Ok(()) };
-                let s = self.session(caller);
-                let pre = self.observe(p, now);
-                self.engine
-                    .check_write(&s, p, Route::Unlink, now)
-                    .map_err(refused)?;
-                keep(p, s, pre);
+                let Some(p) = rel(path) else { return Ok(None) };
+                Write::Unlink(at(p))
             }
-            WriteRoute::Link { from, to } if rel(from).is_some() => {
-                let Some(t) = rel(to) else { return Ok(()) };
-                let f = rel(from).unwrap_or_default();
-                let s = self.session(caller);
-                // A fenced giver may not give the file it handed on a second name: writes
-                // through that name would go around the fence (beyond the letter of §6).
-                self.observe(f, now);
-                self.engine
-                    .check_write(&s, f, Route::Link, now)
-                    .map_err(refused)?;
-                let pre = self.observe(t, now);
-                self.engine
-                    .check_write(&s, t, Route::Link, now)
-                    .map_err(refused)?;
-                keep(t, s, pre);
+            WriteRoute::Link { from, to } => {
+                let Some(t) = rel(to) else { return Ok(None) };
+                Write::Link {
+                    from: rel(from).map(at),
+                    to: at(t),
+                }
             }
-            WriteRoute::Link { to: path, .. }
-            | WriteRoute::Symlink { path, .. }
-            | WriteRoute::Mknod { path, .. } => {
-                let Some(p) = rel(path) else { return Ok(()) };
-                let r = match route {
-                    WriteRoute::Link { .. } => Route::Link,
-                    WriteRoute::Symlink { .. } => Route::Symlink,
-                    _ => Route::Mknod,
-                };
-                let s = self.session(caller);
-                let pre = self.observe(p, now);
-                self.engine.check_write(&s, p, r, now).map_err(refused)?;
-                keep(p, s, pre);
+            WriteRoute::Symlink { path, .. } => {
+                let Some(p) = rel(path) else { return Ok(None) };
+                Write::Symlink(at(p))
+            }
+            WriteRoute::Mknod { path, .. } => {
+                let Some(p) = rel(path) else { return Ok(None) };
+                Write::Mknod(at(p))
             }
             WriteRoute::Setxattr { path, name } | WriteRoute::Removexattr { path, name } => {
-                if name.as_encoded_bytes().starts_with(XATTR_PREFIX.as_bytes()) {
-                    return Err(FsError(libc::EACCES)); // computed, not settable
-                }
-                let Some(p) = rel(path) else { return Ok(()) };
-                let r = match route {
-                    WriteRoute::Setxattr { .. } => Route::Setxattr,
-                    _ => Route::Removexattr,
+                let name = name.as_encoded_bytes();
+                let Some(p) = rel(path) else {
+                    // Untracked (the root too): only the computed-name rule applies.
+                    return match coherence::computed_xattr(name) {
+                        Some(r) => Err(refused(r)),
+                        None => Ok(None),
+                    };
                 };
-                let s = self.session(caller);
-                let pre = self.observe(p, now);
-                self.engine.check_write(&s, p, r, now).map_err(refused)?;
-                keep(p, s, pre);
+                match route {
+                    WriteRoute::Setxattr { .. } => Write::Setxattr { at: at(p), name },
+                    _ => Write::Removexattr { at: at(p), name },
+                }
             }
             // §6 does not fence directories being made or removed (a directory rename is).
-            WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => {}
+            WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => return Ok(None),
+        };
+        let s = self.resolver.resolve_request(caller.pid, caller.uid);
+        match self.engine.decide(&s, w, Timestamp::now()) {
+            Ok(permit) => Ok(Some(permit)),
+            Err(r) => Err(refused(r)),
         }
-        Ok(())
     }
 
-    fn after_write(&self, _caller: &Caller, route: &WriteRoute<'_>, outcome: Result<(), FsError>) {
-        if matches!(route, WriteRoute::Open { .. } | WriteRoute::Create { .. }) && outcome.is_ok() {
-            return; // on_open takes the stash
-        }
-        let Some(st) = take_stash() else { return };
+    fn after_write(
+        &self,
+        _caller: &Caller,
+        route: &WriteRoute<'_>,
+        permit: Option<Permit>,
+        outcome: Result<(), FsError>,
+    ) {
+        let Some(pm) = permit else { return };
         let now = Timestamp::now();
-        let (s, p) = (&st.session, st.path.as_str());
+        let (s, p) = (&pm.session, pm.path.as_str());
         match *route {
             WriteRoute::Open { .. } | WriteRoute::Create { .. } => {
                 // The open failed after the acquire: give the hold back.
-                self.engine.close_write(s, p, false, now);
+                if pm.acquired.is_some() {
+                    self.engine.close_write(s, p, false, now);
+                }
             }
             _ if outcome.is_err() => {}
             WriteRoute::Setattr { set, .. } => {
-                if st.is_dir {
+                if pm.is_dir {
                     return;
                 }
                 let holds_e = matches!(self.engine.hold(s, p), Some((coherence::Hold::E, _)));
@@ -584,13 +519,13 @@ impl Hooks for Volume {
                     None => {}
                 }
             }
-            WriteRoute::Rename { to, flags, .. } => {
-                let Some(t) = rel(to) else { return };
+            WriteRoute::Rename { flags, .. } => {
+                let Some(t) = pm.to.as_deref() else { return };
                 if flags & RENAME_EXCHANGE != 0 {
                     self.exchange(s, p, t, now);
                 } else {
-                    let after = if st.is_dir { None } else { self.stamp_now(t) };
-                    self.engine.rename(s, p, t, st.is_dir, after, now);
+                    let after = if pm.is_dir { None } else { self.stamp_now(t) };
+                    self.engine.rename(s, p, t, pm.is_dir, after, now);
                 }
             }
             WriteRoute::Unlink { .. } => {
@@ -613,7 +548,12 @@ impl Hooks for Volume {
         }
     }
 
-    fn on_open(&self, caller: &Caller, open: &OpenInfo<'_>) -> Result<u64, FsError> {
+    fn on_open(
+        &self,
+        caller: &Caller,
+        open: &OpenInfo<'_>,
+        permit: Option<Permit>,
+    ) -> Result<u64, FsError> {
         let now = Timestamp::now();
         if !open_writes(open.flags) {
             if let Some(p) = rel(open.path) {
@@ -623,26 +563,20 @@ impl Hooks for Volume {
             }
             return Ok(0);
         }
-        let Some(st) = take_stash() else { return Ok(0) };
-        if rel(open.path) != Some(st.path.as_str()) {
-            // Not the open the stash was made for (cannot happen in order; be safe).
-            self.engine.close_write(&st.session, &st.path, false, now);
+        // No acquire (an untracked path, a directory): no state.
+        let Some(pm) = permit.filter(|pm| pm.acquired.is_some()) else {
+            return Ok(0);
+        };
+        if rel(open.path) != Some(pm.path.as_str()) {
+            // Not the file the permit was made for (renamed in between): give the hold back.
+            self.engine.close_write(&pm.session, &pm.path, false, now);
             return Ok(0);
         }
         // An O_TRUNC open that emptied the file changed it before the handle's first stamp.
         let dirty =
-            open.flags & libc::O_TRUNC != 0 && st.pre.is_some_and(|pre| pre != stamp(&open.stamp));
+            open.flags & libc::O_TRUNC != 0 && pm.pre.is_some_and(|pre| pre != stamp(&open.stamp));
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        let w = WriteHandle {
-            session: st.session,
-            path: st.path,
-            pid: caller.pid,
-            created: open.created,
-            flags: Mutex::new(HandleFlags {
-                dirty,
-                ..HandleFlags::default()
-            }),
-        };
+        let w = WriteHandle::new(pm.session, pm.path, caller.pid, open.created, dirty);
         self.handles.lock().insert(token, Arc::new(w));
         Ok(token)
     }
@@ -651,22 +585,14 @@ impl Hooks for Volume {
         let Some(w) = self.write_handle(h.token) else {
             return;
         };
-        let mut f = w.flags.lock();
-        f.flushed = true;
-        // Only a change since the last flush commits here. The truncation of an O_TRUNC
-        // open (`dirty`) waits for the handle's next change or its release: a shell's
-        // `> f` closes a duplicate of the descriptor before writing, and the truncation
-        // and the writes are one change.
-        if h.changed() {
-            f.dirty = false;
+        let unsettled = w.flush(h.changed(), || {
             // No path: the file was removed while open; its changes have no name to count.
-            if let Some(p) = rel(h.path) {
-                let now = Timestamp::now();
-                self.engine
-                    .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
-                f.committed = true;
-            }
-        }
+            let Some(p) = rel(h.path) else { return false };
+            let now = Timestamp::now();
+            self.engine
+                .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+            true
+        });
         // A FLUSH of an unchanged handle may be its last close: note whether the closer
         // still runs (a deliberate close(2)) or is exiting (killed, or exit with the file
         // open), so RELEASE can tell `release` from `reclaim` even when a quick process is
@@ -674,11 +600,8 @@ impl Hooks for Volume {
         // waits for this very FLUSH (seen in the fs_ops locks test), so it runs on its own
         // thread and is waited for only briefly: no answer in time counts as "not known
         // to run", which is what an exiting task would have said.
-        let settled = h.changed() || f.dirty || f.committed || w.created;
-        drop(f);
-        if !settled && w.session.is_attributed() && caller.pid != 0 {
-            let running = closer_runs(caller.pid, FLUSH_PROC_WAIT);
-            w.flags.lock().closed_alive = running;
+        if unsettled && w.session.is_attributed() && caller.pid != 0 {
+            w.closed_by(closer_runs(caller.pid, FLUSH_PROC_WAIT));
         }
     }
 
@@ -687,18 +610,15 @@ impl Hooks for Volume {
             return;
         };
         let now = Timestamp::now();
-        {
-            let mut f = w.flags.lock();
-            if h.changed() || f.dirty || (w.created && !f.committed) {
-                if let Some(p) = rel(h.path) {
-                    self.engine
-                        .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
-                    f.committed = true;
-                }
-            }
-            if f.committed {
-                self.engine.close_write(&w.session, &w.path, true, now);
-            } else if !f.closed_alive && w.session.is_attributed() {
+        let end = w.release(h.changed(), || {
+            let Some(p) = rel(h.path) else { return false };
+            self.engine
+                .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+            true
+        });
+        match end {
+            End::Committed => self.engine.close_write(&w.session, &w.path, true, now),
+            End::MaybeGone if w.session.is_attributed() => {
                 // Whether any process of the session is left may need a scan of /proc,
                 // which can block on a stuck task anywhere on the host: not on a FUSE
                 // thread.
@@ -720,8 +640,9 @@ impl Hooks for Volume {
                         );
                     }
                 });
-            } else {
-                self.engine.close_write(&w.session, &w.path, false, now);
+            }
+            End::MaybeGone | End::Released => {
+                self.engine.close_write(&w.session, &w.path, false, now)
             }
         }
         self.handles.lock().remove(&h.token);

@@ -233,12 +233,9 @@ fn a_log_view_shows_only_lines_the_reader_may_see() {
         .iter()
         .flat_map(|l| format!("{l}\n").into_bytes())
         .collect();
-    let raw = |off: u64, max: usize| -> std::io::Result<Vec<u8>> {
-        let off = off as usize;
-        Ok(log
-            .get(off..log.len().min(off + max.min(11)))
-            .unwrap_or_default()
-            .to_vec())
+    let raw = |off: u64, max: usize| -> std::io::Result<(u64, Vec<u8>)> {
+        let end = log.len().min(off as usize + max.min(11));
+        Ok((off, log.get(off as usize..end).unwrap_or_default().to_vec()))
     };
     let read_all = |who: Who| {
         let mut v = LogView::new(who);

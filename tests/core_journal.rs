@@ -182,7 +182,18 @@ fn the_state_directory_is_locked() {
         Ok(_) => panic!("two journals share one directory"),
     }
     drop(o);
-    open(dir.path());
+    // Another test's child process may hold a copy of the lock's descriptor for the
+    // instant between its fork and exec.
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match Journal::open(dir.path(), Config::default(), JournalOptions::default()) {
+            Ok(_) => break,
+            Err(JournalError::Locked { .. }) if std::time::Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }
 
 #[test]
@@ -360,4 +371,352 @@ fn after_a_restart_no_session_has_a_view() {
     o.engine
         .transfer(&a, &paths(&["p"]), "bob", None, Timestamp(T0))
         .unwrap();
+}
+
+/// A small tmpfs mounted for one test (the journal's state directory on a disk that fills).
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let st = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs (the tests run as root)");
+        SmallDisk { dir }
+    }
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+    /// Fill the disk with `name`; returns its size.
+    fn fill(&self, name: &str) -> u64 {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.path().join(name)).unwrap();
+        let block = vec![0u8; 4096];
+        let mut n = 0u64;
+        loop {
+            match f.write(&block) {
+                Ok(k) => n += k as u64,
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                    return n;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Every line of the log is a whole event, numbered 1, 2, 3, ...
+fn whole_events(log: &Path) -> u64 {
+    let text = std::fs::read_to_string(log).unwrap();
+    assert!(text.is_empty() || text.ends_with('\n'), "torn last line");
+    let mut seq = 0;
+    for line in text.lines() {
+        let ev: Event = serde_json::from_str(line).expect("a whole event");
+        assert_eq!(ev.seq, seq + 1);
+        seq = ev.seq;
+    }
+    seq
+}
+
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_full_disk_stops_the_journal_and_it_recovers_by_itself() {
+    let disk = SmallDisk::new("256k");
+    let state = disk.path().join("state");
+    let o = open(&state);
+    let (a, b) = (sess("alice"), sess("bob"));
+    o.engine.register(&b, Timestamp(T0)).unwrap();
+    o.engine
+        .commit(&a, "p", CommitOp::Write, stamp(1), Timestamp(T0));
+    o.engine.open_read(&a, "p", Timestamp(T0));
+    o.engine
+        .transfer(
+            &a,
+            &paths(&["p"]),
+            "bob",
+            Some("before".into()),
+            Timestamp(T0),
+        )
+        .unwrap();
+    assert!(!o.journal.is_poisoned());
+    let acked = o.journal.durable_seq();
+    assert_eq!(acked, o.engine.last_seq());
+
+    disk.fill("filler");
+    // Events while the disk is full: the flusher fails, the journal stops.
+    for i in 0..300 {
+        o.engine.commit(
+            &a,
+            &format!("busy/f{i}"),
+            CommitOp::Write,
+            stamp(i + 10),
+            Timestamp(T0 + 1),
+        );
+    }
+    o.engine.open_read(&a, "q", Timestamp(T0 + 2));
+    o.engine
+        .commit(&a, "q", CommitOp::Write, stamp(5), Timestamp(T0 + 2));
+    let r = o
+        .engine
+        .transfer(&a, &paths(&["q"]), "bob", None, Timestamp(T0 + 3));
+    assert!(r.is_ok(), "{r:?}");
+    assert!(o.journal.is_poisoned(), "a verb on a full disk must fail");
+    assert!(o.journal.durable_seq() < o.engine.last_seq());
+    // The log holds only whole events, however far the failed write got.
+    let on_disk = whole_events(&state.join(LOG));
+    assert!(on_disk >= acked && on_disk < o.engine.last_seq());
+
+    // Space comes back: the journal writes what it kept and verbs work, no restart.
+    std::fs::remove_file(disk.path().join("filler")).unwrap();
+    wait_for("the journal to recover", || !o.journal.is_poisoned());
+    wait_for("every event durable", || {
+        o.journal.durable_seq() == o.engine.last_seq()
+    });
+    o.engine
+        .transfer(&a, &paths(&["busy/f1"]), "bob", None, Timestamp(T0 + 4))
+        .unwrap();
+    assert!(!o.journal.is_poisoned());
+    assert_eq!(o.journal.durable_seq(), o.engine.last_seq());
+    assert_eq!(whole_events(&state.join(LOG)), o.engine.last_seq());
+
+    // Nothing lost: a restart rebuilds exactly this state.
+    let before = o.engine.durable_state();
+    drop(o);
+    let o = open(&state);
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert_eq!(o.engine.durable_state(), before);
+}
+
+#[test]
+fn a_leftover_snapshot_temporary_never_blocks_a_mount() {
+    let disk = SmallDisk::new("256k");
+    let state = disk.path().join("state");
+    {
+        let o = open(&state);
+        history(&o.engine, 5);
+        o.journal.checkpoint(&o.engine).unwrap();
+    }
+    // An interrupted snapshot that filled the disk.
+    disk.fill("state/snapshot.json.tmp");
+    let o = open(&state);
+    assert!(!state.join("snapshot.json.tmp").exists());
+    assert!(o.from_snapshot);
+    history(&o.engine, 5);
+    o.journal.flush().unwrap();
+    o.journal.checkpoint(&o.engine).unwrap();
+    assert!(!o.journal.is_poisoned());
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// The daemon runs with umask 0 (modes from the kernel are already masked): the check
+/// runs in a process of its own (this binary, one test), as umask is process-wide.
+#[test]
+fn the_state_directory_is_private_whatever_the_umask() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "private_state_under_umask_0",
+            "--ignored",
+            "--test-threads=1",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "run by the_state_directory_is_private_whatever_the_umask in its own process"]
+fn private_state_under_umask_0() {
+    use std::os::unix::fs::PermissionsExt;
+    let old = unsafe { libc::umask(0) };
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("a/state");
+    {
+        let o = open(&state);
+        history(&o.engine, 5);
+        o.journal.checkpoint(&o.engine).unwrap();
+        // A damaged tail kept aside at the next open is private too.
+        drop(o);
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(state.join(LOG))
+            .unwrap();
+        f.write_all(b"{\"torn").unwrap();
+    }
+    let o = open(&state);
+    assert_eq!(o.warnings.len(), 1, "{:?}", o.warnings);
+    assert_eq!(mode(&state), 0o700);
+    let mut files = 0;
+    for e in std::fs::read_dir(&state).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(mode(&p), 0o600, "{}", p.display());
+        files += 1;
+    }
+    assert!(files >= 4, "lock, log, snapshot, damaged tail: {files}");
+    drop(o);
+
+    // An existing directory others can read is tightened; one they can write is refused.
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(state.join(LOG), std::fs::Permissions::from_mode(0o644)).unwrap();
+    drop(open(&state));
+    assert_eq!(mode(&state), 0o700);
+    assert_eq!(mode(&state.join(LOG)), 0o600);
+    for bad in [0o770, 0o707, 0o777] {
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(bad)).unwrap();
+        match Journal::open(&state, Config::default(), JournalOptions::default()) {
+            Err(e @ JournalError::NotPrivate { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("chmod 700"), "{msg}");
+                assert!(msg.contains(&format!("{bad:o}")), "{msg}");
+            }
+            Err(e) => panic!("unexpected {e}"),
+            Ok(_) => panic!("opened a state directory mode {bad:o}"),
+        }
+    }
+    unsafe { libc::umask(old) };
+}
+
+/// Every line of `bytes` as an event.
+fn events_in(bytes: &[u8]) -> Vec<Event> {
+    assert!(bytes.is_empty() || bytes.ends_with(b"\n"));
+    std::str::from_utf8(bytes)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("an event"))
+        .collect()
+}
+
+#[test]
+fn compaction_bounds_the_log_and_followers_keep_following() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = JournalOptions {
+        compact_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let o = Journal::open(dir.path(), Config::default(), opts.clone()).unwrap();
+    let (a, b) = (sess("alice"), sess("bob"));
+    o.engine.register(&b, Timestamp(T0)).unwrap();
+    o.engine
+        .commit(&a, "kept.md", CommitOp::Write, stamp(1), Timestamp(T0));
+    o.engine.open_read(&a, "kept.md", Timestamp(T0));
+    o.engine
+        .transfer(&a, &paths(&["kept.md"]), "bob", None, Timestamp(T0))
+        .unwrap();
+    // Files created and removed: tombstones, and a log past the bound.
+    let churn = |from: u64, to: u64| {
+        for i in from..to {
+            let p = format!("churn/f{i}");
+            o.engine
+                .commit(&a, &p, CommitOp::Write, stamp(i + 10), Timestamp(T0 + 1));
+            o.engine
+                .commit(&a, &p, CommitOp::Unlink, None, Timestamp(T0 + 2));
+        }
+        o.journal.flush().unwrap();
+    };
+    churn(0, 1000);
+    // A follower reads everything so far.
+    let first = o.journal.read_log(0, 1 << 30).unwrap();
+    let mut pos = first.len() as u64;
+    let mut seen = events_in(&first);
+    assert_eq!(pos, o.journal.log_len());
+    let file_before = std::fs::metadata(dir.path().join(LOG)).unwrap().len();
+    assert!(file_before >= opts.compact_bytes, "{file_before}");
+    assert!(o.engine.durable_state().paths.contains_key("churn/f0"));
+
+    o.journal.maintain(&o.engine, Timestamp(T0 + 3)).unwrap();
+    // Compacted: the file is small, the logical length did not move, tombstones are gone,
+    // the live record stays.
+    let file_after = std::fs::metadata(dir.path().join(LOG)).unwrap().len();
+    assert!(file_after < 200, "{file_after}");
+    assert_eq!(o.journal.log_len(), pos);
+    assert_eq!(o.journal.log_base(), pos);
+    let st = o.engine.durable_state();
+    assert!(
+        !st.paths.keys().any(|p| p.starts_with("churn/")),
+        "tombstones left"
+    );
+    assert!(st.paths.contains_key("kept.md"));
+    assert!(st.records.iter().any(|r| r.path == "kept.md"));
+
+    // The follower goes on from where it was: the next events, no gap, no repeat.
+    churn(1000, 1010);
+    let more = o.journal.read_log(pos, 1 << 30).unwrap();
+    pos += more.len() as u64;
+    seen.extend(events_in(&more));
+    assert_eq!(pos, o.journal.log_len());
+    for (i, ev) in seen.iter().enumerate() {
+        assert_eq!(ev.seq, i as u64 + 1);
+    }
+    assert_eq!(seen.last().unwrap().seq, o.engine.last_seq());
+    // A reader from 0 starts at the base: the first event after the compaction.
+    let from0 = events_in(&o.journal.read_log(0, 1 << 30).unwrap());
+    assert_eq!(from0.first().unwrap().seq, st.seq + 1);
+    let (start, bytes) = o.journal.read_log_from(10, 1 << 30).unwrap();
+    assert_eq!(start, o.journal.log_base());
+    assert_eq!(events_in(&bytes), from0);
+
+    // A restart rebuilds the same state, and the offsets go on.
+    let before = o.engine.durable_state();
+    drop(o);
+    std::fs::write(
+        dir.path().join("events.log.tmp"),
+        b"an interrupted compaction",
+    )
+    .unwrap();
+    let o = Journal::open(dir.path(), Config::default(), opts).unwrap();
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert!(o.from_snapshot);
+    assert!(!dir.path().join("events.log.tmp").exists());
+    assert_eq!(o.engine.durable_state(), before);
+    assert_eq!(o.journal.log_len(), pos);
+    o.engine
+        .commit(&a, "after", CommitOp::Write, stamp(3), Timestamp(T0 + 4));
+    o.journal.flush().unwrap();
+    let last = events_in(&o.journal.read_log(pos, 1 << 20).unwrap());
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].seq, before.seq + 1);
+    // A second compaction, then a restart: still the same.
+    o.journal.compact(&o.engine).unwrap();
+    let before = o.engine.durable_state();
+    drop(o);
+    let o = open(dir.path());
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert_eq!(o.engine.durable_state(), before);
 }

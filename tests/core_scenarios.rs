@@ -199,10 +199,15 @@ fn accept_keeps_the_fence_until_the_version_moves() {
     assert_eq!(r.records[0].status, Status::Completed);
     assert!(r.records[0].live);
     assert!(h.e.is_fenced(&a, P));
-    // Accepting again changes nothing.
+    // Accepting again changes nothing: the record is no longer pending (§5: handoff_ended
+    // with its status).
     let n = h.sink.events().len();
     let t = h.t();
-    h.e.accept(&b, &paths(&[P]), t).unwrap();
+    let err = h.e.accept(&b, &paths(&[P]), t).unwrap_err();
+    assert_eq!(
+        (err.reason, err.status),
+        (Reason::HandoffEnded, Some(Status::Completed))
+    );
     assert_eq!(h.sink.events().len(), n);
     assert_eq!(h.write(&b, P).unwrap(), 3);
     assert!(!h.e.is_fenced(&a, P));

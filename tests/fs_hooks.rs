@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use coherent::fuse::{CoherentFs, FsOptions, HandleInfo, Hooks, OpenInfo, WriteRoute};
+use coherent::fuse::{CoherentFs, FsOptions, HandleInfo, Hooks, OpenInfo, Permit, WriteRoute};
 use coherent::passthrough::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, Store, Time, ROOT_INO, VIRTUAL_INO_BIT,
 };
@@ -91,23 +91,34 @@ fn route(r: &WriteRoute<'_>) -> String {
 struct TestHooks(Arc<Recorder>);
 
 impl Hooks for TestHooks {
-    fn before_write(&self, _c: &Caller, r: &WriteRoute<'_>) -> Result<(), FsError> {
+    fn before_write(&self, _c: &Caller, r: &WriteRoute<'_>) -> Result<Option<Permit>, FsError> {
         let s = route(r);
         if s.contains("forbidden") {
             self.0.push(format!("refuse {s}"));
             return Err(FsError(libc::EACCES));
         }
         self.0.push(format!("before {s}"));
-        Ok(())
+        Ok(None)
     }
-    fn after_write(&self, _c: &Caller, r: &WriteRoute<'_>, outcome: Result<(), FsError>) {
+    fn after_write(
+        &self,
+        _c: &Caller,
+        r: &WriteRoute<'_>,
+        _permit: Option<Permit>,
+        outcome: Result<(), FsError>,
+    ) {
         self.0.push(format!(
             "after {} {:?}",
             route(r),
             outcome.err().map(|e| e.errno())
         ));
     }
-    fn on_open(&self, c: &Caller, o: &OpenInfo<'_>) -> Result<u64, FsError> {
+    fn on_open(
+        &self,
+        c: &Caller,
+        o: &OpenInfo<'_>,
+        _permit: Option<Permit>,
+    ) -> Result<u64, FsError> {
         // FUSE reports the calling thread's id: one of our threads.
         assert!(
             Path::new(&format!("/proc/self/task/{}", c.pid)).exists(),

@@ -507,9 +507,12 @@ impl Engine {
                 if let Some(r) = e.record_mut(ev.record) {
                     r.status = status;
                     r.updated = ev.ts;
-                    if ev.event == EventKind::Overtaken {
-                        r.counterparty = ev.counterparty.clone();
-                    }
+                    // `counterparty` belongs to `overtaken` records only.
+                    r.counterparty = if ev.event == EventKind::Overtaken {
+                        ev.counterparty.clone()
+                    } else {
+                        None
+                    };
                 }
             }
             EventKind::Evict => {

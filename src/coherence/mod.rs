@@ -3,14 +3,17 @@
 //! [`EventSink`] (the journal).
 
 mod engine;
+mod evict;
 mod lookup;
 mod ops;
 mod queries;
+mod route;
 mod time;
 mod types;
 mod verbs;
 
 pub use engine::{deny_text, valid_path, Engine, EventSink, MemorySink, EXTERNAL, MAX_NOTE};
 pub use lookup::{resolve_session, MIN_PREFIX};
+pub use route::{computed_xattr, At, Found, Permit, Write, XATTR_PREFIX};
 pub use time::Timestamp;
 pub use types::*;

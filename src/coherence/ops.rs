@@ -2,6 +2,7 @@
 //! volume's back, sessions gone, eviction; and the fence decision of every write route (§6).
 
 use super::engine::*;
+use super::route::{At, Found, Write};
 use super::time::Timestamp;
 use super::types::*;
 use crate::error::{Reason, Refusal};
@@ -17,7 +18,17 @@ impl Engine {
     /// handle writes it changed behind the volume's back: a commit by `external`
     /// (`external_change`, and `overtaken` on a live record). Returns the version.
     pub fn observe(&self, path: &str, stamp: Option<Stamp>, now: Timestamp) -> Option<u64> {
-        let mut sh = self.lock_one(path);
+        self.observe_in(&mut self.lock_one(path), path, stamp, now)
+    }
+
+    /// `observe` with the shard of `path` held (the write decision holds it).
+    pub(super) fn observe_in(
+        &self,
+        sh: &mut Shard,
+        path: &str,
+        stamp: Option<Stamp>,
+        now: Timestamp,
+    ) -> Option<u64> {
         let Some(e) = sh.get_mut(path) else {
             stamp?;
             sh.insert(
@@ -77,11 +88,11 @@ impl Engine {
     /// A live record on `e` touched by `by`, who is neither its giver nor its successor:
     /// `overtaken` with `counterparty` (unless it already says so).
     fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
-        let Some(r) = e.live() else { return };
-        if r.giver.name == by || r.successor.name == by {
+        // Only a pending record changes status (§5).
+        let Some(r) = e.live().filter(|r| r.status == Status::Pending) else {
             return;
-        }
-        if r.status == Status::Overtaken && r.counterparty.as_deref() == Some(by) {
+        };
+        if r.giver.name == by || r.successor.name == by {
             return;
         }
         let mut ev = Event::new(EventKind::Overtaken, now, Some(&r.path), None);
@@ -112,7 +123,7 @@ impl Engine {
 
     /// If `s` is fenced on `e`: logs `denied`, keeps the deny text for `why`, returns the
     /// refusal (`Reason::Fenced`, the text as message).
-    fn fence(
+    pub(super) fn fence(
         &self,
         e: &mut Entry,
         path: &str,
@@ -125,6 +136,7 @@ impl Engine {
             return Ok(());
         }
         let text = deny_text(path, &r.successor, r.version_at_transfer);
+        let status = r.status;
         let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
         ev.reason = Some(Reason::Fenced);
         ev.route = Some(route);
@@ -132,7 +144,12 @@ impl Engine {
         ev.successor = Some(r.successor.name.clone());
         ev.version = Some(e.version);
         self.emit(e, ev);
-        Err(self.refuse(s, Refusal::new(Reason::Fenced, text)))
+        Err(self.refuse(
+            s,
+            Refusal::new(Reason::Fenced, text)
+                .at(path)
+                .with_status(status),
+        ))
     }
 
     /// Is `s` fenced on `path`? (No event; for queries and tests. The mount uses
@@ -171,10 +188,22 @@ impl Engine {
     /// An open (or create) for write by `s`: the fence and the stale guard, then an `E`
     /// hold (`acquire`). A bystander's acquire turns a live record `overtaken`. On
     /// refusal nothing is held; answer `EACCES`. Pair with `close_write`.
+    /// Shorthand for [`Engine::decide`] of [`Write::Open`] on a path the caller did not
+    /// stat.
     pub fn acquire(&self, s: &Session, path: &str, now: Timestamp) -> Result<Acquired, Refusal> {
-        self.session_seen(s, now);
-        let mut sh = self.lock_one(path);
-        let e = entry_mut(&mut sh, path);
+        let p = self.decide(s, Write::Open(At::unseen(path)), now)?;
+        Ok(p.acquired.expect("an open of a file acquires"))
+    }
+
+    /// The open-for-write rule with the entry held: the fence, the stale guard, the
+    /// acquire (a bystander's acquire overtakes a live record).
+    pub(super) fn acquire_in(
+        &self,
+        e: &mut Entry,
+        s: &Session,
+        path: &str,
+        now: Timestamp,
+    ) -> Result<Acquired, Refusal> {
         self.fence(e, path, s, Route::OpenWrite, now)?;
         let version = e.version;
         let view = e.holder(&s.name).and_then(|h| h.view);
@@ -200,7 +229,7 @@ impl Engine {
                          (another session changed it since). Read {path} again, then write.",
                         view.unwrap_or(0)
                     );
-                    return Err(self.refuse(s, Refusal::new(Reason::StaleView, text)));
+                    return Err(self.refuse(s, Refusal::new(Reason::StaleView, text).at(path)));
                 }
             }
         }
@@ -215,9 +244,8 @@ impl Engine {
         })
     }
 
-    /// The fence decision for a write route other than an open for write (§6): setattr,
-    /// unlink, link/symlink/mknod creating the path, set/removexattr, one side of a rename
-    /// (see `check_rename`). Refused: `denied` is logged, answer `EACCES`.
+    /// The fence alone on one path for `route` (no acquire, no other rule; for the core
+    /// tests). The mount decides every route with [`Engine::decide`].
     pub fn check_write(
         &self,
         s: &Session,
@@ -226,15 +254,11 @@ impl Engine {
         now: Timestamp,
     ) -> Result<(), Refusal> {
         self.session_seen(s, now);
-        let mut sh = self.lock_one(path);
-        match sh.get_mut(path) {
-            Some(e) => self.fence(e, path, s, route, now),
-            None => Ok(()),
-        }
+        self.fence_at(&mut self.lock_one(path), path, s, route, now)
     }
 
-    /// The fence decision for `rename(from, to)` (also `RENAME_EXCHANGE`): both sides and,
-    /// for a directory, every path under either.
+    /// Shorthand for [`Engine::decide`] of [`Write::Rename`] (`is_dir`: the source is a
+    /// directory) on paths the caller did not stat.
     pub fn check_rename(
         &self,
         s: &Session,
@@ -243,22 +267,13 @@ impl Engine {
         is_dir: bool,
         now: Timestamp,
     ) -> Result<(), Refusal> {
-        self.check_write(s, from, Route::RenameSource, now)?;
-        self.check_write(s, to, Route::RenameTarget, now)?;
-        if is_dir {
-            for (dir, route) in [(from, Route::RenameSource), (to, Route::RenameTarget)] {
-                let pre = format!("{dir}/");
-                for shard in self.shards.iter() {
-                    let mut sh = shard.lock();
-                    for (k, e) in sh.iter_mut() {
-                        if k.starts_with(&pre) {
-                            self.fence(e, k, s, route, now)?;
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
+        let found = if is_dir { Found::Dir } else { Found::Unseen };
+        let w = Write::Rename {
+            from: At::new(from, found),
+            to: At::unseen(to),
+            exchange: false,
+        };
+        self.decide(s, w, now).map(drop)
     }
 
     // Internal: the arguments are exactly the fields of the commit event.
@@ -275,7 +290,12 @@ impl Engine {
     ) -> u64 {
         let version = e.version + 1;
         if let Some(r) = e.live() {
+            // The successor's commit completes a pending record (an ended one stays as it
+            // is); anyone else's overtakes it.
             if r.successor.name == s.name {
+                if r.status != Status::Pending {
+                    return self.commit_event(e, s, path, op, stamp, from, now);
+                }
                 let mut ev = Event::new(EventKind::Completed, now, Some(path), Some(s));
                 ev.record = Some(r.id);
                 ev.giver = Some(r.giver.name.clone());
@@ -285,6 +305,21 @@ impl Engine {
                 self.overtake_live(e, &s.name, now);
             }
         }
+        self.commit_event(e, s, path, op, stamp, from, now)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn commit_event(
+        &self,
+        e: &mut Entry,
+        s: &Session,
+        path: &str,
+        op: CommitOp,
+        stamp: Option<Stamp>,
+        from: Option<&str>,
+        now: Timestamp,
+    ) -> u64 {
+        let version = e.version + 1;
         let mut ev = Event::new(EventKind::Commit, now, Some(path), Some(s));
         ev.version = Some(version);
         ev.op = Some(op);

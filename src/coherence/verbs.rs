@@ -49,6 +49,30 @@ impl Engine {
         Ok(out)
     }
 
+    /// The plans of a multi-path verb, or its refusal: every refused path named with its
+    /// own reason in `per_path` (each refusal carries its path); the first one is the
+    /// reply's reason and message. Nothing changes on refusal.
+    fn all_or_nothing(
+        &self,
+        s: &Session,
+        paths: &[String],
+        plans: Vec<Result<Plan, Refusal>>,
+    ) -> Result<Vec<Plan>, Refusal> {
+        let refused: Vec<Refusal> = paths
+            .iter()
+            .zip(&plans)
+            .filter_map(|(p, r)| r.as_ref().err().map(|r| r.clone().at(p.clone())))
+            .collect();
+        let Some(first) = refused.first() else {
+            return Ok(plans.into_iter().map(|p| p.expect("no refusal")).collect());
+        };
+        let mut r = first.clone();
+        if refused.len() > 1 || paths.len() > 1 {
+            r.per_path = refused;
+        }
+        Err(self.refuse(s, r))
+    }
+
     fn reply(&self, verb: &str, records: Vec<RecordJson>, last: Option<u64>) -> VerbReply {
         if let Some(seq) = last {
             self.sink.wait_durable(seq);
@@ -115,9 +139,9 @@ impl Engine {
                 .find(|(i, _)| *i == shard_of(p))
                 .expect("locked")
                 .1;
-            let plan = self.plan_transfer(sh.get(p.as_str()), p, s, &succ);
-            plans.push(plan.map_err(|r| self.refuse(s, r))?);
+            plans.push(self.plan_transfer(sh.get(p.as_str()), p, s, &succ));
         }
+        let plans = self.all_or_nothing(s, &paths, plans)?;
         let mut last = None;
         let mut out = Vec::new();
         for (p, plan) in paths.iter().zip(plans) {
@@ -168,6 +192,9 @@ impl Engine {
             Some(e) if e.exists && e.version > 0 => e,
             _ => return Err(no_such_path(p)),
         };
+        // First: an exact re-send of a transfer that already ended answers so, whatever
+        // the giver's hold now.
+        ended_before(e, p, s, succ)?;
         if let Some(r) = e.live() {
             if r.giver.name != s.name {
                 return Err(Refusal::new(
@@ -178,12 +205,12 @@ impl Engine {
                         r.successor.display(),
                         r.version_at_transfer
                     ),
-                ));
+                )
+                .with_status(r.status));
             }
             if r.successor.name == succ.name {
                 return Ok(Plan::Nothing);
             }
-            ended_before(e, p, s, succ)?;
             return Ok(Plan::Supersede {
                 old: r.id,
                 hold: r.hold,
@@ -211,7 +238,6 @@ impl Engine {
                 ))
             }
         };
-        ended_before(e, p, s, succ)?;
         Ok(Plan::New {
             hold,
             version: e.version,
@@ -285,7 +311,8 @@ impl Engine {
                                 "{p} was handed on by {}, not by this session",
                                 r.giver.display()
                             ),
-                        ))
+                        )
+                        .with_status(r.status))
                     }
                     Some(r) if kind != EventKind::Withdraw && r.successor.name != s.name => {
                         Err(Refusal::new(
@@ -294,17 +321,26 @@ impl Engine {
                                 "{p} was handed to {}, not to this session",
                                 r.successor.display()
                             ),
-                        ))
+                        )
+                        .with_status(r.status))
                     }
-                    Some(r) if kind == EventKind::Accept && r.status == Status::Completed => {
-                        Ok(Plan::Nothing)
-                    }
+                    // Only a pending record changes status: every other status is final.
+                    Some(r) if r.status != Status::Pending => Err(Refusal::new(
+                        Reason::HandoffEnded,
+                        format!(
+                            "the handoff of {p} to {} already ended ({}); nothing to {verb}",
+                            r.successor.display(),
+                            status_name(r.status)
+                        ),
+                    )
+                    .with_status(r.status)),
                     Some(_) => Ok(Plan::Status(kind)),
                 },
                 _ => Err(no_such_path(p)),
             };
-            plans.push(plan.map_err(|r| self.refuse(s, r))?);
+            plans.push(plan);
         }
+        let plans = self.all_or_nothing(s, &paths, plans)?;
         let mut last = None;
         let mut out = Vec::new();
         for (p, plan) in paths.iter().zip(plans) {
@@ -335,7 +371,7 @@ impl Engine {
 /// `handoff_ended`: this giver's transfer of `p` at this version to this successor already
 /// ended by decline or withdraw (until the version moves or the record is evicted).
 fn ended_before(e: &Entry, p: &str, s: &Session, succ: &Session) -> Result<(), Refusal> {
-    if e.records.iter().any(|r| {
+    if let Some(r) = e.records.iter().find(|r| {
         r.giver.name == s.name
             && r.successor.name == succ.name
             && r.version_at_transfer == e.version
@@ -348,9 +384,18 @@ fn ended_before(e: &Entry, p: &str, s: &Session, succ: &Session) -> Result<(), R
                 e.version,
                 succ.display()
             ),
-        ));
+        )
+        .with_status(r.status));
     }
     Ok(())
+}
+
+/// The wire name of a status (for messages).
+fn status_name(st: Status) -> String {
+    serde_json::to_value(st)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 fn no_such_path(p: &str) -> Refusal {
@@ -358,4 +403,5 @@ fn no_such_path(p: &str) -> Refusal {
         Reason::NoSuchPath,
         format!("{p} does not exist in this volume (or the volume has not seen it yet)"),
     )
+    .at(p)
 }

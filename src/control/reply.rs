@@ -72,13 +72,35 @@ impl Reply {
     /// A refusal: `reason`, `errno` (from [`Reason::errno`]), `path` (or null), `message`.
     /// `verb` is null when the request was too malformed to name one.
     pub fn refused(verb: Option<Verb>, refusal: &Refusal, path: Option<&str>) -> Reply {
-        Reply::failed(
+        // The refusal's own path wins: the core knows which path of the request it is about.
+        let path = refusal.path.as_deref().or(path);
+        let mut r = Reply::failed(
             verb,
             refusal.reason.as_str(),
             refusal.errno(),
             path,
             &refusal.message,
-        )
+        );
+        if let Some(st) = refusal.status {
+            r.body["status"] = json!(st);
+        }
+        if !refusal.per_path.is_empty() {
+            let each: Vec<Value> = refusal
+                .per_path
+                .iter()
+                .map(|p| {
+                    json!({
+                        "path": p.path,
+                        "reason": p.reason.as_str(),
+                        "errno": p.errno(),
+                        "status": p.status,
+                        "message": p.message,
+                    })
+                })
+                .collect();
+            r.body["paths"] = Value::Array(each);
+        }
+        r
     }
 
     /// A failure that is not a [`Refusal`] of the contract's reasons (the state log cannot

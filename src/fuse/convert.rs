@@ -12,6 +12,25 @@ pub(super) fn errno(e: FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// The one place an adapter failure is logged, then answered with its errno: `op` is the
+/// FUSE request. Answers a caller meets in normal use (`ENOENT`, `EACCES`, `EEXIST`, ...)
+/// at debug level; failures of the volume itself (`EIO`, `ENOMEM`, `EBADF`, `EFAULT`) at
+/// warn.
+pub(super) fn fail(op: &str, e: FsError) -> Errno {
+    match e.errno() {
+        libc::EIO | libc::ENOMEM | libc::EBADF | libc::EFAULT => {
+            tracing::warn!(
+                op,
+                errno = e.errno(),
+                "request failed: {}",
+                std::io::Error::from_raw_os_error(e.errno())
+            )
+        }
+        n => tracing::debug!(op, errno = n, "request refused"),
+    }
+    errno(e)
+}
+
 pub(super) fn caller(req: &Request) -> Caller {
     Caller {
         pid: req.pid(),

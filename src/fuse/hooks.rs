@@ -18,6 +18,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
+pub use crate::coherence::Permit;
 use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, SetAttr, Stamp};
 
 /// A write route of DESIGN.md §6, with the path(s) involved.
@@ -123,16 +124,36 @@ pub fn open_writes(flags: i32) -> bool {
 /// defaults.
 #[allow(unused_variables)]
 pub trait Hooks: Send + Sync + 'static {
-    /// Before a write route reaches the backing directory; `Err` refuses it with that errno.
-    fn before_write(&self, caller: &Caller, route: &WriteRoute<'_>) -> Result<(), FsError> {
-        Ok(())
+    /// Before a write route reaches the backing directory; `Err` refuses it with that
+    /// errno. The permit (if any) is handed back to exactly one of `after_write` or, for
+    /// an open or create that succeeded, `on_open`.
+    fn before_write(
+        &self,
+        caller: &Caller,
+        route: &WriteRoute<'_>,
+    ) -> Result<Option<Permit>, FsError> {
+        Ok(None)
     }
-    /// After a write route was tried (only if `before_write` allowed it).
-    fn after_write(&self, caller: &Caller, route: &WriteRoute<'_>, outcome: Result<(), FsError>) {}
-    /// At every successful open or create of a backing file (read or write). The value is
-    /// stored in the handle and given back at flush and release. `Err` fails the open
-    /// (the backing file is closed again; a created file stays created).
-    fn on_open(&self, caller: &Caller, open: &OpenInfo<'_>) -> Result<u64, FsError> {
+    /// After a write route was tried (only if `before_write` allowed it), with the
+    /// permit it gave. Not called for an open or create that succeeded (`on_open` is).
+    fn after_write(
+        &self,
+        caller: &Caller,
+        route: &WriteRoute<'_>,
+        permit: Option<Permit>,
+        outcome: Result<(), FsError>,
+    ) {
+    }
+    /// At every successful open or create of a backing file (read or write), with the
+    /// permit `before_write` gave (None for a read-only open). The value is stored in the
+    /// handle and given back at flush and release. `Err` fails the open (the backing file
+    /// is closed again; a created file stays created).
+    fn on_open(
+        &self,
+        caller: &Caller,
+        open: &OpenInfo<'_>,
+        permit: Option<Permit>,
+    ) -> Result<u64, FsError> {
         Ok(0)
     }
     /// At each `close(2)` of a descriptor of the handle (there may be several).

@@ -66,8 +66,14 @@ enum VHandle {
     Ctl(CtlHandle),
     /// Content computed at open.
     Text(Vec<u8>),
-    /// The journal as the opener may see it, read at each offset.
-    Events(LogView),
+    /// The journal, read at each offset plus `shift`: a reader that started below the
+    /// log's base (compacted away) is moved up to the base once, and stays moved, so it
+    /// reads each event once. For root, who sees every path.
+    Events {
+        shift: u64,
+    },
+    /// The journal as another reader may see it: only lines of paths it could look up.
+    SeenEvents(LogView),
 }
 
 /// The `.coherent/` control surface: its open handles and the state of `events`' mtime.
@@ -202,7 +208,10 @@ impl Surface {
             DIR => return Err(FsError(libc::EISDIR)),
             CTL => VHandle::Ctl(CtlHandle::new()),
             _ if open_writes(flags) => return Err(FsError(libc::EACCES)),
-            EVENTS => VHandle::Events(LogView::new(who(caller))),
+            EVENTS => match who(caller) {
+                w if w.is_root() => VHandle::Events { shift: 0 },
+                w => VHandle::SeenEvents(LogView::new(w)),
+            },
             STATUS => {
                 let mut sight = Sight::new(who(caller));
                 VHandle::Text(json_line(&seen_status(vol, &mut sight, None)))
@@ -245,11 +254,20 @@ impl Surface {
                 let end = start.saturating_add(size as usize).min(t.len());
                 Ok(t[start..end].to_vec())
             }
-            VHandle::Events(view) => view
+            VHandle::SeenEvents(view) => view
                 .read(vol.root.as_fd(), offset, size as usize, |o, n| {
-                    vol.journal.read_log(o, n)
+                    vol.journal.read_log_from(o, n)
                 })
                 .map_err(FsError::from),
+            VHandle::Events { shift } => {
+                let want = offset.saturating_add(*shift);
+                let (start, bytes) = vol
+                    .journal
+                    .read_log_from(want, size as usize)
+                    .map_err(FsError::from)?;
+                *shift += start - want;
+                Ok(bytes)
+            }
         }
     }
 
@@ -428,13 +446,14 @@ fn observe_paths(vol: &Volume, paths: &[String], now: Timestamp) -> Result<(), R
 
 /// The reply when the state log cannot be written: the write fails with `EIO`.
 fn journal_failed(verb: Verb) -> Reply {
-    Reply::failed(
+    Reply::refused(
         Some(verb),
-        "io_error",
-        libc::EIO,
+        &Refusal::new(
+            Reason::IoError,
+            "the volume cannot write its state log (disk error), so it records nothing more \
+             for now; see the coherent-mount log and free the disk",
+        ),
         None,
-        "the volume cannot write its state log (disk error), so it records nothing more; \
-         see the coherent-mount log, free the disk and restart it",
     )
 }
 

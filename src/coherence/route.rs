@@ -1,0 +1,303 @@
+//! The write decision (§4, §6): every write route of a session is decided by
+//! [`Engine::decide`] in one locked pass: what the backing directory holds now (a change
+//! behind the volume's back is counted first), the per-route rules below, the fence, and
+//! for an open for write the stale guard and the acquire. The mount turns its request into
+//! a [`Write`] and keeps the [`Permit`] for the part after the operation.
+
+use parking_lot::MutexGuard;
+
+use super::engine::*;
+use super::time::Timestamp;
+use super::types::*;
+use crate::error::{Reason, Refusal};
+use crate::identity::Session;
+
+/// The computed xattrs (§7) live under this prefix: readable, never set or removed.
+pub const XATTR_PREFIX: &str = "user.coherent.";
+
+/// The rule for setting or removing xattr `name` on any path, tracked or not: a
+/// computed name (`user.coherent.*`) is refused (`EACCES`, no event); any other passes.
+pub fn computed_xattr(name: &[u8]) -> Option<Refusal> {
+    name.starts_with(XATTR_PREFIX.as_bytes()).then(|| {
+        Refusal::new(
+            Reason::SessionNotYours,
+            format!(
+                "{} is computed by the volume: it cannot be set or removed",
+                String::from_utf8_lossy(name)
+            ),
+        )
+    })
+}
+
+/// What the backing directory holds at a path right now (the mount's `fstatat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    Absent,
+    /// A regular file, symlink or special file (versions count these).
+    File(Stamp),
+    Dir,
+    /// The caller did not look (core tests and benches): nothing is observed.
+    Unseen,
+}
+
+/// A path of a write route and what the backing directory holds there now.
+#[derive(Debug, Clone, Copy)]
+pub struct At<'a> {
+    pub path: &'a str,
+    pub found: Found,
+}
+
+impl<'a> At<'a> {
+    pub fn new(path: &'a str, found: Found) -> Self {
+        At { path, found }
+    }
+
+    /// A path the caller did not stat.
+    pub fn unseen(path: &'a str) -> Self {
+        At::new(path, Found::Unseen)
+    }
+
+    fn stamp(&self) -> Option<Stamp> {
+        match self.found {
+            Found::File(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// A write route of §6 as the core decides it: the path(s) and the facts the rules need.
+/// `mkdir` and `rmdir` are not among them: §6 fences no directory being made or removed
+/// (a directory rename is).
+#[derive(Debug, Clone, Copy)]
+pub enum Write<'a> {
+    /// `open`/`create` with `O_WRONLY`, `O_RDWR`, `O_TRUNC` or `O_APPEND`: the fence, the
+    /// stale guard, then an `E` hold (an acquire). A directory is not acquired (the open
+    /// fails with `EISDIR` anyway).
+    Open(At<'a>),
+    /// `truncate`/`chmod`/`chown`/`utimes`.
+    Setattr(At<'a>),
+    Unlink(At<'a>),
+    /// A hard link `to` of `from`. Both names are fenced: a giver may not give the file
+    /// it handed on a second name (writes through it would go around the fence). `from`
+    /// is None when it is not a tracked name.
+    Link {
+        from: Option<At<'a>>,
+        to: At<'a>,
+    },
+    Symlink(At<'a>),
+    Mknod(At<'a>),
+    /// `name` as the kernel gave it (not necessarily UTF-8).
+    Setxattr {
+        at: At<'a>,
+        name: &'a [u8],
+    },
+    Removexattr {
+        at: At<'a>,
+        name: &'a [u8],
+    },
+    /// `rename(from, to)`, also `RENAME_EXCHANGE`: both names and, when either is a
+    /// directory, every tracked path under either.
+    Rename {
+        from: At<'a>,
+        to: At<'a>,
+        exchange: bool,
+    },
+}
+
+impl<'a> Write<'a> {
+    /// The path the after-part counts, and the rename target.
+    fn main(&self) -> (At<'a>, Option<At<'a>>) {
+        match *self {
+            Write::Open(a)
+            | Write::Setattr(a)
+            | Write::Unlink(a)
+            | Write::Symlink(a)
+            | Write::Mknod(a)
+            | Write::Setxattr { at: a, .. }
+            | Write::Removexattr { at: a, .. } => (a, None),
+            Write::Link { to, .. } => (to, None),
+            Write::Rename { from, to, .. } => (from, Some(to)),
+        }
+    }
+
+    /// Every path the decision looks at (one or two).
+    fn paths(&self) -> [Option<At<'a>>; 2] {
+        match *self {
+            Write::Link { from, to } => [from, Some(to)],
+            Write::Rename { from, to, .. } => [Some(from), Some(to)],
+            _ => [Some(self.main().0), None],
+        }
+    }
+
+    /// The route named in a `denied` event for the main path.
+    fn route(&self) -> Route {
+        match self {
+            Write::Open(_) => Route::OpenWrite,
+            Write::Setattr(_) => Route::Setattr,
+            Write::Unlink(_) => Route::Unlink,
+            Write::Link { .. } => Route::Link,
+            Write::Symlink(_) => Route::Symlink,
+            Write::Mknod(_) => Route::Mknod,
+            Write::Setxattr { .. } => Route::Setxattr,
+            Write::Removexattr { .. } => Route::Removexattr,
+            Write::Rename { .. } => Route::RenameSource,
+        }
+    }
+}
+
+/// An allowed write route: what the part after the operation needs.
+#[derive(Debug, Clone)]
+pub struct Permit {
+    pub session: Session,
+    /// The path the after-part counts: the opened or created file, the new name of a
+    /// link/symlink/mknod, the source of a rename.
+    pub path: String,
+    /// The target of a rename.
+    pub to: Option<String>,
+    /// The backing file at `path` before the operation (None: absent, a directory, or
+    /// not looked at).
+    pub pre: Option<Stamp>,
+    /// `path` is a directory.
+    pub is_dir: bool,
+    /// An open for write of a file: the `E` hold taken (give it back with `close_write`).
+    pub acquired: Option<Acquired>,
+}
+
+/// The shards a decision holds: those of its one or two paths (in shard order, so two
+/// decisions never deadlock), or every shard (a directory rename). No allocation for the
+/// common case.
+struct Locked<'e> {
+    few: [Option<(usize, MutexGuard<'e, Shard>)>; 2],
+    all: Vec<MutexGuard<'e, Shard>>,
+}
+
+impl<'e> Locked<'e> {
+    fn few(engine: &'e Engine, paths: [Option<&str>; 2]) -> Self {
+        let [a, b] = paths.map(|p| p.map(shard_of));
+        let (lo, hi) = match (a, b) {
+            (Some(i), Some(j)) if i != j => (Some(i.min(j)), Some(i.max(j))),
+            (Some(i), _) | (None, Some(i)) => (Some(i), None),
+            (None, None) => (None, None),
+        };
+        let lock = |i: Option<usize>| i.map(|i| (i, engine.shards[i].lock()));
+        let first = lock(lo);
+        Locked {
+            few: [first, lock(hi)],
+            all: Vec::new(),
+        }
+    }
+
+    fn all(engine: &'e Engine) -> Self {
+        Locked {
+            few: [None, None],
+            all: engine.lock_all(),
+        }
+    }
+
+    fn shard(&mut self, path: &str) -> &mut Shard {
+        let i = shard_of(path);
+        if !self.all.is_empty() {
+            return &mut self.all[i];
+        }
+        self.few
+            .iter_mut()
+            .flatten()
+            .find(|(j, _)| *j == i)
+            .map(|(_, g)| &mut **g)
+            .expect("locked")
+    }
+}
+
+impl Engine {
+    /// The decision of a write route by `s` (§4, §6), in one locked pass. Refused: the
+    /// route answers `EACCES`; a fenced route logs `denied` and keeps the deny text for
+    /// `why`. Allowed: the [`Permit`] for the part after the operation (an open for write
+    /// holds `E` from here: pair it with `close_write`).
+    pub fn decide(&self, s: &Session, w: Write<'_>, now: Timestamp) -> Result<Permit, Refusal> {
+        if let Write::Setxattr { at, name } | Write::Removexattr { at, name } = w {
+            if let Some(r) = computed_xattr(name) {
+                return Err(r.at(at.path));
+            }
+        }
+        self.session_seen(s, now);
+        let (main, to) = w.main();
+        let paths = w.paths();
+        let subtree = matches!(w, Write::Rename { from, to, .. }
+            if from.found == Found::Dir || to.found == Found::Dir);
+        let mut locked = if subtree {
+            Locked::all(self)
+        } else {
+            Locked::few(self, paths.map(|a| a.map(|a| a.path)))
+        };
+        for at in paths.iter().flatten() {
+            match at.found {
+                Found::Absent => self.observe_in(locked.shard(at.path), at.path, None, now),
+                Found::File(st) => self.observe_in(locked.shard(at.path), at.path, Some(st), now),
+                Found::Dir | Found::Unseen => None,
+            };
+        }
+        let mut permit = Permit {
+            session: s.clone(),
+            path: main.path.to_string(),
+            to: to.map(|t| t.path.to_string()),
+            pre: main.stamp(),
+            is_dir: main.found == Found::Dir,
+            acquired: None,
+        };
+        match w {
+            Write::Open(at) => {
+                if at.found != Found::Dir {
+                    let e = entry_mut(locked.shard(at.path), at.path);
+                    permit.acquired = Some(self.acquire_in(e, s, at.path, now)?);
+                }
+            }
+            Write::Link { from, to } => {
+                if let Some(f) = from {
+                    self.fence_at(locked.shard(f.path), f.path, s, Route::Link, now)?;
+                }
+                self.fence_at(locked.shard(to.path), to.path, s, Route::Link, now)?;
+            }
+            Write::Rename { from, to, .. } => {
+                self.fence_at(
+                    locked.shard(from.path),
+                    from.path,
+                    s,
+                    Route::RenameSource,
+                    now,
+                )?;
+                self.fence_at(locked.shard(to.path), to.path, s, Route::RenameTarget, now)?;
+                if subtree {
+                    for (dir, route) in [
+                        (from.path, Route::RenameSource),
+                        (to.path, Route::RenameTarget),
+                    ] {
+                        let pre = format!("{dir}/");
+                        for sh in locked.all.iter_mut() {
+                            for (k, e) in sh.iter_mut() {
+                                if k.starts_with(&pre) {
+                                    self.fence(e, k, s, route, now)?;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            _ => self.fence_at(locked.shard(main.path), main.path, s, w.route(), now)?,
+        }
+        Ok(permit)
+    }
+
+    pub(super) fn fence_at(
+        &self,
+        sh: &mut Shard,
+        path: &str,
+        s: &Session,
+        route: Route,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        match sh.get_mut(path) {
+            Some(e) => self.fence(e, path, s, route, now),
+            None => Ok(()),
+        }
+    }
+}

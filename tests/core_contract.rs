@@ -1,0 +1,235 @@
+//! The contract corrections of issue 7 (DESIGN.md §5), and the write decision of §6 over
+//! the core's `Write` routes: one test per rule.
+
+mod core_common;
+use coherent::coherence::*;
+use coherent::error::Reason;
+use coherent::identity::Session;
+use core_common::*;
+
+const P: &str = "plan.md";
+
+/// alice commits plan.md v2 and hands it to bob; carol is a bystander.
+fn handed() -> (H, Session, Session, Session) {
+    let mut h = H::new();
+    let (a, b, c) = (sess("alice"), sess("bob"), sess("carol"));
+    for s in [&a, &b, &c] {
+        let t = h.t();
+        h.e.session_seen(s, t);
+    }
+    let st = h.next_stamp();
+    let t = h.t();
+    h.e.observe(P, st, t);
+    assert_eq!(h.write(&a, P).unwrap(), 2);
+    h.transfer(&a, &[P], "bob").unwrap();
+    (h, a, b, c)
+}
+
+/// Every record of plan.md, live or ended.
+fn records(h: &H) -> Vec<RecordJson> {
+    let st = h.e.status(Some(P));
+    st.live.into_iter().chain(st.ended).collect()
+}
+
+fn record(h: &H) -> RecordJson {
+    records(h).into_iter().next().expect("a record")
+}
+
+#[test]
+fn an_exact_resend_of_an_ended_transfer_is_handoff_ended_before_the_hold_check() {
+    for end in [EventKind::Decline, EventKind::Withdraw] {
+        let (mut h, a, b, _) = handed();
+        let t = h.t();
+        match end {
+            EventKind::Decline => h.e.decline(&b, &paths(&[P]), t).unwrap(),
+            _ => h.e.withdraw(&a, &paths(&[P]), t).unwrap(),
+        };
+        // alice has not read plan.md again: her hold is no longer one she may hand on,
+        // yet the answer is that this very transfer already ended, with its status.
+        let err = h.transfer(&a, &[P], "bob").unwrap_err();
+        assert_eq!(err.reason, Reason::HandoffEnded, "{end:?}");
+        let want = match end {
+            EventKind::Decline => Status::Declined,
+            _ => Status::Withdrawn,
+        };
+        assert_eq!(err.status, Some(want));
+        assert_eq!(err.path.as_deref(), Some(P));
+    }
+}
+
+#[test]
+fn counterparty_is_set_only_on_overtaken_records() {
+    // Overtaken by carol: counterparty carol, and the record stays overtaken.
+    let (mut h, _, b, c) = handed();
+    let t = h.t();
+    h.e.acquire(&c, P, t).unwrap();
+    let r = record(&h);
+    assert_eq!(r.status, Status::Overtaken);
+    assert_eq!(r.counterparty.as_deref(), Some("carol"));
+    let t = h.t();
+    h.e.close_write(&c, P, false, t);
+    // bob's commit does not turn it into completed (only a pending record changes).
+    h.write(&b, P).unwrap();
+    let r = records(&h);
+    let r = r.iter().find(|r| r.giver == "alice").unwrap();
+    assert_eq!(r.status, Status::Overtaken);
+    assert_eq!(r.counterparty.as_deref(), Some("carol"));
+
+    // Completed by bob: no counterparty, and a later bystander does not overtake it.
+    let (mut h, _, b, c) = handed();
+    let t = h.t();
+    h.e.accept(&b, &paths(&[P]), t).unwrap();
+    let t = h.t();
+    h.e.acquire(&c, P, t).unwrap();
+    let r = record(&h);
+    assert_eq!(r.status, Status::Completed);
+    assert_eq!(r.counterparty, None);
+    h.assert_replay_equal();
+}
+
+#[test]
+fn an_ended_record_never_changes_accept_and_decline_answer_handoff_ended() {
+    let (mut h, a, b, c) = handed();
+    let t = h.t();
+    h.e.acquire(&c, P, t).unwrap(); // overtaken, still live (the version has not moved)
+    for verb in ["accept", "decline"] {
+        let t = h.t();
+        let r = match verb {
+            "accept" => h.e.accept(&b, &paths(&[P]), t),
+            _ => h.e.decline(&b, &paths(&[P]), t),
+        };
+        let err = r.unwrap_err();
+        assert_eq!(err.reason, Reason::HandoffEnded, "{verb}");
+        assert_eq!(err.status, Some(Status::Overtaken), "{verb}");
+        assert_eq!(err.path.as_deref(), Some(P), "{verb}");
+    }
+    let t = h.t();
+    let err = h.e.withdraw(&a, &paths(&[P]), t).unwrap_err();
+    assert_eq!(
+        (err.reason, err.status),
+        (Reason::HandoffEnded, Some(Status::Overtaken))
+    );
+    assert_eq!(record(&h).status, Status::Overtaken);
+    // A second accept of a completed record is not a change either.
+    let (mut h, _, b, _) = handed();
+    let t = h.t();
+    h.e.accept(&b, &paths(&[P]), t).unwrap();
+    let t = h.t();
+    let err = h.e.accept(&b, &paths(&[P]), t).unwrap_err();
+    assert_eq!(
+        (err.reason, err.status),
+        (Reason::HandoffEnded, Some(Status::Completed))
+    );
+    assert_eq!(h.count(EventKind::Accept), 1);
+}
+
+#[test]
+fn a_refused_multi_path_transfer_names_each_path_with_its_reason() {
+    let (mut h, a, _, _) = handed();
+    for p in ["ok.md", "unread.md"] {
+        let st = h.next_stamp();
+        let t = h.t();
+        h.e.observe(p, st, t);
+    }
+    h.read(&a, "ok.md");
+    let seq = h.e.last_seq();
+    let err = h
+        .transfer(&a, &["ok.md", "unread.md", "missing.md"], "carol")
+        .unwrap_err();
+    assert_eq!(err.reason, Reason::HandoffNotHeld);
+    assert_eq!(err.path.as_deref(), Some("unread.md"));
+    let per: Vec<(Option<&str>, Reason)> = err
+        .per_path
+        .iter()
+        .map(|r| (r.path.as_deref(), r.reason))
+        .collect();
+    assert_eq!(
+        per,
+        vec![
+            (Some("unread.md"), Reason::HandoffNotHeld),
+            (Some("missing.md"), Reason::NoSuchPath),
+        ]
+    );
+    assert_eq!(h.e.last_seq(), seq, "all or nothing: nothing logged");
+    // The fence refusal names its path and the record's status.
+    let t = h.t();
+    let err = h.e.acquire(&a, P, t).unwrap_err();
+    assert_eq!(
+        (err.reason, err.path.as_deref(), err.status),
+        (Reason::Fenced, Some(P), Some(Status::Pending))
+    );
+}
+
+#[test]
+fn decide_fences_both_names_of_a_link_and_every_path_under_a_renamed_directory() {
+    let (mut h, a, _, c) = handed();
+    let t = h.t();
+    let w = Write::Link {
+        from: Some(At::unseen(P)),
+        to: At::new("copy.md", Found::Absent),
+    };
+    let err = h.e.decide(&a, w, t).unwrap_err();
+    assert_eq!(err.reason, Reason::Fenced);
+    let t = h.t();
+    let pm = h.e.decide(&c, w, t).unwrap();
+    assert_eq!((pm.path.as_str(), pm.acquired), ("copy.md", None));
+
+    // A directory holding a handed path: renaming it either way is refused.
+    let st = h.next_stamp();
+    let t = h.t();
+    h.e.observe("d/deep.md", st, t);
+    h.read(&a, "d/deep.md");
+    h.transfer(&a, &["d/deep.md"], "bob").unwrap();
+    for (from, to, exchange) in [("d", "e", false), ("e", "d", true)] {
+        let w = Write::Rename {
+            from: At::new(
+                from,
+                if from == "d" {
+                    Found::Dir
+                } else {
+                    Found::File(stamp(1).unwrap())
+                },
+            ),
+            to: At::new(to, if to == "d" { Found::Dir } else { Found::Absent }),
+            exchange,
+        };
+        let t = h.t();
+        let err = h.e.decide(&a, w, t).unwrap_err();
+        assert_eq!(err.reason, Reason::Fenced, "{from} -> {to}");
+        assert_eq!(err.path.as_deref(), Some("d/deep.md"));
+    }
+}
+
+#[test]
+fn decide_counts_a_change_behind_the_volumes_back_before_the_fence() {
+    let (mut h, a, _, _) = handed();
+    // The backing file changed while nobody wrote through the volume: an external
+    // commit moves the version, the record is overtaken, and the fence lifts.
+    let t = h.t();
+    let w = Write::Open(At::new(P, Found::File(stamp(999).unwrap())));
+    let pm = h.e.decide(&a, w, t).unwrap();
+    assert_eq!(pm.acquired.map(|x| x.version), Some(3));
+    assert_eq!(pm.pre, stamp(999));
+    assert_eq!(h.count(EventKind::ExternalChange), 1);
+    assert_eq!(record(&h).status, Status::Overtaken);
+}
+
+#[test]
+fn computed_xattrs_are_refused_without_an_event() {
+    let (mut h, _, _, c) = handed();
+    let seq = h.e.last_seq();
+    let t = h.t();
+    let w = Write::Setxattr {
+        at: At::unseen(P),
+        name: b"user.coherent.version",
+    };
+    let err = h.e.decide(&c, w, t).unwrap_err();
+    assert_eq!(err.errno(), libc::EACCES);
+    assert_eq!(h.e.last_seq(), seq);
+    let t = h.t();
+    let w = Write::Setxattr {
+        at: At::unseen(P),
+        name: b"user.note",
+    };
+    h.e.decide(&c, w, t).unwrap();
+}

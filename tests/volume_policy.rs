@@ -1,0 +1,422 @@
+//! The volume's policy driven through its `Hooks`, without a FUSE mount: the routes a
+//! fenced giver is refused on (errno and `denied` event with its route), release vs
+//! reclaim, and the in-flight rule of a transfer. Callers are real child processes
+//! (`sleep` with `COHERENT_SESSION`), so the sessions resolve from the real /proc.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use coherent::fuse::{HandleInfo, Hooks, OpenInfo, WriteRoute};
+use coherent::passthrough::{Caller, SetAttr, Stamp, Time, ROOT_INO};
+use coherent::volume::{Volume, VolumeConfig};
+
+struct Agent {
+    child: Child,
+    caller: Caller,
+}
+
+impl Agent {
+    fn new(session: &str) -> Agent {
+        let child = Command::new("sleep")
+            .arg("60")
+            .env("COHERENT_SESSION", session)
+            .spawn()
+            .expect("spawn sleep");
+        // The environment is readable once the child has exec'd.
+        let environ = format!("/proc/{}/environ", child.id());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read(&environ)
+            .map(|e| e.windows(session.len()).any(|w| w == session.as_bytes()))
+            .unwrap_or(false)
+        {
+            assert!(Instant::now() < deadline, "sleep never exec'd");
+            std::thread::yield_now();
+        }
+        let caller = Caller {
+            pid: child.id(),
+            uid: 0,
+            gid: 0,
+        };
+        Agent { child, caller }
+    }
+
+    /// Kill the process and reap it (its /proc entry is gone afterwards).
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    backing: std::path::PathBuf,
+    vol: Arc<Volume>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let backing = dir.path().join("backing");
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&backing).unwrap();
+        let c = CString::new(backing.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path; the descriptor is owned from here.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY) };
+        assert!(fd >= 0);
+        let root = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut cfg = VolumeConfig::new(state, dir.path().join("mnt"));
+        cfg.in_flight_wait = Duration::from_secs(5);
+        let vol = Volume::open(cfg, root).unwrap();
+        Fixture {
+            _dir: dir,
+            backing,
+            vol,
+        }
+    }
+
+    fn write_file(&self, p: &str, data: &str) {
+        std::fs::write(self.backing.join(p), data).unwrap();
+    }
+
+    fn stamp(&self, p: &str) -> Stamp {
+        let m = std::fs::symlink_metadata(self.backing.join(p)).unwrap();
+        Stamp {
+            ino: m.ino(),
+            ctime: Time {
+                sec: m.ctime(),
+                nsec: m.ctime_nsec() as u32,
+            },
+            mtime: Time {
+                sec: m.mtime(),
+                nsec: m.mtime_nsec() as u32,
+            },
+            size: m.size(),
+        }
+    }
+
+    /// An open for read by `a` (sets its view: an `S` hold).
+    fn read(&self, a: &Agent, p: &str) {
+        let info = OpenInfo {
+            ino: 1,
+            path: Some(Path::new(p)),
+            flags: libc::O_RDONLY,
+            created: false,
+            stamp: self.stamp(p),
+        };
+        assert_eq!(self.vol.on_open(&a.caller, &info, None).unwrap(), 0);
+    }
+
+    /// An open for write by `a` that succeeds: the token of its write handle.
+    fn open_write(&self, a: &Agent, p: &str) -> u64 {
+        let route = WriteRoute::Open {
+            ino: 1,
+            path: Some(Path::new(p)),
+            flags: libc::O_WRONLY,
+        };
+        let permit = self.vol.before_write(&a.caller, &route).unwrap();
+        let info = OpenInfo {
+            ino: 1,
+            path: Some(Path::new(p)),
+            flags: libc::O_WRONLY,
+            created: false,
+            stamp: self.stamp(p),
+        };
+        let token = self.vol.on_open(&a.caller, &info, permit).unwrap();
+        assert_ne!(token, 0);
+        token
+    }
+
+    fn handle<'a>(&self, p: &'a str, token: u64, before: Stamp) -> HandleInfo<'a> {
+        HandleInfo {
+            ino: 1,
+            path: Some(Path::new(p)),
+            flags: libc::O_WRONLY,
+            token,
+            before,
+            now: self.stamp(p),
+        }
+    }
+
+    /// A request written to `.coherent/ctl` by `a`: Ok, or the errno of the write.
+    fn ctl(&self, a: &Agent, req: &str) -> Result<(), i32> {
+        let dir = self
+            .vol
+            .virtual_lookup(&a.caller, ROOT_INO, OsStr::new(".coherent"))
+            .unwrap();
+        let ctl = self
+            .vol
+            .virtual_lookup(&a.caller, dir.ino, OsStr::new("ctl"))
+            .unwrap();
+        let t = self
+            .vol
+            .virtual_open(&a.caller, ctl.ino, libc::O_RDWR)
+            .unwrap();
+        let r = self
+            .vol
+            .virtual_write(&a.caller, ctl.ino, t, 0, req.as_bytes())
+            .map(drop)
+            .map_err(|e| e.errno());
+        self.vol.virtual_release(ctl.ino, t);
+        r
+    }
+
+    fn events(&self) -> Vec<serde_json::Value> {
+        self.vol.journal().flush().unwrap();
+        let log = self.vol.journal().read_log(0, 1 << 24).unwrap();
+        String::from_utf8(log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn events_of(&self, kind: &str, session: &str) -> Vec<serde_json::Value> {
+        self.events()
+            .into_iter()
+            .filter(|e| e["event"] == kind && e["session"] == session)
+            .collect()
+    }
+
+    /// Wait (up to 10 s) for the n-th event of that kind and session.
+    fn await_event(&self, kind: &str, session: &str, n: usize) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let evs = self.events_of(kind, session);
+            if evs.len() >= n || Instant::now() > deadline {
+                return evs;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// alice reads plan.md and hands it to bob.
+fn handed(f: &Fixture, alice: &Agent, bob: &Agent) {
+    f.write_file("plan.md", "v1\n");
+    f.write_file("other.md", "o\n");
+    f.read(bob, "other.md"); // makes bob known
+    f.read(alice, "plan.md");
+    f.ctl(alice, "transfer --to bob plan.md").unwrap();
+}
+
+#[test]
+fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    let p = |s: &'static str| Some(Path::new(s));
+    let set = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    let user = OsStr::new("user.note");
+    let routes: Vec<(WriteRoute<'_>, &str)> = vec![
+        (
+            WriteRoute::Open {
+                ino: 1,
+                path: p("plan.md"),
+                flags: libc::O_WRONLY | libc::O_APPEND,
+            },
+            "open_write",
+        ),
+        (
+            WriteRoute::Create {
+                path: p("plan.md"),
+                flags: libc::O_WRONLY | libc::O_CREAT,
+                mode: 0o644,
+            },
+            "open_write",
+        ),
+        (
+            WriteRoute::Setattr {
+                ino: 1,
+                path: p("plan.md"),
+                set: &set,
+            },
+            "setattr",
+        ),
+        (
+            WriteRoute::Rename {
+                from: p("plan.md"),
+                to: p("x.md"),
+                flags: 0,
+            },
+            "rename_source",
+        ),
+        (
+            WriteRoute::Rename {
+                from: p("other.md"),
+                to: p("plan.md"),
+                flags: 2, // RENAME_EXCHANGE
+            },
+            "rename_target",
+        ),
+        (WriteRoute::Unlink { path: p("plan.md") }, "unlink"),
+        // Both names of a link: not from the handed path, not onto it.
+        (
+            WriteRoute::Link {
+                from: p("plan.md"),
+                to: p("copy.md"),
+            },
+            "link",
+        ),
+        (
+            WriteRoute::Link {
+                from: p("other.md"),
+                to: p("plan.md"),
+            },
+            "link",
+        ),
+        (
+            WriteRoute::Symlink {
+                path: p("plan.md"),
+                target: Path::new("other.md"),
+            },
+            "symlink",
+        ),
+        (
+            WriteRoute::Mknod {
+                path: p("plan.md"),
+                mode: libc::S_IFIFO | 0o644,
+                rdev: 0,
+            },
+            "mknod",
+        ),
+        (
+            WriteRoute::Setxattr {
+                path: p("plan.md"),
+                name: user,
+            },
+            "setxattr",
+        ),
+        (
+            WriteRoute::Removexattr {
+                path: p("plan.md"),
+                name: user,
+            },
+            "removexattr",
+        ),
+    ];
+    for (i, (route, name)) in routes.iter().enumerate() {
+        let err = f.vol.before_write(&alice.caller, route).unwrap_err();
+        assert_eq!(err.errno(), libc::EACCES, "{route:?}");
+        let denied = f.events_of("denied", "alice");
+        assert_eq!(
+            denied.len(),
+            i + 1,
+            "one denied event per refusal: {route:?}"
+        );
+        let last = denied.last().unwrap();
+        assert_eq!(last["route"], *name, "{route:?}");
+        assert_eq!(last["reason"], "fenced");
+        assert_eq!(last["path"], "plan.md");
+    }
+    let why = f
+        .vol
+        .engine()
+        .why(&f.vol.resolver().resolve_request(alice.caller.pid, 0));
+    assert!(why.unwrap().contains("you handed plan.md"));
+    // A bystander and the successor are not fenced; mkdir/rmdir are no write routes.
+    let carol = Agent::new("carol");
+    for a in [&bob, &carol] {
+        let permit = f.vol.before_write(&a.caller, &routes[2].0).unwrap();
+        assert_eq!(permit.unwrap().path, "plan.md");
+    }
+    let mkdir = WriteRoute::Mkdir {
+        path: p("plan.md"),
+        mode: 0o755,
+    };
+    assert!(f.vol.before_write(&alice.caller, &mkdir).unwrap().is_none());
+    // A computed xattr is refused to anyone, with no event.
+    let computed = WriteRoute::Setxattr {
+        path: p("other.md"),
+        name: OsStr::new("user.coherent.version"),
+    };
+    assert_eq!(
+        f.vol
+            .before_write(&carol.caller, &computed)
+            .unwrap_err()
+            .errno(),
+        libc::EACCES
+    );
+    assert!(f.events_of("denied", "carol").is_empty());
+}
+
+#[test]
+fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_reclaimed() {
+    let f = Fixture::new();
+    f.write_file("a.md", "a\n");
+    let mut bob = Agent::new("bob");
+    let t = f.open_write(&bob, "a.md");
+    let st = f.stamp("a.md");
+    // A deliberate close(2) by a running task, then its process exits before the
+    // RELEASE arrives: still a `release`.
+    f.vol.on_flush(&bob.caller, &f.handle("a.md", t, st));
+    bob.kill();
+    let nobody = Caller {
+        pid: 0,
+        ..bob.caller
+    };
+    f.vol.on_release(&nobody, &f.handle("a.md", t, st));
+    assert_eq!(f.events_of("release", "bob").len(), 1);
+    assert!(f.events_of("reclaim", "bob").is_empty());
+
+    // carol's only process dies with the file open (no FLUSH from a running task).
+    let mut carol = Agent::new("carol");
+    let t = f.open_write(&carol, "a.md");
+    carol.kill();
+    f.vol.on_release(&nobody, &f.handle("a.md", t, st));
+    let reclaimed = f.await_event("reclaim", "carol", 1);
+    assert_eq!(reclaimed.len(), 1, "{:#?}", f.events());
+    assert_eq!(reclaimed[0]["path"], "a.md");
+    assert!(f.events_of("release", "carol").is_empty());
+}
+
+#[test]
+fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    f.write_file("plan.md", "v1\n");
+    f.read(&bob, "plan.md");
+    f.read(&alice, "plan.md");
+    let t = f.open_write(&alice, "plan.md");
+    let st = f.stamp("plan.md");
+    // Held open (no FLUSH yet): refused at once.
+    let started = Instant::now();
+    assert_eq!(f.ctl(&alice, "transfer --to bob plan.md"), Err(libc::EBUSY));
+    assert!(started.elapsed() < Duration::from_secs(4), "did not wait");
+    // Closed (FLUSH) but the RELEASE is still on its way: the transfer waits for it.
+    f.vol.on_flush(&alice.caller, &f.handle("plan.md", t, st));
+    std::thread::scope(|sc| {
+        let vol = &f.vol;
+        let h = f.handle("plan.md", t, st);
+        let releaser = sc.spawn(move || {
+            // Release once the transfer is waiting (it logs nothing while waiting; its
+            // refusal would already be back, so give it a moment to start).
+            std::thread::sleep(Duration::from_millis(200));
+            vol.on_release(
+                &Caller {
+                    pid: 0,
+                    uid: 0,
+                    gid: 0,
+                },
+                &h,
+            );
+        });
+        assert_eq!(f.ctl(&alice, "transfer --to bob plan.md"), Ok(()));
+        releaser.join().unwrap();
+    });
+    assert_eq!(f.events_of("transfer", "alice").len(), 1);
+}
