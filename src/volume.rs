@@ -37,7 +37,7 @@ mod liveness;
 pub mod state_dir;
 mod surface;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -151,6 +151,9 @@ pub struct Volume {
     root: OwnedFd,
     cfg: VolumeConfig,
     handles: Mutex<HashMap<u64, Arc<WriteHandle>>>,
+    /// Inodes seen with more than one name (their other names are restamped after a link,
+    /// unlink or rename through the volume).
+    linked: Mutex<HashSet<u64>>,
     /// Signalled whenever a write handle is released.
     released: Condvar,
     next_token: AtomicU64,
@@ -196,6 +199,7 @@ impl Volume {
             root,
             cfg,
             handles: Mutex::new(HashMap::new()),
+            linked: Mutex::new(HashSet::new()),
             released: Condvar::new(),
             next_token: AtomicU64::new(1),
             surface: surface::Surface::new(),
@@ -293,6 +297,12 @@ impl Volume {
 
     /// `fstatat` in the backing directory, without following a final symlink.
     fn stat(&self, p: &str) -> Option<(coherence::Stamp, bool)> {
+        self.stat_links(p).map(|(s, dir, _)| (s, dir))
+    }
+
+    /// [`Volume::stat`] and the number of names of the file (`st_nlink`). A file seen with
+    /// several names is remembered in `linked` (see [`Volume::restamp_other_names`]).
+    fn stat_links(&self, p: &str) -> Option<(coherence::Stamp, bool, u64)> {
         let c = CString::new(p).ok()?;
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
         // SAFETY: a valid dirfd, a NUL-terminated path and a buffer of the right type.
@@ -309,14 +319,37 @@ impl Volume {
         }
         // SAFETY: fstatat succeeded, so it filled the buffer.
         let st = unsafe { st.assume_init() };
+        let dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        if !dir && st.st_nlink > 1 {
+            self.linked.lock().insert(st.st_ino);
+        }
         Some((
             coherence::Stamp {
                 ino: st.st_ino,
                 ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
                 size: st.st_size as u64,
             },
-            st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+            dir,
+            st.st_nlink,
         ))
+    }
+
+    /// A link, unlink or rename through the volume changed the ctime of inode `ino`; its
+    /// other tracked names (`except` the ones the operation itself counts) take the new
+    /// stamp, so the change is never taken for one behind the volume's back (§3). Only for
+    /// inodes seen with several names.
+    fn restamp_other_names(&self, ino: u64, except: &[&str]) {
+        if !self.linked.lock().contains(&ino) {
+            return;
+        }
+        for q in self.engine.paths_of_inode(ino) {
+            if except.contains(&q.as_str()) {
+                continue;
+            }
+            if let Some(now) = self.stamp_now(&q).filter(|st| st.ino == ino) {
+                self.engine.restamp(&q, now);
+            }
+        }
     }
 
     /// Show the engine what the backing directory holds at `p` now (versions count
@@ -336,12 +369,13 @@ impl Volume {
         st
     }
 
-    /// What the backing directory holds at `p` now, for the write decision.
-    fn found(&self, p: &str) -> Found {
-        match self.stat(p) {
-            None => Found::Absent,
-            Some((_, true)) => Found::Dir,
-            Some((s, false)) => Found::File(s),
+    /// What the backing directory holds at `p` now, for the write decision (a file with
+    /// several names is marked: the fence follows the inode).
+    fn at<'a>(&self, p: &'a str) -> At<'a> {
+        match self.stat_links(p) {
+            None => At::new(p, Found::Absent),
+            Some((_, true, _)) => At::new(p, Found::Dir),
+            Some((s, false, n)) => At::new(p, Found::File(s)).linked(n > 1),
         }
     }
 
@@ -421,7 +455,7 @@ impl Hooks for Volume {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
-        let at = |p| At::new(p, self.found(p));
+        let at = |p| self.at(p);
         let w = match *route {
             WriteRoute::Open { path, .. } | WriteRoute::Create { path, .. } => {
                 let Some(p) = rel(path) else { return Ok(None) };
@@ -477,7 +511,7 @@ impl Hooks for Volume {
             // §6 does not fence directories being made or removed (a directory rename is).
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => return Ok(None),
         };
-        let s = self.resolver.resolve_request(caller.pid, caller.uid);
+        let s = self.session(caller);
         match self.engine.decide(&s, w, Timestamp::now()) {
             Ok(permit) => Ok(Some(permit)),
             Err(r) => Err(refused(r)),
@@ -526,10 +560,16 @@ impl Hooks for Volume {
                 } else {
                     let after = if pm.is_dir { None } else { self.stamp_now(t) };
                     self.engine.rename(s, p, t, pm.is_dir, after, now);
+                    if let Some(moved) = after {
+                        self.restamp_other_names(moved.ino, &[p, t]);
+                    }
                 }
             }
             WriteRoute::Unlink { .. } => {
                 self.engine.commit(s, p, CommitOp::Unlink, None, now);
+                if let Some(pre) = pm.pre {
+                    self.restamp_other_names(pre.ino, &[p]);
+                }
             }
             WriteRoute::Link { .. } | WriteRoute::Symlink { .. } | WriteRoute::Mknod { .. } => {
                 let op = match route {
@@ -537,7 +577,11 @@ impl Hooks for Volume {
                     WriteRoute::Symlink { .. } => CommitOp::Symlink,
                     _ => CommitOp::Mknod,
                 };
-                self.engine.commit(s, p, op, self.stamp_now(p), now);
+                let after = self.stamp_now(p);
+                self.engine.commit(s, p, op, after, now);
+                if let (WriteRoute::Link { .. }, Some(after)) = (route, after) {
+                    self.restamp_other_names(after.ino, &[p]);
+                }
             }
             WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
                 if let Some(after) = self.stamp_now(p) {

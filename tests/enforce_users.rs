@@ -239,8 +239,9 @@ fn register_registers_only_the_callers_own_session() {
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|s| s["session"].as_str())
+        .filter_map(|s| s["name"].as_str())
         .collect();
+    assert!(names.contains(&alice.as_str()), "{names:?}");
     assert!(!names.contains(&zed.as_str()), "{names:?}");
 }
 

@@ -108,7 +108,9 @@ fn mount_options(
     let (mut out, mut acl) = given_options(opts);
     if private {
         if acl != SessionACL::Owner {
-            return fail("--private lets only the mounting user in: drop -o allow_other/allow_root");
+            return fail(
+                "--private lets only the mounting user in: drop -o allow_other/allow_root",
+            );
         }
     } else if as_root {
         if acl == SessionACL::Owner {
