@@ -39,7 +39,7 @@ mod surface;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,12 +47,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::access::Who;
 use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Write};
 use crate::error::Refusal;
 use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
 use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
+use crate::visibility::Sight;
 use handle::{End, WriteHandle};
 
 pub use liveness::{closer_runs, holds_open, session_running, TaskState, FLUSH_PROC_WAIT};
@@ -718,6 +720,12 @@ impl Hooks for Volume {
             }
             XATTR_HANDOFF => {
                 let s = self.session(caller);
+                // The kernel checked the path's search permission only with
+                // default_permissions; the volume checks it in any case (§7).
+                let who = Who::of_task(caller.pid, caller.uid, caller.gid);
+                if !Sight::new(who).sees(self.root.as_fd(), p) {
+                    return nodata;
+                }
                 match self.engine.handoff(&s, p) {
                     Some(h) => Some(Ok(serde_json::to_vec(&h).expect("records serialise"))),
                     None => nodata,

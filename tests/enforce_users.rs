@@ -534,3 +534,26 @@ fn an_in_place_mount_warns_about_processes_already_inside() {
     );
     assert!(text.contains(&want), "{text}");
 }
+
+#[test]
+fn why_shows_no_path_its_reader_can_no_longer_look_up() {
+    let u1 = users::u1();
+    let m = open_mount(Mount::builder());
+    let (alice, bob) = (unique("alice"), unique("bob"));
+    u_touch(&u1, &m, &bob);
+    u_sh_ok(
+        &u1,
+        &m,
+        Some(&alice),
+        "mkdir priv && echo s > priv/x && cat priv/x",
+    );
+    let (code, v) = u_cli(&u1, &m, Some(&alice), &["transfer", "--to", &bob, "priv/x"]);
+    assert_eq!(code, Some(0), "{v}");
+    let r = u_sh(&u1, &m, Some(&alice), "echo y >> priv/x");
+    assert!(r.denied(), "{}", r.show());
+    assert!(u_read(&u1, &m, Some(&alice), "why").contains("priv/x"));
+    // The directory loses its search permission: the text names a path alice cannot
+    // look up any more, so it is not shown.
+    u_sh_ok(&u1, &m, Some(&alice), "chmod 600 priv");
+    assert_eq!(u_read(&u1, &m, Some(&alice), "why"), "");
+}

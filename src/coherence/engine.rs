@@ -192,7 +192,8 @@ pub struct Engine {
     pub(super) sessions: RwLock<HashMap<String, Session, BuildHasherDefault<PathHasher>>>,
     /// Session name → the uid that owns it (§2).
     pub(super) owners: RwLock<HashMap<String, u32, BuildHasherDefault<PathHasher>>>,
-    pub(super) why: Mutex<HashMap<String, String>>,
+    /// Session → (the path the text is about, if one, the text).
+    pub(super) why: Mutex<HashMap<String, (Option<String>, String)>>,
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
 }
@@ -383,12 +384,10 @@ impl Engine {
         ev.seq
     }
 
-    pub(super) fn set_why(&self, s: &SessionInfo, text: &str) {
-        self.why.lock().insert(s.name.clone(), text.to_string());
-    }
-
     pub(super) fn refuse(&self, s: &SessionInfo, r: Refusal) -> Refusal {
-        self.set_why(s, &r.message);
+        self.why
+            .lock()
+            .insert(s.name.clone(), (r.path.clone(), r.message.clone()));
         r
     }
 

@@ -101,6 +101,11 @@ impl Engine {
 
     /// `.coherent/why`: the text of the last denial or refusal of `s`.
     pub fn why(&self, s: &SessionInfo) -> Option<String> {
+        self.why.lock().get(&s.name).map(|(_, t)| t.clone())
+    }
+
+    /// [`Engine::why`] with the path the text is about (None: not about one path).
+    pub fn why_about(&self, s: &SessionInfo) -> Option<(Option<String>, String)> {
         self.why.lock().get(&s.name).cloned()
     }
 

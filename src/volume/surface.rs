@@ -217,7 +217,15 @@ impl Surface {
                 VHandle::Text(json_line(&seen_status(vol, &mut sight, None)))
             }
             WHOAMI => VHandle::Text(json_line(&whoami_json(vol, caller))),
-            WHY => VHandle::Text(why_text(vol.engine.why(&vol.session(caller)))),
+            WHY => {
+                // A path the reader can no longer look up is not shown, even its own.
+                let mut sight = Sight::new(who(caller));
+                let why = vol.engine.why_about(&vol.session(caller));
+                VHandle::Text(why_text(why.and_then(|(p, t)| match p {
+                    Some(p) if !sight.sees(vol.root.as_fd(), &p) => None,
+                    _ => Some(t),
+                })))
+            }
             INBOX => {
                 let mut sight = Sight::new(who(caller));
                 let inbox = vol.engine.inbox(&vol.session(caller));
