@@ -557,3 +557,38 @@ fn why_shows_no_path_its_reader_can_no_longer_look_up() {
     u_sh_ok(&u1, &m, Some(&alice), "chmod 600 priv");
     assert_eq!(u_read(&u1, &m, Some(&alice), "why"), "");
 }
+
+/// The same through a cgroup: root runs a process of u2 in alice's `coherent run` cgroup
+/// (where cgroup v2 is writable; else through the environment `coherent run` sets, which
+/// the test says).
+#[test]
+fn another_uid_in_a_sessions_cgroup_is_not_that_session() {
+    let (u1, u2) = (users::u1(), users::u2());
+    let m = open_mount(Mount::builder());
+    let alice = unique("calice");
+    u_touch(&u1, &m, &alice);
+    let uid = format!("--reuid={}", u2.uid);
+    let gid = format!("--regid={}", u2.gid);
+    let mut c = Command::new(CLI);
+    c.args([
+        "run",
+        "--session",
+        &alice,
+        "--",
+        "setpriv",
+        &uid,
+        &gid,
+        "--init-groups",
+    ])
+    .args(["--", "cat", ".coherent/whoami"]);
+    let r = run_in(&m.mnt, &[], &mut c);
+    common::remove_session_cgroups(&alice, std::time::Duration::from_secs(5));
+    assert!(r.ok(), "{}", r.show());
+    let w: Value = serde_json::from_str(r.out.trim()).unwrap();
+    assert_eq!(w["session"], format!("uid:{}", u2.uid), "{w}");
+    assert_eq!(w["via"]["kind"], "not_yours", "{w}");
+    assert_eq!(w["via"]["owner"], u1.uid, "{w}");
+    if common::writable_cgroup2().is_none() {
+        eprintln!("note: cgroup v2 is not writable here; the name came from the environment");
+    }
+}
