@@ -19,7 +19,10 @@ fn writable_cgroup2() -> Option<PathBuf> {
         let point = head.split(' ').nth(4)?;
         (tail.split(' ').next()? == "cgroup2").then(|| PathBuf::from(point))
     })?;
-    let probe = mount.join(format!("coherent-etests-probe-{}", std::process::id()));
+    // One probe per call: the tests of this process call this in parallel.
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = mount.join(format!("coherent-etests-probe-{}-{n}", std::process::id()));
     std::fs::create_dir(&probe).ok()?;
     std::fs::remove_dir(&probe).ok()?;
     Some(mount)
