@@ -66,9 +66,10 @@ if [ -n "$shard" ]; then
 fi
 mkdir -p "$out"
 
+# As cargo args, not test args: the build phase then builds only these test binaries.
 test_args=()
 for a in "${tests[@]}"; do
-    test_args+=("--cargo-test-arg=$a")
+    test_args+=("--cargo-arg=$a")
 done
 
 # A private target dir copied into the scratch tree (the mutated builds never touch the
