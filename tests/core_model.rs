@@ -735,7 +735,16 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
             Op::External(p) => {
                 let st = h.next_stamp();
                 let t = h.t();
-                h.e.observe(PATHS[p], st, t);
+                let v = h.e.observe(PATHS[p], st, t);
+                // observe answers the path's version: the current one while a handle
+                // writes it (None for a path being created), else the one it counted.
+                let e = &m.paths[p];
+                let want = if e.holders.values().any(|x| x.writers > 0) {
+                    e.exists.then_some(e.version)
+                } else {
+                    Some(e.version + 1)
+                };
+                prop_assert_eq!(v, want, "{}: observe", what);
                 m.external(p);
             }
             Op::Advance(hours) => {
