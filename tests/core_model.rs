@@ -53,7 +53,11 @@ enum Op {
     Accept(usize, usize),
     Decline(usize, usize),
     Withdraw(usize, usize),
-    External(usize),
+    /// A write whose file the volume could not stat afterwards (no stamp).
+    WriteUnstamped(usize, usize),
+    /// A change behind the volume's back: the file changed or appeared (`true`) or
+    /// vanished.
+    External(usize, bool),
     /// Hours pass.
     Advance(u64),
     Evict,
@@ -76,7 +80,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Accept(s, p)),
         2 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Decline(s, p)),
         1 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Withdraw(s, p)),
-        1 => p.clone().prop_map(Op::External),
+        1 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::WriteUnstamped(s, p)),
+        2 => (p.clone(), any::<bool>()).prop_map(|(p, present)| Op::External(p, present)),
         1 => (1u64..30).prop_map(Op::Advance),
         1 => Just(Op::Evict),
         1 => s.prop_map(Op::Gone),
@@ -193,6 +198,8 @@ struct MRecord {
 struct MPath {
     version: u64,
     exists: bool,
+    /// The volume knows what the file looked like at its last commit (§3's stamp).
+    stamped: bool,
     holders: BTreeMap<usize, MHolder>,
 }
 
@@ -219,6 +226,7 @@ impl Model {
                 .map(|_| MPath {
                     version: 1,
                     exists: true,
+                    stamped: true,
                     holders: BTreeMap::new(),
                 })
                 .collect(),
@@ -302,6 +310,7 @@ impl Model {
         let e = &mut self.paths[p];
         e.version += 1;
         e.exists = !removed;
+        e.stamped = true;
         let v = e.version;
         for (who, h) in e.holders.iter_mut() {
             if *who != s {
@@ -351,19 +360,32 @@ impl Model {
         h.view = Some(v);
     }
 
-    /// A change behind the volume's back: a commit by `external`, unless a handle of the
-    /// volume is writing the path (its commit counts the change).
-    fn external(&mut self, p: usize) {
-        if self.paths[p].holders.values().any(|h| h.writers > 0) {
-            return;
+    /// A change behind the volume's back (§3): a commit by `external`, unless a handle of
+    /// the volume is writing the path (its commit counts the change), the path is a
+    /// tombstone and still absent, or the volume had no stamp of the file to compare (it
+    /// adopts the one it sees). Returns what `observe` answers: the path's version, None
+    /// when it is not there.
+    fn external(&mut self, p: usize, present: bool) -> Option<u64> {
+        let e = &mut self.paths[p];
+        if e.holders.values().any(|h| h.writers > 0) {
+            return e.exists.then_some(e.version);
+        }
+        if !present && !e.exists {
+            return None;
+        }
+        if present && e.exists && !e.stamped {
+            e.stamped = true;
+            return Some(e.version);
         }
         self.bystander(EXTERNAL, p);
         let e = &mut self.paths[p];
         e.version += 1;
-        e.exists = true;
+        e.exists = present;
+        e.stamped = true;
         for h in e.holders.values_mut() {
             h.hold = Some(MHold::I);
         }
+        present.then_some(e.version)
     }
 
     fn gone(&mut self, s: usize) {
@@ -652,6 +674,21 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
                     m.close(s, p, true);
                 }
             }
+            Op::WriteUnstamped(s, p) => {
+                let want = m.acquire(s, p);
+                let t = h.t();
+                let r = got(h.e.acquire(&ss[s], PATHS[p], t));
+                check(&want, r, &what)?;
+                if r.is_ok() {
+                    let t = h.t();
+                    h.e.commit(&ss[s], PATHS[p], CommitOp::Write, None, t);
+                    let t = h.t();
+                    h.e.close_write(&ss[s], PATHS[p], true, t);
+                    m.commit(s, p, false);
+                    m.paths[p].stamped = false;
+                    m.close(s, p, true);
+                }
+            }
             Op::OpenClose(s, p) => {
                 let want = m.acquire(s, p);
                 let t = h.t();
@@ -732,20 +769,12 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
                 let r = got(f(&h.e, &ss[s], &paths(&[PATHS[p]]), t));
                 check(&want, r, &what)?;
             }
-            Op::External(p) => {
-                let st = h.next_stamp();
+            Op::External(p, present) => {
+                let st = if present { h.next_stamp() } else { None };
                 let t = h.t();
                 let v = h.e.observe(PATHS[p], st, t);
-                // observe answers the path's version: the current one while a handle
-                // writes it (None for a path being created), else the one it counted.
-                let e = &m.paths[p];
-                let want = if e.holders.values().any(|x| x.writers > 0) {
-                    e.exists.then_some(e.version)
-                } else {
-                    Some(e.version + 1)
-                };
+                let want = m.external(p, present);
                 prop_assert_eq!(v, want, "{}: observe", what);
-                m.external(p);
             }
             Op::Advance(hours) => {
                 h.now += hours as i64 * HOUR_MS;
