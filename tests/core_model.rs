@@ -53,6 +53,9 @@ enum Op {
     Accept(usize, usize),
     Decline(usize, usize),
     Withdraw(usize, usize),
+    /// A metadata change through the volume (chmod, utimes): not a commit; the volume
+    /// keeps the file's new stamp, and the next open finds the file as it was told.
+    Metadata(usize),
     /// A write whose file the volume could not stat afterwards (no stamp).
     WriteUnstamped(usize, usize),
     /// A change behind the volume's back: the file changed or appeared (`true`) or
@@ -81,6 +84,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Decline(s, p)),
         1 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Withdraw(s, p)),
         1 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::WriteUnstamped(s, p)),
+        1 => p.clone().prop_map(Op::Metadata),
         2 => (p.clone(), any::<bool>()).prop_map(|(p, present)| Op::External(p, present)),
         1 => (1u64..30).prop_map(Op::Advance),
         1 => Just(Op::Evict),
@@ -768,6 +772,20 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
                 let t = h.t();
                 let r = got(f(&h.e, &ss[s], &paths(&[PATHS[p]]), t));
                 check(&want, r, &what)?;
+            }
+            Op::Metadata(p) => {
+                let st = h.next_stamp();
+                h.e.restamp(PATHS[p], st.expect("a stamp"));
+                let t = h.t();
+                let v = h.e.observe(PATHS[p], st, t);
+                let want = if m.paths[p].exists {
+                    m.paths[p].stamped = true;
+                    Some(m.paths[p].version)
+                } else {
+                    // nothing to restamp: the file appeared behind the volume's back
+                    m.external(p, true)
+                };
+                prop_assert_eq!(v, want, "{}: observe after restamp", what);
             }
             Op::External(p, present) => {
                 let st = if present { h.next_stamp() } else { None };
