@@ -392,15 +392,22 @@ impl Model {
         present.then_some(e.version)
     }
 
-    fn gone(&mut self, s: usize) {
+    /// Every process of `s` is gone: its write handles are reclaimed. Returns how many
+    /// paths it was writing.
+    fn gone(&mut self, s: usize) -> usize {
+        let mut n = 0;
         for e in &mut self.paths {
             if e.holders.get(&s).is_some_and(|h| h.writers > 0) {
                 e.holders.remove(&s);
+                n += 1;
             }
         }
+        n
     }
 
-    fn evict(&mut self) {
+    /// Ended records older than `--evict-after` go; live ones never. Returns how many.
+    fn evict(&mut self) -> usize {
+        let before = self.records.len();
         let hour = self.hour;
         let live: Vec<bool> = (0..self.records.len())
             .map(|i| {
@@ -414,6 +421,7 @@ impl Model {
             i += 1;
             keep
         });
+        before - self.records.len()
     }
 
     /// `transfer(paths, to)` by `s` (§5): all or nothing, the first refusal in path order.
@@ -800,13 +808,13 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
             }
             Op::Evict => {
                 let t = h.t();
-                h.e.evict(t);
-                m.evict();
+                let n = h.e.evict(t);
+                prop_assert_eq!(n, m.evict(), "{}: evicted", what);
             }
             Op::Gone(s) => {
                 let t = h.t();
-                h.e.session_gone(&ss[s], t);
-                m.gone(s);
+                let n = h.e.session_gone(&ss[s], t);
+                prop_assert_eq!(n, m.gone(s), "{}: reclaimed", what);
             }
         }
 
