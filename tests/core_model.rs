@@ -26,7 +26,10 @@ use std::collections::BTreeMap;
 ///   `handoff_ended` and change nothing.
 const CONTRACT_FIXES_LANDED: bool = false;
 
-const PATHS: [&str; 3] = ["a.md", "b.md", "d/c.md"];
+const PATHS: [&str; 4] = ["a.md", "b.md", "d/c.md", "new.md"];
+/// The paths that exist when the volume starts (the others are created through it, or
+/// appear behind its back).
+const EXISTING: usize = 3;
 const NAMES: [&str; 4] = ["alice", "bob", "carol", "uid:0"];
 /// Index of the unattributed session in `NAMES`.
 const UNATTRIBUTED: usize = 3;
@@ -69,7 +72,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     let s = 0usize..4;
-    let p = 0usize..3;
+    let p = 0usize..PATHS.len();
     prop_oneof![
         3 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Read(s, p)),
         3 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Write(s, p)),
@@ -213,6 +216,8 @@ struct Model {
     records: Vec<MRecord>,
     hour: u64,
     strict: bool,
+    /// Changes counted behind the volume's back (`external_change` events).
+    externals: usize,
 }
 
 /// A predicted result: ok, or any of these reasons (more than one where §5 leaves the
@@ -227,14 +232,15 @@ impl Model {
     fn new(strict: bool) -> Self {
         Model {
             paths: (0..PATHS.len())
-                .map(|_| MPath {
-                    version: 1,
-                    exists: true,
+                .map(|i| MPath {
+                    version: (i < EXISTING) as u64,
+                    exists: i < EXISTING,
                     stamped: true,
                     holders: BTreeMap::new(),
                 })
                 .collect(),
             records: Vec::new(),
+            externals: 0,
             hour: 0,
             strict,
         }
@@ -381,6 +387,14 @@ impl Model {
             e.stamped = true;
             return Some(e.version);
         }
+        if present && e.version == 0 {
+            // first sight of a path the volume never counted: v1, not a change (§3)
+            e.version = 1;
+            e.exists = true;
+            e.stamped = true;
+            return Some(1);
+        }
+        self.externals += 1;
         self.bystander(EXTERNAL, p);
         let e = &mut self.paths[p];
         e.version += 1;
@@ -659,7 +673,7 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
         let t = h.t();
         h.e.register(s, t).unwrap();
     }
-    for p in PATHS {
+    for p in &PATHS[..EXISTING] {
         let st = h.next_stamp();
         let t = h.t();
         h.e.observe(p, st, t);
@@ -819,9 +833,11 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
         }
 
         for (i, p) in PATHS.iter().enumerate() {
-            let st = h.e.path_state(p).expect("every path stays known");
+            let st =
+                h.e.path_state(p)
+                    .map_or((0, false), |st| (st.version, st.exists));
             prop_assert_eq!(
-                (st.version, st.exists),
+                st,
                 (m.paths[i].version, m.paths[i].exists),
                 "{}: version of {}",
                 what,
@@ -860,6 +876,12 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
             }
         }
         prop_assert_eq!(engine_records(&h.e), model_records(&m), "{}: records", what);
+        prop_assert_eq!(
+            h.count(EventKind::ExternalChange),
+            m.externals,
+            "{}: external changes",
+            what
+        );
         h.assert_replay_equal();
     }
     Ok(())
