@@ -218,6 +218,8 @@ struct Model {
     strict: bool,
     /// Changes counted behind the volume's back (`external_change` events).
     externals: usize,
+    /// `overtaken` events: a record overtaken, or its counterparty changed.
+    overtakes: usize,
 }
 
 /// A predicted result: ok, or any of these reasons (more than one where §5 leaves the
@@ -241,6 +243,7 @@ impl Model {
                 .collect(),
             records: Vec::new(),
             externals: 0,
+            overtakes: 0,
             hour: 0,
             strict,
         }
@@ -281,6 +284,7 @@ impl Model {
             if r.counterparty.as_deref() != Some(by) {
                 self.records[i].counterparty = Some(by.to_string());
                 self.records[i].updated = self.hour;
+                self.overtakes += 1;
             }
             return;
         }
@@ -288,6 +292,7 @@ impl Model {
         self.apply(i, REvent::Bystander);
         if before != MStatus::Overtaken && self.records[i].status == MStatus::Overtaken {
             self.records[i].counterparty = Some(by.to_string());
+            self.overtakes += 1;
         }
     }
 
@@ -880,6 +885,12 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
             h.count(EventKind::ExternalChange),
             m.externals,
             "{}: external changes",
+            what
+        );
+        prop_assert_eq!(
+            h.count(EventKind::Overtaken),
+            m.overtakes,
+            "{}: overtaken events",
             what
         );
         h.assert_replay_equal();
