@@ -687,7 +687,9 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
         let what = format!("step {step} {op:?}");
         match *op {
             Op::Read(s, p) => {
-                h.read(&ss[s], PATHS[p]);
+                let v = h.read(&ss[s], PATHS[p]);
+                let e = &m.paths[p];
+                prop_assert_eq!(v, e.exists.then_some(e.version), "{}: read", what);
                 m.read(s, p);
             }
             Op::Write(s, p) => {
