@@ -974,3 +974,29 @@ mod contract {
         ]);
     }
 }
+
+/// §5: a note may be up to 64 KiB; one byte more is `bad_request`, and nothing changes.
+#[test]
+fn a_note_of_64_kib_is_accepted_one_byte_more_is_not() {
+    let h = H::new();
+    let (a, b) = (sess("alice"), sess("bob"));
+    let t = Timestamp(T0);
+    h.e.register(&b, t).unwrap();
+    h.e.observe("n.md", stamp(1), t);
+    h.e.open_read(&a, "n.md", t);
+    let over =
+        h.e.transfer(
+            &a,
+            &paths(&["n.md"]),
+            "bob",
+            Some("x".repeat(64 * 1024 + 1)),
+            t,
+        )
+        .unwrap_err();
+    assert_eq!(over.reason, Reason::BadRequest);
+    assert!(h.e.status(None).live.is_empty());
+    let r =
+        h.e.transfer(&a, &paths(&["n.md"]), "bob", Some("x".repeat(64 * 1024)), t)
+            .unwrap();
+    assert_eq!(r.records[0].note.as_ref().map(String::len), Some(64 * 1024));
+}
