@@ -792,15 +792,18 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
                 check(&want, r, &what)?;
             }
             Op::Accept(s, p) | Op::Decline(s, p) | Op::Withdraw(s, p) => {
-                let (ev, f): (REvent, Verb) = match op {
-                    Op::Accept(..) => (REvent::Accept, Engine::accept),
-                    Op::Decline(..) => (REvent::Decline, Engine::decline),
-                    _ => (REvent::Withdraw, Engine::withdraw),
+                let (ev, f, name): (REvent, Verb, &str) = match op {
+                    Op::Accept(..) => (REvent::Accept, Engine::accept, "accept"),
+                    Op::Decline(..) => (REvent::Decline, Engine::decline, "decline"),
+                    _ => (REvent::Withdraw, Engine::withdraw, "withdraw"),
                 };
                 let want = m.answer(s, p, ev);
                 let t = h.t();
-                let r = got(f(&h.e, &ss[s], &paths(&[PATHS[p]]), t));
-                check(&want, r, &what)?;
+                let reply = f(&h.e, &ss[s], &paths(&[PATHS[p]]), t);
+                if let Ok(reply) = &reply {
+                    prop_assert_eq!(&reply.verb, name, "{}: the reply's verb", what);
+                }
+                check(&want, got(reply), &what)?;
             }
             Op::Metadata(p) => {
                 let st = h.next_stamp();
