@@ -2,9 +2,9 @@
 //! real tree with modes, a supplementary group and POSIX ACLs, `may_write` and
 //! `may_look_up` must answer what the user's own shell gets (`test -w`, `stat`).
 
-#[path = "common/users.rs"]
-mod users;
+mod common;
 
+use common::users;
 use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{symlink, PermissionsExt};

@@ -8,11 +8,9 @@
 #[path = "common/coherent.rs"]
 mod coherent;
 mod common;
-#[path = "common/users.rs"]
-mod users;
 
 use coherent::*;
-use common::Mount;
+use common::{users, Mount};
 use serde_json::Value;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
