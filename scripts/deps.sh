@@ -4,7 +4,8 @@
 #   apt:   fuse3 (fusermount3), bindfs (the FUSE peer), fio, attr (getfattr/setfattr),
 #          acl + libacl1-dev (pjdfstest links libacl); gcc and python3 if missing
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
-#   user:  'tests' (pjdfstest switches to nobody and tests)
+#   user:  'tests' (pjdfstest switches to nobody and tests); coh-u1, coh-u2 and group
+#          coh-shared (the multi-user tests, scripts/test-users.sh)
 #   /dev/fuse (loads the fuse module if needed)
 set -euo pipefail
 
@@ -57,6 +58,9 @@ if ! getent passwd tests >/dev/null; then
         --shell /usr/sbin/nologin tests || die "useradd tests failed"
 fi
 getent passwd nobody >/dev/null || die "user 'nobody' missing (pjdfstest needs it)"
+
+# --- the multi-user tests' users (coh-u1, coh-u2, group coh-shared) -------------------
+bash "$(dirname "$0")/test-users.sh" || die "scripts/test-users.sh failed"
 
 # --- FUSE -----------------------------------------------------------------------------
 if [[ ! -c /dev/fuse ]]; then

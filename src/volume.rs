@@ -37,9 +37,9 @@ mod liveness;
 pub mod state_dir;
 mod surface;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,12 +47,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::access::Who;
 use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Write};
 use crate::error::Refusal;
 use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
-use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, DEFAULT_SESSION_ENV};
+use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
+use crate::visibility::Sight;
 use handle::{End, WriteHandle};
 
 pub use liveness::{closer_runs, holds_open, session_running, TaskState, FLUSH_PROC_WAIT};
@@ -151,6 +153,9 @@ pub struct Volume {
     root: OwnedFd,
     cfg: VolumeConfig,
     handles: Mutex<HashMap<u64, Arc<WriteHandle>>>,
+    /// Inodes seen with more than one name (their other names are restamped after a link,
+    /// unlink or rename through the volume).
+    linked: Mutex<HashSet<u64>>,
     /// Signalled whenever a write handle is released.
     released: Condvar,
     next_token: AtomicU64,
@@ -196,6 +201,7 @@ impl Volume {
             root,
             cfg,
             handles: Mutex::new(HashMap::new()),
+            linked: Mutex::new(HashSet::new()),
             released: Condvar::new(),
             next_token: AtomicU64::new(1),
             surface: surface::Surface::new(),
@@ -270,14 +276,35 @@ impl Volume {
 
     /// The caller's session, made known to the engine (`session_seen` the first time): a
     /// session is known once any of its processes touched the volume where it resolves.
+    /// A session name belongs to the first uid that shows it (§2): a process of another
+    /// uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
     fn session(&self, c: &Caller) -> Session {
         let s = self.resolver.resolve_request(c.pid, c.uid);
-        self.engine.session_seen(&s, Timestamp::now());
-        s
+        let now = Timestamp::now();
+        match self.engine.claim(&s, c.uid, now) {
+            Ok(()) => s,
+            Err(owner) => {
+                let mine = SessionInfo::unattributed(c.uid);
+                self.engine.session_seen(&Arc::new(mine.clone()), now);
+                Arc::new(SessionInfo {
+                    via: Via::NotYours {
+                        session: s.name.clone(),
+                        owner,
+                    },
+                    ..mine
+                })
+            }
+        }
     }
 
     /// `fstatat` in the backing directory, without following a final symlink.
     fn stat(&self, p: &str) -> Option<(coherence::Stamp, bool)> {
+        self.stat_links(p).map(|(s, dir, _)| (s, dir))
+    }
+
+    /// [`Volume::stat`] and the number of names of the file (`st_nlink`). A file seen with
+    /// several names is remembered in `linked` (see [`Volume::restamp_other_names`]).
+    fn stat_links(&self, p: &str) -> Option<(coherence::Stamp, bool, u64)> {
         let c = CString::new(p).ok()?;
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
         // SAFETY: a valid dirfd, a NUL-terminated path and a buffer of the right type.
@@ -294,14 +321,37 @@ impl Volume {
         }
         // SAFETY: fstatat succeeded, so it filled the buffer.
         let st = unsafe { st.assume_init() };
+        let dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        if !dir && st.st_nlink > 1 {
+            self.linked.lock().insert(st.st_ino);
+        }
         Some((
             coherence::Stamp {
                 ino: st.st_ino,
                 ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
                 size: st.st_size as u64,
             },
-            st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+            dir,
+            st.st_nlink,
         ))
+    }
+
+    /// A link, unlink or rename through the volume changed the ctime of inode `ino`; its
+    /// other tracked names (`except` the ones the operation itself counts) take the new
+    /// stamp, so the change is never taken for one behind the volume's back (§3). Only for
+    /// inodes seen with several names.
+    fn restamp_other_names(&self, ino: u64, except: &[&str]) {
+        if !self.linked.lock().contains(&ino) {
+            return;
+        }
+        for q in self.engine.paths_of_inode(ino) {
+            if except.contains(&q.as_str()) {
+                continue;
+            }
+            if let Some(now) = self.stamp_now(&q).filter(|st| st.ino == ino) {
+                self.engine.restamp(&q, now);
+            }
+        }
     }
 
     /// Show the engine what the backing directory holds at `p` now (versions count
@@ -321,12 +371,13 @@ impl Volume {
         st
     }
 
-    /// What the backing directory holds at `p` now, for the write decision.
-    fn found(&self, p: &str) -> Found {
-        match self.stat(p) {
-            None => Found::Absent,
-            Some((_, true)) => Found::Dir,
-            Some((s, false)) => Found::File(s),
+    /// What the backing directory holds at `p` now, for the write decision (a file with
+    /// several names is marked: the fence follows the inode).
+    fn at<'a>(&self, p: &'a str) -> At<'a> {
+        match self.stat_links(p) {
+            None => At::new(p, Found::Absent),
+            Some((_, true, _)) => At::new(p, Found::Dir),
+            Some((s, false, n)) => At::new(p, Found::File(s)).linked(n > 1),
         }
     }
 
@@ -406,7 +457,7 @@ impl Hooks for Volume {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
-        let at = |p| At::new(p, self.found(p));
+        let at = |p| self.at(p);
         let w = match *route {
             WriteRoute::Open { path, .. } | WriteRoute::Create { path, .. } => {
                 let Some(p) = rel(path) else { return Ok(None) };
@@ -462,7 +513,7 @@ impl Hooks for Volume {
             // §6 does not fence directories being made or removed (a directory rename is).
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => return Ok(None),
         };
-        let s = self.resolver.resolve_request(caller.pid, caller.uid);
+        let s = self.session(caller);
         match self.engine.decide(&s, w, Timestamp::now()) {
             Ok(permit) => Ok(Some(permit)),
             Err(r) => Err(refused(r)),
@@ -511,10 +562,16 @@ impl Hooks for Volume {
                 } else {
                     let after = if pm.is_dir { None } else { self.stamp_now(t) };
                     self.engine.rename(s, p, t, pm.is_dir, after, now);
+                    if let Some(moved) = after {
+                        self.restamp_other_names(moved.ino, &[p, t]);
+                    }
                 }
             }
             WriteRoute::Unlink { .. } => {
                 self.engine.commit(s, p, CommitOp::Unlink, None, now);
+                if let Some(pre) = pm.pre {
+                    self.restamp_other_names(pre.ino, &[p]);
+                }
             }
             WriteRoute::Link { .. } | WriteRoute::Symlink { .. } | WriteRoute::Mknod { .. } => {
                 let op = match route {
@@ -522,7 +579,11 @@ impl Hooks for Volume {
                     WriteRoute::Symlink { .. } => CommitOp::Symlink,
                     _ => CommitOp::Mknod,
                 };
-                self.engine.commit(s, p, op, self.stamp_now(p), now);
+                let after = self.stamp_now(p);
+                self.engine.commit(s, p, op, after, now);
+                if let (WriteRoute::Link { .. }, Some(after)) = (route, after) {
+                    self.restamp_other_names(after.ino, &[p]);
+                }
             }
             WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
                 if let Some(after) = self.stamp_now(p) {
@@ -659,6 +720,12 @@ impl Hooks for Volume {
             }
             XATTR_HANDOFF => {
                 let s = self.session(caller);
+                // The kernel checked the path's search permission only with
+                // default_permissions; the volume checks it in any case (§7).
+                let who = Who::of_task(caller.pid, caller.uid, caller.gid);
+                if !Sight::new(who).sees(self.root.as_fd(), p) {
+                    return nodata;
+                }
                 match self.engine.handoff(&s, p) {
                     Some(h) => Some(Ok(serde_json::to_vec(&h).expect("records serialise"))),
                     None => nodata,

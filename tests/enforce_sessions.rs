@@ -212,8 +212,16 @@ fn register_makes_a_successor_known() {
         (Some(2), Some("handoff_successor_unknown")),
         "{v}"
     );
-    // registered ahead of its first process
-    let r = cli(&m, Some("alice"), &["register", "zed"]);
+    // Not ahead of its first process by another session (issue 8: register registers
+    // only the caller's own session, so no one can claim a name before its owner) ...
+    let (code, v) = cli_json(&m, Some("alice"), &["register", "zed"]);
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (Some(2), Some("session_not_yours")),
+        "{v}"
+    );
+    // ... but by zed itself, by name or not.
+    let r = cli(&m, Some("zed"), &["register", "zed"]);
     assert!(r.ok(), "{}", r.show());
     transfer(&m, "alice", "zed", &["plan.md"]);
     // a session registering itself

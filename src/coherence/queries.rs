@@ -33,6 +33,21 @@ impl Engine {
         self.lock_one(path).get(path).and_then(|e| e.stamp)
     }
 
+    /// The tracked, existing paths whose last stamp is of inode `ino` (the other names of a
+    /// hard-linked file). Scans every shard: for files known to have several names.
+    pub fn paths_of_inode(&self, ino: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let sh = shard.lock();
+            out.extend(
+                sh.iter()
+                    .filter(|(_, e)| e.exists && e.stamp.is_some_and(|st| st.ino == ino))
+                    .map(|(k, _)| k.to_string()),
+            );
+        }
+        out
+    }
+
     /// `user.coherent.handoff`: the live record of `path` with the reader's role.
     pub fn handoff(&self, s: &SessionInfo, path: &str) -> Option<HandoffView> {
         let sh = self.lock_one(path);
@@ -86,6 +101,11 @@ impl Engine {
 
     /// `.coherent/why`: the text of the last denial or refusal of `s`.
     pub fn why(&self, s: &SessionInfo) -> Option<String> {
+        self.why.lock().get(&s.name).map(|(_, t)| t.clone())
+    }
+
+    /// [`Engine::why`] with the path the text is about (None: not about one path).
+    pub fn why_about(&self, s: &SessionInfo) -> Option<(Option<String>, String)> {
         self.why.lock().get(&s.name).cloned()
     }
 
@@ -171,6 +191,12 @@ impl Engine {
         st.sessions = sessions
             .iter()
             .map(|(k, v)| (k.clone(), (**v).clone()))
+            .collect();
+        st.owners = self
+            .owners
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
             .collect();
         (st, r)
     }

@@ -45,11 +45,24 @@ pub enum Found {
 pub struct At<'a> {
     pub path: &'a str,
     pub found: Found,
+    /// The file there has other names (hard links: `st_nlink` > 1): the fence follows the
+    /// inode, so those names are checked too.
+    pub linked: bool,
 }
 
 impl<'a> At<'a> {
     pub fn new(path: &'a str, found: Found) -> Self {
-        At { path, found }
+        At {
+            path,
+            found,
+            linked: false,
+        }
+    }
+
+    /// The same, for a file with other names (see [`At::linked`]).
+    pub fn linked(mut self, linked: bool) -> Self {
+        self.linked = linked;
+        self
     }
 
     /// A path the caller did not stat.
@@ -222,6 +235,17 @@ impl Engine {
         self.session_seen(s, now);
         let (main, to) = w.main();
         let paths = w.paths();
+        // Every name of a handed inode is fenced for its giver (§6), before the shards of
+        // this route are locked (the other names may live in any shard).
+        for at in paths.iter().flatten().filter(|a| a.linked) {
+            if let Found::File(st) = at.found {
+                let route = match w {
+                    Write::Rename { to, .. } if to.path == at.path => Route::RenameTarget,
+                    _ => w.route(),
+                };
+                self.fence_inode(s, at.path, st.ino, route, now)?;
+            }
+        }
         let subtree = matches!(w, Write::Rename { from, to, .. }
             if from.found == Found::Dir || to.found == Found::Dir);
         let mut locked = if subtree {
@@ -285,6 +309,39 @@ impl Engine {
             _ => self.fence_at(locked.shard(main.path), main.path, s, w.route(), now)?,
         }
         Ok(permit)
+    }
+
+    /// The fence by inode: if `s` gave a live record on another tracked name of inode `ino`
+    /// than `path`, this route on `path` is a write to that file and is fenced the same
+    /// way (denied event and deny text name the handed path). Scans every shard, one lock
+    /// at a time: only called for files with more than one name.
+    fn fence_inode(
+        &self,
+        s: &Session,
+        path: &str,
+        ino: u64,
+        route: Route,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        if !s.is_attributed() {
+            return Ok(());
+        }
+        let handed = self.shards.iter().find_map(|shard| {
+            shard
+                .lock()
+                .iter()
+                .find(|(k, e)| {
+                    &***k != path
+                        && e.exists
+                        && e.stamp.is_some_and(|st| st.ino == ino)
+                        && e.live().is_some_and(|r| r.giver.name == s.name)
+                })
+                .map(|(k, _)| k.to_string())
+        });
+        match handed {
+            Some(q) => self.fence_at(&mut self.lock_one(&q), &q, s, route, now),
+            None => Ok(()),
+        }
     }
 
     pub(super) fn fence_at(

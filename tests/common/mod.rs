@@ -10,6 +10,9 @@
 //! ```
 #![allow(dead_code)]
 
+/// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
+pub mod users;
+
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
