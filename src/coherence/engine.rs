@@ -190,7 +190,9 @@ pub struct Engine {
     pub(super) config: Config,
     pub(super) shards: Box<[Mutex<Shard>]>,
     pub(super) sessions: RwLock<HashMap<String, Session, BuildHasherDefault<PathHasher>>>,
-    pub(super) why: Mutex<HashMap<String, String>>,
+    /// Per session: the text of its latest refusal or stale write, and when the volume
+    /// told it (None: set by the core alone, which has no clock of its own here).
+    pub(super) why: Mutex<HashMap<String, (String, Option<Timestamp>)>>,
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
 }
@@ -346,7 +348,17 @@ impl Engine {
     }
 
     pub(super) fn set_why(&self, s: &SessionInfo, text: &str) {
-        self.why.lock().insert(s.name.clone(), text.to_string());
+        self.why
+            .lock()
+            .insert(s.name.clone(), (text.to_string(), None));
+    }
+
+    /// What `.coherent/why` shows `s` from now on: its latest refusal or stale write,
+    /// told at `now` (§5, issue 9: the latest one wins).
+    pub fn tell(&self, s: &SessionInfo, text: &str, now: Timestamp) {
+        self.why
+            .lock()
+            .insert(s.name.clone(), (text.to_string(), Some(now)));
     }
 
     pub(super) fn refuse(&self, s: &SessionInfo, r: Refusal) -> Refusal {

@@ -241,6 +241,7 @@ impl Engine {
         Ok(Acquired {
             version,
             stale: stale && self.config.stale == StaleMode::Warn,
+            view,
         })
     }
 

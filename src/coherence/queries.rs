@@ -2,6 +2,7 @@
 //! status, and the durable state for snapshots and tests.
 
 use super::engine::*;
+use super::time::Timestamp;
 use super::types::*;
 use crate::identity::SessionInfo;
 use std::sync::atomic::Ordering;
@@ -86,6 +87,11 @@ impl Engine {
 
     /// `.coherent/why`: the text of the last denial or refusal of `s`.
     pub fn why(&self, s: &SessionInfo) -> Option<String> {
+        self.why.lock().get(&s.name).map(|(t, _)| t.clone())
+    }
+
+    /// [`Engine::why`] with the time the session was told (when the volume told it).
+    pub fn why_at(&self, s: &SessionInfo) -> Option<(String, Option<Timestamp>)> {
         self.why.lock().get(&s.name).cloned()
     }
 

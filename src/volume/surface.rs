@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::Volume;
 use crate::coherence::Timestamp;
-use crate::control::{session_json, CtlHandle, Reply, Request, Verb};
+use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::error::{Reason, Refusal};
 use crate::fuse::open_writes;
 use crate::identity::{Session, SessionInfo, Via};
@@ -98,16 +98,19 @@ impl Surface {
     }
 }
 
-/// The text of `why`: the last denial or refusal, one line ending in a newline.
-fn why_text(t: Option<String>) -> Vec<u8> {
+/// The text of `why`: the latest refusal or stale write (its versions are in the text),
+/// then when it happened; `no refusal` when there was none.
+fn why_text(t: Option<(String, Option<Timestamp>)>) -> Vec<u8> {
     match t {
-        Some(mut t) => {
-            if !t.ends_with('\n') {
-                t.push('\n');
+        Some((t, at)) => {
+            let mut out = t.trim_end().to_string();
+            if let Some(at) = at {
+                out.push_str(&format!("\n(at {})", at.rfc3339()));
             }
-            t.into_bytes()
+            out.push('\n');
+            out.into_bytes()
         }
-        None => Vec::new(),
+        None => format!("{NO_REFUSAL}: this session has not been refused or warned\n").into_bytes(),
     }
 }
 
@@ -197,7 +200,7 @@ impl Surface {
             EVENTS => VHandle::Events { shift: 0 },
             STATUS => VHandle::Text(json_line(&vol.engine.status(None))),
             WHOAMI => VHandle::Text(json_line(&whoami_json(vol, caller))),
-            WHY => VHandle::Text(why_text(vol.engine.why(&vol.session(caller)))),
+            WHY => VHandle::Text(why_text(vol.engine.why_at(&vol.session(caller)))),
             INBOX => VHandle::Text(json_line(&vol.engine.inbox(&vol.session(caller)))),
             _ => return Err(FsError(libc::ENOENT)),
         };
@@ -296,6 +299,8 @@ impl Surface {
         match r {
             Ok(reply) => reply,
             Err(f) => {
+                // `why` shows the latest refusal, whichever part of the volume made it.
+                vol.engine.tell(s, &f.message, Timestamp::now());
                 let paths = req.paths();
                 let path = (paths.len() == 1).then(|| paths[0].as_str());
                 Reply::refused(Some(verb), &f, path)
@@ -325,6 +330,7 @@ impl Surface {
                 Reply::session(Verb::Register, &known)
             }
             Request::Transfer { paths, to, note } => {
+                tracked_paths(vol, paths)?;
                 observe_paths(vol, paths, now)?;
                 let r = match vol.engine.transfer(s, paths, to, note.clone(), now) {
                     Err(f)
@@ -353,7 +359,9 @@ impl Surface {
             }
             Request::Status { path } => {
                 if let Some(p) = path {
-                    vol.observe(p, now);
+                    if vol.is_tracked(p, false) {
+                        vol.observe(p, now);
+                    }
                 }
                 let st = vol.engine.status(path.as_deref());
                 let c = st.counts;
@@ -377,6 +385,33 @@ impl Surface {
             Request::Whoami => unreachable!("served above, with the ignored tags"),
         })
     }
+}
+
+/// A transfer hands on tracked paths only (§3): each untracked one is refused
+/// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
+fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
+    let refused: Vec<Refusal> = paths
+        .iter()
+        .filter_map(|p| {
+            let is_dir = vol.stat(p).is_some_and(|x| x.1);
+            let why = vol.tracking.why_untracked(p, is_dir)?;
+            Some(
+                Refusal::new(
+                    Reason::NotTracked,
+                    format!("{p} is not tracked by the volume, so it cannot be handed on: {why}"),
+                )
+                .at(p.as_str()),
+            )
+        })
+        .collect();
+    let Some(first) = refused.first() else {
+        return Ok(());
+    };
+    let mut r = first.clone();
+    if paths.len() > 1 {
+        r.per_path = refused;
+    }
+    Err(r)
 }
 
 /// Count what the backing directory holds at each path before a verb decides on it.
