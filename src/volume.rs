@@ -427,7 +427,8 @@ impl Volume {
         let f_dir = self.stat(f).is_some_and(|x| x.1); // now holds the old t
         let t_dir = self.stat(t).is_some_and(|x| x.1); // now holds the old f
         if !f_dir && !t_dir {
-            for p in [f, t] {
+            // An untracked side of the swap is not counted (§3).
+            for p in [f, t].into_iter().filter(|p| self.is_tracked(p, false)) {
                 self.engine
                     .commit(s, p, CommitOp::Rename, self.stamp_now(p), now);
             }
