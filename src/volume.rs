@@ -5,6 +5,15 @@
 //! - **Who**: the caller's session is resolved only where a decision needs it: opens and
 //!   creates, the metadata write routes of §6, the `user.coherent.handoff` xattr, opens of
 //!   `.coherent/` files and writes to `ctl`. Never on read, write, getattr or lookup.
+//! - **Tracked paths** (§3, [`Tracking`]): checked first on every route; an untracked
+//!   path (under `.git/`, ignored by `.gitignore` or `.coherentignore`) passes through with
+//!   no session lookup, no engine call and no event. A change through the mount of an
+//!   ignore file, or a directory rename, retracks at once.
+//! - **Fail closed** (§2): a writer whose session cannot be resolved (pid 0, gone, /proc
+//!   unreadable) is decided by [`Engine::decide_unresolved`]: refused on a path with a
+//!   live record (`denied`, reason `unresolved`), its `uid:UID` elsewhere.
+//! - **Tell the writer**: a refusal or a stale write is kept for `.coherent/why` with its
+//!   time, and a refused call writes its `denied` event out before it answers.
 //! - **The decision**: every write route is decided by [`Engine::decide`] before it
 //!   reaches the backing directory (`before_write` turns the route into a
 //!   [`coherence::Write`]); the adapter hands the [`Permit`] back to `after_write`, or to
