@@ -705,8 +705,15 @@ impl Hooks for Volume {
         if !open_writes(open.flags) {
             if let Some(p) = rel(open.path).filter(|p| self.is_tracked(p, false)) {
                 let s = self.session(caller);
+                let before = self.engine.last_seq();
                 self.engine.observe(p, Some(stamp(&open.stamp)), now);
                 self.engine.open_read(&s, p, now);
+                // A successor's first open logs `handoff_seen`: in the log when it returns.
+                if self.engine.last_seq() != before {
+                    if let Err(e) = self.journal.write_out() {
+                        tracing::warn!("writing the state log: {e}");
+                    }
+                }
             }
             return Ok(0);
         }

@@ -153,3 +153,28 @@ fn a_verbs_events_are_in_the_log_when_it_returns() {
         "the accept event was not in the log when the verb returned"
     );
 }
+
+#[test]
+fn handoff_seen_is_in_the_log_when_the_successors_open_returns() {
+    let m = mount(true);
+    touch_session(&m, "bob");
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && cat plan.md > /dev/null",
+    );
+    transfer(&m, "alice", "bob", &["plan.md"]);
+    // The shell's own open for read (a builtin redirection), then the log at once.
+    let (rc, n) = count_after(
+        &m,
+        "bob",
+        "exec 3< plan.md; exec 3<&-",
+        "handoff_seen",
+        "plan.md",
+    );
+    assert_eq!(rc, 0);
+    assert_eq!(
+        n, 1,
+        "handoff_seen was not in the log when the open returned"
+    );
+}

@@ -507,3 +507,17 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
         .iter()
         .all(|e| e["path"] != "plan.md"));
 }
+
+/// §8: `handoff_seen` is in the log when the successor's open returns (written out, not
+/// left for the group commit): read without a flush right after the hook.
+#[test]
+fn handoff_seen_is_written_out_before_the_open_returns() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    assert!(f.events_written("handoff_seen", "bob").is_empty());
+    f.read(&bob, "plan.md");
+    let seen = f.events_written("handoff_seen", "bob");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["path"], "plan.md");
+}
