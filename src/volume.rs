@@ -308,9 +308,11 @@ impl Volume {
         })
     }
 
-    /// Is the workspace path `p` tracked (§3)? `is_dir`: it names a directory.
+    /// Is the workspace path `p` tracked (§3)? `is_dir`: it names a directory. A path
+    /// with a live record stays tracked whatever the ignore files say now, so a giver
+    /// cannot step out of its fence by ignoring the file it handed on.
     pub fn is_tracked(&self, p: &str, is_dir: bool) -> bool {
-        self.tracking.is_tracked(p, is_dir)
+        self.tracking.is_tracked(p, is_dir) || self.engine.has_live_record(p)
     }
 
     /// After a change through the mount of `p`: an ignore file changed, or a directory

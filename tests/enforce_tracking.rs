@@ -222,3 +222,42 @@ fn a_transfer_of_an_untracked_path_is_refused_not_tracked() {
     assert!(records(&m, "build/out.bin").is_empty());
     assert!(events_of(&m, "transfer", ".git/HEAD", None).is_empty());
 }
+
+#[test]
+fn ignoring_a_handed_file_does_not_lift_the_fence() {
+    let m = mount(true);
+    touch_session(&m, "bob");
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && cat plan.md >/dev/null",
+    );
+    transfer(&m, "alice", "bob", &["plan.md"]);
+    sh_ok(&m, Some("alice"), "echo plan.md > .coherentignore");
+    let r = sh(&m, Some("alice"), "printf x >> plan.md");
+    assert!(
+        r.denied(),
+        "ignoring the file lifted the fence: {}",
+        r.show()
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.backing_path("plan.md")).unwrap(),
+        "plan\n"
+    );
+    let d = events_of(&m, "denied", "plan.md", Some("alice"));
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(d[0]["reason"], "fenced");
+    // The successor still takes it over, which ends the record; then the file is ignored.
+    sh_ok(&m, Some("bob"), "echo taken >> plan.md");
+    assert_eq!(
+        await_events(&m, "completed", "plan.md", Some("bob"), 1).len(),
+        1
+    );
+    let before = events_of(&m, "commit", "plan.md", Some("alice")).len();
+    sh_ok(&m, Some("alice"), "echo again >> plan.md");
+    settle(&m, "alice", "marker.txt");
+    assert_eq!(
+        events_of(&m, "commit", "plan.md", Some("alice")).len(),
+        before
+    );
+}

@@ -52,6 +52,14 @@ impl Engine {
         })
     }
 
+    /// Does `path` have a live record? (The volume keeps such a path in view even when
+    /// an ignore file later says it is untracked: a fence cannot be dropped that way.)
+    pub fn has_live_record(&self, path: &str) -> bool {
+        self.lock_one(path)
+            .get(path)
+            .is_some_and(|e| e.live().is_some())
+    }
+
     /// The hold of `s` on `path` and its view (tests, status).
     pub fn hold(&self, s: &SessionInfo, path: &str) -> Option<(Hold, Option<u64>)> {
         let sh = self.lock_one(path);
