@@ -28,6 +28,16 @@ fn run_as(m: &Mount, name: &str, cmd: &str) -> Run {
     run_in(&m.mnt, &[], &mut c)
 }
 
+/// `cmd` in session `name` writes plan.md: EACCES, and `denied` with reason `fenced`.
+fn refused_as(m: &Mount, name: &str, cmd: &str) {
+    let before = events_of(m, "denied", "plan.md", Some(name)).len();
+    let d = run_as(m, name, cmd);
+    assert!(d.denied(), "`{cmd}` in {name}: {}", d.show());
+    let e = await_events(m, "denied", "plan.md", Some(name), before + 1);
+    let reason = e.get(before).map(|e| e["reason"].clone());
+    assert_eq!(reason, Some("fenced".into()), "`{cmd}` in {name}: {e:?}");
+}
+
 #[test]
 fn coherent_run_names_the_session() {
     let m = mount(true);
@@ -73,17 +83,11 @@ fn a_session_run_by_coherent_run_is_fenced_in_every_process() {
         "sh -c 'sh -c \"echo x >> plan.md\"'",
         "rm plan.md",
     ] {
-        let d = run_as(&m, &alice, cmd);
-        assert!(d.denied(), "`{cmd}` in {alice}: {}", d.show());
+        refused_as(&m, &alice, cmd);
     }
     // the cgroup decides before the environment: a child that changes its tag stays alice
     if writable_cgroup2().is_some() {
-        let d = run_as(&m, &alice, "COHERENT_SESSION=bob sh -c 'echo x >> plan.md'");
-        assert!(
-            d.denied(),
-            "a retagged child escaped the cgroup: {}",
-            d.show()
-        );
+        refused_as(&m, &alice, "COHERENT_SESSION=bob sh -c 'echo x >> plan.md'");
         let w = run_as(&m, &alice, "COHERENT_SESSION=bob cat .coherent/whoami");
         assert!(w.out.contains(&format!("\"{alice}\"")), "{}", w.show());
     }
