@@ -2,6 +2,7 @@
 # Installs what the tests, scripts/conformance.sh and scripts/bench.sh need on a fresh
 # Debian machine (run as root). Idempotent and quiet: does nothing slow when all is there.
 #   apt:   fuse3 (fusermount3), bindfs (the FUSE peer), fio, attr (getfattr/setfattr),
+#          rsync and git (the copy and tracking tests),
 #          acl + libacl1-dev (pjdfstest links libacl); gcc and python3 if missing
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
 #   user:  'tests' (pjdfstest switches to nobody and tests); coh-u1, coh-u2 and group
@@ -9,7 +10,7 @@
 #   /dev/fuse (loads the fuse module if needed)
 set -euo pipefail
 
-APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev)
+APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git)
 CARGO_CRATES=(pjdfstest@0.2.2 fsx@0.3.2)
 
 die() {

@@ -355,13 +355,20 @@ fn control_directory_is_read_only_and_xattrs_are_computed() {
     }
     assert!(m.join(".coherent/ctl").exists());
     assert_eq!(version(&m.join("a")), Some(1));
-    // Other xattrs pass through; listxattr shows the computed name.
+    // Other xattrs pass through; listxattr does not list the computed names (§7: copies
+    // must not carry them), which stay readable by name.
     ok(&sh_in(m, Some("eve"), "setfattr -n user.note -v hi a"));
     let list = ok(&sh_in(m, Some("eve"), "getfattr -d -m - a"));
     assert!(
-        list.contains("user.note=\"hi\"") && list.contains("user.coherent.version=\"1\""),
+        list.contains("user.note=\"hi\"") && !list.contains("user.coherent."),
         "{list}"
     );
+    let named = ok(&sh_in(
+        m,
+        Some("eve"),
+        "getfattr -n user.coherent.version a",
+    ));
+    assert!(named.contains("user.coherent.version=\"1\""), "{named}");
     assert!(xattr(&m.join("a"), "user.coherent.handoff").is_none());
     // A backing .coherent is hidden behind the virtual one.
     let who = ok(&sh_in(m, Some("eve"), "cat .coherent/whoami"));

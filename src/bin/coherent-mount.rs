@@ -65,6 +65,10 @@ struct Args {
     /// Keep ended handoff records this long (e.g. 24h, 30m, 90s, 2d).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     evict_after: Duration,
+    /// Track what `.gitignore` files ignore (paths under `.git/` and those
+    /// `.coherentignore` matches stay untracked).
+    #[arg(long)]
+    track_ignored: bool,
     /// Environment variable naming the session (repeatable; replaces the default list).
     #[arg(long = "session-env", value_name = "VAR")]
     session_env: Vec<String>,
@@ -336,6 +340,7 @@ fn make_hooks(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
         evict_after: args.evict_after,
     };
     cfg.session_env = args.session_env.clone();
+    cfg.track_ignored = args.track_ignored;
     let root = root.try_clone().map_err(|e| {
         Fail(format!(
             "cannot duplicate the backing directory handle: {e}"
@@ -409,6 +414,7 @@ fn run(args: Args) -> Result<(), Fail> {
         stale = ?args.stale,
         evict_after = ?args.evict_after,
         session_env = ?args.session_env,
+        track_ignored = args.track_ignored,
         state_dir = ?args.state_dir,
         "mounting"
     );

@@ -185,6 +185,10 @@ pub(super) fn entry_mut<'a>(sh: &'a mut Shard, path: &str) -> &'a mut Entry {
     sh.get_mut(path).expect("just inserted")
 }
 
+/// What `why` keeps per session: the path the text is about (if one), the text, and when
+/// the volume told it.
+pub type WhyEntry = (Option<String>, String, Option<Timestamp>);
+
 /// The coherence engine. Cheap to share (`Arc<Engine>`); every method takes `&self`.
 pub struct Engine {
     pub(super) config: Config,
@@ -192,8 +196,10 @@ pub struct Engine {
     pub(super) sessions: RwLock<HashMap<String, Session, BuildHasherDefault<PathHasher>>>,
     /// Session name → the uid that owns it (§2).
     pub(super) owners: RwLock<HashMap<String, u32, BuildHasherDefault<PathHasher>>>,
-    /// Session → (the path the text is about, if one, the text).
-    pub(super) why: Mutex<HashMap<String, (Option<String>, String)>>,
+    /// Per session: its latest refusal or stale write: the path it is about (None: not
+    /// about one path), the text, and when the volume told it (None: set by the core
+    /// alone, which has no clock of its own here).
+    pub(super) why: Mutex<HashMap<String, WhyEntry>>,
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
 }
@@ -384,10 +390,19 @@ impl Engine {
         ev.seq
     }
 
+    /// What `.coherent/why` shows `s` from now on: its latest refusal or stale write
+    /// (about `path`, if one), told at `now` (§5, issue 9: the latest one wins).
+    pub fn tell(&self, s: &SessionInfo, path: Option<&str>, text: &str, now: Timestamp) {
+        self.why.lock().insert(
+            s.name.clone(),
+            (path.map(str::to_string), text.to_string(), Some(now)),
+        );
+    }
+
     pub(super) fn refuse(&self, s: &SessionInfo, r: Refusal) -> Refusal {
         self.why
             .lock()
-            .insert(s.name.clone(), (r.path.clone(), r.message.clone()));
+            .insert(s.name.clone(), (r.path.clone(), r.message.clone(), None));
         r
     }
 

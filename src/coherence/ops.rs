@@ -248,6 +248,7 @@ impl Engine {
         Ok(Acquired {
             version,
             stale: stale && self.config.stale == StaleMode::Warn,
+            view,
         })
     }
 

@@ -2,6 +2,7 @@
 //! status, and the durable state for snapshots and tests.
 
 use super::engine::*;
+use super::time::Timestamp;
 use super::types::*;
 use crate::identity::SessionInfo;
 use std::sync::atomic::Ordering;
@@ -66,6 +67,14 @@ impl Engine {
         })
     }
 
+    /// Does `path` have a live record? (The volume keeps such a path in view even when
+    /// an ignore file later says it is untracked: a fence cannot be dropped that way.)
+    pub fn has_live_record(&self, path: &str) -> bool {
+        self.lock_one(path)
+            .get(path)
+            .is_some_and(|e| e.live().is_some())
+    }
+
     /// The hold of `s` on `path` and its view (tests, status).
     pub fn hold(&self, s: &SessionInfo, path: &str) -> Option<(Hold, Option<u64>)> {
         let sh = self.lock_one(path);
@@ -101,11 +110,15 @@ impl Engine {
 
     /// `.coherent/why`: the text of the last denial or refusal of `s`.
     pub fn why(&self, s: &SessionInfo) -> Option<String> {
-        self.why.lock().get(&s.name).map(|(_, t)| t.clone())
+        self.why.lock().get(&s.name).map(|(_, t, _)| t.clone())
     }
 
-    /// [`Engine::why`] with the path the text is about (None: not about one path).
-    pub fn why_about(&self, s: &SessionInfo) -> Option<(Option<String>, String)> {
+    /// [`Engine::why`] with the path the text is about (None: not about one path) and
+    /// when the volume told it.
+    pub fn why_about(
+        &self,
+        s: &SessionInfo,
+    ) -> Option<(Option<String>, String, Option<Timestamp>)> {
         self.why.lock().get(&s.name).cloned()
     }
 

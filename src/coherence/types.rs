@@ -384,6 +384,8 @@ pub struct Acquired {
     pub version: u64,
     /// `--stale warn`: the write was stale and a `stale_write` event was logged.
     pub stale: bool,
+    /// The version the session last read, wrote or committed (None: a blind write).
+    pub view: Option<u64>,
 }
 
 /// Serde for `Arc<SessionInfo>` without serde's `rc` feature.

@@ -35,7 +35,7 @@ use super::Volume;
 use crate::access::{may_write, Who};
 use crate::beneath::{self, Resolved};
 use crate::coherence::{RecordJson, StatusReport, Timestamp};
-use crate::control::{session_json, CtlHandle, Reply, Request, Verb};
+use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::error::{Reason, Refusal};
 use crate::fuse::open_writes;
 use crate::identity::{Session, Via};
@@ -112,16 +112,19 @@ impl Surface {
     }
 }
 
-/// The text of `why`: the last denial or refusal, one line ending in a newline.
-fn why_text(t: Option<String>) -> Vec<u8> {
+/// The text of `why`: the latest refusal or stale write (its versions are in the text),
+/// then when it happened; `no refusal` when there was none.
+fn why_text(t: Option<(String, Option<Timestamp>)>) -> Vec<u8> {
     match t {
-        Some(mut t) => {
-            if !t.ends_with('\n') {
-                t.push('\n');
+        Some((t, at)) => {
+            let mut out = t.trim_end().to_string();
+            if let Some(at) = at {
+                out.push_str(&format!("\n(at {})", at.rfc3339()));
             }
-            t.into_bytes()
+            out.push('\n');
+            out.into_bytes()
         }
-        None => Vec::new(),
+        None => format!("{NO_REFUSAL}: this session has not been refused or warned\n").into_bytes(),
     }
 }
 
@@ -221,9 +224,9 @@ impl Surface {
                 // A path the reader can no longer look up is not shown, even its own.
                 let mut sight = Sight::new(who(caller));
                 let why = vol.engine.why_about(&vol.session(caller));
-                VHandle::Text(why_text(why.and_then(|(p, t)| match p {
+                VHandle::Text(why_text(why.and_then(|(p, t, at)| match p {
                     Some(p) if !sight.sees(vol.root.as_fd(), &p) => None,
-                    _ => Some(t),
+                    _ => Some((t, at)),
                 })))
             }
             INBOX => {
@@ -337,6 +340,9 @@ impl Surface {
         match r {
             Ok(reply) => reply,
             Err(f) => {
+                // `why` shows the latest refusal, whichever part of the volume made it.
+                vol.engine
+                    .tell(s, f.path.as_deref(), &f.message, Timestamp::now());
                 let paths = req.paths();
                 let path = (paths.len() == 1).then(|| paths[0].as_str());
                 Reply::refused(Some(verb), &f, path)
@@ -380,6 +386,7 @@ impl Surface {
                 Reply::session(Verb::Register, s)
             }
             Request::Transfer { paths, to, note } => {
+                tracked_paths(vol, paths)?;
                 observe_paths(vol, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
                 let r = match vol.engine.transfer(s, paths, to, note.clone(), now) {
@@ -411,7 +418,10 @@ impl Surface {
                 Reply::records(Verb::Withdraw, records(vol.engine.withdraw(s, paths, now)?))
             }
             Request::Status { path } => {
-                if let Some(p) = path.as_deref().filter(|p| sight.sees(vol.root.as_fd(), p)) {
+                if let Some(p) = path
+                    .as_deref()
+                    .filter(|p| vol.is_tracked(p, false) && sight.sees(vol.root.as_fd(), p))
+                {
                     vol.observe(p, now);
                 }
                 let st = seen_status(vol, sight, path.as_deref());
@@ -436,6 +446,33 @@ impl Surface {
             Request::Whoami => unreachable!("served above, with the ignored tags"),
         })
     }
+}
+
+/// A transfer hands on tracked paths only (§3): each untracked one is refused
+/// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
+fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
+    let refused: Vec<Refusal> = paths
+        .iter()
+        .filter_map(|p| {
+            let is_dir = vol.stat(p).is_some_and(|x| x.1);
+            let why = vol.tracking.why_untracked(p, is_dir)?;
+            Some(
+                Refusal::new(
+                    Reason::NotTracked,
+                    format!("{p} is not tracked by the volume, so it cannot be handed on: {why}"),
+                )
+                .at(p.as_str()),
+            )
+        })
+        .collect();
+    let Some(first) = refused.first() else {
+        return Ok(());
+    };
+    let mut r = first.clone();
+    if paths.len() > 1 {
+        r.per_path = refused;
+    }
+    Err(r)
 }
 
 /// Count what the backing directory holds at each path before a verb decides on it.
