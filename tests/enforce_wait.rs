@@ -149,6 +149,20 @@ fn wait_refusals_carry_reason_and_errno() {
         (errno, v["reason"].as_str()),
         (libc::ENOENT, Some("no_such_path"))
     );
+    // an untracked path has no record and never will
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo '*.log' > .gitignore; echo x > a.log",
+    );
+    let (errno, v) = ctl(&m, Some("alice"), "wait a.log");
+    assert_eq!(v["reason"], "not_tracked", "{v}");
+    assert_ne!(errno, 0, "{v}");
+    let (errno, v) = ctl(&m, Some("alice"), "wait ../outside");
+    assert_eq!(
+        (errno, v["reason"].as_str()),
+        (libc::EINVAL, Some("bad_request"))
+    );
     let (errno, v) = ctl(&m, Some("alice"), "wait plan.md soon");
     assert_eq!(
         (errno, v["reason"].as_str()),

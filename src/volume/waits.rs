@@ -120,7 +120,8 @@ pub(super) fn check(engine: &Engine, path: &str, until: Until, timeout_ms: Optio
 }
 
 /// The reply a waiting handle holds until its wait is answered (never read: reads wait).
-pub(super) fn placeholder(path: &str, until: Until) -> Reply {
+pub(super) fn placeholder(w: &Wait) -> Reply {
+    let (path, until) = (&w.path, w.until);
     let mut m = Map::new();
     m.insert("pending".into(), true.into());
     m.insert("until".into(), until.as_str().into());
