@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use convert::{
     caller, fail, file_attr, file_type, has_cap_sys_admin, negative_attr, set_time, xattr_answer,
 };
-pub use hooks::{open_writes, HandleInfo, Hooks, NoHooks, OpenInfo, Permit, WriteRoute};
+pub use hooks::{open_writes, HandleInfo, Hooks, NoHooks, OpenInfo, Permit, ReadDone, WriteRoute};
 
 use crate::passthrough::{
     is_virtual, Attr, Caller, DirEntry, FsError, FsResult, Kind, SetAttr, Store, XattrReply,
@@ -745,14 +745,18 @@ impl Filesystem for CoherentFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let r = if is_virtual(ino.0) {
-            self.hooks
-                .virtual_read(&caller(req), ino.0, fh.0, offset, size)
-        } else {
-            self.counters.reads.fetch_add(1, Ordering::Relaxed);
-            self.store.read(fh.0, offset, size)
-        };
-        match r {
+        if is_virtual(ino.0) {
+            // May be answered later from another thread (a pending `wait` on ctl).
+            let done = Box::new(move |r: FsResult<Vec<u8>>| match r {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(fail("read", e)),
+            });
+            return self
+                .hooks
+                .virtual_read_deferred(&caller(req), ino.0, fh.0, offset, size, done);
+        }
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        match self.store.read(fh.0, offset, size) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(fail("read", e)),
         }

@@ -3,10 +3,13 @@
 //! so a name one of them accepts is never refused (or silently ignored) by another.
 //!
 //! A valid session name is 1 to [`MAX_SESSION_NAME`] characters from `A-Z a-z 0-9 . _ : @ -`
-//! is not `.` or `..`, and does not start with `uid:` (reserved for unattributed sessions, so no tag can pose as
-//! one). Such a name is also a valid cgroup directory segment (`coherent-session-NAME`).
+//! is not `.` or `..`, is not `any` (the successor of an offer to anyone, DESIGN.md §5), and does
+//! not start with `uid:` (reserved for unattributed sessions, so no tag can pose as one). Such a name is also a valid cgroup directory segment (`coherent-session-NAME`).
 
 use std::fmt;
+
+/// The successor named by an offer to anyone (`transfer --to any`): never a session name.
+pub const ANY: &str = "any";
 
 /// The longest valid session name.
 pub const MAX_SESSION_NAME: usize = 128;
@@ -19,6 +22,8 @@ pub enum BadName {
     BadChar(char),
     /// `uid:...` names only unattributed sessions.
     Reserved,
+    /// `any` names the successor of an offer to anyone.
+    Any,
     /// `.` and `..` cannot name a cgroup directory.
     Dots,
 }
@@ -36,6 +41,9 @@ impl fmt::Display for BadName {
                 "a session name may hold only letters, digits and . _ : @ -, not {c:?}"
             ),
             BadName::Reserved => f.write_str("session names starting with uid: are reserved"),
+            BadName::Any => f.write_str(
+                "`any` is reserved: `transfer --to any` offers a file to whichever session claims it",
+            ),
             BadName::Dots => f.write_str("a session name cannot be . or .."),
         }
     }
@@ -62,6 +70,9 @@ pub fn check_session_name(name: &str) -> Result<(), BadName> {
     }
     if name == "." || name == ".." {
         return Err(BadName::Dots);
+    }
+    if name == ANY {
+        return Err(BadName::Any);
     }
     Ok(())
 }
@@ -107,6 +118,8 @@ mod tests {
              and . _ : @ -, not ' '"
         );
         assert!(validate_session_name("alice@host:1").is_ok());
+        assert_eq!(check_session_name("any"), Err(BadName::Any));
+        assert!(check_session_name("any2").is_ok() && check_session_name("ANY").is_ok());
         let long = validate_session_name(&"x".repeat(500)).unwrap_err();
         assert!(long.contains("(500 bytes)") && long.len() < 250, "{long}");
     }

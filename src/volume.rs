@@ -45,6 +45,7 @@ mod handle;
 mod liveness;
 pub mod state_dir;
 mod surface;
+mod waits;
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
@@ -179,6 +180,8 @@ pub struct Volume {
     stop: Mutex<bool>,
     stop_cv: Condvar,
     maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The thread that answers pending `wait` requests.
+    waiter: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Volume {
@@ -230,6 +233,7 @@ impl Volume {
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
             maintenance: Mutex::new(None),
+            waiter: Mutex::new(None),
         });
         let bg = v.clone();
         let h = std::thread::Builder::new()
@@ -240,6 +244,15 @@ impl Volume {
                 err,
             })?;
         *v.maintenance.lock() = Some(h);
+        let bg = v.clone();
+        let h = std::thread::Builder::new()
+            .name("coherent-wait".into())
+            .spawn(move || bg.surface.run_waits(&bg, || *bg.stop.lock()))
+            .map_err(|err| JournalError::Io {
+                what: "spawn the wait thread".into(),
+                err,
+            })?;
+        *v.waiter.lock() = Some(h);
         Ok(v)
     }
 
@@ -280,6 +293,10 @@ impl Volume {
         *self.stop.lock() = true;
         self.stop_cv.notify_all();
         if let Some(h) = self.maintenance.lock().take() {
+            let _ = h.join();
+        }
+        self.engine.poke();
+        if let Some(h) = self.waiter.lock().take() {
             let _ = h.join();
         }
         if let Err(e) = self.journal.flush() {
@@ -961,6 +978,19 @@ impl Hooks for Volume {
         size: u32,
     ) -> FsResult<Vec<u8>> {
         self.surface.read(self, token, offset, size)
+    }
+
+    fn virtual_read_deferred(
+        &self,
+        caller: &Caller,
+        _ino: u64,
+        token: u64,
+        offset: u64,
+        size: u32,
+        done: crate::fuse::ReadDone,
+    ) {
+        self.surface
+            .read_deferred(self, caller, token, offset, size, done)
     }
 
     fn virtual_write(

@@ -263,3 +263,54 @@ async fn mcp_outside_a_volume_is_a_tool_error_not_a_crash() {
     assert_eq!(r.is_error, Some(true));
     c.cancel().await.unwrap();
 }
+
+/// The `wait` tool: answered when the successor accepts (the daemon's answer, not a poll),
+/// and a tool error after `timeout_s` when nothing happens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_wait_returns_on_the_accept_and_times_out() {
+    let m = Mount::builder().env("RUST_LOG", "debug").start();
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let alice = connect(&root, "alice").await;
+
+    // nothing happens: a tool error after about timeout_s
+    let t0 = Instant::now();
+    let w = call(&alice, "wait", json!({"path": "plan.md", "timeout_s": 1})).await;
+    assert_eq!(w.is_error, Some(true), "{}", text(&w));
+    assert!(text(&w).starts_with("timeout"), "{}", text(&w));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+
+    let pending_before = m.log().matches("wait pending").count();
+    let waiter = {
+        let alice = &alice;
+        async move {
+            call(
+                alice,
+                "wait",
+                json!({"path": "plan.md", "until": "accepted", "timeout_s": 20}),
+            )
+            .await
+        }
+    };
+    let accept = async {
+        // the daemon's log says when the wait is pending
+        let t = Instant::now();
+        while m.log().matches("wait pending").count() <= pending_before {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "the wait never became pending"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let r = cli(&m, Some("bob"), &["accept", "plan.md"]);
+        assert!(r.ok(), "{}", r.show());
+    };
+    let (w, ()) = tokio::join!(waiter, accept);
+    let v = ok("wait", &w);
+    assert_eq!(v["reached"], true, "{v}");
+    assert_eq!(v["record"]["status"], "completed", "{v}");
+    alice.cancel().await.unwrap();
+}

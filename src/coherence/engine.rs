@@ -202,6 +202,8 @@ pub struct Engine {
     pub(super) why: Mutex<HashMap<String, WhyEntry>>,
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
+    /// Bumped by every event that can change a record (`wait`).
+    pub(super) changes: super::wait::Changes,
 }
 
 pub(super) fn shard_of(path: &str) -> usize {
@@ -226,8 +228,17 @@ pub(super) fn bad_path(p: &str) -> Refusal {
     )
 }
 
-/// The deny text of §5.
+/// The deny text of §5 (for an unclaimed offer to anyone, its three ways out).
 pub fn deny_text(path: &str, successor: &SessionInfo, version: u64) -> String {
+    if successor.name == crate::names::ANY {
+        return format!(
+            "write denied: you offered {path} to any session at v{version}, so this session \
+             can no longer write it. The handoff ends when a session claims it (coherent \
+             accept {path}) and writes it, when another session writes it first, or when you \
+             withdraw it (coherent withdraw {path}). Stop and tell your user that {path} was \
+             offered on. Retrying will be denied the same way."
+        );
+    }
     let id = successor.short_id();
     format!(
         "write denied: you handed {path} to agent {id} ({name}) at v{version}, so this session \
@@ -248,6 +259,7 @@ impl Engine {
             why: Mutex::new(HashMap::new()),
             sink,
             applied: AtomicU64::new(0),
+            changes: Default::default(),
         }
     }
 
@@ -387,6 +399,9 @@ impl Engine {
         self.sink.append(&mut ev);
         self.applied.fetch_max(ev.seq, Ordering::SeqCst);
         self.apply_entry(entry, &ev, true);
+        if super::wait::changes_records(ev.event) {
+            self.changes.bump();
+        }
         ev.seq
     }
 
@@ -480,8 +495,9 @@ impl Engine {
                 }
                 e.logged = true;
                 let giver = self.known(who, ev.agent);
-                let successor =
-                    self.known(ev.successor.as_deref().unwrap_or(""), ev.successor_agent);
+                let succ_name = ev.successor.as_deref().unwrap_or("");
+                let offer = succ_name == crate::names::ANY;
+                let successor = self.known(succ_name, ev.successor_agent);
                 if let Some(h) = e.holders.iter_mut().find(|h| h.session.name == who) {
                     h.hold = Hold::I;
                 }
@@ -498,6 +514,7 @@ impl Engine {
                     created: ev.ts,
                     updated: ev.ts,
                     seen: false,
+                    offer,
                 });
             }
             EventKind::HandoffSeen => {
@@ -518,7 +535,13 @@ impl Engine {
                     EventKind::Superseded => Status::Superseded,
                     _ => Status::Overtaken,
                 };
+                let claimer = (ev.event == EventKind::Accept && ev.claimed)
+                    .then(|| self.known(who, ev.agent));
                 if let Some(r) = e.record_mut(ev.record) {
+                    if let Some(c) = claimer {
+                        // The first accept of an offer to anyone makes its successor.
+                        r.successor = c;
+                    }
                     r.status = status;
                     r.updated = ev.ts;
                     // `counterparty` belongs to `overtaken` records only.

@@ -11,6 +11,7 @@ mod route;
 mod time;
 mod types;
 mod verbs;
+mod wait;
 
 pub use engine::{deny_text, valid_path, Engine, EventSink, MemorySink, EXTERNAL, MAX_NOTE};
 pub use lookup::{resolve_session, MIN_PREFIX};

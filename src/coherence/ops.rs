@@ -406,6 +406,7 @@ impl Engine {
             self.sink.append(&mut ev);
             self.applied.fetch_max(ev.seq, Ordering::SeqCst);
             self.apply_rename_dir(&mut all, from, to);
+            self.changes.bump();
             return None;
         }
         let mut guards = self.lock_many(&[from, to]);

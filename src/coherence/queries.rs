@@ -93,13 +93,23 @@ impl Engine {
         out
     }
 
-    /// `.coherent/inbox`: live records naming `s` as successor, notes included, oldest first.
+    /// `.coherent/inbox`: live records naming `s` as successor and open offers to anyone
+    /// (unclaimed, pending, not its own), notes included, oldest first.
     pub fn inbox(&self, s: &SessionInfo) -> Vec<RecordJson> {
         let mut out = Vec::new();
+        let offered = |r: &Record| {
+            r.unclaimed()
+                && r.status == Status::Pending
+                && r.giver.name != s.name
+                && s.is_attributed()
+        };
         for shard in self.shards.iter() {
             let sh = shard.lock();
             for e in sh.values() {
-                if let Some(r) = e.live().filter(|r| r.successor.name == s.name) {
+                if let Some(r) = e
+                    .live()
+                    .filter(|r| r.successor.name == s.name || offered(r))
+                {
                     out.push((r.id, r.to_json(e.version)));
                 }
             }

@@ -191,6 +191,10 @@ pub struct Event {
     pub reason: Option<Reason>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Route>,
+    /// `accept` of an offer to anyone: the accepting session claimed it and is now its
+    /// successor (`successor` names it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub claimed: bool,
 }
 
 impl Event {
@@ -225,6 +229,7 @@ impl Event {
             view: None,
             reason: None,
             route: None,
+            claimed: false,
         }
     }
 }
@@ -247,12 +252,21 @@ pub struct Record {
     pub updated: Timestamp,
     /// The successor has opened the path since the transfer (`handoff_seen` was logged).
     pub seen: bool,
+    /// Made by `transfer --to any`: `successor` is the placeholder `any` until a session
+    /// claims it by `accept`, then that session.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub offer: bool,
 }
 
 impl Record {
     /// Live: status pending/completed/overtaken and the version has not moved.
     pub fn is_live(&self, current_version: u64) -> bool {
         self.status.may_be_live() && self.version_at_transfer == current_version
+    }
+
+    /// An offer to anyone that no session has claimed yet.
+    pub fn unclaimed(&self) -> bool {
+        self.offer && self.successor.name == crate::names::ANY
     }
 
     pub fn to_json(&self, current_version: u64) -> RecordJson {
@@ -270,6 +284,8 @@ impl Record {
             created: self.created,
             updated: self.updated,
             live: self.is_live(current_version),
+            offer: self.offer,
+            claimed_by: (self.offer && !self.unclaimed()).then(|| self.successor.name.clone()),
         }
     }
 }
@@ -290,6 +306,12 @@ pub struct RecordJson {
     pub created: Timestamp,
     pub updated: Timestamp,
     pub live: bool,
+    /// An offer to anyone (`transfer --to any`); `successor` is `any` until claimed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub offer: bool,
+    /// The session that claimed the offer (it is then the successor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_by: Option<String>,
 }
 
 /// How a session stands to a record.
@@ -401,4 +423,56 @@ mod arc_session {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Session, D::Error> {
         SessionInfo::deserialize(d).map(Arc::new)
     }
+}
+
+/// What `wait PATH [UNTIL]` waits for (§7); wire names `accepted`, `completed`, `ended`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Until {
+    /// The successor took it: `accept` (or the claim of an offer), or its commit. Both
+    /// make the status `completed` (§5), so this is reached exactly when `completed` is.
+    Accepted,
+    /// Status `completed`.
+    Completed,
+    /// Any status but `pending` (every other status is final).
+    #[default]
+    Ended,
+}
+
+impl Until {
+    pub const ALL: [Until; 3] = [Until::Accepted, Until::Completed, Until::Ended];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Until::Accepted => "accepted",
+            Until::Completed => "completed",
+            Until::Ended => "ended",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Until> {
+        Until::ALL
+            .into_iter()
+            .find(|u| u.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// Is a record with this status there? (`Some(false)`: never will be, the status is
+    /// final; `None`: not yet.)
+    pub fn reached(self, st: Status) -> Option<bool> {
+        match (self, st) {
+            (_, Status::Pending) => None,
+            (Until::Ended, _) => Some(true),
+            (_, Status::Completed) => Some(true),
+            _ => Some(false),
+        }
+    }
+}
+
+/// Where the record a `wait` follows stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WaitState {
+    /// The state waited for is reached.
+    Reached(RecordJson),
+    /// Not yet: the record is still `pending`.
+    Pending(RecordJson),
 }

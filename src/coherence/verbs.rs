@@ -5,6 +5,7 @@ use super::time::Timestamp;
 use super::types::*;
 use crate::error::{Reason, Refusal};
 use crate::identity::Session;
+use crate::names::ANY;
 
 /// What a verb decided for one path, before anything changes.
 enum Plan {
@@ -115,9 +116,13 @@ impl Engine {
                 Refusal::new(Reason::BadRequest, "the note is longer than 64 KiB"),
             ));
         }
-        let succ = self
-            .lookup_session(successor)
-            .map_err(|r| self.refuse(s, r))?;
+        // `any` is never a session name: an offer to whichever session claims it first.
+        let succ = if successor == ANY {
+            self.known(ANY, None)
+        } else {
+            self.lookup_session(successor)
+                .map_err(|r| self.refuse(s, r))?
+        };
         if succ.name == s.name {
             return Err(self.refuse(
                 s,
@@ -314,6 +319,27 @@ impl Engine {
                         )
                         .with_status(r.status))
                     }
+                    // The first accept of an unclaimed offer by anyone but its giver
+                    // claims it; decline has nothing to decline yet.
+                    Some(r)
+                        if kind == EventKind::Accept
+                            && r.unclaimed()
+                            && r.status == Status::Pending
+                            && r.giver.name != s.name =>
+                    {
+                        Ok(Plan::Status(kind))
+                    }
+                    Some(r) if kind != EventKind::Withdraw && r.unclaimed() => Err(Refusal::new(
+                        Reason::HandoffNotSuccessor,
+                        if r.giver.name == s.name {
+                            format!("{p} is this session's own offer to anyone: withdraw it instead")
+                        } else {
+                            format!(
+                                "{p} is offered to any session and nobody has claimed it: accept it to claim it"
+                            )
+                        },
+                    )
+                    .with_status(r.status)),
                     Some(r) if kind != EventKind::Withdraw && r.successor.name != s.name => {
                         Err(Refusal::new(
                             Reason::HandoffNotSuccessor,
@@ -357,6 +383,11 @@ impl Engine {
                 ev.record = Some(id);
                 ev.giver = Some(r.giver.name.clone());
                 ev.successor = Some(r.successor.name.clone());
+                if kind == EventKind::Accept && r.unclaimed() {
+                    ev.claimed = true;
+                    ev.successor = Some(s.name.clone());
+                    ev.successor_agent = Some(s.agent_id);
+                }
                 ev.version = Some(e.version);
                 last = Some(self.emit(e, ev));
             }

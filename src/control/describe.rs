@@ -120,7 +120,18 @@ pub fn describe_record_from(verb: Verb, rec: &Value, hint: impl Fn(&str) -> Stri
     let successor = field(rec, "successor");
     let (g, s) = (who(rec, "giver"), who(rec, "successor"));
     let hint_path = shell_word(&hint(path));
+    let offer = rec.get("offer").and_then(Value::as_bool).unwrap_or(false);
+    let claimed_by = rec.get("claimed_by").and_then(Value::as_str);
     match verb {
+        Verb::Transfer if live && offer && claimed_by.is_none() => format!(
+            "offered {path} ({version}) to any session; you can no longer write it until a \
+             session claims it (coherent accept) and writes it, or you run: coherent withdraw \
+             {hint_path}"
+        ),
+        Verb::Accept if claimed_by.is_some() => format!(
+            "claimed {path} ({version}), offered by {g}; it is yours to write, and {giver} \
+             stays fenced until the file changes (or run: coherent decline {hint_path})"
+        ),
         Verb::Transfer if live => format!(
             "handed {path} ({version}) to {s}; you can no longer write it until {successor} \
              writes or declines it, or you run: coherent withdraw {hint_path}"
@@ -137,7 +148,12 @@ pub fn describe_record_from(verb: Verb, rec: &Value, hint: impl Fn(&str) -> Stri
         }
         Verb::Withdraw => format!("withdrew {path} ({version}) from {s}; you can write it again"),
         _ => {
-            let mut line = format!("{path} ({version}): {g} -> {s}, {status}");
+            let to = match claimed_by {
+                _ if offer && claimed_by.is_none() => "any session (an open offer)".to_string(),
+                Some(_) => format!("{s} (claimed an offer)"),
+                None => s,
+            };
+            let mut line = format!("{path} ({version}): {g} -> {to}, {status}");
             if status == "overtaken" {
                 if let Some(c) = rec.get("counterparty").and_then(Value::as_str) {
                     line.push_str(&format!(" by {c}"));

@@ -18,7 +18,9 @@ pub use describe::{
     via_text, whoami_text,
 };
 pub use reply::{session_json, CtlHandle, Reply};
-pub use request::{normalize_path, parse_request, tokenize, Request, RequestError, Verb};
+pub use request::{
+    normalize_path, parse_request, tokenize, Request, RequestError, Verb, MAX_WAIT_SECS,
+};
 
 /// The largest request accepted in one write (bytes).
 pub const MAX_REQUEST: usize = 1 << 20;
@@ -36,7 +38,7 @@ pub const CONTROL_DIR: &str = ".coherent";
 /// What a valid request looks like; every `bad_request` message ends with it.
 pub const USAGE: &str = "valid requests: `transfer --to SESSION [--note TEXT] PATH...`, \
 `accept PATH...`, `decline PATH...`, `withdraw PATH...`, `status [PATH]`, `whoami`, \
-`register [NAME]`, or one JSON object such as \
+`register [NAME]`, `wait PATH [accepted|completed|ended] [--timeout SECS]`, or one JSON object such as \
 {\"verb\":\"transfer\",\"paths\":[\"plan.md\"],\"to\":\"bob\",\"note\":\"...\"}";
 
 #[cfg(test)]

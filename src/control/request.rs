@@ -13,16 +13,23 @@
 //! transfer --to SESSION [--note TEXT] PATH...      (also: transfer PATH... --to SESSION)
 //! accept PATH...   decline PATH...   withdraw PATH...
 //! status [PATH]    whoami            register [NAME]
+//! wait PATH [accepted|completed|ended] [--timeout SECS]
 //! ```
+//!
+//! `wait` answers when PATH's record reaches the state (default `ended`), or after
+//! `--timeout` (at most [`MAX_WAIT_SECS`], also the default) with `"reached": false`: the
+//! client sends it again to wait longer.
 //!
 //! # JSON syntax
 //!
 //! `{"verb":"transfer","paths":["plan.md"],"to":"bob","note":"..."}`; single-path verbs also
-//! take `"path":"x"`; `status` takes an optional `"path"`, `register` an optional `"name"`.
+//! take `"path":"x"`; `status` takes an optional `"path"`, `register` an optional `"name"`,
+//! `wait` a `"path"`, an optional `"until"` and an optional `"timeout"` (seconds, a number).
 //! Unknown fields are refused so a misspelt field never silently changes a request.
 
 use super::reply::Reply;
 use super::{CONTROL_DIR, MAX_NAME, MAX_NOTE, MAX_PATH, MAX_REQUEST, USAGE};
+use crate::coherence::Until;
 use crate::error::{Reason, Refusal};
 use crate::names::quote_for_message;
 use serde_json::{json, Map, Value};
@@ -37,10 +44,15 @@ pub enum Verb {
     Withdraw,
     Status,
     Whoami,
+    Wait,
 }
 
+/// The longest one `wait` request waits (seconds): the server's cap, so no request stays
+/// unanswered for long (a client that wants longer sends it again).
+pub const MAX_WAIT_SECS: f64 = 30.0;
+
 impl Verb {
-    pub const ALL: [Verb; 7] = [
+    pub const ALL: [Verb; 8] = [
         Verb::Register,
         Verb::Transfer,
         Verb::Accept,
@@ -48,6 +60,7 @@ impl Verb {
         Verb::Withdraw,
         Verb::Status,
         Verb::Whoami,
+        Verb::Wait,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +72,7 @@ impl Verb {
             Verb::Withdraw => "withdraw",
             Verb::Status => "status",
             Verb::Whoami => "whoami",
+            Verb::Wait => "wait",
         }
     }
 
@@ -79,6 +93,7 @@ impl Verb {
             Verb::Withdraw => "withdraw PATH...",
             Verb::Status => "status [PATH]",
             Verb::Whoami => "whoami",
+            Verb::Wait => "wait PATH [accepted|completed|ended] [--timeout SECS]",
         }
     }
 }
@@ -118,6 +133,13 @@ pub enum Request {
         path: Option<String>,
     },
     Whoami,
+    /// Answer when the record on `path` reaches `until`, or after `timeout_ms` (capped at
+    /// [`MAX_WAIT_SECS`]).
+    Wait {
+        path: String,
+        until: Until,
+        timeout_ms: Option<u64>,
+    },
 }
 
 impl Request {
@@ -130,6 +152,7 @@ impl Request {
             Request::Withdraw { .. } => Verb::Withdraw,
             Request::Status { .. } => Verb::Status,
             Request::Whoami => Verb::Whoami,
+            Request::Wait { .. } => Verb::Wait,
         }
     }
 
@@ -140,7 +163,9 @@ impl Request {
             | Request::Accept { paths }
             | Request::Decline { paths }
             | Request::Withdraw { paths } => paths,
-            Request::Status { path: Some(p) } => std::slice::from_ref(p),
+            Request::Status { path: Some(p) } | Request::Wait { path: p, .. } => {
+                std::slice::from_ref(p)
+            }
             _ => &[],
         }
     }
@@ -173,6 +198,17 @@ impl Request {
                 }
             }
             Request::Whoami => {}
+            Request::Wait {
+                path,
+                until,
+                timeout_ms,
+            } => {
+                m.insert("path".into(), path.clone().into());
+                m.insert("until".into(), until.as_str().into());
+                if let Some(t) = timeout_ms {
+                    m.insert("timeout".into(), json!(*t as f64 / 1000.0));
+                }
+            }
         }
         Value::Object(m)
     }
@@ -373,6 +409,7 @@ fn parse_line(line: &str) -> Result<Request, RequestError> {
     // Options (`--to X`, `--to=X`, `--note X`, `--note=X`) may appear anywhere before `--`.
     let mut to: Option<String> = None;
     let mut note: Option<String> = None;
+    let mut timeout: Option<String> = None;
     let mut positional: Vec<String> = Vec::new();
     let mut it = rest.iter();
     let mut options_done = false;
@@ -392,6 +429,7 @@ fn parse_line(line: &str) -> Result<Request, RequestError> {
         let slot = match (verb, name) {
             (Verb::Transfer, "--to") => &mut to,
             (Verb::Transfer, "--note") => &mut note,
+            (Verb::Wait, "--timeout") => &mut timeout,
             _ => {
                 return Err(RequestError::bad(
                     Some(verb),
@@ -414,7 +452,7 @@ fn parse_line(line: &str) -> Result<Request, RequestError> {
         };
         *slot = Some(value);
     }
-    build(verb, positional, to, note)
+    build(verb, positional, to, note, timeout)
 }
 
 fn parse_json(text: &str) -> Result<Request, RequestError> {
@@ -435,6 +473,7 @@ fn parse_json(text: &str) -> Result<Request, RequestError> {
         Verb::Accept | Verb::Decline | Verb::Withdraw | Verb::Status => &["verb", "paths", "path"],
         Verb::Register => &["verb", "name"],
         Verb::Whoami => &["verb"],
+        Verb::Wait => &["verb", "path", "until", "timeout"],
     };
     if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(RequestError::bad(
@@ -491,7 +530,27 @@ fn parse_json(text: &str) -> Result<Request, RequestError> {
     if let Some(n) = string_field("name")? {
         positional.push(n);
     }
-    build(verb, positional, string_field("to")?, string_field("note")?)
+    if let Some(u) = string_field("until")? {
+        positional.push(u);
+    }
+    let timeout = match obj.get("timeout") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return Err(RequestError::bad(
+                Some(verb),
+                "\"timeout\" must be a number of seconds",
+            ))
+        }
+    };
+    build(
+        verb,
+        positional,
+        string_field("to")?,
+        string_field("note")?,
+        timeout,
+    )
 }
 
 /// Check the arguments of a verb and build the request (shared by both syntaxes).
@@ -500,6 +559,7 @@ fn build(
     positional: Vec<String>,
     to: Option<String>,
     note: Option<String>,
+    timeout: Option<String>,
 ) -> Result<Request, RequestError> {
     let paths = |raw: Vec<String>| -> Result<Vec<String>, RequestError> {
         if raw.is_empty() {
@@ -585,6 +645,53 @@ fn build(
                 format!("status takes at most one path, got {n}"),
             )),
         },
+        Verb::Wait => {
+            let (path, until) = match positional.as_slice() {
+                [p] => (p.clone(), Until::default()),
+                [p, u] => match Until::parse(u) {
+                    Some(u) => (p.clone(), u),
+                    None => {
+                        return Err(RequestError::bad(
+                            Some(verb),
+                            format!(
+                                "unknown state {}: wait for accepted, completed or ended",
+                                quote_for_message(u)
+                            ),
+                        ))
+                    }
+                },
+                [] => return Err(RequestError::bad(Some(verb), "no path given")),
+                _ => {
+                    return Err(RequestError::bad(
+                        Some(verb),
+                        "wait takes one path and at most one state",
+                    ))
+                }
+            };
+            let timeout_ms = match timeout {
+                None => None,
+                Some(t) => match t.parse::<f64>() {
+                    Ok(secs) if secs.is_finite() && secs >= 0.0 => {
+                        Some((secs.min(MAX_WAIT_SECS) * 1000.0).round() as u64)
+                    }
+                    _ => {
+                        return Err(RequestError::bad(
+                            Some(verb),
+                            format!(
+                                "--timeout {}: give a number of seconds",
+                                quote_for_message(&t)
+                            ),
+                        ))
+                    }
+                },
+            };
+            let mut p = paths(vec![path])?;
+            Ok(Request::Wait {
+                path: p.pop().expect("one path"),
+                until,
+                timeout_ms,
+            })
+        }
         Verb::Whoami => {
             if positional.is_empty() {
                 Ok(Request::Whoami)

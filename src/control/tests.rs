@@ -441,10 +441,64 @@ fn to_json_round_trips() {
         Request::Register {
             name: Some("n".into()),
         },
+        Request::Wait {
+            path: "p".into(),
+            until: crate::coherence::Until::Accepted,
+            timeout_ms: Some(1500),
+        },
+        Request::Wait {
+            path: "p".into(),
+            until: crate::coherence::Until::Ended,
+            timeout_ms: None,
+        },
     ] {
         let bytes = serde_json::to_vec(&req.to_json()).unwrap();
         assert_eq!(parse_request(&bytes).unwrap(), req);
     }
+}
+
+// ---- wait ----------------------------------------------------------------------------
+
+#[test]
+fn wait_requests() {
+    use crate::coherence::Until;
+    let w = |path: &str, until, timeout_ms| Request::Wait {
+        path: path.into(),
+        until,
+        timeout_ms,
+    };
+    assert_eq!(ok("wait plan.md"), w("plan.md", Until::Ended, None));
+    assert_eq!(
+        ok("wait ./a/../plan.md completed\n"),
+        w("plan.md", Until::Completed, None)
+    );
+    assert_eq!(
+        ok("WAIT plan.md --timeout 2.5 accepted"),
+        w("plan.md", Until::Accepted, Some(2500))
+    );
+    // the server's cap
+    assert_eq!(
+        ok("wait plan.md --timeout=1e9"),
+        w("plan.md", Until::Ended, Some(30_000))
+    );
+    assert_eq!(
+        ok(r#"{"verb":"wait","path":"plan.md","until":"completed","timeout":0}"#),
+        w("plan.md", Until::Completed, Some(0))
+    );
+    for b in [
+        "wait",
+        "wait plan.md soon",
+        "wait plan.md ended more",
+        "wait plan.md --timeout -1",
+        "wait plan.md --timeout nan",
+        "wait plan.md --to bob",
+        "wait /abs",
+    ] {
+        bad(b);
+    }
+    bad(r#"{"verb":"wait","paths":["a"]}"#);
+    bad(r#"{"verb":"wait","path":"a","timeout":[1]}"#);
+    assert_eq!(Verb::parse("wait"), Some(Verb::Wait));
 }
 
 // ---- hostile input ----------------------------------------------------------------------

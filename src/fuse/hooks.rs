@@ -21,6 +21,9 @@ use std::path::Path;
 pub use crate::coherence::Permit;
 use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, SetAttr, Stamp};
 
+/// The answer to a read, given later (see [`Hooks::virtual_read_deferred`]).
+pub type ReadDone = Box<dyn FnOnce(FsResult<Vec<u8>>) + Send>;
+
 /// A write route of DESIGN.md §6, with the path(s) involved.
 #[derive(Debug, Clone, Copy)]
 pub enum WriteRoute<'a> {
@@ -213,6 +216,20 @@ pub trait Hooks: Send + Sync + 'static {
         size: u32,
     ) -> FsResult<Vec<u8>> {
         Err(FsError(libc::EBADF))
+    }
+    /// A read that may be answered later, from another thread (a `wait` request on
+    /// `ctl` answers when its record changes, without holding a FUSE worker thread):
+    /// `done` is called exactly once. The default answers at once with `virtual_read`.
+    fn virtual_read_deferred(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        token: u64,
+        offset: u64,
+        size: u32,
+        done: ReadDone,
+    ) {
+        done(self.virtual_read(caller, ino, token, offset, size))
     }
     fn virtual_write(
         &self,

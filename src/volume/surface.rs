@@ -31,13 +31,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde_json::Value;
 
+use super::waits::{self, Check, Waits};
 use super::Volume;
 use crate::access::{may_write, Who};
 use crate::beneath::{self, Resolved};
 use crate::coherence::{RecordJson, StatusReport, Timestamp};
 use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::error::{Reason, Refusal};
-use crate::fuse::open_writes;
+use crate::fuse::{open_writes, ReadDone};
 use crate::identity::{Session, Via};
 use crate::passthrough::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
@@ -85,6 +86,8 @@ pub(crate) struct Surface {
     started: Time,
     uid: u32,
     gid: u32,
+    /// `ctl` handles waiting for a `wait` request's answer, and their kept reads.
+    waits: Waits,
 }
 
 fn time_now() -> Time {
@@ -108,6 +111,7 @@ impl Surface {
             // SAFETY: getuid/getgid cannot fail.
             uid: unsafe { libc::getuid() },
             gid: unsafe { libc::getgid() },
+            waits: Waits::default(),
         }
     }
 }
@@ -282,8 +286,37 @@ impl Surface {
         }
     }
 
+    /// A read that a waiting `ctl` handle answers later (see `waits`); any other read at
+    /// once.
+    pub(super) fn read_deferred(
+        &self,
+        vol: &Volume,
+        caller: &Caller,
+        token: u64,
+        offset: u64,
+        size: u32,
+        done: ReadDone,
+    ) {
+        let done = match self.handle(token) {
+            Ok(h) => {
+                let _locked = h.lock();
+                match self.waits.keep_read(token, offset, size, caller.pid, done) {
+                    Some(done) => done,
+                    None => {
+                        // The waiter now checks this reader for a kill, too.
+                        vol.engine.poke();
+                        return;
+                    }
+                }
+            }
+            Err(e) => return done(Err(e)),
+        };
+        done(self.read(vol, token, offset, size))
+    }
+
     /// One request on `ctl`: served for the writer's session; a refusal fails the write
-    /// with its errno (the reply is stored either way, to be read back).
+    /// with its errno (the reply is stored either way, to be read back). A `wait` not
+    /// reached yet leaves the handle waiting: its next read is answered when it is.
     pub(super) fn write(
         &self,
         vol: &Volume,
@@ -296,12 +329,84 @@ impl Surface {
         let VHandle::Ctl(ctl) = &mut *h else {
             return Err(FsError(libc::EBADF));
         };
-        ctl.write(data, |req| self.serve(vol, caller, req))
-            .map_err(FsError)
+        let lost = self.waits.stop(token);
+        let mut later = None;
+        let r = ctl.write(data, |req| match req {
+            Request::Wait { .. } => match wait_check(vol, caller, req) {
+                Check::Now(reply) => reply,
+                Check::Later(w) => {
+                    let reply = waits::placeholder(&w);
+                    later = Some(w);
+                    reply
+                }
+            },
+            _ => self.serve(vol, caller, req),
+        });
+        if let Some(w) = later {
+            self.waits.start(token, w);
+            // The waiter looks again, so a change since the check is not missed.
+            vol.engine.poke();
+        }
+        drop(h);
+        waits::interrupted(lost.into_iter().flatten().map(|(_, _, d)| d));
+        r.map_err(FsError)
     }
 
     pub(super) fn release(&self, token: u64) {
+        if let Ok(h) = self.handle(token) {
+            let _locked = h.lock();
+            let lost = self.waits.stop(token);
+            drop(_locked);
+            waits::interrupted(lost.into_iter().flatten().map(|(_, _, d)| d));
+        }
         self.handles.lock().remove(&token);
+    }
+
+    /// Answer a waiting handle: store `reply` and answer its kept reads from it.
+    fn finish(&self, token: u64, reply: &Reply) {
+        let Ok(h) = self.handle(token) else {
+            self.waits.stop(token);
+            return;
+        };
+        let mut h = h.lock();
+        let Some(reads) = self.waits.stop(token) else {
+            return;
+        };
+        let VHandle::Ctl(ctl) = &mut *h else { return };
+        let _ = ctl.set_reply(reply);
+        let answers: Vec<(ReadDone, Vec<u8>)> = reads
+            .into_iter()
+            .map(|(offset, size, done)| (done, ctl.read(offset, size).to_vec()))
+            .collect();
+        drop(h);
+        for (done, bytes) in answers {
+            done(Ok(bytes));
+        }
+    }
+
+    /// The `coherent-wait` thread: answers waiting handles when their record changes,
+    /// their deadline passes or their reader is killed, until `stopped()`.
+    pub(super) fn run_waits(&self, vol: &Volume, stopped: impl Fn() -> bool) {
+        let mut seen = vol.engine.changes();
+        loop {
+            if stopped() {
+                for token in self.waits.tokens() {
+                    let r = Reply::refused(
+                        Some(Verb::Wait),
+                        &Refusal::new(Reason::IoError, "the volume is being unmounted"),
+                        None,
+                    );
+                    self.finish(token, &r);
+                }
+                return;
+            }
+            let (due, killed, next) = self.waits.due(&vol.engine);
+            waits::interrupted(killed);
+            for (token, reply) in due {
+                self.finish(token, &reply);
+            }
+            seen = vol.engine.wait_change(seen, next);
+        }
     }
 }
 
@@ -444,6 +549,7 @@ impl Surface {
                 Reply::status(body, msg)
             }
             Request::Whoami => unreachable!("served above, with the ignored tags"),
+            Request::Wait { .. } => unreachable!("served by `write`, which may leave it waiting"),
         })
     }
 }
@@ -573,8 +679,41 @@ fn place_request(vol: &Volume, sight: &mut Sight, req: &Request) -> Result<Reque
         Request::Status { path: Some(p) } => Request::Status {
             path: Some(place(sight, p, false)?),
         },
+        Request::Wait {
+            path,
+            until,
+            timeout_ms,
+        } => Request::Wait {
+            path: place(sight, path, true)?,
+            until: *until,
+            timeout_ms: *timeout_ms,
+        },
         other => other.clone(),
     })
+}
+
+/// A `wait` request placed and checked like any request on a path (beneath the root, a
+/// path the caller may look up, tracked), then answered now or later.
+fn wait_check(vol: &Volume, caller: &Caller, req: &Request) -> Check {
+    let mut sight = Sight::new(who(caller));
+    let refused = |f: Refusal, p: &str| Check::Now(Reply::refused(Some(Verb::Wait), &f, Some(p)));
+    let placed = match place_request(vol, &mut sight, req) {
+        Ok(r) => r,
+        Err(f) => return refused(f, &req.paths()[0]),
+    };
+    let Request::Wait {
+        path,
+        until,
+        timeout_ms,
+    } = placed
+    else {
+        unreachable!("a wait stays a wait")
+    };
+    if let Err(f) = tracked_paths(vol, std::slice::from_ref(&path)) {
+        return refused(f, &path);
+    }
+    vol.observe(&path, Timestamp::now());
+    waits::check(&vol.engine, &path, until, timeout_ms)
 }
 
 /// The refusal for a path that does not exist (the engine's own answer for one).

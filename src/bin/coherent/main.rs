@@ -395,8 +395,9 @@ fn run(cli: Cli) -> Result<(), Fail> {
     }
 }
 
-/// `wait PATH UNTIL` on ctl; the daemon replies when the state is reached. The timeout is
-/// the client's: the request runs on a thread that is left behind when it expires.
+/// `wait PATH UNTIL` on ctl; the daemon replies when the state is reached, or after the
+/// time this request may still wait (it caps each request at [`control::MAX_WAIT_SECS`]
+/// and replies `"reached": false`): then it is sent again, until the client's timeout.
 fn wait(path: &Path, until: Until, timeout: Option<f64>, json: bool) -> Result<(), Fail> {
     let timeout = match timeout {
         Some(t) if !(t.is_finite() && t >= 0.0) => {
@@ -410,19 +411,25 @@ fn wait(path: &Path, until: Until, timeout: Option<f64>, json: bool) -> Result<(
     if rel.is_empty() {
         return Err(Fail::usage("name a file on the volume, not its root"));
     }
-    let line = format!("wait {} {}\n", control::shell_word(&rel), until.as_str());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let r = root.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(call_bytes(&r, line.as_bytes()));
-    });
-    let got = match timeout {
-        Some(t) => rx.recv_timeout(t).ok(),
-        None => rx.recv().ok(),
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let got = loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let mut line = format!("wait {} {}", control::shell_word(&rel), until.as_str());
+        if let Some(left) = left {
+            line.push_str(&format!(" --timeout {:.3}", left.as_secs_f64()));
+        }
+        line.push('\n');
+        let reply = call_bytes(&root, line.as_bytes())?;
+        let more = reply.is_ok() && reply.body()["reached"] == Value::Bool(false);
+        if !more {
+            break Some(reply);
+        }
+        if left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {
+            break None;
+        }
     };
     match got {
         Some(reply) => {
-            let reply = reply?;
             if json {
                 println!("{}", reply.body());
             } else if reply.is_ok() {

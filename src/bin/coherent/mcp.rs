@@ -17,7 +17,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const INSTRUCTIONS: &str = "This workspace is a coherent volume: files are handed between \
 agent sessions. After you transfer a file you can no longer write it (EACCES) until the \
@@ -218,14 +218,41 @@ fn run_tool(name: &str, args: &JsonObject) -> CallToolResult {
                     return Err(usage("`until` is one of accepted, completed, ended"));
                 }
                 let (root, rel) = locate(&PathBuf::from(path)).map_err(from_fail)?;
-                let line = format!("wait {} {until}\n", shell_word(&rel));
-                call_bytes(&root, line.as_bytes())
+                // The daemon caps each request and then replies `"reached": false`: ask
+                // again until our own timeout.
+                let deadline = Instant::now() + Duration::from_secs_f64(wait_secs(args));
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let line = format!(
+                        "wait {} {until} --timeout {:.3}\n",
+                        shell_word(&rel),
+                        left.as_secs_f64()
+                    );
+                    let r = call_bytes(&root, line.as_bytes()).map_err(from_fail)?;
+                    if !(r.is_ok() && r.body()["reached"] == Value::Bool(false)) {
+                        break Ok(r);
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(CallToolResult::error(vec![ContentBlock::text(format!(
+                            "timeout: the record did not reach the state in time; {}",
+                            r.message()
+                        ))]));
+                    }
+                }
             }
             other => return Err(usage(&format!("no tool named `{other}`"))),
         };
         Ok(from_reply(&reply.map_err(from_fail)?))
     })();
     result.unwrap_or_else(|e| e)
+}
+
+/// The `timeout_s` of a `wait` call (default 600 s).
+fn wait_secs(args: &serde_json::Map<String, Value>) -> f64 {
+    args.get("timeout_s")
+        .and_then(Value::as_f64)
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(600.0)
 }
 
 /// `.coherent/inbox` of the session, as `{"ok": true, "verb": "inbox", "records": [...]}`.
@@ -271,11 +298,8 @@ impl ServerHandler for Coherent {
         let args = request.arguments.unwrap_or_default();
         if name == "wait" {
             // the daemon answers when the state is reached; the timeout is ours
-            let secs = args
-                .get("timeout_s")
-                .and_then(Value::as_f64)
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .unwrap_or(600.0);
+            // run_tool keeps the timeout itself; this is a safety net over it
+            let secs = wait_secs(&args) + 5.0;
             let job = tokio::task::spawn_blocking(move || run_tool("wait", &args));
             return match tokio::time::timeout(Duration::from_secs_f64(secs), job).await {
                 Ok(Ok(r)) => Ok(r),

@@ -1,0 +1,136 @@
+//! `wait PATH [UNTIL]` (§7): which record a wait follows, where it stands, and the change
+//! counter a waiter sleeps on (bumped by every event that can change a record), so the
+//! mount answers a wait when its record changes, not by polling.
+
+use super::engine::*;
+use super::types::*;
+use crate::error::{Reason, Refusal};
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// A counter of record changes that a thread can sleep on.
+#[derive(Default)]
+pub(super) struct Changes {
+    gen: AtomicU64,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Changes {
+    /// Cheap when nobody sleeps: an atomic add and load.
+    pub(super) fn bump(&self) {
+        self.gen.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = self.lock.lock();
+            self.cv.notify_all();
+        }
+    }
+
+    fn wait(&self, seen: u64, deadline: Instant) -> u64 {
+        let mut g = self.lock.lock();
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        while self.gen.load(Ordering::SeqCst) == seen {
+            if self.cv.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.gen.load(Ordering::SeqCst)
+    }
+}
+
+/// Does an event of this kind change a record (its status, successor or liveness)?
+pub(super) fn changes_records(k: EventKind) -> bool {
+    matches!(
+        k,
+        EventKind::Transfer
+            | EventKind::Accept
+            | EventKind::Decline
+            | EventKind::Withdraw
+            | EventKind::Completed
+            | EventKind::Overtaken
+            | EventKind::Superseded
+            | EventKind::Evict
+            | EventKind::Commit
+            | EventKind::ExternalChange
+    )
+}
+
+impl Engine {
+    /// The record counter now (pass it to [`Engine::wait_change`]).
+    pub fn changes(&self) -> u64 {
+        self.changes.gen.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until a record may have changed since `seen` (or `deadline`); returns the
+    /// counter now.
+    pub fn wait_change(&self, seen: u64, deadline: Instant) -> u64 {
+        self.changes.wait(seen, deadline)
+    }
+
+    /// Wakes every [`Engine::wait_change`] (a new wait was registered: look again).
+    pub fn poke(&self) {
+        self.changes.bump();
+    }
+
+    /// The record `wait PATH` follows: the live one, else the newest. Refused
+    /// `no_such_path` for a path the volume does not know, `handoff_not_live` when no
+    /// record names it.
+    pub fn wait_target(&self, path: &str) -> Result<u64, Refusal> {
+        let sh = self.lock_one(path);
+        let Some(e) = sh.get(path).filter(|e| e.version > 0) else {
+            return Err(Refusal::new(
+                Reason::NoSuchPath,
+                format!("{path} does not exist in this volume (or the volume has not seen it yet)"),
+            )
+            .at(path));
+        };
+        e.live()
+            .or_else(|| e.records.iter().max_by_key(|r| r.id))
+            .map(|r| r.id)
+            .ok_or_else(|| {
+                Refusal::new(
+                    Reason::HandoffNotLive,
+                    format!("{path} has no handoff record to wait for"),
+                )
+                .at(path)
+            })
+    }
+
+    /// Where record `id` of `path` stands for `until`. Refused `handoff_ended` (with the
+    /// status) when the record ended in a status that can never reach it, and
+    /// `handoff_not_live` when the record is gone (evicted, or moved away).
+    pub fn wait_state(&self, path: &str, id: u64, until: Until) -> Result<WaitState, Refusal> {
+        let sh = self.lock_one(path);
+        let found = sh
+            .get(path)
+            .and_then(|e| e.records.iter().find(|r| r.id == id).map(|r| (e, r)));
+        let Some((e, r)) = found else {
+            return Err(Refusal::new(
+                Reason::HandoffNotLive,
+                format!("the handoff record of {path} is gone (evicted or moved)"),
+            )
+            .at(path));
+        };
+        let json = r.to_json(e.version);
+        match until.reached(r.status) {
+            None => Ok(WaitState::Pending(json)),
+            Some(true) => Ok(WaitState::Reached(json)),
+            Some(false) => Err(Refusal::new(
+                Reason::HandoffEnded,
+                format!(
+                    "the handoff of {path} ended as {} and can no longer be {}",
+                    serde_json::to_value(r.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    until.as_str()
+                ),
+            )
+            .at(path)
+            .with_status(r.status)),
+        }
+    }
+}
