@@ -30,8 +30,13 @@ state_dir_for() {
 # mode_command MODE BACKING MNT: sets the array MODE_CMD to the foreground command that
 # mounts BACKING on MNT for MODE (empty for native: the backing directory is used as is).
 mode_command() {
-    local mode=$1 backing=$2 mnt=$3
+    local mode=$1 backing=$2 mnt=$3 threads=()
     MODE_CMD=()
+    # MODE@tN: the same mode with N FUSE request threads (for measuring the default).
+    if [[ $mode == coherent*@t[0-9]* ]]; then
+        threads=(--threads "${mode##*@t}")
+        mode=${mode%@t*}
+    fi
     case $mode in
     native) ;;
     bindfs)
@@ -41,6 +46,13 @@ mode_command() {
     coherent)
         # The volume as shipped: passthrough and enforcement (its state beside the mount).
         MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --state-dir "$(state_dir_for "$mnt")"
+            -o "$COHERENT_MOUNT_OPTS")
+        ;;
+    coherent-inplace)
+        # The volume mounted over its own directory (`coherent-mount DIR`), as agents use
+        # it: the kernel may cache long there (the daemon is the only path to the files).
+        # The backing directory is unused; the workloads run in MNT, which is both.
+        MODE_CMD=("$COHERENT_MOUNT" "$mnt" --state-dir "$(state_dir_for "$mnt")"
             -o "$COHERENT_MOUNT_OPTS")
         ;;
     coherent-plain)
@@ -57,8 +69,9 @@ mode_command() {
         [[ -x ${COHERENT_MOUNT_BASE:-} ]] || die "coherent-base needs COHERENT_MOUNT_BASE=binary"
         MODE_CMD=("$COHERENT_MOUNT_BASE" "$backing" "$mnt" -o "$COHERENT_MOUNT_OPTS")
         ;;
-    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-plain coherent-nopt coherent-base)" ;;
+    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-inplace coherent-plain coherent-nopt coherent-base, coherent modes with @tN)" ;;
     esac
+    ((${#threads[@]} == 0)) || MODE_CMD+=("${threads[@]}")
 }
 
 mode_label() {
@@ -66,6 +79,8 @@ mode_label() {
     native) echo "native" ;;
     bindfs) echo "bindfs" ;;
     coherent) echo "coherent (passthrough)" ;;
+    coherent-inplace) echo "coherent in place" ;;
+    coherent*@t*) echo "$(mode_label "${1%@t*}"), ${1##*@t} threads" ;;
     coherent-plain) echo "coherent (--no-coherence)" ;;
     coherent-nopt) echo "coherent (--no-passthrough)" ;;
     coherent-base) echo "coherent base build (passthrough)" ;;

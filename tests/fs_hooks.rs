@@ -243,7 +243,10 @@ fn mount(rec: Arc<Recorder>, passthrough: bool) -> InProcess {
     let fs_ = CoherentFs::new(
         Store::open_root(&backing).unwrap(),
         Arc::new(TestHooks(rec)),
-        FsOptions { passthrough },
+        FsOptions {
+            passthrough,
+            ..FsOptions::default()
+        },
     )
     .unwrap();
     let mut config = fuser::Config::default();
