@@ -358,6 +358,16 @@ impl CoherentFs {
         }
     }
 
+    /// Open flags of a handle that may write: no FLUSH when the hooks keep no state for
+    /// it (token 0: an untracked path, say), since `on_flush` would have nothing to do.
+    fn fopen_of(&self, h: &crate::passthrough::Handle) -> FopenFlags {
+        if h.token.load(Ordering::Relaxed) == 0 {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            self.fopen
+        }
+    }
+
     /// Register (or reuse) the backing id of `ino` for handle `fh`. On failure
     /// passthrough is given up for the rest of the mount.
     fn backing_id(
@@ -854,7 +864,7 @@ impl Filesystem for CoherentFs {
         // A read-only handle changes nothing, so no hook has anything to learn from its
         // FLUSH: spare the round trip at every close.
         let fopen = if open_writes(flags) {
-            self.fopen
+            self.fopen_of(&h)
         } else {
             FopenFlags::FOPEN_NOFLUSH
         };
@@ -897,16 +907,12 @@ impl Filesystem for CoherentFs {
             return reply.error(fail("create", e));
         }
         let fa = file_attr(&attr);
+        let fopen = self.fopen_of(&h);
         match self.backing_id(attr.ino, fh, || reply.open_backing(&h.file)) {
-            Some(id) => reply.created_passthrough(
-                &self.ttl,
-                &fa,
-                Generation(0),
-                FileHandle(fh),
-                self.fopen,
-                &id,
-            ),
-            None => reply.created(&self.ttl, &fa, Generation(0), FileHandle(fh), self.fopen),
+            Some(id) => {
+                reply.created_passthrough(&self.ttl, &fa, Generation(0), FileHandle(fh), fopen, &id)
+            }
+            None => reply.created(&self.ttl, &fa, Generation(0), FileHandle(fh), fopen),
         }
     }
 
