@@ -31,6 +31,7 @@ def ops(mnt):
     return [
         ("stat, first time", lambda: os.stat(f)),
         ("stat again (warm)", lambda: os.stat(f)),
+        ("stat 1.5 s later (past the 1 s TTL)", lambda: (time.sleep(1.5), os.stat(f))),
         ("stat of an absent name, twice", lambda: [os.path.exists(os.path.join(mnt, "nope")) for _ in range(2)]),
         ("open+read+close", lambda: read(f)),
         ("open+read+close again", lambda: read(f)),
@@ -61,6 +62,8 @@ def measure(in_place):
             for name, op in ops(mnt):
                 a = counters(proc, logf)
                 op()
+                # RELEASE (and FORGET) are sent after close(2)/unlink(2) return: let them land.
+                time.sleep(0.2)
                 b = counters(proc, logf)
                 diff = {k: b.get(k, 0) - a.get(k, 0) for k in b if b.get(k, 0) != a.get(k, 0)}
                 rows.append((name, sum(diff.values()), " ".join(f"{k} {v}" for k, v in sorted(diff.items()))))
