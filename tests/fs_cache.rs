@@ -3,6 +3,8 @@
 //! in place the kernel keeps names, attributes and listings, and repeated metadata calls
 //! do not reach the daemon (counted by its per-request counters, logged on SIGUSR1).
 
+#[path = "common/coherent.rs"]
+mod coherent;
 mod common;
 
 use std::collections::HashMap;
@@ -152,4 +154,30 @@ fn in_place_mount_keeps_names_attributes_and_listings_in_the_kernel() {
     );
     assert_eq!(fs::metadata(m.path("d/f2")).unwrap().len(), 7);
     assert!(fs::metadata(m.path("d/f1")).is_err());
+}
+
+/// A ctl verb changes no file, name or attribute, only records, shown in the computed
+/// xattrs, which the kernel never caches: in place (24 h TTL) a `transfer` is seen at once,
+/// and the file's `stat` is what it was.
+#[test]
+fn in_place_a_ctl_change_is_seen_at_once() {
+    use coherent::{handoff, mount_with, sh_ok, touch_session, transfer};
+    let m = mount_with(Mount::builder().in_place());
+    touch_session(&m, "bob");
+    sh_ok(&m, Some("alice"), "echo p > plan.md");
+    assert!(handoff(&m, Some("alice"), "plan.md").is_none());
+    let before = fs::metadata(m.path("plan.md")).unwrap();
+    transfer(&m, "alice", "bob", &["plan.md"]);
+    // Read right after the verb answered: no polling, nothing may be served stale.
+    let rec = handoff(&m, Some("alice"), "plan.md").expect("the record, seen at once");
+    assert_eq!(
+        (rec["successor"].as_str(), rec["status"].as_str()),
+        (Some("bob"), Some("pending")),
+        "{rec}"
+    );
+    let after = fs::metadata(m.path("plan.md")).unwrap();
+    assert_eq!(
+        (after.ino(), after.len(), after.mtime(), after.ctime()),
+        (before.ino(), before.len(), before.mtime(), before.ctime())
+    );
 }
