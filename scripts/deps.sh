@@ -2,13 +2,15 @@
 # Installs what the tests, scripts/conformance.sh and scripts/bench.sh need on a fresh
 # Debian machine (run as root). Idempotent and quiet: does nothing slow when all is there.
 #   apt:   fuse3 (fusermount3), bindfs (the FUSE peer), fio, attr (getfattr/setfattr),
+#          rsync and git (the copy and tracking tests),
 #          acl + libacl1-dev (pjdfstest links libacl); gcc and python3 if missing
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
-#   user:  'tests' (pjdfstest switches to nobody and tests)
+#   user:  'tests' (pjdfstest switches to nobody and tests); coh-u1, coh-u2 and group
+#          coh-shared (the multi-user tests, scripts/test-users.sh)
 #   /dev/fuse (loads the fuse module if needed)
 set -euo pipefail
 
-APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev)
+APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git)
 CARGO_CRATES=(pjdfstest@0.2.2 fsx@0.3.2)
 
 die() {
@@ -57,6 +59,9 @@ if ! getent passwd tests >/dev/null; then
         --shell /usr/sbin/nologin tests || die "useradd tests failed"
 fi
 getent passwd nobody >/dev/null || die "user 'nobody' missing (pjdfstest needs it)"
+
+# --- the multi-user tests' users (coh-u1, coh-u2, group coh-shared) -------------------
+bash "$(dirname "$0")/test-users.sh" || die "scripts/test-users.sh failed"
 
 # --- FUSE -----------------------------------------------------------------------------
 if [[ ! -c /dev/fuse ]]; then

@@ -7,10 +7,13 @@
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 COHERENT_MOUNT=${COHERENT_MOUNT:-$REPO_ROOT/target/release/coherent-mount}
-# FUSE options for coherent-mount: allow_other so that other uids (pjdfstest switches to
-# nobody/tests) can reach the mount at all, default_permissions so the kernel checks
-# modes/owners against the attributes like a native filesystem does.
-COHERENT_MOUNT_OPTS=${COHERENT_MOUNT_OPTS:-allow_other,default_permissions}
+# Extra FUSE options for coherent-mount (none by default: run as root it already mounts
+# with allow_other, so other uids such as pjdfstest's nobody/tests reach the mount, and
+# default_permissions, so the kernel checks modes/owners like a native filesystem does).
+COHERENT_MOUNT_OPTS=${COHERENT_MOUNT_OPTS:-}
+# The -o argument for coherent-mount: empty when there are no extra options.
+COHERENT_MOUNT_O=()
+[[ -n $COHERENT_MOUNT_OPTS ]] && COHERENT_MOUNT_O=(-o "$COHERENT_MOUNT_OPTS")
 export PATH="$HOME/.cargo/bin:$PATH"
 export LC_ALL=C # sort/join agree on order; tools behave the same on every machine
 
@@ -46,7 +49,7 @@ mode_command() {
     coherent)
         # The volume as shipped: passthrough and enforcement (its state beside the mount).
         MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --state-dir "$(state_dir_for "$mnt")"
-            -o "$COHERENT_MOUNT_OPTS")
+            "${COHERENT_MOUNT_O[@]}")
         ;;
     coherent-inplace)
         # The volume mounted over its own directory (`coherent-mount DIR`), as agents use
@@ -57,17 +60,17 @@ mode_command() {
         ;;
     coherent-plain)
         # Passthrough without the coherence layer (hidden --no-coherence): what enforcement costs.
-        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-coherence -o "$COHERENT_MOUNT_OPTS")
+        MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-coherence "${COHERENT_MOUNT_O[@]}")
         ;;
     coherent-nopt)
         MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-passthrough
-            --state-dir "$(state_dir_for "$mnt")" -o "$COHERENT_MOUNT_OPTS")
+            --state-dir "$(state_dir_for "$mnt")" "${COHERENT_MOUNT_O[@]}")
         ;;
     coherent-base)
         # Another build of coherent-mount (e.g. main before a change), passthrough: for
         # before/after in one run. COHERENT_MOUNT_BASE=path/to/coherent-mount.
         [[ -x ${COHERENT_MOUNT_BASE:-} ]] || die "coherent-base needs COHERENT_MOUNT_BASE=binary"
-        MODE_CMD=("$COHERENT_MOUNT_BASE" "$backing" "$mnt" -o "$COHERENT_MOUNT_OPTS")
+        MODE_CMD=("$COHERENT_MOUNT_BASE" "$backing" "$mnt" "${COHERENT_MOUNT_O[@]}")
         ;;
     *) die "unknown mode '$mode' (known: native bindfs coherent coherent-inplace coherent-plain coherent-nopt coherent-base, coherent modes with @tN)" ;;
     esac

@@ -51,6 +51,10 @@ pub enum Via {
     Uid,
     /// Registered through the control file without a process having touched the mount.
     Registered,
+    /// A tag or cgroup named `session`, which belongs to another uid (`owner`): this
+    /// process is its own unattributed `uid:UID` instead (§2), and its verbs are refused
+    /// `session_not_yours`.
+    NotYours { session: String, owner: u32 },
 }
 
 /// One agent session.
@@ -111,7 +115,7 @@ impl SessionInfo {
 
     /// Unattributed sessions read and write like anyone but never give or receive.
     pub fn is_attributed(&self) -> bool {
-        self.via != Via::Uid
+        !matches!(self.via, Via::Uid | Via::NotYours { .. })
     }
 
     /// The first 8 hex digits of the agent id, for display.

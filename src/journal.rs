@@ -934,6 +934,16 @@ impl Journal {
         self.shared.flush()
     }
 
+    /// Writes the events appended so far to the log without waiting for an fsync, so a
+    /// reader of the log sees them at once (a denied call answers after this). Does
+    /// nothing while the journal is failing: the flusher writes them when it can.
+    pub fn write_out(&self) -> io::Result<()> {
+        if self.is_poisoned() {
+            return Ok(());
+        }
+        self.shared.write_pending().map(drop)
+    }
+
     /// Seq of the last durable event.
     pub fn durable_seq(&self) -> u64 {
         *self.shared.durable.lock()

@@ -3,6 +3,9 @@
 //! The core (`identity`, `coherence`, `journal`) has no FUSE in it; `passthrough` owns the
 //! backing directory; `fuse` is a thin adapter from `fuser` callbacks to the rest.
 
+pub mod access;
+pub mod beneath;
+pub mod bypass;
 pub mod coherence;
 pub mod control;
 pub mod error;
@@ -13,4 +16,5 @@ pub mod names;
 pub mod passthrough;
 pub mod sys;
 pub mod tracking;
+pub mod visibility;
 pub mod volume;

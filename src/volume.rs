@@ -5,6 +5,15 @@
 //! - **Who**: the caller's session is resolved only where a decision needs it: opens and
 //!   creates, the metadata write routes of §6, the `user.coherent.handoff` xattr, opens of
 //!   `.coherent/` files and writes to `ctl`. Never on read, write, getattr or lookup.
+//! - **Tracked paths** (§3, [`Tracking`]): checked first on every route; an untracked
+//!   path (under `.git/`, ignored by `.gitignore` or `.coherentignore`) passes through with
+//!   no session lookup, no engine call and no event. A change through the mount of an
+//!   ignore file, or a directory rename, retracks at once.
+//! - **Fail closed** (§2): a writer whose session cannot be resolved (pid 0, gone, /proc
+//!   unreadable) is decided by [`Engine::decide_unresolved`]: refused on a path with a
+//!   live record (`denied`, reason `unresolved`), its `uid:UID` elsewhere.
+//! - **Tell the writer**: a refusal or a stale write is kept for `.coherent/why` with its
+//!   time, and a refused call writes its `denied` event out before it answers.
 //! - **The decision**: every write route is decided by [`Engine::decide`] before it
 //!   reaches the backing directory (`before_write` turns the route into a
 //!   [`coherence::Write`]); the adapter hands the [`Permit`] back to `after_write`, or to
@@ -37,9 +46,9 @@ mod liveness;
 pub mod state_dir;
 mod surface;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,12 +56,15 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::access::Who;
 use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Write};
-use crate::error::Refusal;
+use crate::error::{Reason, Refusal};
 use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
-use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, DEFAULT_SESSION_ENV};
+use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
+use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
+use crate::visibility::Sight;
 use handle::{End, WriteHandle};
 
 pub use liveness::{closer_runs, holds_open, session_running, TaskState, FLUSH_PROC_WAIT};
@@ -81,6 +93,8 @@ pub struct VolumeConfig {
     pub in_flight_wait: Duration,
     /// Period of the maintenance thread (eviction, snapshots).
     pub maintain_every: Duration,
+    /// `--track-ignored`: what `.gitignore` files ignore is tracked all the same.
+    pub track_ignored: bool,
 }
 
 impl VolumeConfig {
@@ -92,6 +106,7 @@ impl VolumeConfig {
             mountpoint,
             in_flight_wait: Duration::from_millis(500),
             maintain_every: Duration::from_secs(5),
+            track_ignored: false,
         }
     }
 }
@@ -151,12 +166,16 @@ pub struct Volume {
     root: OwnedFd,
     cfg: VolumeConfig,
     handles: Mutex<HashMap<u64, Arc<WriteHandle>>>,
+    /// Inodes seen with more than one name (their other names are restamped after a link,
+    /// unlink or rename through the volume).
+    linked: Mutex<HashSet<u64>>,
     /// Signalled whenever a write handle is released.
     released: Condvar,
     next_token: AtomicU64,
     surface: surface::Surface,
-    /// A session with no part in any record (for "is there a live record?").
-    nobody: SessionInfo,
+    /// Which paths are tracked (§3): the rest pass through with no version, no hold, no
+    /// event and no session lookup.
+    tracking: Tracking,
     stop: Mutex<bool>,
     stop_cv: Condvar,
     maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -189,6 +208,13 @@ impl Volume {
             env_vars,
             ..ResolverConfig::default()
         }));
+        let tracking = Tracking::new(
+            root.try_clone().map_err(|err| JournalError::Io {
+                what: "duplicate the backing directory handle".into(),
+                err,
+            })?,
+            cfg.track_ignored,
+        );
         let v = Arc::new(Volume {
             engine: opened.engine,
             journal: opened.journal,
@@ -196,10 +222,11 @@ impl Volume {
             root,
             cfg,
             handles: Mutex::new(HashMap::new()),
+            linked: Mutex::new(HashSet::new()),
             released: Condvar::new(),
             next_token: AtomicU64::new(1),
             surface: surface::Surface::new(),
-            nobody: SessionInfo::unattributed(u32::MAX),
+            tracking,
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
             maintenance: Mutex::new(None),
@@ -270,14 +297,114 @@ impl Volume {
 
     /// The caller's session, made known to the engine (`session_seen` the first time): a
     /// session is known once any of its processes touched the volume where it resolves.
+    /// A session name belongs to the first uid that shows it (§2): a process of another
+    /// uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
     fn session(&self, c: &Caller) -> Session {
-        let s = self.resolver.resolve_request(c.pid, c.uid);
-        self.engine.session_seen(&s, Timestamp::now());
-        s
+        self.owned(self.resolver.resolve_request(c.pid, c.uid), c)
+    }
+
+    /// `s` as resolved for caller `c`, if `c`'s uid owns the name (§2: the first uid that
+    /// shows a name owns it); else `c`'s own `uid:UID`, marked with whose name it showed.
+    fn owned(&self, s: Session, c: &Caller) -> Session {
+        let now = Timestamp::now();
+        match self.engine.claim(&s, c.uid, now) {
+            Ok(()) => s,
+            Err(owner) => {
+                let mine = SessionInfo::unattributed(c.uid);
+                self.engine.session_seen(&Arc::new(mine.clone()), now);
+                Arc::new(SessionInfo {
+                    via: Via::NotYours {
+                        session: s.name.clone(),
+                        owner,
+                    },
+                    ..mine
+                })
+            }
+        }
+    }
+
+    /// The session of a caller about to write (§2: fail closed). `Err` carries the
+    /// caller's `uid:UID`, under which a write to a path with no live record goes on.
+    fn writer(&self, c: &Caller) -> Result<Session, Session> {
+        match self.resolver.resolve(c.pid) {
+            Ok(s) => Ok(self.owned(s, c)),
+            Err(e) => {
+                tracing::debug!("session of pid {}: {e}; failing closed", c.pid);
+                Err(self
+                    .resolver
+                    .directory()
+                    .record(SessionInfo::unattributed(c.uid)))
+            }
+        }
+    }
+
+    /// Is the workspace path `p` tracked (§3)? `is_dir`: it names a directory. A path
+    /// with a live record stays tracked whatever the ignore files say now, so a giver
+    /// cannot step out of its fence by ignoring the file it handed on.
+    pub fn is_tracked(&self, p: &str, is_dir: bool) -> bool {
+        self.tracking.is_tracked(p, is_dir) || self.engine.has_live_record(p)
+    }
+
+    /// After a change through the mount of `p`: an ignore file changed, or a directory
+    /// moved, so what is tracked may have changed (applies at once).
+    fn retrack(&self, p: &str, is_dir: bool) {
+        let name = p.rsplit('/').next().unwrap_or(p);
+        if is_dir || name == GITIGNORE || p == COHERENTIGNORE {
+            self.tracking.invalidate(p);
+        }
+    }
+
+    /// A write route that succeeded: retrack what it changed (ignore files, a directory
+    /// moved). Runs for tracked and untracked paths alike.
+    fn retrack_after(&self, route: &WriteRoute<'_>) {
+        match *route {
+            WriteRoute::Rename { from, to, .. } => {
+                let moved_dir = rel(to).is_some_and(|t| self.stat(t).is_some_and(|x| x.1));
+                for p in [rel(from), rel(to)].into_iter().flatten() {
+                    self.retrack(p, moved_dir);
+                }
+            }
+            WriteRoute::Setattr { path, .. }
+            | WriteRoute::Unlink { path }
+            | WriteRoute::Symlink { path, .. }
+            | WriteRoute::Mknod { path, .. } => {
+                if let Some(p) = rel(path) {
+                    self.retrack(p, false);
+                }
+            }
+            WriteRoute::Link { to, .. } => {
+                if let Some(p) = rel(to) {
+                    self.retrack(p, false);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A write handle flushed or released: if it changed an ignore file, retrack.
+    fn retrack_handle(&self, h: &HandleInfo<'_>) {
+        if open_writes(h.flags) && h.changed() {
+            if let Some(p) = rel(h.path) {
+                self.retrack(p, false);
+            }
+        }
+    }
+
+    /// `p` with what the backing directory holds there, if `p` is tracked.
+    fn tracked<'p>(&self, p: &'p str) -> (At<'p>, bool) {
+        let at = self.at(p);
+        let dir = at.found == Found::Dir;
+        (at, self.is_tracked(p, dir))
     }
 
     /// `fstatat` in the backing directory, without following a final symlink.
     fn stat(&self, p: &str) -> Option<(coherence::Stamp, bool)> {
+        self.stat_links(p).map(|(s, dir, _)| (s, dir))
+    }
+
+    /// [`Volume::stat`] and the number of names of the file (`st_nlink`). A file seen with
+    /// several names is remembered in `linked` (see [`Volume::restamp_other_names`]).
+    fn stat_links(&self, p: &str) -> Option<(coherence::Stamp, bool, u64)> {
         let c = CString::new(p).ok()?;
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
         // SAFETY: a valid dirfd, a NUL-terminated path and a buffer of the right type.
@@ -294,14 +421,37 @@ impl Volume {
         }
         // SAFETY: fstatat succeeded, so it filled the buffer.
         let st = unsafe { st.assume_init() };
+        let dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        if !dir && st.st_nlink > 1 {
+            self.linked.lock().insert(st.st_ino);
+        }
         Some((
             coherence::Stamp {
                 ino: st.st_ino,
                 ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
                 size: st.st_size as u64,
             },
-            st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+            dir,
+            st.st_nlink,
         ))
+    }
+
+    /// A link, unlink or rename through the volume changed the ctime of inode `ino`; its
+    /// other tracked names (`except` the ones the operation itself counts) take the new
+    /// stamp, so the change is never taken for one behind the volume's back (§3). Only for
+    /// inodes seen with several names.
+    fn restamp_other_names(&self, ino: u64, except: &[&str]) {
+        if !self.linked.lock().contains(&ino) {
+            return;
+        }
+        for q in self.engine.paths_of_inode(ino) {
+            if except.contains(&q.as_str()) {
+                continue;
+            }
+            if let Some(now) = self.stamp_now(&q).filter(|st| st.ino == ino) {
+                self.engine.restamp(&q, now);
+            }
+        }
     }
 
     /// Show the engine what the backing directory holds at `p` now (versions count
@@ -321,12 +471,13 @@ impl Volume {
         st
     }
 
-    /// What the backing directory holds at `p` now, for the write decision.
-    fn found(&self, p: &str) -> Found {
-        match self.stat(p) {
-            None => Found::Absent,
-            Some((_, true)) => Found::Dir,
-            Some((s, false)) => Found::File(s),
+    /// What the backing directory holds at `p` now, for the write decision (a file with
+    /// several names is marked: the fence follows the inode).
+    fn at<'a>(&self, p: &'a str) -> At<'a> {
+        match self.stat_links(p) {
+            None => At::new(p, Found::Absent),
+            Some((_, true, _)) => At::new(p, Found::Dir),
+            Some((s, false, n)) => At::new(p, Found::File(s)).linked(n > 1),
         }
     }
 
@@ -348,7 +499,8 @@ impl Volume {
         let f_dir = self.stat(f).is_some_and(|x| x.1); // now holds the old t
         let t_dir = self.stat(t).is_some_and(|x| x.1); // now holds the old f
         if !f_dir && !t_dir {
-            for p in [f, t] {
+            // An untracked side of the swap is not counted (§3).
+            for p in [f, t].into_iter().filter(|p| self.is_tracked(p, false)) {
                 self.engine
                     .commit(s, p, CommitOp::Rename, self.stamp_now(p), now);
             }
@@ -406,48 +558,82 @@ impl Hooks for Volume {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
-        let at = |p| At::new(p, self.found(p));
+        // Tracking first: an untracked path costs no session lookup and no engine lock.
         let w = match *route {
             WriteRoute::Open { path, .. } | WriteRoute::Create { path, .. } => {
-                let Some(p) = rel(path) else { return Ok(None) };
-                Write::Open(at(p))
+                // An open for write names a file (a directory fails EISDIR anyway).
+                let Some(p) = rel(path).filter(|p| self.is_tracked(p, false)) else {
+                    return Ok(None);
+                };
+                Write::Open(self.at(p))
             }
             WriteRoute::Setattr { path, .. } => {
-                let Some(p) = rel(path) else { return Ok(None) };
-                Write::Setattr(at(p))
+                let Some((a, true)) = rel(path).map(|p| self.tracked(p)) else {
+                    return Ok(None);
+                };
+                Write::Setattr(a)
             }
             WriteRoute::Rename { from, to, flags } => {
                 let (Some(f), Some(t)) = (rel(from), rel(to)) else {
                     return Ok(None);
                 };
+                let ((from, ft), (to, tt)) = (self.tracked(f), self.tracked(t));
+                // A move across the boundary is decided on both names (a fenced file may
+                // not leave by a rename); the after-part counts only the tracked side.
+                if !ft && !tt {
+                    return Ok(None);
+                }
+                // The untracked name of a file is not looked at (no entry, no event).
+                let from = if ft || from.found == Found::Dir {
+                    from
+                } else {
+                    At::unseen(f)
+                };
+                let to = if tt || to.found == Found::Dir {
+                    to
+                } else {
+                    At::unseen(t)
+                };
                 Write::Rename {
-                    from: at(f),
-                    to: at(t),
+                    from,
+                    to,
                     exchange: flags & RENAME_EXCHANGE != 0,
                 }
             }
             WriteRoute::Unlink { path } => {
-                let Some(p) = rel(path) else { return Ok(None) };
-                Write::Unlink(at(p))
+                let Some((a, true)) = rel(path).map(|p| self.tracked(p)) else {
+                    return Ok(None);
+                };
+                Write::Unlink(a)
             }
             WriteRoute::Link { from, to } => {
-                let Some(t) = rel(to) else { return Ok(None) };
+                let from = rel(from).map(|p| self.tracked(p)).filter(|x| x.1);
+                let to = rel(to).map(|p| self.tracked(p));
+                // The giver cannot give a fenced file another name, tracked or not.
+                let to = match (to, from) {
+                    (Some((a, true)), _) | (Some((a, false)), Some(_)) => a,
+                    _ => return Ok(None),
+                };
                 Write::Link {
-                    from: rel(from).map(at),
-                    to: at(t),
+                    from: from.map(|x| x.0),
+                    to,
                 }
             }
             WriteRoute::Symlink { path, .. } => {
-                let Some(p) = rel(path) else { return Ok(None) };
-                Write::Symlink(at(p))
+                let Some((a, true)) = rel(path).map(|p| self.tracked(p)) else {
+                    return Ok(None);
+                };
+                Write::Symlink(a)
             }
             WriteRoute::Mknod { path, .. } => {
-                let Some(p) = rel(path) else { return Ok(None) };
-                Write::Mknod(at(p))
+                let Some((a, true)) = rel(path).map(|p| self.tracked(p)) else {
+                    return Ok(None);
+                };
+                Write::Mknod(a)
             }
             WriteRoute::Setxattr { path, name } | WriteRoute::Removexattr { path, name } => {
                 let name = name.as_encoded_bytes();
-                let Some(p) = rel(path) else {
+                let Some((at, true)) = rel(path).map(|p| self.tracked(p)) else {
                     // Untracked (the root too): only the computed-name rule applies.
                     return match coherence::computed_xattr(name) {
                         Some(r) => Err(refused(r)),
@@ -455,17 +641,50 @@ impl Hooks for Volume {
                     };
                 };
                 match route {
-                    WriteRoute::Setxattr { .. } => Write::Setxattr { at: at(p), name },
-                    _ => Write::Removexattr { at: at(p), name },
+                    WriteRoute::Setxattr { .. } => Write::Setxattr { at, name },
+                    _ => Write::Removexattr { at, name },
                 }
             }
             // §6 does not fence directories being made or removed (a directory rename is).
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => return Ok(None),
         };
-        let s = self.resolver.resolve_request(caller.pid, caller.uid);
-        match self.engine.decide(&s, w, Timestamp::now()) {
-            Ok(permit) => Ok(Some(permit)),
-            Err(r) => Err(refused(r)),
+        let now = Timestamp::now();
+        let decided = match self.writer(caller) {
+            Ok(s) => self.engine.decide(&s, w, now).map_err(|r| (s, r)),
+            Err(anyone) => self
+                .engine
+                .decide_unresolved(&anyone, w, now)
+                .map_err(|r| (anyone, r)),
+        };
+        match decided {
+            Ok(permit) => {
+                if let Some(a) = permit.acquired.filter(|a| a.stale) {
+                    // `--stale warn`: allowed, and the writer is told.
+                    let text = format!(
+                        "stale write: {p} is at v{v} but this session last saw v{seen} \
+                         (another session changed it since); the write goes on over that \
+                         change. Read {p} again to see it.",
+                        p = permit.path,
+                        v = a.version,
+                        seen = a.view.unwrap_or(0)
+                    );
+                    self.engine
+                        .tell(&permit.session, Some(permit.path.as_ref()), &text, now);
+                }
+                Ok(Some(permit))
+            }
+            Err((s, r)) => {
+                if r.reason == Reason::Unresolved {
+                    tracing::warn!(pid = caller.pid, uid = caller.uid, "{}", r.message);
+                } else {
+                    self.engine.tell(&s, r.path.as_deref(), &r.message, now);
+                }
+                // The `denied` event is in the log when the call returns (no fsync).
+                if let Err(e) = self.journal.write_out() {
+                    tracing::warn!("writing a denied event to the state log: {e}");
+                }
+                Err(refused(r))
+            }
         }
     }
 
@@ -476,6 +695,9 @@ impl Hooks for Volume {
         permit: Option<Permit>,
         outcome: Result<(), FsError>,
     ) {
+        if outcome.is_ok() {
+            self.retrack_after(route);
+        }
         let Some(pm) = permit else { return };
         let now = Timestamp::now();
         let (s, p) = (&pm.session, pm.path.as_str());
@@ -508,21 +730,35 @@ impl Hooks for Volume {
                 let Some(t) = pm.to.as_deref() else { return };
                 if flags & RENAME_EXCHANGE != 0 {
                     self.exchange(s, p, t, now);
+                } else if !pm.is_dir && !self.is_tracked(t, false) {
+                    // Moved out of what the volume tracks: the source is removed.
+                    self.engine.commit(s, p, CommitOp::RenameAway, None, now);
                 } else {
                     let after = if pm.is_dir { None } else { self.stamp_now(t) };
                     self.engine.rename(s, p, t, pm.is_dir, after, now);
+                    if let Some(moved) = after {
+                        self.restamp_other_names(moved.ino, &[p, t]);
+                    }
                 }
             }
             WriteRoute::Unlink { .. } => {
                 self.engine.commit(s, p, CommitOp::Unlink, None, now);
+                if let Some(pre) = pm.pre {
+                    self.restamp_other_names(pre.ino, &[p]);
+                }
             }
+            WriteRoute::Link { .. } if !self.is_tracked(p, false) => {}
             WriteRoute::Link { .. } | WriteRoute::Symlink { .. } | WriteRoute::Mknod { .. } => {
                 let op = match route {
                     WriteRoute::Link { .. } => CommitOp::Link,
                     WriteRoute::Symlink { .. } => CommitOp::Symlink,
                     _ => CommitOp::Mknod,
                 };
-                self.engine.commit(s, p, op, self.stamp_now(p), now);
+                let after = self.stamp_now(p);
+                self.engine.commit(s, p, op, after, now);
+                if let (WriteRoute::Link { .. }, Some(after)) = (route, after) {
+                    self.restamp_other_names(after.ino, &[p]);
+                }
             }
             WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
                 if let Some(after) = self.stamp_now(p) {
@@ -541,12 +777,24 @@ impl Hooks for Volume {
     ) -> Result<u64, FsError> {
         let now = Timestamp::now();
         if !open_writes(open.flags) {
-            if let Some(p) = rel(open.path) {
+            if let Some(p) = rel(open.path).filter(|p| self.is_tracked(p, false)) {
                 let s = self.session(caller);
+                let before = self.engine.last_seq();
                 self.engine.observe(p, Some(stamp(&open.stamp)), now);
                 self.engine.open_read(&s, p, now);
+                // A successor's first open logs `handoff_seen`: in the log when it returns.
+                if self.engine.last_seq() != before {
+                    if let Err(e) = self.journal.write_out() {
+                        tracing::warn!("writing the state log: {e}");
+                    }
+                }
             }
             return Ok(0);
+        }
+        if open.flags & libc::O_TRUNC != 0 || open.created {
+            if let Some(p) = rel(open.path) {
+                self.retrack(p, false);
+            }
         }
         // No acquire (an untracked path, a directory): no state.
         let Some(pm) = permit.filter(|pm| pm.acquired.is_some()) else {
@@ -567,6 +815,7 @@ impl Hooks for Volume {
     }
 
     fn on_flush(&self, caller: &Caller, h: &HandleInfo<'_>) {
+        self.retrack_handle(h);
         let Some(w) = self.write_handle(h.token) else {
             return;
         };
@@ -591,6 +840,7 @@ impl Hooks for Volume {
     }
 
     fn on_release(&self, _caller: &Caller, h: &HandleInfo<'_>) {
+        self.retrack_handle(h);
         let Some(w) = self.write_handle(h.token) else {
             return;
         };
@@ -647,6 +897,10 @@ impl Hooks for Volume {
         }
         let nodata = Some(Err(FsError(libc::ENODATA)));
         let Some(p) = rel(path) else { return nodata };
+        let is_dir = self.stat(p).is_some_and(|x| x.1);
+        if !self.is_tracked(p, is_dir) {
+            return nodata;
+        }
         match name {
             XATTR_VERSION => {
                 if self.observe(p, Timestamp::now()).is_some_and(|x| x.1) {
@@ -659,6 +913,12 @@ impl Hooks for Volume {
             }
             XATTR_HANDOFF => {
                 let s = self.session(caller);
+                // The kernel checked the path's search permission only with
+                // default_permissions; the volume checks it in any case (§7).
+                let who = Who::of_task(caller.pid, caller.uid, caller.gid);
+                if !Sight::new(who).sees(self.root.as_fd(), p) {
+                    return nodata;
+                }
                 match self.engine.handoff(&s, p) {
                     Some(h) => Some(Ok(serde_json::to_vec(&h).expect("records serialise"))),
                     None => nodata,
@@ -668,22 +928,9 @@ impl Hooks for Volume {
         }
     }
 
-    fn listxattr(&self, _caller: &Caller, _ino: u64, path: Option<&Path>) -> Vec<OsString> {
-        let Some(p) = rel(path) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        if self.observe(p, Timestamp::now()).is_some_and(|x| x.1) {
-            return out;
-        }
-        if self.engine.version(p).is_some() {
-            out.push(XATTR_VERSION.into());
-        }
-        if self.engine.handoff(&self.nobody, p).is_some() {
-            out.push(XATTR_HANDOFF.into());
-        }
-        out
-    }
+    // listxattr: the default (nothing added). The computed `user.coherent.*` attributes
+    // are readable by name but not listed, so copies (`cp -a`, `shutil.copy2`, `tar
+    // --xattrs`, `rsync -X`) neither try to set them nor carry a stale version out.
 
     fn virtual_root_name(&self) -> Option<OsString> {
         Some(crate::control::CONTROL_DIR.into())

@@ -115,7 +115,7 @@ fn history(m: &Remount) {
     );
     transfer(m, "alice", "bob", &["plan.md"]);
     assert_eq!(version(m, "plan.md"), Some(2));
-    assert!(sh(m, Some("alice"), "echo no >> plan.md").denied());
+    sh_refused(m, "alice", "echo no >> plan.md", "plan.md", "fenced");
 }
 
 /// After a restart: same versions, the record live, the giver fenced, the successor free.
@@ -133,8 +133,7 @@ fn survived(m: &Remount) {
         (&"alice".into(), &"bob".into(), &2.into()),
         "{r}"
     );
-    let d = sh(m, Some("alice"), "echo no >> plan.md");
-    assert!(d.denied(), "giver not fenced after restart: {}", d.show());
+    sh_refused(m, "alice", "echo no >> plan.md", "plan.md", "fenced");
     if let Some(e) = check_deny_text(&why(m, Some("alice")), "plan.md", "bob", 2) {
         panic!("{e}");
     }

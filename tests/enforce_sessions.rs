@@ -28,6 +28,16 @@ fn run_as(m: &Mount, name: &str, cmd: &str) -> Run {
     run_in(&m.mnt, &[], &mut c)
 }
 
+/// `cmd` in session `name` writes plan.md: EACCES, and `denied` with reason `fenced`.
+fn refused_as(m: &Mount, name: &str, cmd: &str) {
+    let before = events_of(m, "denied", "plan.md", Some(name)).len();
+    let d = run_as(m, name, cmd);
+    assert!(d.denied(), "`{cmd}` in {name}: {}", d.show());
+    let e = await_events(m, "denied", "plan.md", Some(name), before + 1);
+    let reason = e.get(before).map(|e| e["reason"].clone());
+    assert_eq!(reason, Some("fenced".into()), "`{cmd}` in {name}: {e:?}");
+}
+
 #[test]
 fn coherent_run_names_the_session() {
     let m = mount(true);
@@ -73,17 +83,11 @@ fn a_session_run_by_coherent_run_is_fenced_in_every_process() {
         "sh -c 'sh -c \"echo x >> plan.md\"'",
         "rm plan.md",
     ] {
-        let d = run_as(&m, &alice, cmd);
-        assert!(d.denied(), "`{cmd}` in {alice}: {}", d.show());
+        refused_as(&m, &alice, cmd);
     }
     // the cgroup decides before the environment: a child that changes its tag stays alice
     if writable_cgroup2().is_some() {
-        let d = run_as(&m, &alice, "COHERENT_SESSION=bob sh -c 'echo x >> plan.md'");
-        assert!(
-            d.denied(),
-            "a retagged child escaped the cgroup: {}",
-            d.show()
-        );
+        refused_as(&m, &alice, "COHERENT_SESSION=bob sh -c 'echo x >> plan.md'");
         let w = run_as(&m, &alice, "COHERENT_SESSION=bob cat .coherent/whoami");
         assert!(w.out.contains(&format!("\"{alice}\"")), "{}", w.show());
     }
@@ -208,8 +212,16 @@ fn register_makes_a_successor_known() {
         (Some(2), Some("handoff_successor_unknown")),
         "{v}"
     );
-    // registered ahead of its first process
-    let r = cli(&m, Some("alice"), &["register", "zed"]);
+    // Not ahead of its first process by another session (issue 8: register registers
+    // only the caller's own session, so no one can claim a name before its owner) ...
+    let (code, v) = cli_json(&m, Some("alice"), &["register", "zed"]);
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (Some(2), Some("session_not_yours")),
+        "{v}"
+    );
+    // ... but by zed itself, by name or not.
+    let r = cli(&m, Some("zed"), &["register", "zed"]);
     assert!(r.ok(), "{}", r.show());
     transfer(&m, "alice", "zed", &["plan.md"]);
     // a session registering itself

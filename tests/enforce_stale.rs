@@ -27,8 +27,7 @@ fn outdated(stale: Option<&str>) -> Vol {
 fn strict_refuses_a_stale_write_until_the_session_reads_again() {
     let m = outdated(Some("strict"));
     for cmd in ["echo alice >> f", "python3 -c \"open('f','a').write('x')\""] {
-        let r = sh(&m, Some("alice"), cmd);
-        assert!(r.denied(), "`{cmd}`: {}", r.show());
+        sh_refused(&m, "alice", cmd, "f", "stale_view");
     }
     assert_eq!(std::fs::read_to_string(m.path("f")).unwrap(), "v1\nbob\n");
     assert_eq!(version(&m, "f"), Some(2));
@@ -47,7 +46,7 @@ fn strict_refuses_a_stale_write_until_the_session_reads_again() {
     assert_eq!(version(&m, "f"), Some(3));
     // bob's view is his own commit (v2); carol's blind write moved f to v3 since, so bob
     // is stale now too
-    assert!(sh(&m, Some("bob"), "echo bob2 >> f").denied());
+    sh_refused(&m, "bob", "echo bob2 >> f", "f", "stale_view");
     // reading again clears it
     sh_ok(&m, Some("alice"), "cat f >/dev/null");
     sh_ok(&m, Some("alice"), "echo alice >> f");

@@ -169,7 +169,7 @@ fn changes_behind_the_volumes_back_are_counted() {
     // the external change also ends a live handoff's fence (the version moved)
     sh_ok(&m, Some("alice"), "cat f >/dev/null");
     transfer(&m, "alice", "bob", &["f"]);
-    assert!(sh(&m, Some("alice"), "echo x >> f").denied());
+    sh_refused(&m, "alice", "echo x >> f", "f", "fenced");
     std::fs::write(m.backing_path("f"), "again\n").unwrap();
     sh_ok(&m, Some("bob"), "cat f >/dev/null");
     assert_eq!(v(&m, "f"), Some(v3 + 1));
@@ -201,7 +201,7 @@ fn directory_renames_keep_versions() {
     // a handoff follows a path: a live record under a renamed directory keeps its fence
     touch_session(&m, "bob");
     transfer(&m, "alice", "bob", &["e/b"]);
-    assert!(sh(&m, Some("alice"), "echo no >> e/b").denied());
+    sh_refused(&m, "alice", "echo no >> e/b", "e/b", "fenced");
 }
 
 #[test]

@@ -220,7 +220,10 @@ fn untagged_process_is_unattributed_by_effective_uid() {
         let tagged = spawn(&mut c);
         assert_eq!(r.resolve(tagged.pid()).unwrap().name, "nob");
     } else {
-        eprintln!("SKIP part of untagged_process_is_unattributed_by_effective_uid: not root");
+        cannot_run(
+            "untagged_process_is_unattributed_by_effective_uid (its other-uid part)",
+            "not root",
+        );
     }
 }
 
@@ -462,24 +465,38 @@ fn many_threads_resolve_concurrently() {
 
 // ---- cgroup v2 -------------------------------------------------------------------------
 
-/// A writable cgroup v2 hierarchy, or None with a loud reason.
+/// A test (or part) that cannot run on this machine: an error where it must run (`CI` set,
+/// or running as root, which has every privilege these tests need), else a loud skip.
+fn cannot_run(test: &str, why: &str) {
+    let root = unsafe { libc::geteuid() } == 0;
+    if std::env::var_os("CI").is_some() || root {
+        panic!("{test} cannot run ({why}), and it must here (CI set or root)");
+    }
+    eprintln!("SKIP {test}: {why}");
+}
+
+/// A writable cgroup v2 hierarchy, or None with a loud reason (see [`cannot_run`]). The
+/// probe directory is named per test: tests of one process run in parallel.
 fn writable_cgroup2(test: &str) -> Option<PathBuf> {
     let Some(m) = cgroup2_mount().ok().flatten() else {
-        eprintln!("SKIP {test}: no cgroup v2 hierarchy mounted");
+        cannot_run(test, "no cgroup v2 hierarchy mounted");
         return None;
     };
     let probe = m
         .mount_point
-        .join(format!("coherent-probe-{}", std::process::id()));
+        .join(format!("coherent-probe-{}-{test}", std::process::id()));
     match std::fs::create_dir(&probe) {
         Ok(()) => {
             let _ = std::fs::remove_dir(&probe);
             Some(m.mount_point)
         }
         Err(e) => {
-            eprintln!(
-                "SKIP {test}: cgroup v2 at {} is not writable ({e})",
-                m.mount_point.display()
+            cannot_run(
+                test,
+                &format!(
+                    "cgroup v2 at {} is not writable ({e})",
+                    m.mount_point.display()
+                ),
             );
             None
         }

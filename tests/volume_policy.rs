@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coherent::fuse::{HandleInfo, Hooks, OpenInfo, WriteRoute};
-use coherent::passthrough::{Caller, SetAttr, Stamp, Time, ROOT_INO};
+use coherent::passthrough::{Caller, FsError, SetAttr, Stamp, Time, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 
 struct Agent {
@@ -182,6 +182,18 @@ impl Fixture {
             .collect()
     }
 
+    /// What a reader of the log sees now, without flushing it first (§8: a `denied`
+    /// event is in the log when the call returns).
+    fn events_written(&self, kind: &str, session: &str) -> Vec<serde_json::Value> {
+        let log = self.vol.journal().read_log(0, 1 << 24).unwrap();
+        String::from_utf8(log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|e| e["event"] == kind && e["session"] == session)
+            .collect()
+    }
+
     fn events_of(&self, kind: &str, session: &str) -> Vec<serde_json::Value> {
         self.events()
             .into_iter()
@@ -312,7 +324,7 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
     for (i, (route, name)) in routes.iter().enumerate() {
         let err = f.vol.before_write(&alice.caller, route).unwrap_err();
         assert_eq!(err.errno(), libc::EACCES, "{route:?}");
-        let denied = f.events_of("denied", "alice");
+        let denied = f.events_written("denied", "alice");
         assert_eq!(
             denied.len(),
             i + 1,
@@ -419,4 +431,93 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
         releaser.join().unwrap();
     });
     assert_eq!(f.events_of("transfer", "alice").len(), 1);
+}
+
+/// §2, fail closed: a caller the volume cannot resolve (here: a pid whose process is gone,
+/// so /proc has no entry for it, and pid 0, what FUSE sends for a caller outside the
+/// daemon's pid namespace) is refused on a path with a live record (`EACCES`, a `denied`
+/// event with reason `unresolved`, the record still `pending`), never admitted as `uid:0`;
+/// its other writes and its reads go on.
+#[test]
+fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    let mut gone = Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let dead = gone.id();
+    assert!(!Path::new(&format!("/proc/{dead}")).exists());
+    for pid in [dead, 0] {
+        let c = Caller {
+            pid,
+            uid: 0,
+            gid: 0,
+        };
+        let denied_before = f.events_of("denied", "uid:0").len();
+        let route = WriteRoute::Open {
+            ino: 1,
+            path: Some(Path::new("plan.md")),
+            flags: libc::O_WRONLY | libc::O_APPEND,
+        };
+        let e = f.vol.before_write(&c, &route).unwrap_err();
+        assert_eq!(e.errno(), libc::EACCES, "pid {pid}");
+        let denied = f.events_written("denied", "uid:0");
+        assert_eq!(denied.len(), denied_before + 1, "pid {pid}: {denied:?}");
+        let d = denied.last().unwrap();
+        assert_eq!(d["reason"], "unresolved", "{d}");
+        assert_eq!(d["path"], "plan.md", "{d}");
+        assert_eq!(d["route"], "open_write", "{d}");
+        // A rename onto the handed path is refused the same way (the target side).
+        let onto = WriteRoute::Rename {
+            from: Some(Path::new("other.md")),
+            to: Some(Path::new("plan.md")),
+            flags: 0,
+        };
+        assert_eq!(
+            f.vol.before_write(&c, &onto).unwrap_err().errno(),
+            libc::EACCES
+        );
+        // Other paths: written as the request's uid, as before.
+        let other = WriteRoute::Open {
+            ino: 1,
+            path: Some(Path::new("other.md")),
+            flags: libc::O_WRONLY,
+        };
+        let permit = f.vol.before_write(&c, &other).unwrap().expect("a permit");
+        assert_eq!(permit.session.name, "uid:0");
+        f.vol
+            .after_write(&c, &other, Some(permit), Err(FsError(libc::EIO)));
+        // Reads go on.
+        let info = OpenInfo {
+            ino: 1,
+            path: Some(Path::new("plan.md")),
+            flags: libc::O_RDONLY,
+            created: false,
+            stamp: f.stamp("plan.md"),
+        };
+        assert_eq!(f.vol.on_open(&c, &info, None).unwrap(), 0);
+    }
+    // Nothing overtook the handoff: the record is pending and alice is still fenced.
+    let st = f.vol.engine().status(Some("plan.md"));
+    let v = serde_json::to_value(&st).unwrap();
+    assert_eq!(v["live"][0]["status"], "pending", "{v}");
+    assert!(f.events_of("overtaken", "uid:0").is_empty());
+    assert!(f
+        .events_of("acquire", "uid:0")
+        .iter()
+        .all(|e| e["path"] != "plan.md"));
+}
+
+/// §8: `handoff_seen` is in the log when the successor's open returns (written out, not
+/// left for the group commit): read without a flush right after the hook.
+#[test]
+fn handoff_seen_is_written_out_before_the_open_returns() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    assert!(f.events_written("handoff_seen", "bob").is_empty());
+    f.read(&bob, "plan.md");
+    let seen = f.events_written("handoff_seen", "bob");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["path"], "plan.md");
 }

@@ -199,8 +199,14 @@ fn tail_f_follows_events() {
     let state = tempfile::tempdir().unwrap();
     let mount = state_mount(state.path());
     let m = mount.mnt.clone();
+    // An event before tail starts: its first line shows tail has the log open.
+    ok(&sh_in(
+        &m,
+        Some("before-tail"),
+        "echo register > .coherent/ctl",
+    ));
     let mut tail = Command::new("tail")
-        .args(["-n", "0", "-f", ".coherent/events"])
+        .args(["-n", "+1", "-f", ".coherent/events"])
         .current_dir(&m)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -216,13 +222,15 @@ fn tail_f_follows_events() {
             }
         }
     });
-    std::thread::sleep(Duration::from_millis(300));
+    let first = rx.recv_timeout(Duration::from_secs(10));
+    assert!(first.is_ok(), "tail -f printed nothing of the log");
     ok(&sh_in(
         &m,
         Some("tailed-session"),
         "echo register > .coherent/ctl",
     ));
-    let got = rx.recv_timeout(Duration::from_secs(10));
+    let got = std::iter::from_fn(|| rx.recv_timeout(Duration::from_secs(10)).ok())
+        .find(|l| l.contains("tailed-session"));
     let _ = tail.kill();
     let _ = tail.wait();
     let _ = reader.join();
@@ -268,11 +276,13 @@ fn killed_writer_is_reclaimed_not_released() {
         format!("dave-{}", std::process::id()),
         format!("erin-{}", std::process::id()),
     );
-    for (who, cmd) in [
-        (dave.as_str(), "exec 3>>f; exec 3>&-; sleep 0.3"),
-        (erin.as_str(), ": >> f; sleep 0.3"),
+    // The shell stays alive until the daemon logged the release (fails after 10 s).
+    let until_released = r#"n=0; until grep -q "\"release\".*\"$COHERENT_SESSION\"" .coherent/events || [ $n -ge 1000 ]; do n=$((n+1)); sleep 0.01; done; [ $n -lt 1000 ]"#;
+    for (who, open) in [
+        (dave.as_str(), "exec 3>>f; exec 3>&-"),
+        (erin.as_str(), ": >> f"),
     ] {
-        ok(&sh_in(&m, Some(who), cmd));
+        ok(&sh_in(&m, Some(who), &format!("{open}; {until_released}")));
         assert!(
             wait_until(TIMEOUT, || has_event(&m, "release", who)),
             "{who}"
@@ -345,13 +355,20 @@ fn control_directory_is_read_only_and_xattrs_are_computed() {
     }
     assert!(m.join(".coherent/ctl").exists());
     assert_eq!(version(&m.join("a")), Some(1));
-    // Other xattrs pass through; listxattr shows the computed name.
+    // Other xattrs pass through; listxattr does not list the computed names (§7: copies
+    // must not carry them), which stay readable by name.
     ok(&sh_in(m, Some("eve"), "setfattr -n user.note -v hi a"));
     let list = ok(&sh_in(m, Some("eve"), "getfattr -d -m - a"));
     assert!(
-        list.contains("user.note=\"hi\"") && list.contains("user.coherent.version=\"1\""),
+        list.contains("user.note=\"hi\"") && !list.contains("user.coherent."),
         "{list}"
     );
+    let named = ok(&sh_in(
+        m,
+        Some("eve"),
+        "getfattr -n user.coherent.version a",
+    ));
+    assert!(named.contains("user.coherent.version=\"1\""), "{named}");
     assert!(xattr(&m.join("a"), "user.coherent.handoff").is_none());
     // A backing .coherent is hidden behind the virtual one.
     let who = ok(&sh_in(m, Some("eve"), "cat .coherent/whoami"));

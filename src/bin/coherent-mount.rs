@@ -54,8 +54,13 @@ struct Args {
     #[arg(long)]
     no_passthrough: bool,
     /// FUSE mount options, comma-separated (allow_other, default_permissions, ro, ...).
+    /// Run as root, the volume is mounted with allow_other,default_permissions unless
+    /// --private.
     #[arg(short = 'o', value_name = "OPT[,OPT]")]
     options: Vec<String>,
+    /// Only the mounting user may enter the volume (no allow_other,default_permissions).
+    #[arg(long)]
+    private: bool,
     /// State directory (default: $XDG_STATE_HOME or ~/.local/state, coherent/, one folder
     /// per backing directory).
     #[arg(long)]
@@ -66,6 +71,10 @@ struct Args {
     /// Keep ended handoff records this long (e.g. 24h, 30m, 90s, 2d).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     evict_after: Duration,
+    /// Track what `.gitignore` files ignore (paths under `.git/` and those
+    /// `.coherentignore` matches stay untracked).
+    #[arg(long)]
+    track_ignored: bool,
     /// Environment variable naming the session (repeatable; replaces the default list).
     #[arg(long = "session-env", value_name = "VAR")]
     session_env: Vec<String>,
@@ -107,7 +116,33 @@ fn fail<T>(msg: impl Into<String>) -> Result<T, Fail> {
     Err(Fail(msg.into()))
 }
 
-fn mount_options(opts: &[String]) -> (Vec<MountOption>, SessionACL) {
+/// The FUSE options and who may enter: `-o` as given; run as root (`as_root`) and not
+/// `private`, also `allow_other` and `default_permissions` (agents usually run as ordinary
+/// users, and the kernel then checks modes and owners as a native filesystem does).
+fn mount_options(
+    opts: &[String],
+    as_root: bool,
+    private: bool,
+) -> Result<(Vec<MountOption>, SessionACL), Fail> {
+    let (mut out, mut acl) = given_options(opts);
+    if private {
+        if acl != SessionACL::Owner {
+            return fail(
+                "--private lets only the mounting user in: drop -o allow_other/allow_root",
+            );
+        }
+    } else if as_root {
+        if acl == SessionACL::Owner {
+            acl = SessionACL::All;
+        }
+        if !out.contains(&MountOption::DefaultPermissions) {
+            out.push(MountOption::DefaultPermissions);
+        }
+    }
+    Ok((out, acl))
+}
+
+fn given_options(opts: &[String]) -> (Vec<MountOption>, SessionACL) {
     let mut out = Vec::new();
     let mut acl = SessionACL::Owner;
     for o in opts
@@ -320,6 +355,7 @@ fn make_hooks(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
         evict_after: args.evict_after,
     };
     cfg.session_env = args.session_env.clone();
+    cfg.track_ignored = args.track_ignored;
     let root = root.try_clone().map_err(|e| {
         Fail(format!(
             "cannot duplicate the backing directory handle: {e}"
@@ -338,6 +374,12 @@ fn run(args: Args) -> Result<(), Fail> {
             plan.backing.display()
         ))
     })?;
+    if plan.in_place {
+        // Before the mount: these processes keep the directory underneath.
+        for p in coherent::bypass::processes_inside(&plan.backing, std::process::id()) {
+            tracing::warn!("in-place mount: {p}");
+        }
+    }
     let ready = if args.daemon {
         Some(daemonize()?)
     } else {
@@ -374,7 +416,8 @@ fn run(args: Args) -> Result<(), Fail> {
     let fs = CoherentFs::new(root, hooks, fs_opts)
         .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
 
-    let (mut mopts, acl) = mount_options(&args.options);
+    let as_root = nix::unistd::geteuid().is_root();
+    let (mut mopts, acl) = mount_options(&args.options, as_root, args.private)?;
     if !mopts.iter().any(|o| matches!(o, MountOption::FSName(_))) {
         mopts.push(MountOption::FSName(format!(
             "coherent:{}",
@@ -396,6 +439,7 @@ fn run(args: Args) -> Result<(), Fail> {
         stale = ?args.stale,
         evict_after = ?args.evict_after,
         session_env = ?args.session_env,
+        track_ignored = args.track_ignored,
         state_dir = ?args.state_dir,
         "mounting"
     );

@@ -6,7 +6,7 @@
 //! path to [`Entry`] (version, holds, records), so operations on different paths rarely
 //! share a lock. Lock order, always:
 //!   1. shard mutexes, in ascending shard index (multi-path verbs, renames, snapshots);
-//!   2. `sessions` (RwLock);
+//!   2. `sessions` (RwLock), then `owners` (RwLock);
 //!   3. `why` (Mutex);
 //!   4. the sink's own locks (inside `EventSink::append`).
 //!
@@ -185,12 +185,21 @@ pub(super) fn entry_mut<'a>(sh: &'a mut Shard, path: &str) -> &'a mut Entry {
     sh.get_mut(path).expect("just inserted")
 }
 
+/// What `why` keeps per session: the path the text is about (if one), the text, and when
+/// the volume told it.
+pub type WhyEntry = (Option<String>, String, Option<Timestamp>);
+
 /// The coherence engine. Cheap to share (`Arc<Engine>`); every method takes `&self`.
 pub struct Engine {
     pub(super) config: Config,
     pub(super) shards: Box<[Mutex<Shard>]>,
     pub(super) sessions: RwLock<HashMap<String, Session, BuildHasherDefault<PathHasher>>>,
-    pub(super) why: Mutex<HashMap<String, String>>,
+    /// Session name → the uid that owns it (§2).
+    pub(super) owners: RwLock<HashMap<String, u32, BuildHasherDefault<PathHasher>>>,
+    /// Per session: its latest refusal or stale write: the path it is about (None: not
+    /// about one path), the text, and when the volume told it (None: set by the core
+    /// alone, which has no clock of its own here).
+    pub(super) why: Mutex<HashMap<String, WhyEntry>>,
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
 }
@@ -235,6 +244,7 @@ impl Engine {
             config,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             sessions: RwLock::new(HashMap::default()),
+            owners: RwLock::new(HashMap::default()),
             why: Mutex::new(HashMap::new()),
             sink,
             applied: AtomicU64::new(0),
@@ -250,6 +260,7 @@ impl Engine {
             for (name, info) in state.sessions {
                 sessions.insert(name, Arc::new(info));
             }
+            e.owners.write().extend(state.owners);
         }
         for (path, p) in state.paths {
             let entry = Entry {
@@ -300,6 +311,40 @@ impl Engine {
         Some(ev.seq)
     }
 
+    /// Claims session `s` for `uid` (§2: a session name belongs to the first uid that
+    /// shows it): makes it known and owned by `uid` on first sight (`session_seen` with
+    /// `uid`). `Err(owner)` when another uid owns it. Unattributed sessions (`uid:UID`)
+    /// are only made known. A read lock on the warm path.
+    pub fn claim(&self, s: &Session, uid: u32, now: Timestamp) -> Result<(), u32> {
+        if !s.is_attributed() {
+            self.session_seen(s, now);
+            return Ok(());
+        }
+        let mine = |o: u32| if o == uid { Ok(()) } else { Err(o) };
+        if let Some(&o) = self.owners.read().get(&s.name) {
+            return mine(o);
+        }
+        let mut sessions = self.sessions.write();
+        let mut owners = self.owners.write();
+        if let Some(&o) = owners.get(&s.name) {
+            return mine(o);
+        }
+        // Also for a session known without an owner (registered ahead, or an older log).
+        let mut ev = Event::new(EventKind::SessionSeen, now, None, Some(s));
+        ev.via = Some(s.via.clone());
+        ev.uid = Some(uid);
+        self.sink.append(&mut ev);
+        self.applied.fetch_max(ev.seq, Ordering::SeqCst);
+        owners.insert(s.name.clone(), uid);
+        sessions.entry(s.name.clone()).or_insert_with(|| s.clone());
+        Ok(())
+    }
+
+    /// The uid owning session `name`, if known.
+    pub fn owner(&self, name: &str) -> Option<u32> {
+        self.owners.read().get(name).copied()
+    }
+
     /// The known session of that name (records use it, so the first-seen `via` wins).
     pub(super) fn known(&self, name: &str, agent: Option<uuid::Uuid>) -> Session {
         if let Some(s) = self.sessions.read().get(name) {
@@ -345,12 +390,19 @@ impl Engine {
         ev.seq
     }
 
-    pub(super) fn set_why(&self, s: &SessionInfo, text: &str) {
-        self.why.lock().insert(s.name.clone(), text.to_string());
+    /// What `.coherent/why` shows `s` from now on: its latest refusal or stale write
+    /// (about `path`, if one), told at `now` (§5, issue 9: the latest one wins).
+    pub fn tell(&self, s: &SessionInfo, path: Option<&str>, text: &str, now: Timestamp) {
+        self.why.lock().insert(
+            s.name.clone(),
+            (path.map(str::to_string), text.to_string(), Some(now)),
+        );
     }
 
     pub(super) fn refuse(&self, s: &SessionInfo, r: Refusal) -> Refusal {
-        self.set_why(s, &r.message);
+        self.why
+            .lock()
+            .insert(s.name.clone(), (r.path.clone(), r.message.clone(), None));
         r
     }
 
@@ -554,10 +606,11 @@ impl Engine {
                         .unwrap_or_else(|| crate::identity::agent_id_for_name(&name)),
                     via: ev.via.clone().unwrap_or(Via::Registered),
                 };
-                self.sessions
-                    .write()
-                    .entry(name)
-                    .or_insert_with(|| Arc::new(info));
+                let mut sessions = self.sessions.write();
+                if let Some(uid) = ev.uid {
+                    self.owners.write().entry(name.clone()).or_insert(uid);
+                }
+                sessions.entry(name).or_insert_with(|| Arc::new(info));
             }
             (EventKind::Commit, Some(CommitOp::RenameDir)) => {
                 let mut all = self.lock_all();

@@ -88,11 +88,18 @@ impl Engine {
     /// A live record on `e` touched by `by`, who is neither its giver nor its successor:
     /// `overtaken` with `counterparty` (unless it already says so).
     fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
-        // Only a pending record changes status (§5).
-        let Some(r) = e.live().filter(|r| r.status == Status::Pending) else {
+        // Only a pending record changes status (§5); an overtaken one keeps its status and
+        // names the latest bystander as its counterparty.
+        let Some(r) = e
+            .live()
+            .filter(|r| matches!(r.status, Status::Pending | Status::Overtaken))
+        else {
             return;
         };
         if r.giver.name == by || r.successor.name == by {
+            return;
+        }
+        if r.status == Status::Overtaken && r.counterparty.as_deref() == Some(by) {
             return;
         }
         let mut ev = Event::new(EventKind::Overtaken, now, Some(&r.path), None);
@@ -241,6 +248,7 @@ impl Engine {
         Ok(Acquired {
             version,
             stale: stale && self.config.stale == StaleMode::Warn,
+            view,
         })
     }
 

@@ -2,6 +2,7 @@
 //! status, and the durable state for snapshots and tests.
 
 use super::engine::*;
+use super::time::Timestamp;
 use super::types::*;
 use crate::identity::SessionInfo;
 use std::sync::atomic::Ordering;
@@ -33,6 +34,21 @@ impl Engine {
         self.lock_one(path).get(path).and_then(|e| e.stamp)
     }
 
+    /// The tracked, existing paths whose last stamp is of inode `ino` (the other names of a
+    /// hard-linked file). Scans every shard: for files known to have several names.
+    pub fn paths_of_inode(&self, ino: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let sh = shard.lock();
+            out.extend(
+                sh.iter()
+                    .filter(|(_, e)| e.exists && e.stamp.is_some_and(|st| st.ino == ino))
+                    .map(|(k, _)| k.to_string()),
+            );
+        }
+        out
+    }
+
     /// `user.coherent.handoff`: the live record of `path` with the reader's role.
     pub fn handoff(&self, s: &SessionInfo, path: &str) -> Option<HandoffView> {
         let sh = self.lock_one(path);
@@ -49,6 +65,14 @@ impl Engine {
             record: r.to_json(e.version),
             role,
         })
+    }
+
+    /// Does `path` have a live record? (The volume keeps such a path in view even when
+    /// an ignore file later says it is untracked: a fence cannot be dropped that way.)
+    pub fn has_live_record(&self, path: &str) -> bool {
+        self.lock_one(path)
+            .get(path)
+            .is_some_and(|e| e.live().is_some())
     }
 
     /// The hold of `s` on `path` and its view (tests, status).
@@ -86,6 +110,15 @@ impl Engine {
 
     /// `.coherent/why`: the text of the last denial or refusal of `s`.
     pub fn why(&self, s: &SessionInfo) -> Option<String> {
+        self.why.lock().get(&s.name).map(|(_, t, _)| t.clone())
+    }
+
+    /// [`Engine::why`] with the path the text is about (None: not about one path) and
+    /// when the volume told it.
+    pub fn why_about(
+        &self,
+        s: &SessionInfo,
+    ) -> Option<(Option<String>, String, Option<Timestamp>)> {
         self.why.lock().get(&s.name).cloned()
     }
 
@@ -171,6 +204,12 @@ impl Engine {
         st.sessions = sessions
             .iter()
             .map(|(k, v)| (k.clone(), (**v).clone()))
+            .collect();
+        st.owners = self
+            .owners
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
             .collect();
         (st, r)
     }

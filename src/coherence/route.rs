@@ -45,11 +45,24 @@ pub enum Found {
 pub struct At<'a> {
     pub path: &'a str,
     pub found: Found,
+    /// The file there has other names (hard links: `st_nlink` > 1): the fence follows the
+    /// inode, so those names are checked too.
+    pub linked: bool,
 }
 
 impl<'a> At<'a> {
     pub fn new(path: &'a str, found: Found) -> Self {
-        At { path, found }
+        At {
+            path,
+            found,
+            linked: false,
+        }
+    }
+
+    /// The same, for a file with other names (see [`At::linked`]).
+    pub fn linked(mut self, linked: bool) -> Self {
+        self.linked = linked;
+        self
     }
 
     /// A path the caller did not stat.
@@ -214,6 +227,29 @@ impl Engine {
     /// `why`. Allowed: the [`Permit`] for the part after the operation (an open for write
     /// holds `E` from here: pair it with `close_write`).
     pub fn decide(&self, s: &Session, w: Write<'_>, now: Timestamp) -> Result<Permit, Refusal> {
+        self.decide_as(s, true, w, now)
+    }
+
+    /// The decision for a caller whose session could not be resolved (§2: fail closed).
+    /// A route touching a path with a live record is refused (`denied`, reason
+    /// `unresolved`, logged under `fallback`, the caller's `uid:UID`); any other route is
+    /// decided as `fallback`'s, in the same locked pass.
+    pub fn decide_unresolved(
+        &self,
+        fallback: &Session,
+        w: Write<'_>,
+        now: Timestamp,
+    ) -> Result<Permit, Refusal> {
+        self.decide_as(fallback, false, w, now)
+    }
+
+    fn decide_as(
+        &self,
+        s: &Session,
+        resolved: bool,
+        w: Write<'_>,
+        now: Timestamp,
+    ) -> Result<Permit, Refusal> {
         if let Write::Setxattr { at, name } | Write::Removexattr { at, name } = w {
             if let Some(r) = computed_xattr(name) {
                 return Err(r.at(at.path));
@@ -222,6 +258,17 @@ impl Engine {
         self.session_seen(s, now);
         let (main, to) = w.main();
         let paths = w.paths();
+        // Every name of a handed inode is fenced for its giver (§6), before the shards of
+        // this route are locked (the other names may live in any shard).
+        for at in paths.iter().flatten().filter(|a| a.linked) {
+            if let Found::File(st) = at.found {
+                let route = match w {
+                    Write::Rename { to, .. } if to.path == at.path => Route::RenameTarget,
+                    _ => w.route(),
+                };
+                self.fence_inode(s, at.path, st.ino, route, now)?;
+            }
+        }
         let subtree = matches!(w, Write::Rename { from, to, .. }
             if from.found == Found::Dir || to.found == Found::Dir);
         let mut locked = if subtree {
@@ -235,6 +282,36 @@ impl Engine {
                 Found::File(st) => self.observe_in(locked.shard(at.path), at.path, Some(st), now),
                 Found::Dir | Found::Unseen => None,
             };
+        }
+        if !resolved {
+            for (i, at) in paths.iter().enumerate() {
+                let Some(at) = at else { continue };
+                let route = match w {
+                    Write::Rename { .. } if i == 1 => Route::RenameTarget,
+                    _ => w.route(),
+                };
+                if let Some(e) = locked.shard(at.path).get_mut(at.path) {
+                    self.unresolved(e, at.path, s, route, now)?;
+                }
+            }
+            if subtree {
+                for sh in locked.all.iter_mut() {
+                    for (k, e) in sh.iter_mut() {
+                        for (i, at) in paths.iter().flatten().enumerate() {
+                            if k.starts_with(at.path)
+                                && k.as_bytes().get(at.path.len()) == Some(&b'/')
+                            {
+                                let route = if i == 0 {
+                                    Route::RenameSource
+                                } else {
+                                    Route::RenameTarget
+                                };
+                                self.unresolved(e, k, s, route, now)?;
+                            }
+                        }
+                    }
+                }
+            }
         }
         let mut permit = Permit {
             session: s.clone(),
@@ -285,6 +362,69 @@ impl Engine {
             _ => self.fence_at(locked.shard(main.path), main.path, s, w.route(), now)?,
         }
         Ok(permit)
+    }
+
+    /// The fence by inode: if `s` gave a live record on another tracked name of inode `ino`
+    /// than `path`, this route on `path` is a write to that file and is fenced the same
+    /// way (denied event and deny text name the handed path). Scans every shard, one lock
+    /// at a time: only called for files with more than one name.
+    fn fence_inode(
+        &self,
+        s: &Session,
+        path: &str,
+        ino: u64,
+        route: Route,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        if !s.is_attributed() {
+            return Ok(());
+        }
+        let handed = self.shards.iter().find_map(|shard| {
+            shard
+                .lock()
+                .iter()
+                .find(|(k, e)| {
+                    &***k != path
+                        && e.exists
+                        && e.stamp.is_some_and(|st| st.ino == ino)
+                        && e.live().is_some_and(|r| r.giver.name == s.name)
+                })
+                .map(|(k, _)| k.to_string())
+        });
+        match handed {
+            Some(q) => self.fence_at(&mut self.lock_one(&q), &q, s, route, now),
+            None => Ok(()),
+        }
+    }
+
+    /// An unresolved caller on `e`: refused when `e` has a live record.
+    fn unresolved(
+        &self,
+        e: &mut Entry,
+        path: &str,
+        s: &Session,
+        route: Route,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        let Some(r) = e.live() else { return Ok(()) };
+        let status = r.status;
+        let record = r.id;
+        let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
+        ev.reason = Some(Reason::Unresolved);
+        ev.route = Some(route);
+        ev.record = Some(record);
+        ev.version = Some(e.version);
+        self.emit(e, ev);
+        Err(Refusal::new(
+            Reason::Unresolved,
+            format!(
+                "write denied: {path} is handed on (v{}) and the volume could not tell which \
+                 session this process belongs to, so it refuses the write rather than guess",
+                e.version
+            ),
+        )
+        .at(path)
+        .with_status(status))
     }
 
     pub(super) fn fence_at(

@@ -152,6 +152,9 @@ pub struct Event {
     /// `session_seen`: how the session was resolved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<Via>,
+    /// `session_seen`: the uid that owns the session name from then on (§2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
     /// The path's version after the event (commit, external_change, transfer, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u64>,
@@ -206,6 +209,7 @@ impl Event {
             session: session.map(|s| s.name.clone()),
             agent: session.map(|s| s.agent_id),
             via: None,
+            uid: None,
             version: None,
             op: None,
             removed: false,
@@ -326,6 +330,9 @@ pub struct DurableState {
     /// All records (live and ended, not yet evicted), by (path, id).
     pub records: Vec<Record>,
     pub sessions: std::collections::BTreeMap<String, SessionInfo>,
+    /// The uid owning each session name (§2: the first uid that showed it).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub owners: std::collections::BTreeMap<String, u32>,
 }
 
 /// A known session as `status` lists it.
@@ -377,6 +384,8 @@ pub struct Acquired {
     pub version: u64,
     /// `--stale warn`: the write was stale and a `stale_write` event was logged.
     pub stale: bool,
+    /// The version the session last read, wrote or committed (None: a blind write).
+    pub view: Option<u64>,
 }
 
 /// Serde for `Arc<SessionInfo>` without serde's `rc` feature.

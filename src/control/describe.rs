@@ -20,6 +20,11 @@ pub fn via_text(via: &Value) -> String {
                 "env" => format!("environment variable {detail}"),
                 "cgroup" => format!("cgroup {detail}"),
                 "uid" => "uid (no session tag: unattributed)".to_string(),
+                "not_yours" => format!(
+                    "uid (unattributed): session {} belongs to uid {}, not to this process's uid",
+                    m.get("session").and_then(Value::as_str).unwrap_or("?"),
+                    m.get("owner").and_then(Value::as_u64).unwrap_or(0)
+                ),
                 "registered" => "registration through the control file".to_string(),
                 other if detail.is_empty() => other.to_string(),
                 other => format!("{other} {detail}"),

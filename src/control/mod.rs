@@ -28,6 +28,8 @@ pub use crate::coherence::MAX_NOTE;
 pub const MAX_PATH: usize = 4096;
 /// The longest session name accepted in `--to` or `register NAME` (bytes).
 pub const MAX_NAME: usize = 1024;
+/// How `.coherent/why` begins for a session never refused or warned.
+pub const NO_REFUSAL: &str = "no refusal";
 /// The virtual control directory at the mount root.
 pub const CONTROL_DIR: &str = ".coherent";
 

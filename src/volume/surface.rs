@@ -10,12 +10,21 @@
 //! I/O, so readers read until EOF. Only `ctl` is writable (mode 0666, any user may send a
 //! request; the verbs decide who may do what).
 //!
+//! What a reader sees of a path depends on the reader (§7): `status`, `events`, `inbox`
+//! and the ctl verbs show a path, its record and its note only to callers who could look
+//! the path up themselves ([`crate::visibility`]); to anyone else the answer is the one for
+//! a path that does not exist. A path in a request resolves beneath the backing root
+//! ([`crate::beneath`]): one that leaves it is `bad_request` "outside the volume", whether
+//! or not the host path exists, and the engine never hears of it.
+//!
 //! [`Surface`] owns the open virtual handles; the volume's `virtual_*` hooks delegate to it
 //! in one line each, and its methods take the [`Volume`] for what they read (engine,
 //! journal, resolver, the backing directory).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::os::fd::AsFd;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -23,14 +32,17 @@ use parking_lot::Mutex;
 use serde_json::Value;
 
 use super::Volume;
-use crate::coherence::Timestamp;
-use crate::control::{session_json, CtlHandle, Reply, Request, Verb};
+use crate::access::{may_write, Who};
+use crate::beneath::{self, Resolved};
+use crate::coherence::{RecordJson, StatusReport, Timestamp};
+use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::error::{Reason, Refusal};
 use crate::fuse::open_writes;
-use crate::identity::{Session, SessionInfo, Via};
+use crate::identity::{Session, Via};
 use crate::passthrough::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
 };
+use crate::visibility::{LogView, Sight};
 
 pub(super) const DIR: u64 = VIRTUAL_INO_BIT | 1;
 const CTL: u64 = VIRTUAL_INO_BIT | 2;
@@ -56,10 +68,12 @@ enum VHandle {
     Text(Vec<u8>),
     /// The journal, read at each offset plus `shift`: a reader that started below the
     /// log's base (compacted away) is moved up to the base once, and stays moved, so it
-    /// reads each event once.
+    /// reads each event once. For root, who sees every path.
     Events {
         shift: u64,
     },
+    /// The journal as another reader may see it: only lines of paths it could look up.
+    SeenEvents(LogView),
 }
 
 /// The `.coherent/` control surface: its open handles and the state of `events`' mtime.
@@ -98,16 +112,19 @@ impl Surface {
     }
 }
 
-/// The text of `why`: the last denial or refusal, one line ending in a newline.
-fn why_text(t: Option<String>) -> Vec<u8> {
+/// The text of `why`: the latest refusal or stale write (its versions are in the text),
+/// then when it happened; `no refusal` when there was none.
+fn why_text(t: Option<(String, Option<Timestamp>)>) -> Vec<u8> {
     match t {
-        Some(mut t) => {
-            if !t.ends_with('\n') {
-                t.push('\n');
+        Some((t, at)) => {
+            let mut out = t.trim_end().to_string();
+            if let Some(at) = at {
+                out.push_str(&format!("\n(at {})", at.rfc3339()));
             }
-            t.into_bytes()
+            out.push('\n');
+            out.into_bytes()
         }
-        None => Vec::new(),
+        None => format!("{NO_REFUSAL}: this session has not been refused or warned\n").into_bytes(),
     }
 }
 
@@ -194,11 +211,29 @@ impl Surface {
             DIR => return Err(FsError(libc::EISDIR)),
             CTL => VHandle::Ctl(CtlHandle::new()),
             _ if open_writes(flags) => return Err(FsError(libc::EACCES)),
-            EVENTS => VHandle::Events { shift: 0 },
-            STATUS => VHandle::Text(json_line(&vol.engine.status(None))),
+            EVENTS => match who(caller) {
+                w if w.is_root() => VHandle::Events { shift: 0 },
+                w => VHandle::SeenEvents(LogView::new(w)),
+            },
+            STATUS => {
+                let mut sight = Sight::new(who(caller));
+                VHandle::Text(json_line(&seen_status(vol, &mut sight, None)))
+            }
             WHOAMI => VHandle::Text(json_line(&whoami_json(vol, caller))),
-            WHY => VHandle::Text(why_text(vol.engine.why(&vol.session(caller)))),
-            INBOX => VHandle::Text(json_line(&vol.engine.inbox(&vol.session(caller)))),
+            WHY => {
+                // A path the reader can no longer look up is not shown, even its own.
+                let mut sight = Sight::new(who(caller));
+                let why = vol.engine.why_about(&vol.session(caller));
+                VHandle::Text(why_text(why.and_then(|(p, t, at)| match p {
+                    Some(p) if !sight.sees(vol.root.as_fd(), &p) => None,
+                    _ => Some((t, at)),
+                })))
+            }
+            INBOX => {
+                let mut sight = Sight::new(who(caller));
+                let inbox = vol.engine.inbox(&vol.session(caller));
+                VHandle::Text(json_line(&seen_records(vol, &mut sight, inbox)))
+            }
             _ => return Err(FsError(libc::ENOENT)),
         };
         let token = self.next.fetch_add(1, Ordering::Relaxed);
@@ -230,6 +265,11 @@ impl Surface {
                 let end = start.saturating_add(size as usize).min(t.len());
                 Ok(t[start..end].to_vec())
             }
+            VHandle::SeenEvents(view) => view
+                .read(vol.root.as_fd(), offset, size as usize, |o, n| {
+                    vol.journal.read_log_from(o, n)
+                })
+                .map_err(FsError::from),
             VHandle::Events { shift } => {
                 let want = offset.saturating_add(*shift);
                 let (start, bytes) = vol
@@ -288,7 +328,11 @@ impl Surface {
         }
         let s = &vol.session(caller);
         let verb = req.verb();
-        let r = self.serve_verb(vol, s, req);
+        let mut sight = Sight::new(who(caller));
+        let r = match not_yours(s, verb).map_or_else(|| place_request(vol, &mut sight, req), Err) {
+            Ok(req) => self.serve_verb(vol, s, &mut sight, &req),
+            Err(f) => Err(f),
+        };
         if vol.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
             // The events of this verb may not be on disk: do not report success.
             return journal_failed(verb);
@@ -296,6 +340,9 @@ impl Surface {
         match r {
             Ok(reply) => reply,
             Err(f) => {
+                // `why` shows the latest refusal, whichever part of the volume made it.
+                vol.engine
+                    .tell(s, f.path.as_deref(), &f.message, Timestamp::now());
                 let paths = req.paths();
                 let path = (paths.len() == 1).then(|| paths[0].as_str());
                 Reply::refused(Some(verb), &f, path)
@@ -303,7 +350,13 @@ impl Surface {
         }
     }
 
-    fn serve_verb(&self, vol: &Volume, s: &Session, req: &Request) -> Result<Reply, Refusal> {
+    fn serve_verb(
+        &self,
+        vol: &Volume,
+        s: &Session,
+        sight: &mut Sight,
+        req: &Request,
+    ) -> Result<Reply, Refusal> {
         let now = Timestamp::now();
         let records = |r: crate::coherence::VerbReply| match serde_json::to_value(&r.records) {
             Ok(Value::Array(v)) => v,
@@ -315,17 +368,27 @@ impl Surface {
                 Reply::session(Verb::Register, s)
             }
             Request::Register { name: Some(n) } => {
-                // Anyone may name a session ahead of its first process (an unattributed
-                // human preparing a handoff included): it only makes the name known.
+                // Only the caller's own session (§2): naming another would let anyone
+                // claim a name ahead of its owner.
                 crate::names::validate_session_name(n)
                     .map_err(|e| Refusal::new(Reason::BadRequest, e))?;
-                let named = Arc::new(SessionInfo::from_tag(None, n, Via::Registered));
-                vol.engine.register(&named, now)?;
-                let known = vol.engine.lookup_session(n).unwrap_or(named);
-                Reply::session(Verb::Register, &known)
+                if s.is_attributed() && *n != s.name {
+                    return Err(Refusal::new(
+                        Reason::SessionNotYours,
+                        format!(
+                            "register registers only this process's own session ({}), not {n}: \
+                             run it in that session (coherent run --session {n})",
+                            s.display()
+                        ),
+                    ));
+                }
+                vol.engine.register(s, now)?;
+                Reply::session(Verb::Register, s)
             }
             Request::Transfer { paths, to, note } => {
+                tracked_paths(vol, paths)?;
                 observe_paths(vol, paths, now)?;
+                may_write_all(vol, sight.who(), paths)?;
                 let r = match vol.engine.transfer(s, paths, to, note.clone(), now) {
                     Err(f)
                         if matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
@@ -341,21 +404,27 @@ impl Surface {
             }
             Request::Accept { paths } => {
                 observe_paths(vol, paths, now)?;
+                owner_only(vol, s, sight.who(), Verb::Accept, paths)?;
                 Reply::records(Verb::Accept, records(vol.engine.accept(s, paths, now)?))
             }
             Request::Decline { paths } => {
                 observe_paths(vol, paths, now)?;
+                owner_only(vol, s, sight.who(), Verb::Decline, paths)?;
                 Reply::records(Verb::Decline, records(vol.engine.decline(s, paths, now)?))
             }
             Request::Withdraw { paths } => {
                 observe_paths(vol, paths, now)?;
+                owner_only(vol, s, sight.who(), Verb::Withdraw, paths)?;
                 Reply::records(Verb::Withdraw, records(vol.engine.withdraw(s, paths, now)?))
             }
             Request::Status { path } => {
-                if let Some(p) = path {
+                if let Some(p) = path
+                    .as_deref()
+                    .filter(|p| vol.is_tracked(p, false) && sight.sees(vol.root.as_fd(), p))
+                {
                     vol.observe(p, now);
                 }
-                let st = vol.engine.status(path.as_deref());
+                let st = seen_status(vol, sight, path.as_deref());
                 let c = st.counts;
                 let msg = match path {
                     Some(p) => format!(
@@ -377,6 +446,33 @@ impl Surface {
             Request::Whoami => unreachable!("served above, with the ignored tags"),
         })
     }
+}
+
+/// A transfer hands on tracked paths only (§3): each untracked one is refused
+/// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
+fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
+    let refused: Vec<Refusal> = paths
+        .iter()
+        .filter_map(|p| {
+            let is_dir = vol.stat(p).is_some_and(|x| x.1);
+            let why = vol.tracking.why_untracked(p, is_dir)?;
+            Some(
+                Refusal::new(
+                    Reason::NotTracked,
+                    format!("{p} is not tracked by the volume, so it cannot be handed on: {why}"),
+                )
+                .at(p.as_str()),
+            )
+        })
+        .collect();
+    let Some(first) = refused.first() else {
+        return Ok(());
+    };
+    let mut r = first.clone();
+    if paths.len() > 1 {
+        r.per_path = refused;
+    }
+    Err(r)
 }
 
 /// Count what the backing directory holds at each path before a verb decides on it.
@@ -404,4 +500,173 @@ fn journal_failed(verb: Verb) -> Reply {
         ),
         None,
     )
+}
+
+/// A verb of a process carrying another uid's session name (§2): refused.
+fn not_yours(s: &Session, verb: Verb) -> Option<Refusal> {
+    let Via::NotYours { session, owner } = &s.via else {
+        return None;
+    };
+    if verb == Verb::Status {
+        return None;
+    }
+    Some(Refusal::new(
+        Reason::SessionNotYours,
+        format!(
+            "session {session} belongs to uid {owner}; this process (uid {}) is not that \
+             session, so it cannot {} as it",
+            s.name.trim_start_matches("uid:"),
+            verb.as_str()
+        ),
+    ))
+}
+
+/// The caller as the permission checks see it (its supplementary groups from `/proc`).
+fn who(caller: &Caller) -> Who {
+    Who::of_task(caller.pid, caller.uid, caller.gid)
+}
+
+/// The request with its paths placed beneath the backing root: a path that leaves it is
+/// refused `bad_request` (the same answer whether the host path exists or not, and the
+/// engine never sees it); a path through a symlink to a directory inside becomes the real
+/// path; a path the caller may not see is refused as a path that does not exist
+/// (`status PATH` answers for it as for a path never seen, in [`seen_status`]).
+fn place_request(vol: &Volume, sight: &mut Sight, req: &Request) -> Result<Request, Refusal> {
+    let place = |sight: &mut Sight, p: &String, hide: bool| -> Result<String, Refusal> {
+        let real = match beneath::resolve(vol.root.as_fd(), p) {
+            Ok(Resolved::Outside) => {
+                return Err(Refusal::new(
+                    Reason::BadRequest,
+                    format!(
+                        "bad request: {} is outside the volume (it leaves the mount root \
+                         through a symlink)",
+                        crate::names::quote_for_message(p)
+                    ),
+                ))
+            }
+            Ok(Resolved::Inside { real: Some(r), .. }) if !r.is_empty() => r,
+            _ => p.clone(),
+        };
+        if hide && !sight.sees(vol.root.as_fd(), &real) {
+            return Err(not_there(&real));
+        }
+        Ok(real)
+    };
+    let all = |sight: &mut Sight, paths: &[String]| -> Result<Vec<String>, Refusal> {
+        paths.iter().map(|p| place(sight, p, true)).collect()
+    };
+    Ok(match req {
+        Request::Transfer { paths, to, note } => Request::Transfer {
+            paths: all(sight, paths)?,
+            to: to.clone(),
+            note: note.clone(),
+        },
+        Request::Accept { paths } => Request::Accept {
+            paths: all(sight, paths)?,
+        },
+        Request::Decline { paths } => Request::Decline {
+            paths: all(sight, paths)?,
+        },
+        Request::Withdraw { paths } => Request::Withdraw {
+            paths: all(sight, paths)?,
+        },
+        Request::Status { path: Some(p) } => Request::Status {
+            path: Some(place(sight, p, false)?),
+        },
+        other => other.clone(),
+    })
+}
+
+/// The refusal for a path that does not exist (the engine's own answer for one).
+fn not_there(p: &str) -> Refusal {
+    Refusal::new(
+        Reason::NoSuchPath,
+        format!("{p} does not exist in this volume (or the volume has not seen it yet)"),
+    )
+}
+
+/// `transfer` needs that the caller could open each file for writing itself (§5), as the
+/// kernel would decide it for the caller's uid, groups and the file's mode and ACL.
+fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusal> {
+    for p in paths {
+        // Errors (a path that is gone) are the engine's to answer.
+        if let Ok(false) = may_write(vol.root.as_fd(), Path::new(p), who) {
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "you may not write {p} (its mode or ACL does not let uid {} write it), \
+                     so you cannot hand it on",
+                    who.uid
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `accept`/`decline` only by the successor's owner uid, `withdraw` only by the giver's
+/// (§5): a caller of another uid is refused `session_not_yours` (a caller of the same uid
+/// in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
+fn owner_only(
+    vol: &Volume,
+    s: &Session,
+    who: &Who,
+    verb: Verb,
+    paths: &[String],
+) -> Result<(), Refusal> {
+    for p in paths {
+        let Some(h) = vol.engine.handoff(s, p) else {
+            continue;
+        };
+        let (role, name) = match verb {
+            Verb::Withdraw => ("giver", &h.record.giver),
+            _ => ("successor", &h.record.successor),
+        };
+        match vol.engine.owner(name) {
+            Some(owner) if *name != s.name && owner != who.uid => {
+                return Err(Refusal::new(
+                    Reason::SessionNotYours,
+                    format!(
+                        "the {role} of {p} is session {name}, which belongs to uid {owner}: \
+                         only that uid may {} it",
+                        verb.as_str()
+                    ),
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Only the records whose paths the reader may see.
+fn seen_records(vol: &Volume, sight: &mut Sight, recs: Vec<RecordJson>) -> Vec<RecordJson> {
+    if sight.sees_all() {
+        return recs;
+    }
+    recs.into_iter()
+        .filter(|r| sight.sees(vol.root.as_fd(), &r.path))
+        .collect()
+}
+
+/// `status [PATH]` as the reader may see it: records of paths it may not look up are left
+/// out (and out of the counts); `status PATH` of such a path is the answer for a path
+/// never seen.
+fn seen_status(vol: &Volume, sight: &mut Sight, path: Option<&str>) -> StatusReport {
+    let mut st = vol.engine.status(path);
+    if sight.sees_all() {
+        return st;
+    }
+    if let Some(p) = path {
+        if !sight.sees(vol.root.as_fd(), p) {
+            st.version = None;
+            st.live.clear();
+            st.ended.clear();
+        }
+    }
+    st.live = seen_records(vol, sight, std::mem::take(&mut st.live));
+    st.ended = seen_records(vol, sight, std::mem::take(&mut st.ended));
+    st.counts.live = st.live.len();
+    st.counts.ended = st.ended.len();
+    st
 }

@@ -601,3 +601,16 @@ impl LiveShell {
         self.holder.pid()
     }
 }
+
+/// `sh -c CMD` as `who`, which must be refused: the tool says `Permission denied` (EACCES)
+/// and the log gains a `denied` event of `who` on `path` with `reason` (`fenced`,
+/// `stale_view`, `unresolved`). Returns the run.
+pub fn sh_refused(m: &impl Root, who: &str, cmd: &str, path: &str, reason: &str) -> Run {
+    let before = events_of(m, "denied", path, Some(who)).len();
+    let r = sh(m, Some(who), cmd);
+    assert!(r.denied(), "{who} `{cmd}`: want EACCES, got {}", r.show());
+    let d = await_events(m, "denied", path, Some(who), before + 1);
+    assert!(d.len() > before, "{who} `{cmd}`: no `denied` on {path}");
+    assert_eq!(d[before]["reason"], reason, "{who} `{cmd}`: {}", d[before]);
+    r
+}

@@ -10,6 +10,9 @@
 //! ```
 #![allow(dead_code)]
 
+/// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
+pub mod users;
+
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -414,9 +417,12 @@ impl Drop for Remount {
 /// The cgroup v2 mount of this host, if this process may create cgroups in it.
 pub fn writable_cgroup2() -> Option<PathBuf> {
     let mount = coherent::identity::cgroup2_mount().ok()??.mount_point;
-    let probe = mount.join(format!("coherent-test-probe-{}", std::process::id()));
-    // A probe left by an earlier, killed run is as good a proof as a new one; removing it
-    // may fail for a moment, which says nothing about writability.
+    // One probe per call: the tests of one process call this in parallel. A probe left by
+    // an earlier, killed run is as good a proof as a new one; removing it may fail for a
+    // moment, which says nothing about writability.
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let probe = mount.join(format!("coherent-test-probe-{}-{n}", std::process::id()));
     match std::fs::create_dir(&probe) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}

@@ -14,7 +14,7 @@
 
 use crate::{call, locate_cwd};
 use coherent::coherence::deny_text;
-use coherent::control::{shell_word, Request};
+use coherent::control::{shell_word, Request, NO_REFUSAL};
 use coherent::identity::{SessionInfo, Via};
 use serde_json::{json, Value};
 use std::ffi::CString;
@@ -147,7 +147,7 @@ fn post_tool_use(ev: &Value) -> Option<Value> {
     })?;
     let why = std::fs::read_to_string(root.join(".coherent/why")).unwrap_or_default();
     let why = match why.trim() {
-        "" => fence_text(hit)?,
+        w if w.is_empty() || w.starts_with(NO_REFUSAL) => fence_text(hit)?,
         w => w.to_string(),
     };
     Some(json!({

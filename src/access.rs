@@ -1,0 +1,242 @@
+//! Permission checks made as the caller, the way the kernel would make them (DESIGN.md
+//! §5, §7, §12): may this uid, with these groups, open a path for writing, or look it up?
+//!
+//! The daemon runs as root, so it cannot ask the question of itself. Instead this thread
+//! takes the caller's fsuid, fsgid and supplementary groups for the duration of one check
+//! (the raw syscalls are per-thread; glibc's wrappers would change every thread) and lets
+//! the kernel walk the path and run `faccessat2(..., AT_EACCESS)`: mode bits, POSIX ACLs,
+//! read-only mounts and immutable files all count, exactly as for the caller's own `open`.
+//! A non-zero fsuid also drops the filesystem capabilities (CAP_DAC_OVERRIDE, ...), which
+//! come back when fsuid returns to 0. Root (uid 0) may do anything.
+//!
+//! Paths are resolved beneath the root ([`crate::beneath`]): a symlink out of it answers
+//! `EXDEV`, never a check of a host path.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::path::Path;
+
+use crate::beneath::open_beneath;
+
+/// A caller as the permission checks see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Who {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Who {
+    pub fn root() -> Who {
+        Who {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
+    }
+
+    /// The caller of a FUSE request: its fs uid and gid, and the supplementary groups of
+    /// thread `tid` from `/proc/TID/status` (none when the task is gone: the check then
+    /// counts only uid and gid, which can only deny more).
+    pub fn of_task(tid: u32, uid: u32, gid: u32) -> Who {
+        Who {
+            uid,
+            gid,
+            groups: groups_of(tid),
+        }
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+}
+
+/// The `Groups:` line of a `/proc/PID/status` text (None when there is none).
+pub fn parse_groups(status: &[u8]) -> Option<Vec<u32>> {
+    let text = std::str::from_utf8(status).ok()?;
+    let line = text.lines().find_map(|l| l.strip_prefix("Groups:"))?;
+    Some(
+        line.split_ascii_whitespace()
+            .filter_map(|g| g.parse().ok())
+            .collect(),
+    )
+}
+
+/// The supplementary groups of task `tid` (empty when it cannot be read).
+pub fn groups_of(tid: u32) -> Vec<u32> {
+    std::fs::read(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| parse_groups(&s))
+        .unwrap_or_default()
+}
+
+/// While alive, this thread's fsuid, fsgid and supplementary groups are `who`'s.
+pub struct AsUser {
+    /// The thread's own fsuid, fsgid and groups, to put back (None: nothing changed).
+    saved: Option<(i64, i64, Vec<libc::gid_t>)>,
+}
+
+impl AsUser {
+    pub fn enter(who: &Who) -> AsUser {
+        if who.uid == 0 && who.gid == 0 {
+            return AsUser { saved: None };
+        }
+        let mut saved = vec![0 as libc::gid_t; 256];
+        // SAFETY: getgroups into a buffer of the length given.
+        let n = unsafe { libc::getgroups(saved.len() as i32, saved.as_mut_ptr()) };
+        saved.truncate(n.max(0) as usize);
+        // SAFETY: raw per-thread credential syscalls with valid arguments; setfsuid and
+        // setfsgid return the previous value.
+        let (uid, gid) = unsafe {
+            libc::syscall(libc::SYS_setgroups, who.groups.len(), who.groups.as_ptr());
+            let gid = libc::syscall(libc::SYS_setfsgid, who.gid);
+            let uid = libc::syscall(libc::SYS_setfsuid, who.uid);
+            (uid, gid)
+        };
+        AsUser {
+            saved: Some((uid, gid, saved)),
+        }
+    }
+}
+
+impl Drop for AsUser {
+    fn drop(&mut self) {
+        if let Some((uid, gid, groups)) = &self.saved {
+            // fsuid back to 0 also restores the filesystem capabilities.
+            // SAFETY: as in `enter`, with the values saved there.
+            unsafe {
+                libc::syscall(libc::SYS_setfsuid, *uid);
+                libc::syscall(libc::SYS_setfsgid, *gid);
+                libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
+            }
+        }
+    }
+}
+
+/// Is an error a "no" from a permission check (rather than a failure to check)?
+fn is_denial(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) | Some(libc::ETXTBSY)
+    )
+}
+
+/// `faccessat2(fd, "", mode, AT_EACCESS | AT_EMPTY_PATH)`: the check on the file itself.
+fn access_fd(fd: BorrowedFd<'_>, mode: i32) -> io::Result<()> {
+    // SAFETY: faccessat2 on a valid descriptor with an empty NUL-terminated path.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_faccessat2,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            mode,
+            libc::AT_EACCESS | libc::AT_EMPTY_PATH,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Turn a check into a yes/no; errors that are not denials stay errors.
+fn verdict(r: io::Result<()>) -> io::Result<bool> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(e) if is_denial(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Could `who` open `rel` (relative to `root`) for writing? Search permission on every
+/// directory on the way and write permission on the file, as the kernel decides it
+/// (mode, ACL, read-only mount, immutable flag). A symlink's path names the link (as the
+/// engine keys it): writing it means replacing the name, i.e. write and search
+/// permission on its parent directory.
+///
+/// Errors: `ENOENT`/`ENOTDIR` (nothing there), `EXDEV` (leaves the root), others from the
+/// walk. A denial is `Ok(false)`, never an error.
+pub fn may_write(root: BorrowedFd<'_>, rel: &Path, who: &Who) -> io::Result<bool> {
+    if who.is_root() {
+        return Ok(true);
+    }
+    let _as = AsUser::enter(who);
+    let fd = match open_beneath(root, rel, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+        Ok(fd) => fd,
+        Err(e) if is_denial(&e) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of a valid descriptor into a zeroed stat.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+        return may_replace(root, rel);
+    }
+    verdict(access_fd(fd.as_fd(), libc::W_OK))
+}
+
+/// Write and search permission on the parent of `rel` (credentials already switched).
+fn may_replace(root: BorrowedFd<'_>, rel: &Path) -> io::Result<bool> {
+    let parent = parent_of(rel);
+    match open_beneath(root, parent, libc::O_PATH | libc::O_DIRECTORY, 0) {
+        Ok(fd) => verdict(access_fd(fd.as_fd(), libc::W_OK | libc::X_OK)),
+        Err(e) if is_denial(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn parent_of(rel: &Path) -> &Path {
+    match rel.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Could `who` look `rel` up: search permission on every directory from the root down to
+/// its parent (the name itself need not exist)? This is what decides whether a caller may
+/// see a path, its record and its note (DESIGN.md §7). A parent that does not exist (or
+/// leaves the root) answers no: nobody but root can look a name up there.
+pub fn may_look_up(root: BorrowedFd<'_>, rel: &Path, who: &Who) -> bool {
+    if who.is_root() {
+        return true;
+    }
+    let _as = AsUser::enter(who);
+    // The walk to the parent checks search permission on each directory above it; the
+    // parent's own search permission is checked explicitly (the walk's last component is
+    // not searched).
+    match open_beneath(root, parent_of(rel), libc::O_PATH | libc::O_DIRECTORY, 0) {
+        Ok(fd) => access_fd(fd.as_fd(), libc::X_OK).is_ok(),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_line() {
+        let st = b"Name:\tbash\nUid:\t1000\t1000\t1000\t1000\nGroups:\t4 27 1000 \nNSpid:\t1\n";
+        assert_eq!(parse_groups(st), Some(vec![4, 27, 1000]));
+        assert_eq!(parse_groups(b"Groups:\t\n"), Some(vec![]));
+        assert_eq!(parse_groups(b"Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn own_groups_match_getgroups() {
+        let mut buf = vec![0 as libc::gid_t; 256];
+        // SAFETY: getgroups into a buffer of the length given.
+        let n = unsafe { libc::getgroups(buf.len() as i32, buf.as_mut_ptr()) };
+        buf.truncate(n as usize);
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        let mut got = groups_of(tid);
+        got.sort();
+        buf.sort();
+        assert_eq!(got, buf);
+    }
+}
