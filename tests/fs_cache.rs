@@ -181,3 +181,25 @@ fn in_place_a_ctl_change_is_seen_at_once() {
         (before.ino(), before.len(), before.mtime(), before.ctime())
     );
 }
+
+/// A write to an untracked path (`.git/`, docs/ignore.md) has no state in the volume, so
+/// its close costs no FLUSH round trip; a tracked file's close is its commit and does.
+#[test]
+fn writes_of_untracked_paths_cost_no_flush() {
+    let m = Mount::builder().in_place().start();
+    m.sh_ok("mkdir -p .git src");
+    let flushes = |cmd: &str| {
+        let before = requests(&m);
+        m.sh_ok(cmd);
+        let after = requests(&m);
+        served(&after, "flush") - served(&before, "flush")
+    };
+    assert!(
+        flushes("echo x > src/a.rs") >= 1,
+        "no FLUSH for a tracked write"
+    );
+    assert_eq!(
+        flushes("echo x > .git/index.lock && echo y >> .git/index.lock"),
+        0
+    );
+}
