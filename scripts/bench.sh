@@ -5,7 +5,7 @@
 # ratio against native) on stdout. Raw timings go to target/bench/raw-TIMESTAMP.tsv, the
 # tables to target/bench/table-*.md, the ratios to target/bench/ratios-*.tsv.
 #
-# Usage: scripts/bench.sh [--runs N] [--modes "native bindfs coherent coherent-nopt"]
+# Usage: scripts/bench.sh [--runs N] [--modes "native bindfs coherent-inplace coherent coherent-nopt"]
 #                         [--backing ext4|tmpfs|both] [--files N] [--dirs N] [--big-mib N]
 #                         [--no-build] [--no-agent] [--plot FILE.svg]
 #   --backing   where the backing directories live: ext4 (under target/, the repo's disk),
@@ -100,7 +100,7 @@ if [[ -z ${BENCH_NICED:-} && ${BENCH_NICE:--10} != 0 && $EUID -eq 0 ]]; then
     BENCH_NICED=1 exec nice -n "${BENCH_NICE:--10}" bash "$REPO_ROOT/scripts/bench.sh" "$@"
 fi
 
-MODES=${BENCH_MODES:-native bindfs coherent coherent-nopt}
+MODES=${BENCH_MODES:-native bindfs coherent-inplace coherent coherent-nopt}
 RUNS=${BENCH_RUNS:-5}
 FILES=${BENCH_FILES:-3000}
 DIRS=${BENCH_DIRS:-300}

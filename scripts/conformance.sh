@@ -5,7 +5,7 @@
 # Exit 0: every mount mode passes every pjdfstest test that native passes and fsx finds no
 # corruption. Exit 1: a mode did worse (differences listed). Exit 2: setup error.
 #
-# Usage: scripts/conformance.sh [--quick] [--modes "native coherent coherent-nopt"]
+# Usage: scripts/conformance.sh [--quick] [--modes "native coherent coherent-inplace coherent-nopt"]
 # Env:   CONFORMANCE_MODES, FSX_OPS (100000; --quick 20000), FSX_SEED (1),
 #        FSX_NATIVE_OPS (20000: native only shows the fsx config works on the backing fs),
 #        PJDFSTEST_TIMEOUT (300 s), FSX_TIMEOUT (600 s), COHERENT_MOUNT_OPTS, COHERENT_NO_BUILD
@@ -13,7 +13,7 @@ set -uo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-MODES=${CONFORMANCE_MODES:-native coherent coherent-nopt}
+MODES=${CONFORMANCE_MODES:-native coherent coherent-inplace coherent-nopt}
 FSX_OPS=${FSX_OPS:-}
 FSX_SEED=${FSX_SEED:-1}
 FSX_NATIVE_OPS=${FSX_NATIVE_OPS:-20000}

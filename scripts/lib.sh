@@ -33,8 +33,13 @@ state_dir_for() {
 # mode_command MODE BACKING MNT: sets the array MODE_CMD to the foreground command that
 # mounts BACKING on MNT for MODE (empty for native: the backing directory is used as is).
 mode_command() {
-    local mode=$1 backing=$2 mnt=$3
+    local mode=$1 backing=$2 mnt=$3 threads=()
     MODE_CMD=()
+    # MODE@tN: the same mode with N FUSE request threads (for measuring the default).
+    if [[ $mode == coherent*@t[0-9]* ]]; then
+        threads=(--threads "${mode##*@t}")
+        mode=${mode%@t*}
+    fi
     case $mode in
     native) ;;
     bindfs)
@@ -45,6 +50,13 @@ mode_command() {
         # The volume as shipped: passthrough and enforcement (its state beside the mount).
         MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --state-dir "$(state_dir_for "$mnt")"
             "${COHERENT_MOUNT_O[@]}")
+        ;;
+    coherent-inplace)
+        # The volume mounted over its own directory (`coherent-mount DIR`), as agents use
+        # it: the kernel may cache long there (the daemon is the only path to the files).
+        # The backing directory is unused; the workloads run in MNT, which is both.
+        MODE_CMD=("$COHERENT_MOUNT" "$mnt" --state-dir "$(state_dir_for "$mnt")"
+            -o "$COHERENT_MOUNT_OPTS")
         ;;
     coherent-plain)
         # Passthrough without the coherence layer (hidden --no-coherence): what enforcement costs.
@@ -60,8 +72,9 @@ mode_command() {
         [[ -x ${COHERENT_MOUNT_BASE:-} ]] || die "coherent-base needs COHERENT_MOUNT_BASE=binary"
         MODE_CMD=("$COHERENT_MOUNT_BASE" "$backing" "$mnt" "${COHERENT_MOUNT_O[@]}")
         ;;
-    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-plain coherent-nopt coherent-base)" ;;
+    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-inplace coherent-plain coherent-nopt coherent-base, coherent modes with @tN)" ;;
     esac
+    ((${#threads[@]} == 0)) || MODE_CMD+=("${threads[@]}")
 }
 
 mode_label() {
@@ -69,6 +82,8 @@ mode_label() {
     native) echo "native" ;;
     bindfs) echo "bindfs" ;;
     coherent) echo "coherent (passthrough)" ;;
+    coherent-inplace) echo "coherent in place" ;;
+    coherent*@t*) echo "$(mode_label "${1%@t*}"), ${1##*@t} threads" ;;
     coherent-plain) echo "coherent (--no-coherence)" ;;
     coherent-nopt) echo "coherent (--no-passthrough)" ;;
     coherent-base) echo "coherent base build (passthrough)" ;;

@@ -1,16 +1,21 @@
 //! A thin adapter from `fuser` callbacks to the [`Store`] and the [`Hooks`].
 //!
-//! Cache policy: entries and attributes are cached by the kernel for [`TTL`] (1 s).
-//! Agents and humans also change the backing directory behind the volume's back, so a
-//! longer TTL would show stale sizes and names for longer; 1 s keeps `stat`-heavy
-//! workloads (find, grep -r, builds) mostly in the kernel while external changes show up
-//! within a second. Failed lookups are cached for the same TTL (a negative entry), so
-//! a name created directly in the backing directory may stay invisible through the
-//! mount for up to a second after a miss. No `FOPEN_KEEP_CACHE`, no writeback cache: the page cache of a file
-//! opened through the daemon is dropped at each open, so an external write is seen by
-//! the next open. Regular files are opened in FUSE passthrough mode when the kernel
-//! allows it (reads and writes never reach the daemon); otherwise data goes through the
-//! daemon in requests of up to 1 MiB.
+//! Cache policy (docs/cache.md): the kernel caches entries, attributes and failed lookups
+//! (negative entries) for [`FsOptions::ttl`]. In an in-place mount the daemon is the only
+//! path to the files, so the kernel's cache cannot go stale and the TTL is long
+//! ([`IN_PLACE_TTL`]) and directory listings are cached too (`FOPEN_CACHE_DIR` and
+//! `FOPEN_KEEP_CACHE` on opendir; the kernel drops a listing when a change through the
+//! mount touches the directory). With a separate backing directory, agents and humans
+//! also change it behind the volume's back, so the TTL is short ([`TTL`], 1 s) and
+//! listings are read afresh at each opendir: an external change is seen within that
+//! bound. No ctl verb changes a file, name or attribute (the computed `user.coherent.*`
+//! attributes are extended attributes, which the kernel never caches), so there is
+//! nothing for the daemon to invalidate. No `FOPEN_KEEP_CACHE` on files, no writeback
+//! cache: the page cache of a file opened through the daemon is dropped at each open, so
+//! an external write is seen by the next open. Regular files are opened in FUSE
+//! passthrough mode when the kernel allows it (reads and writes never reach the daemon,
+//! and the kernel updates the size and drops the cached times itself); otherwise data goes
+//! through the daemon in requests of up to 1 MiB.
 //!
 //! POSIX (`fcntl`) and BSD (`flock`) locks are left to the kernel (we do not ask for
 //! `FUSE_POSIX_LOCKS`/`FUSE_FLOCK_LOCKS`), so they behave as on a local filesystem
@@ -45,18 +50,12 @@ use crate::passthrough::{
     ROOT_INO,
 };
 
-/// Entry and attribute cache time (see the module doc).
+/// Entry and attribute cache time with a separate backing directory: how late a change
+/// made there may be seen through the mount (see the module doc).
 pub const TTL: Duration = Duration::from_secs(1);
-/// The cache time of a node's entry and attributes: 0 for virtual nodes, whose size and
-/// mtime move (`.coherent/events` grows; `tail -f` polls its size).
-fn ttl_of(ino: u64) -> &'static Duration {
-    const ZERO: Duration = Duration::ZERO;
-    if is_virtual(ino) {
-        &ZERO
-    } else {
-        &TTL
-    }
-}
+/// Entry and attribute cache time of an in-place mount, where every change goes through
+/// the daemon (and so through the kernel's cache).
+pub const IN_PLACE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Largest read/write request through the daemon.
 pub const MAX_IO: u32 = 1 << 20;
@@ -69,12 +68,129 @@ struct Backing {
     by_fh: HashMap<u64, Arc<BackingId>>,
 }
 
-/// Counters of data requests that reached the daemon (logged at unmount; with
-/// passthrough active they stay at 0 for regular files).
-#[derive(Default, Debug)]
+/// Counters of requests that reached the daemon (logged at unmount and on SIGUSR1):
+/// data requests (with passthrough active they stay at 0 for regular files) and every
+/// request by opcode, the round trips an operation costs.
+#[derive(Debug)]
 pub struct Counters {
     pub reads: AtomicU64,
     pub writes: AtomicU64,
+    ops: [AtomicU64; Op::ALL.len()],
+}
+
+/// The FUSE requests the daemon answers, for [`Counters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Lookup,
+    Forget,
+    Getattr,
+    Setattr,
+    Readlink,
+    Mknod,
+    Mkdir,
+    Unlink,
+    Rmdir,
+    Symlink,
+    Rename,
+    Link,
+    Open,
+    Create,
+    Read,
+    Write,
+    Flush,
+    Release,
+    Fsync,
+    Opendir,
+    Readdir,
+    Readdirplus,
+    Releasedir,
+    Fsyncdir,
+    Statfs,
+    Setxattr,
+    Getxattr,
+    Listxattr,
+    Removexattr,
+    Access,
+    Fallocate,
+    Lseek,
+    CopyFileRange,
+}
+
+impl Op {
+    pub const ALL: [Op; 33] = [
+        Op::Lookup,
+        Op::Forget,
+        Op::Getattr,
+        Op::Setattr,
+        Op::Readlink,
+        Op::Mknod,
+        Op::Mkdir,
+        Op::Unlink,
+        Op::Rmdir,
+        Op::Symlink,
+        Op::Rename,
+        Op::Link,
+        Op::Open,
+        Op::Create,
+        Op::Read,
+        Op::Write,
+        Op::Flush,
+        Op::Release,
+        Op::Fsync,
+        Op::Opendir,
+        Op::Readdir,
+        Op::Readdirplus,
+        Op::Releasedir,
+        Op::Fsyncdir,
+        Op::Statfs,
+        Op::Setxattr,
+        Op::Getxattr,
+        Op::Listxattr,
+        Op::Removexattr,
+        Op::Access,
+        Op::Fallocate,
+        Op::Lseek,
+        Op::CopyFileRange,
+    ];
+
+    pub fn name(self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            ops: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Counters {
+    fn count(&self, op: Op) {
+        self.ops[op as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests served of `op` so far.
+    pub fn served(&self, op: Op) -> u64 {
+        self.ops[op as usize].load(Ordering::Relaxed)
+    }
+
+    /// `name=count` for every opcode served at least once, e.g. `lookup=12 getattr=3`.
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = Op::ALL
+            .iter()
+            .filter(|&&op| self.served(op) > 0)
+            .map(|&op| format!("{}={}", op.name(), self.served(op)))
+            .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(" ")
+        }
+    }
 }
 
 /// Options of the adapter.
@@ -82,11 +198,28 @@ pub struct Counters {
 pub struct FsOptions {
     /// Try FUSE passthrough for regular files.
     pub passthrough: bool,
+    /// How long the kernel may cache entries, attributes and negative entries.
+    pub ttl: Duration,
+    /// Let the kernel cache directory listings across opendirs (only sound when nothing
+    /// changes the backing directory behind the volume's back).
+    pub cache_dirs: bool,
+}
+
+impl FsOptions {
+    /// The cache policy of a mount: long and with cached listings in place, [`TTL`]
+    /// over a separate backing directory.
+    pub fn for_mount(in_place: bool) -> Self {
+        FsOptions {
+            passthrough: true,
+            ttl: if in_place { IN_PLACE_TTL } else { TTL },
+            cache_dirs: in_place,
+        }
+    }
 }
 
 impl Default for FsOptions {
     fn default() -> Self {
-        FsOptions { passthrough: true }
+        FsOptions::for_mount(false)
     }
 }
 
@@ -100,6 +233,9 @@ pub struct CoherentFs {
     backing: Mutex<Backing>,
     /// Open flags for every regular open (`FOPEN_NOFLUSH` when no hook wants FLUSH).
     fopen: FopenFlags,
+    /// Open flags of an opendir (the listing cache, when allowed).
+    fopen_dir: FopenFlags,
+    ttl: Duration,
     pub counters: Arc<Counters>,
 }
 
@@ -126,8 +262,25 @@ impl CoherentFs {
             } else {
                 FopenFlags::FOPEN_NOFLUSH
             },
+            fopen_dir: if opts.cache_dirs {
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                FopenFlags::empty()
+            },
+            ttl: opts.ttl,
             counters: Arc::new(Counters::default()),
         })
+    }
+
+    /// The cache time of a node's entry and attributes: 0 for virtual nodes, whose size
+    /// and mtime move (`.coherent/events` grows; `tail -f` polls its size).
+    fn ttl_of(&self, ino: u64) -> &Duration {
+        const ZERO: Duration = Duration::ZERO;
+        if is_virtual(ino) {
+            &ZERO
+        } else {
+            &self.ttl
+        }
     }
 
     pub fn store(&self) -> &Store {
@@ -205,6 +358,16 @@ impl CoherentFs {
         }
     }
 
+    /// Open flags of a handle that may write: no FLUSH when the hooks keep no state for
+    /// it (token 0: an untracked path, say), since `on_flush` would have nothing to do.
+    fn fopen_of(&self, h: &crate::passthrough::Handle) -> FopenFlags {
+        if h.token.load(Ordering::Relaxed) == 0 {
+            FopenFlags::FOPEN_NOFLUSH
+        } else {
+            self.fopen
+        }
+    }
+
     /// Register (or reuse) the backing id of `ino` for handle `fh`. On failure
     /// passthrough is given up for the rest of the mount.
     fn backing_id(
@@ -269,7 +432,7 @@ impl CoherentFs {
 
     fn entry_reply(&self, op: &str, r: FsResult<Attr>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(ttl_of(a.ino), &file_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(self.ttl_of(a.ino), &file_attr(&a), Generation(0)),
             Err(e) => reply.error(fail(op, e)),
         }
     }
@@ -393,13 +556,15 @@ impl Filesystem for CoherentFs {
 
     fn destroy(&mut self) {
         tracing::info!(
-            "daemon served {} reads and {} writes of file data",
+            "daemon served {} reads and {} writes of file data; requests: {}",
             self.counters.reads.load(Ordering::Relaxed),
-            self.counters.writes.load(Ordering::Relaxed)
+            self.counters.writes.load(Ordering::Relaxed),
+            self.counters.summary()
         );
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.counters.count(Op::Lookup);
         let c = caller(req);
         match self.lookup_any(&c, parent.0, name) {
             // Cache the miss too: create storms, PATH/include-path searches and
@@ -407,23 +572,28 @@ impl Filesystem for CoherentFs {
             // through the mount replace the negative entry at once (the kernel does
             // that for its own create/mkdir/link/rename); names made directly in
             // the backing directory show up within TTL, like changed attributes.
-            Err(FsError(libc::ENOENT)) => reply.entry(&TTL, &negative_attr(), Generation(0)),
+            // Not under `.coherent/`, whose names come and go with the volume's state.
+            Err(FsError(libc::ENOENT)) if !is_virtual(parent.0) => {
+                reply.entry(&self.ttl, &negative_attr(), Generation(0))
+            }
             r => self.entry_reply("lookup", r, reply),
         }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.counters.count(Op::Forget);
         self.forget_any(ino.0, nlookup);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.counters.count(Op::Getattr);
         let r = if is_virtual(ino.0) {
             self.hooks.virtual_getattr(&caller(req), ino.0)
         } else {
             self.store.getattr(ino.0)
         };
         match r {
-            Ok(a) => reply.attr(ttl_of(a.ino), &file_attr(&a)),
+            Ok(a) => reply.attr(self.ttl_of(a.ino), &file_attr(&a)),
             Err(e) => reply.error(fail("getattr", e)),
         }
     }
@@ -446,6 +616,7 @@ impl Filesystem for CoherentFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.counters.count(Op::Setattr);
         let c = caller(req);
         let ino = ino.0;
         let set = SetAttr {
@@ -477,12 +648,13 @@ impl Filesystem for CoherentFs {
             })
         };
         match r {
-            Ok(a) => reply.attr(ttl_of(a.ino), &file_attr(&a)),
+            Ok(a) => reply.attr(self.ttl_of(a.ino), &file_attr(&a)),
             Err(e) => reply.error(fail("setattr", e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.counters.count(Op::Readlink);
         match self.store.readlink(ino.0) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(fail("readlink", e)),
@@ -499,6 +671,7 @@ impl Filesystem for CoherentFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.counters.count(Op::Mknod);
         let c = caller(req);
         if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
             return reply.error(Errno::EACCES);
@@ -524,6 +697,7 @@ impl Filesystem for CoherentFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        self.counters.count(Op::Mkdir);
         let c = caller(req);
         if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
             return reply.error(Errno::EEXIST);
@@ -538,6 +712,7 @@ impl Filesystem for CoherentFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counters.count(Op::Unlink);
         let c = caller(req);
         if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
             return reply.error(Errno::EACCES);
@@ -554,6 +729,7 @@ impl Filesystem for CoherentFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counters.count(Op::Rmdir);
         let c = caller(req);
         if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
             return reply.error(Errno::EACCES);
@@ -577,6 +753,7 @@ impl Filesystem for CoherentFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.counters.count(Op::Symlink);
         let c = caller(req);
         if is_virtual(parent.0) || self.is_virtual_name(parent.0, link_name) {
             return reply.error(Errno::EEXIST);
@@ -602,6 +779,7 @@ impl Filesystem for CoherentFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(Op::Rename);
         let c = caller(req);
         if is_virtual(parent.0)
             || is_virtual(newparent.0)
@@ -635,6 +813,7 @@ impl Filesystem for CoherentFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.counters.count(Op::Link);
         let c = caller(req);
         if is_virtual(ino.0)
             || is_virtual(newparent.0)
@@ -653,6 +832,7 @@ impl Filesystem for CoherentFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.counters.count(Op::Open);
         let c = caller(req);
         let (ino, flags) = (ino.0, flags.0);
         if is_virtual(ino) {
@@ -684,7 +864,7 @@ impl Filesystem for CoherentFs {
         // A read-only handle changes nothing, so no hook has anything to learn from its
         // FLUSH: spare the round trip at every close.
         let fopen = if open_writes(flags) {
-            self.fopen
+            self.fopen_of(&h)
         } else {
             FopenFlags::FOPEN_NOFLUSH
         };
@@ -704,6 +884,7 @@ impl Filesystem for CoherentFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.counters.count(Op::Create);
         let c = caller(req);
         if is_virtual(parent.0) || self.is_virtual_name(parent.0, name) {
             return reply.error(Errno::EACCES);
@@ -726,11 +907,12 @@ impl Filesystem for CoherentFs {
             return reply.error(fail("create", e));
         }
         let fa = file_attr(&attr);
+        let fopen = self.fopen_of(&h);
         match self.backing_id(attr.ino, fh, || reply.open_backing(&h.file)) {
             Some(id) => {
-                reply.created_passthrough(&TTL, &fa, Generation(0), FileHandle(fh), self.fopen, &id)
+                reply.created_passthrough(&self.ttl, &fa, Generation(0), FileHandle(fh), fopen, &id)
             }
-            None => reply.created(&TTL, &fa, Generation(0), FileHandle(fh), self.fopen),
+            None => reply.created(&self.ttl, &fa, Generation(0), FileHandle(fh), fopen),
         }
     }
 
@@ -745,6 +927,7 @@ impl Filesystem for CoherentFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.counters.count(Op::Read);
         if is_virtual(ino.0) {
             // May be answered later from another thread (a pending `wait` on ctl).
             let done = Box::new(move |r: FsResult<Vec<u8>>| match r {
@@ -774,6 +957,7 @@ impl Filesystem for CoherentFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.counters.count(Op::Write);
         let r = if is_virtual(ino.0) {
             self.hooks
                 .virtual_write(&caller(req), ino.0, fh.0, offset, data)
@@ -795,6 +979,7 @@ impl Filesystem for CoherentFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(Op::Flush);
         if is_virtual(ino.0) {
             return reply.ok();
         }
@@ -819,6 +1004,7 @@ impl Filesystem for CoherentFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(Op::Release);
         if is_virtual(ino.0) {
             self.hooks.virtual_release(ino.0, fh.0);
             return reply.ok();
@@ -840,10 +1026,12 @@ impl Filesystem for CoherentFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(Op::Fsync);
         empty_reply("fsync", self.store.fsync(fh.0, datasync), reply)
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.counters.count(Op::Opendir);
         if is_virtual(ino.0) {
             return match self.hooks.virtual_getattr(&caller(req), ino.0) {
                 Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
@@ -852,7 +1040,7 @@ impl Filesystem for CoherentFs {
             };
         }
         match self.store.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(fh) => reply.opened(FileHandle(fh), self.fopen_dir),
             Err(e) => reply.error(fail("opendir", e)),
         }
     }
@@ -865,6 +1053,7 @@ impl Filesystem for CoherentFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.counters.count(Op::Readdir);
         let entries = match self.dir_entries(&caller(req), ino.0, fh.0, offset) {
             Ok(e) => e,
             Err(e) => return reply.error(fail("readdir", e)),
@@ -887,6 +1076,7 @@ impl Filesystem for CoherentFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.counters.count(Op::Readdirplus);
         let c = caller(req);
         let dir = ino.0;
         let entries = match self.dir_entries(&c, dir, fh.0, offset) {
@@ -918,7 +1108,7 @@ impl Filesystem for CoherentFs {
                 INodeNo(attr.ino),
                 next,
                 &e.name,
-                ttl_of(attr.ino),
+                self.ttl_of(attr.ino),
                 &fa,
                 Generation(0),
             ) {
@@ -939,6 +1129,7 @@ impl Filesystem for CoherentFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(Op::Releasedir);
         if !is_virtual(ino.0) {
             self.store.releasedir(fh.0);
         }
@@ -953,6 +1144,7 @@ impl Filesystem for CoherentFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(Op::Fsyncdir);
         if is_virtual(ino.0) {
             return reply.ok();
         }
@@ -960,6 +1152,7 @@ impl Filesystem for CoherentFs {
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.counters.count(Op::Statfs);
         match self.store.statfs(ino.0) {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -978,6 +1171,7 @@ impl Filesystem for CoherentFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(Op::Setxattr);
         if is_virtual(ino.0) {
             return reply.error(Errno::EPERM);
         }
@@ -997,6 +1191,7 @@ impl Filesystem for CoherentFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.counters.count(Op::Getxattr);
         if is_virtual(ino.0) {
             return reply.error(Errno::ENODATA);
         }
@@ -1019,6 +1214,7 @@ impl Filesystem for CoherentFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.counters.count(Op::Listxattr);
         if is_virtual(ino.0) {
             return reply.size(0);
         }
@@ -1052,6 +1248,7 @@ impl Filesystem for CoherentFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counters.count(Op::Removexattr);
         if is_virtual(ino.0) {
             return reply.error(Errno::EPERM);
         }
@@ -1069,6 +1266,7 @@ impl Filesystem for CoherentFs {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.counters.count(Op::Access);
         if is_virtual(ino.0) {
             return reply.ok();
         }
@@ -1089,6 +1287,7 @@ impl Filesystem for CoherentFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.counters.count(Op::Fallocate);
         empty_reply(
             "fallocate",
             self.store.fallocate(fh.0, offset, length, mode),
@@ -1105,6 +1304,7 @@ impl Filesystem for CoherentFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        self.counters.count(Op::Lseek);
         match self.store.lseek(fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(fail("lseek", e)),
@@ -1124,6 +1324,7 @@ impl Filesystem for CoherentFs {
         flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        self.counters.count(Op::CopyFileRange);
         match self.store.copy_file_range(
             fh_in.0,
             offset_in,

@@ -130,6 +130,10 @@ impl Hooks for TestHooks {
             o.created,
             o.stamp.size
         ));
+        // A handle the hooks keep no state for (like the volume's untracked paths).
+        if p(o.path).contains("stateless") {
+            return Ok(0);
+        }
         Ok(1000 + o.stamp.size)
     }
     fn on_flush(&self, _c: &Caller, h: &HandleInfo<'_>) {
@@ -243,7 +247,10 @@ fn mount(rec: Arc<Recorder>, passthrough: bool) -> InProcess {
     let fs_ = CoherentFs::new(
         Store::open_root(&backing).unwrap(),
         Arc::new(TestHooks(rec)),
-        FsOptions { passthrough },
+        FsOptions {
+            passthrough,
+            ..FsOptions::default()
+        },
     )
     .unwrap();
     let mut config = fuser::Config::default();
@@ -435,4 +442,23 @@ fn hooks_passthrough() {
 #[test]
 fn hooks_daemon() {
     hooks_see_every_route(false);
+}
+
+#[test]
+fn a_write_handle_without_state_gets_no_flush() {
+    for passthrough in [true, false] {
+        let rec = Arc::new(Recorder::default());
+        let m = mount(rec.clone(), passthrough);
+        let mut f = fs::File::create(m.mnt.join("stateless")).unwrap();
+        f.write_all(b"hello").unwrap();
+        drop(f);
+        let ev = rec.take_after("release stateless token=0 changed=true");
+        assert!(has(&ev, "open stateless created=true size=0"), "{ev:#?}");
+        assert!(
+            has(&ev, "release stateless token=0 changed=true"),
+            "{ev:#?}"
+        );
+        // Token 0: opened with FOPEN_NOFLUSH, so the close cost no FLUSH round trip.
+        assert!(!ev.iter().any(|e| e.starts_with("flush")), "{ev:#?}");
+    }
 }

@@ -41,9 +41,15 @@ struct Args {
     /// Detach once the mount is ready (the parent exits 0 then).
     #[arg(long)]
     daemon: bool,
-    /// Request threads (each with its own /dev/fuse clone).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
-    threads: u32,
+    /// Request threads (each with its own /dev/fuse clone). Default: the number of cores,
+    /// at least 2 and at most 8 (more threads than cores only add CPU per request).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    threads: Option<u32>,
+    /// How long the kernel may cache names, attributes and failed lookups (e.g. 1s, 10m).
+    /// Default: 24h in place (every change goes through the volume), 1s over a separate
+    /// backing directory (how late a change made there directly is seen).
+    #[arg(long, value_parser = parse_duration)]
+    cache_ttl: Option<Duration>,
     /// Serve file data through the daemon instead of FUSE passthrough.
     #[arg(long)]
     no_passthrough: bool,
@@ -76,6 +82,15 @@ struct Args {
     /// .coherent/): the baseline of the enforcement benchmarks.
     #[arg(long, hide = true)]
     no_coherence: bool,
+}
+
+/// Request threads by default: one per core, within 2..=8. Measured on 2 cores
+/// (tools/uring-probe/README.md, README "Speed"): 2 threads beat 4 and 8, and 1 thread
+/// serializes a slow request (a FLUSH waiting on the journal) with everything else.
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 8)
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -383,14 +398,23 @@ fn run(args: Args) -> Result<(), Fail> {
         .map_err(|e| Fail(format!("sigmask: {e}")))?;
 
     let (hooks, volume) = make_hooks(&args, &plan, &root)?;
-    let fs = CoherentFs::new(
-        root,
-        hooks,
-        FsOptions {
-            passthrough: !args.no_passthrough,
-        },
-    )
-    .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
+    let mut fs_opts = FsOptions::for_mount(plan.in_place);
+    fs_opts.passthrough = !args.no_passthrough;
+    if let Some(ttl) = args.cache_ttl {
+        fs_opts.ttl = ttl;
+    }
+    tracing::info!(
+        "cache policy: cache ttl {}s for names, attributes and failed lookups; directory \
+         listings {}",
+        fs_opts.ttl.as_secs(),
+        if fs_opts.cache_dirs {
+            "kept by the kernel"
+        } else {
+            "read at each opendir"
+        }
+    );
+    let fs = CoherentFs::new(root, hooks, fs_opts)
+        .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
 
     let as_root = nix::unistd::geteuid().is_root();
     let (mut mopts, acl) = mount_options(&args.options, as_root, args.private)?;
@@ -403,14 +427,15 @@ fn run(args: Args) -> Result<(), Fail> {
     let mut config = Config::default();
     config.mount_options = mopts;
     config.acl = acl;
-    config.n_threads = Some(args.threads as usize);
+    let threads = args.threads.map_or_else(default_threads, |n| n as usize);
+    config.n_threads = Some(threads);
     config.clone_fd = true;
 
     tracing::info!(
         backing = %plan.backing.display(),
         mountpoint = %plan.mountpoint.display(),
         in_place = plan.in_place,
-        threads = args.threads,
+        threads,
         stale = ?args.stale,
         evict_after = ?args.evict_after,
         session_env = ?args.session_env,
@@ -441,10 +466,11 @@ fn run(args: Args) -> Result<(), Fail> {
                 }
                 // SIGUSR1: a diagnostic line (used by the tests to check lookup counts).
                 tracing::info!(
-                    "stats: inodes in use: {}, daemon reads: {}, daemon writes: {}",
+                    "stats: inodes in use: {}, daemon reads: {}, daemon writes: {}, requests: {}",
                     inodes.load(std::sync::atomic::Ordering::Relaxed),
                     counters.reads.load(std::sync::atomic::Ordering::Relaxed),
-                    counters.writes.load(std::sync::atomic::Ordering::Relaxed)
+                    counters.writes.load(std::sync::atomic::Ordering::Relaxed),
+                    counters.summary()
                 );
             };
             tracing::info!("{sig}: unmounting {}", mountpoint.display());

@@ -149,7 +149,8 @@ pub trait Hooks: Send + Sync + 'static {
     }
     /// At every successful open or create of a backing file (read or write), with the
     /// permit `before_write` gave (None for a read-only open). The value is stored in the
-    /// handle and given back at flush and release. `Err` fails the open (the backing file
+    /// handle and given back at flush and release; 0 means the handle carries no state,
+    /// and then it is opened with `FOPEN_NOFLUSH` (no `on_flush` for it). `Err` fails the open (the backing file
     /// is closed again; a created file stays created).
     fn on_open(
         &self,
