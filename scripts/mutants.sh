@@ -33,7 +33,7 @@ fi
 
 # The test binaries that guard each part: the fast core tests, and the mount tests that
 # pin the behaviours earlier mutants got past (tests/enforce_mutants.rs).
-core=(--lib --test core_model --test core_scenarios --test core_journal)
+core=(--lib --test core_model --test core_scenarios --test core_contract --test core_offers --test core_wait --test core_journal)
 case $part in
 coherence)
     files=(-f 'src/coherence/*.rs' -e src/coherence/time.rs)
@@ -46,7 +46,7 @@ time)
 volume)
     # Only the functions that map a FUSE request to a route and a commit.
     files=(-f src/volume.rs -F 'before_write|after_write|on_open|on_flush|on_release|exchange|refused')
-    tests=(--test enforce_mutants --test enforce_routes --test enforce_versions --test enforce_handoff)
+    tests=(--test volume_policy --test enforce_mutants --test enforce_routes --test enforce_versions --test enforce_handoff)
     ;;
 control)
     files=(-f src/control.rs -f 'src/control/*.rs')
