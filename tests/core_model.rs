@@ -255,6 +255,11 @@ impl Model {
         if let Some(to) = transition(self.records[i].status, ev) {
             self.records[i].status = to;
             self.records[i].updated = self.hour;
+            // `counterparty` belongs to `overtaken` records only (§5): an overtaken record
+            // that is then superseded no longer names one.
+            if to != MStatus::Overtaken {
+                self.records[i].counterparty = None;
+            }
         }
     }
 
@@ -922,6 +927,20 @@ mod contract {
             Withdraw(0, 0),
             Read(0, 0),
             Transfer(0, vec![0], 1),
+        ]);
+    }
+
+    /// An overtaken record superseded by its giver's new transfer names no counterparty
+    /// any more (found by the random histories).
+    #[test]
+    fn superseded_after_overtaken() {
+        use Op::*;
+        history(vec![
+            Write(2, 3),
+            Transfer(2, vec![3], 1),
+            Acquire(0, 3),
+            Write(2, 1),
+            Transfer(2, vec![3], 0),
         ]);
     }
 
