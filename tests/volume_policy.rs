@@ -508,6 +508,90 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
         .all(|e| e["path"] != "plan.md"));
 }
 
+/// Fail closed on renames: an unresolved caller's rename onto a handed file is denied with
+/// route `rename_target`; a rename of the directory holding a handed file with
+/// `rename_source` naming that file; a directory whose name only starts the same
+/// (`d` and `dd/`) is not refused.
+#[test]
+fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    std::fs::create_dir(f.backing.join("d")).unwrap();
+    std::fs::create_dir(f.backing.join("dd")).unwrap();
+    f.write_file("d/x.md", "x\n");
+    f.read(&alice, "d/x.md");
+    f.ctl(&alice, "transfer --to bob d/x.md").unwrap();
+    let c = Caller {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let p = |s: &'static str| Some(Path::new(s));
+    let last_denied = || f.events_written("denied", "uid:0").last().cloned().unwrap();
+    let onto = WriteRoute::Rename {
+        from: p("other.md"),
+        to: p("plan.md"),
+        flags: 0,
+    };
+    let e = f.vol.before_write(&c, &onto).unwrap_err();
+    assert_eq!(e.errno(), libc::EACCES);
+    let d = last_denied();
+    assert_eq!(
+        (&d["path"], &d["route"]),
+        (&"plan.md".into(), &"rename_target".into()),
+        "{d}"
+    );
+    assert_eq!(d["reason"], "unresolved", "{d}");
+    let away = WriteRoute::Rename {
+        from: p("plan.md"),
+        to: p("elsewhere.md"),
+        flags: 0,
+    };
+    f.vol.before_write(&c, &away).unwrap_err();
+    let d = last_denied();
+    assert_eq!(
+        (&d["path"], &d["route"]),
+        (&"plan.md".into(), &"rename_source".into()),
+        "{d}"
+    );
+    let dir = WriteRoute::Rename {
+        from: p("d"),
+        to: p("e"),
+        flags: 0,
+    };
+    assert_eq!(
+        f.vol.before_write(&c, &dir).unwrap_err().errno(),
+        libc::EACCES
+    );
+    let d = last_denied();
+    assert_eq!(
+        (&d["path"], &d["route"]),
+        (&"d/x.md".into(), &"rename_source".into()),
+        "{d}"
+    );
+    let n = f.events_written("denied", "uid:0").len();
+    let neighbour = WriteRoute::Rename {
+        from: p("dd"),
+        to: p("ee"),
+        flags: 0,
+    };
+    let permit = f.vol.before_write(&c, &neighbour).unwrap();
+    f.vol
+        .after_write(&c, &neighbour, permit, Err(FsError(libc::EIO)));
+    // A one-letter directory: `d/x.md` has its `/` right after one letter, yet is not in `z/`.
+    std::fs::create_dir(f.backing.join("z")).unwrap();
+    let short = WriteRoute::Rename {
+        from: p("z"),
+        to: p("y"),
+        flags: 0,
+    };
+    let permit = f.vol.before_write(&c, &short).unwrap();
+    f.vol
+        .after_write(&c, &short, permit, Err(FsError(libc::EIO)));
+    assert_eq!(f.events_written("denied", "uid:0").len(), n);
+}
+
 /// §8: `handoff_seen` is in the log when the successor's open returns (written out, not
 /// left for the group commit): read without a flush right after the hook.
 #[test]
