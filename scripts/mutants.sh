@@ -37,7 +37,7 @@ core=(--lib --test core_model --test core_scenarios --test core_contract --test 
 case $part in
 coherence)
     files=(-f 'src/coherence/*.rs' -e src/coherence/time.rs)
-    tests=("${core[@]}" --test enforce_mutants)
+    tests=("${core[@]}" --test volume_policy --test enforce_mutants --test enforce_hardlink --test enforce_users --test enforce_unresolved)
     ;;
 time)
     files=(-f src/coherence/time.rs)
