@@ -54,7 +54,21 @@ fn a_bystanders_hard_link_does_not_lift_the_fence() {
         });
         assert!(d.len() >= denied_before + 2, "{d:?}");
         assert_eq!(d.last().unwrap()["reason"], "fenced", "{d:?}");
+        assert_eq!(d.last().unwrap()["route"], "open_write", "{d:?}");
     }
+    // A rename onto the other name is a write of the handed file, on its target side.
+    sh_ok(&m, Some("alice"), "echo mine > other.md");
+    let before = alices_denials(&m, "alias.md").len();
+    let r = sh(&m, Some("alice"), "mv other.md alias.md");
+    assert!(r.denied(), "alice `mv other.md alias.md`: {}", r.show());
+    let mut d = Vec::new();
+    wait_until(SETTLE, || {
+        d = alices_denials(&m, "alias.md");
+        d.len() > before
+    });
+    let last = d.last().expect("a denied event for the rename");
+    assert_eq!(last["reason"], "fenced", "{last}");
+    assert_eq!(last["route"], "rename_target", "{last}");
     assert_eq!(
         std::fs::read_to_string(m.path("plan.md")).unwrap(),
         "plan\n"
