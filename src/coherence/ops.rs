@@ -300,34 +300,16 @@ impl Engine {
         if let Some(r) = e.live() {
             // The successor's commit completes a pending record (an ended one stays as it
             // is); anyone else's overtakes it.
-            if r.successor.name == s.name {
-                if r.status != Status::Pending {
-                    return self.commit_event(e, s, path, op, stamp, from, now);
-                }
+            if r.successor.name != s.name {
+                self.overtake_live(e, &s.name, now);
+            } else if r.status == Status::Pending {
                 let mut ev = Event::new(EventKind::Completed, now, Some(path), Some(s));
                 ev.record = Some(r.id);
                 ev.giver = Some(r.giver.name.clone());
                 ev.version = Some(version);
                 self.emit(e, ev);
-            } else {
-                self.overtake_live(e, &s.name, now);
             }
         }
-        self.commit_event(e, s, path, op, stamp, from, now)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn commit_event(
-        &self,
-        e: &mut Entry,
-        s: &Session,
-        path: &str,
-        op: CommitOp,
-        stamp: Option<Stamp>,
-        from: Option<&str>,
-        now: Timestamp,
-    ) -> u64 {
-        let version = e.version + 1;
         let mut ev = Event::new(EventKind::Commit, now, Some(path), Some(s));
         ev.version = Some(version);
         ev.op = Some(op);
