@@ -64,17 +64,7 @@ fn u_cli(u: &User, m: &impl Root, session: Option<&str>, args: &[&str]) -> (Opti
 
 /// One request on `.coherent/ctl` as user `u`: (errno of the write, reply).
 fn u_ctl(u: &User, m: &impl Root, session: Option<&str>, request: &str) -> (i32, Value) {
-    const PY: &str = r#"
-import os, sys
-fd = os.open('.coherent/ctl', os.O_RDWR)
-err = 0
-try:
-    os.write(fd, sys.argv[1].encode())
-except OSError as e:
-    err = e.errno
-sys.stdout.write(str(err) + '\n' + os.pread(fd, 1 << 20, 0).decode())
-"#;
-    let argv = ["/usr/bin/python3", "-S", "-I", "-c", PY, request];
+    let argv = ["/usr/bin/python3", "-S", "-I", "-c", CTL_PY, request];
     let r = to_run(u.argv(m.root(), &env(session), &argv).output().unwrap());
     assert!(r.ok(), "ctl as {}: {}", u.name, r.show());
     let (errno, reply) = r.out.split_once('\n').expect("helper output");

@@ -134,9 +134,9 @@ pub fn ctl(m: &impl Root, who: Who, request: &str) -> (i32, Value) {
     ctl_env(m, &tagged(who, &[]), request)
 }
 
-pub fn ctl_env(m: &impl Root, env: &[(&str, &str)], request: &str) -> (i32, Value) {
-    // prints the errno (0: the write succeeded), a newline, then the reply
-    const PY: &str = r#"
+/// One request on `.coherent/ctl` from Python: prints the errno of the write (0: it
+/// succeeded), a newline, then the reply read back from the same descriptor.
+pub const CTL_PY: &str = r#"
 import os, sys
 fd = os.open('.coherent/ctl', os.O_RDWR)
 err = 0
@@ -146,8 +146,10 @@ except OSError as e:
     err = e.errno
 sys.stdout.write(str(err) + '\n' + os.pread(fd, 1 << 20, 0).decode())
 "#;
+
+pub fn ctl_env(m: &impl Root, env: &[(&str, &str)], request: &str) -> (i32, Value) {
     let mut c = python();
-    c.arg("-c").arg(PY).arg(request);
+    c.arg("-c").arg(CTL_PY).arg(request);
     let r = run_in(m.root(), env, &mut c);
     assert!(r.ok(), "ctl helper failed for {request:?}: {}", r.show());
     let (errno, reply) = r.out.split_once('\n').expect("helper output");
