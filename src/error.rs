@@ -155,6 +155,16 @@ impl Refusal {
     pub fn errno(&self) -> i32 {
         self.reason.errno()
     }
+
+    /// The errno a refused *write route* (open for write, rename, unlink, ...) fails
+    /// with: a write held back for want of the coordinator is a refusal like the fence
+    /// (`EACCES`), not a disk error; on `ctl` it stays `EIO` (§7).
+    pub fn write_errno(&self) -> i32 {
+        match self.reason {
+            Reason::CoordinatorUnavailable => libc::EACCES,
+            _ => self.errno(),
+        }
+    }
 }
 
 impl fmt::Display for Refusal {

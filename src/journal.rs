@@ -95,6 +95,8 @@ pub enum JournalError {
         dir: PathBuf,
         why: String,
     },
+    /// The coordinator (`--coordinator`) could not be reached at start.
+    Coordinator(String),
 }
 
 impl std::fmt::Display for JournalError {
@@ -121,6 +123,7 @@ impl std::fmt::Display for JournalError {
                  or choose another with --state-dir",
                 dir.display()
             ),
+            JournalError::Coordinator(why) => f.write_str(why),
         }
     }
 }
@@ -345,6 +348,7 @@ pub struct Journal {
     flusher: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// One snapshot at a time (taken before any engine lock).
     checkpointing: Mutex<()>,
+    tap: std::sync::OnceLock<Arc<dyn Tap>>,
     _lock: File,
 }
 
@@ -359,15 +363,22 @@ pub struct Opened {
     pub replayed: u64,
 }
 
+/// Sees each event before the journal writes it (the coordinator: it names the host,
+/// feeds other hosts, and keeps back the events of a step until the step is published).
+pub trait Tap: Send + Sync {
+    /// `false`: the tap keeps the event; it is written later with [`Journal::append_kept`].
+    /// Called with engine locks held: must not block.
+    fn on_append(&self, ev: &mut Event) -> bool;
+}
+
 impl EventSink for Journal {
     fn append(&self, ev: &mut Event) {
-        let mut b = self.shared.buf.lock();
-        b.next_seq += 1;
-        ev.seq = b.next_seq;
-        b.last_seq = ev.seq;
-        b.since_snapshot += 1;
-        serde_json::to_writer(&mut b.bytes, &*ev).expect("events serialize");
-        b.bytes.push(b'\n');
+        if let Some(t) = self.tap.get() {
+            if !t.on_append(ev) {
+                return;
+            }
+        }
+        self.append_kept(ev);
     }
 
     fn wait_durable(&self, seq: u64) {
@@ -376,6 +387,25 @@ impl EventSink for Journal {
         }
         // Concurrent callers serialise on `written`, so one fsync covers them all.
         self.shared.flush_or_poison();
+    }
+}
+
+impl Journal {
+    /// Sets the tap (once, before the volume serves requests).
+    pub fn set_tap(&self, tap: Arc<dyn Tap>) {
+        let _ = self.tap.set(tap);
+    }
+
+    /// Writes `ev` (assigning its seq) past the tap: an event a tap kept, or another
+    /// host's.
+    pub fn append_kept(&self, ev: &mut Event) {
+        let mut b = self.shared.buf.lock();
+        b.next_seq += 1;
+        ev.seq = b.next_seq;
+        b.last_seq = ev.seq;
+        b.since_snapshot += 1;
+        serde_json::to_writer(&mut b.bytes, &*ev).expect("events serialize");
+        b.bytes.push(b'\n');
     }
 }
 
@@ -766,6 +796,7 @@ impl Journal {
             shared: shared.clone(),
             flusher: Mutex::new(None),
             checkpointing: Mutex::new(()),
+            tap: std::sync::OnceLock::new(),
             _lock: lock,
         });
         let sink: Arc<dyn EventSink> = journal.clone();

@@ -8,6 +8,7 @@ pub mod beneath;
 pub mod bypass;
 pub mod coherence;
 pub mod control;
+pub mod coordinator;
 pub mod error;
 pub mod fuse;
 pub mod identity;

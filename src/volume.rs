@@ -59,6 +59,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::access::Who;
 use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Write};
+use crate::coordinator::etcd::{Etcd, EtcdSpec};
+use crate::coordinator::{Coordinator, Embedded, StepKind};
 use crate::error::{Reason, Refusal};
 use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
 use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
@@ -75,6 +77,9 @@ pub use state_dir::default_state_dir;
 pub use crate::coherence::XATTR_PREFIX;
 pub const XATTR_VERSION: &str = "user.coherent.version";
 pub const XATTR_HANDOFF: &str = "user.coherent.handoff";
+
+/// How long a mount with a coordinator waits for it at start.
+const COORDINATOR_WAIT: Duration = Duration::from_secs(10);
 
 /// `renameat2` flag: swap the two names.
 const RENAME_EXCHANGE: u32 = 2;
@@ -96,6 +101,9 @@ pub struct VolumeConfig {
     pub maintain_every: Duration,
     /// `--track-ignored`: what `.gitignore` files ignore is tracked all the same.
     pub track_ignored: bool,
+    /// `--coordinator etcd://...`: share records, sessions and versions of handed files
+    /// with other hosts (None: this host's journal alone).
+    pub coordinator: Option<EtcdSpec>,
 }
 
 impl VolumeConfig {
@@ -108,6 +116,7 @@ impl VolumeConfig {
             in_flight_wait: Duration::from_millis(500),
             maintain_every: Duration::from_secs(5),
             track_ignored: false,
+            coordinator: None,
         }
     }
 }
@@ -146,7 +155,7 @@ fn rel(path: Option<&Path>) -> Option<&str> {
 }
 
 fn refused(r: Refusal) -> FsError {
-    FsError(r.errno())
+    FsError(r.write_errno())
 }
 
 /// The engine's stamp of a backing file: (ino, ctime, size).
@@ -162,6 +171,9 @@ fn stamp(s: &Stamp) -> coherence::Stamp {
 pub struct Volume {
     engine: Arc<Engine>,
     journal: Arc<Journal>,
+    /// Where shared state is agreed: [`Embedded`] on one host, [`Etcd`] across hosts.
+    coord: Arc<dyn Coordinator>,
+    etcd: Option<Arc<Etcd>>,
     resolver: Arc<Resolver>,
     /// The backing directory (`O_PATH`), for the stats that decide what changed.
     root: OwnedFd,
@@ -218,9 +230,27 @@ impl Volume {
             })?,
             cfg.track_ignored,
         );
+        let etcd = match cfg.coordinator.clone() {
+            None => None,
+            Some(spec) => Some(
+                Etcd::start(
+                    spec,
+                    opened.engine.clone(),
+                    opened.journal.clone(),
+                    COORDINATOR_WAIT,
+                )
+                .map_err(JournalError::Coordinator)?,
+            ),
+        };
+        let coord: Arc<dyn Coordinator> = match &etcd {
+            Some(e) => e.clone(),
+            None => Arc::new(Embedded),
+        };
         let v = Arc::new(Volume {
             engine: opened.engine,
             journal: opened.journal,
+            coord,
+            etcd,
             resolver,
             root,
             cfg,
@@ -268,6 +298,10 @@ impl Volume {
         &self.resolver
     }
 
+    pub fn coordinator(&self) -> &Arc<dyn Coordinator> {
+        &self.coord
+    }
+
     /// Every few seconds: evict ended records past `--evict-after`, snapshot when due.
     fn maintain_loop(&self) {
         loop {
@@ -290,6 +324,9 @@ impl Volume {
 
     /// At unmount: stop the maintenance thread, write out the log and take a snapshot.
     pub fn shutdown(&self) {
+        if let Some(e) = &self.etcd {
+            e.shutdown();
+        }
         *self.stop.lock() = true;
         self.stop_cv.notify_all();
         if let Some(h) = self.maintenance.lock().take() {
@@ -323,8 +360,21 @@ impl Volume {
     /// `s` as resolved for caller `c`, if `c`'s uid owns the name (§2: the first uid that
     /// shows a name owns it); else `c`'s own `uid:UID`, marked with whose name it showed.
     fn owned(&self, s: Session, c: &Caller) -> Session {
+        self.claimed(s, c).unwrap_or_else(|anyone| anyone)
+    }
+
+    /// [`Volume::owned`], but `Err` (the caller's `uid:UID`) when the coordinator could
+    /// not be asked who owns the name: a writer is then decided as unresolved (§2).
+    fn claimed(&self, s: Session, c: &Caller) -> Result<Session, Session> {
         let now = Timestamp::now();
-        match self.engine.claim(&s, c.uid, now) {
+        let claim = match self.coord.claim(&self.engine, &s, c.uid, now) {
+            Ok(r) => r,
+            Err(r) => {
+                tracing::debug!("session {} not claimed: {}", s.name, r.message);
+                return Err(Arc::new(SessionInfo::unattributed(c.uid)));
+            }
+        };
+        Ok(match claim {
             Ok(()) => s,
             Err(owner) => {
                 let mine = SessionInfo::unattributed(c.uid);
@@ -337,14 +387,14 @@ impl Volume {
                     ..mine
                 })
             }
-        }
+        })
     }
 
     /// The session of a caller about to write (§2: fail closed). `Err` carries the
     /// caller's `uid:UID`, under which a write to a path with no live record goes on.
     fn writer(&self, c: &Caller) -> Result<Session, Session> {
         match self.resolver.resolve(c.pid) {
-            Ok(s) => Ok(self.owned(s, c)),
+            Ok(s) => self.claimed(s, c),
             Err(e) => {
                 tracing::debug!("session of pid {}: {e}; failing closed", c.pid);
                 Err(self
@@ -569,6 +619,167 @@ impl Volume {
     }
 }
 
+/// A write route across hosts (issue 12): see `coordinator` and docs/multi-host.md.
+impl Volume {
+    /// The names of `w` when it needs the coordinator (a shared path, or a directory
+    /// with shared paths under it); `None` on one host or when nothing is shared.
+    fn coordinated(&self, w: &Write<'_>) -> Option<Vec<(String, bool)>> {
+        self.coord.host()?;
+        let names: Vec<(String, bool)> = w
+            .names()
+            .into_iter()
+            .map(|(p, dir)| (p.to_string(), dir))
+            .collect();
+        self.involve(names)
+    }
+
+    fn involve(&self, names: Vec<(String, bool)>) -> Option<Vec<(String, bool)>> {
+        let shared = names.iter().any(|(p, dir)| {
+            self.coord.shared(&self.engine, p)
+                || (*dir && !self.engine.paths_with_records(p).is_empty())
+        });
+        shared.then_some(names)
+    }
+
+    /// Decides a write route touching shared paths as one agreed step.
+    fn admit(
+        &self,
+        who: &Result<Session, Session>,
+        names: &[(String, bool)],
+        w: Write<'_>,
+        decide: impl Fn() -> Result<Permit, (Session, Refusal)>,
+    ) -> Result<Permit, (Session, Refusal)> {
+        let mut out = None;
+        let stepped = self.coord.step(names, StepKind::Admit, &mut || {
+            let d = decide();
+            let ok = d.is_ok();
+            out = Some(d);
+            ok
+        });
+        let s = match who {
+            Ok(s) | Err(s) => s.clone(),
+        };
+        match stepped {
+            Ok(_) => out.expect("the step ran the decision"),
+            Err(r) => {
+                let p = w.names().first().map_or("", |x| x.0).to_string();
+                let r = r.at(p.clone());
+                let text = format!(
+                    "write denied: {p} has a handoff record and the hosts cannot agree on it \
+                     now: {}",
+                    r.message
+                );
+                Err((s, Refusal { message: text, ..r }))
+            }
+        }
+    }
+
+    /// Runs `f` (engine calls counting what a write route or handle did to `names`) as an
+    /// agreed step when a name is shared.
+    fn counted(&self, names: Vec<(String, bool)>, f: impl Fn()) {
+        let Some(names) = self.coord.host().and_then(|_| self.involve(names)) else {
+            f();
+            return;
+        };
+        // A conflict undoes `f` and runs it again on the newer state.
+        let r = self.coord.step(&names, StepKind::Commit, &mut || {
+            f();
+            true
+        });
+        if let Err(r) = r {
+            tracing::warn!("a change of {:?} was not agreed: {}", names[0].0, r.message);
+        }
+    }
+
+    /// Refuses an agent write while this host cannot confirm its lease (see
+    /// [`Coordinator::confirmed`]): `None` when the write may go on.
+    fn unconfirmed(
+        &self,
+        who: &Result<Session, Session>,
+        w: &Write<'_>,
+    ) -> Option<(Session, Refusal)> {
+        let r = self.coord.confirmed().err()?;
+        let s = match who {
+            // Unattributed processes are never givers: they keep writing.
+            Ok(s) if !s.is_attributed() => return None,
+            Ok(s) | Err(s) => s.clone(),
+        };
+        let p = w.names().first().map_or("", |x| x.0).to_string();
+        Some((s, r.at(p)))
+    }
+
+    /// What a write route did, counted after it ran (`failed`: it did not).
+    fn count_write(&self, route: &WriteRoute<'_>, pm: &Permit, failed: bool, now: Timestamp) {
+        let (s, p) = (&pm.session, pm.path.as_str());
+        match *route {
+            WriteRoute::Open { .. } | WriteRoute::Create { .. } => {
+                // The open failed after the acquire: give the hold back.
+                if pm.acquired.is_some() {
+                    self.engine.close_write(s, p, false, now);
+                }
+            }
+            _ if failed => {}
+            WriteRoute::Setattr { set, .. } => {
+                if pm.is_dir {
+                    return;
+                }
+                let holds_e = matches!(self.engine.hold(s, p), Some((coherence::Hold::E, _)));
+                match self.stamp_now(p) {
+                    // A truncate by a session writing the file through a handle (coreutils
+                    // `truncate` is open + ftruncate + close) is part of that handle's
+                    // commit; any other change of size is a commit of its own.
+                    Some(after) if set.size.is_some() && !holds_e => {
+                        self.engine
+                            .commit(s, p, CommitOp::Truncate, Some(after), now);
+                    }
+                    Some(after) => self.engine.restamp(p, after),
+                    None => {}
+                }
+            }
+            WriteRoute::Rename { flags, .. } => {
+                let Some(t) = pm.to.as_deref() else { return };
+                if flags & RENAME_EXCHANGE != 0 {
+                    self.exchange(s, p, t, now);
+                } else if !pm.is_dir && !self.is_tracked(t, false) {
+                    // Moved out of what the volume tracks: the source is removed.
+                    self.engine.commit(s, p, CommitOp::RenameAway, None, now);
+                } else {
+                    let after = if pm.is_dir { None } else { self.stamp_now(t) };
+                    self.engine.rename(s, p, t, pm.is_dir, after, now);
+                    if let Some(moved) = after {
+                        self.restamp_other_names(moved.ino, &[p, t]);
+                    }
+                }
+            }
+            WriteRoute::Unlink { .. } => {
+                self.engine.commit(s, p, CommitOp::Unlink, None, now);
+                if let Some(pre) = pm.pre {
+                    self.restamp_other_names(pre.ino, &[p]);
+                }
+            }
+            WriteRoute::Link { .. } if !self.is_tracked(p, false) => {}
+            WriteRoute::Link { .. } | WriteRoute::Symlink { .. } | WriteRoute::Mknod { .. } => {
+                let op = match route {
+                    WriteRoute::Link { .. } => CommitOp::Link,
+                    WriteRoute::Symlink { .. } => CommitOp::Symlink,
+                    _ => CommitOp::Mknod,
+                };
+                let after = self.stamp_now(p);
+                self.engine.commit(s, p, op, after, now);
+                if let (WriteRoute::Link { .. }, Some(after)) = (route, after) {
+                    self.restamp_other_names(after.ino, &[p]);
+                }
+            }
+            WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
+                if let Some(after) = self.stamp_now(p) {
+                    self.engine.restamp(p, after);
+                }
+            }
+            WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => {}
+        }
+    }
+}
+
 impl Hooks for Volume {
     fn before_write(
         &self,
@@ -666,12 +877,18 @@ impl Hooks for Volume {
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => return Ok(None),
         };
         let now = Timestamp::now();
-        let decided = match self.writer(caller) {
-            Ok(s) => self.engine.decide(&s, w, now).map_err(|r| (s, r)),
+        let who = self.writer(caller);
+        let decide = || match &who {
+            Ok(s) => self.engine.decide(s, w, now).map_err(|r| (s.clone(), r)),
             Err(anyone) => self
                 .engine
-                .decide_unresolved(&anyone, w, now)
-                .map_err(|r| (anyone, r)),
+                .decide_unresolved(anyone, w, now)
+                .map_err(|r| (anyone.clone(), r)),
+        };
+        let decided = match (self.unconfirmed(&who, &w), self.coordinated(&w)) {
+            (Some(refused), _) => Err(refused),
+            (None, None) => decide(),
+            (None, Some(names)) => self.admit(&who, &names, w, decide),
         };
         match decided {
             Ok(permit) => {
@@ -717,73 +934,12 @@ impl Hooks for Volume {
         }
         let Some(pm) = permit else { return };
         let now = Timestamp::now();
-        let (s, p) = (&pm.session, pm.path.as_str());
-        match *route {
-            WriteRoute::Open { .. } | WriteRoute::Create { .. } => {
-                // The open failed after the acquire: give the hold back.
-                if pm.acquired.is_some() {
-                    self.engine.close_write(s, p, false, now);
-                }
-            }
-            _ if outcome.is_err() => {}
-            WriteRoute::Setattr { set, .. } => {
-                if pm.is_dir {
-                    return;
-                }
-                let holds_e = matches!(self.engine.hold(s, p), Some((coherence::Hold::E, _)));
-                match self.stamp_now(p) {
-                    // A truncate by a session writing the file through a handle (coreutils
-                    // `truncate` is open + ftruncate + close) is part of that handle's
-                    // commit; any other change of size is a commit of its own.
-                    Some(after) if set.size.is_some() && !holds_e => {
-                        self.engine
-                            .commit(s, p, CommitOp::Truncate, Some(after), now);
-                    }
-                    Some(after) => self.engine.restamp(p, after),
-                    None => {}
-                }
-            }
-            WriteRoute::Rename { flags, .. } => {
-                let Some(t) = pm.to.as_deref() else { return };
-                if flags & RENAME_EXCHANGE != 0 {
-                    self.exchange(s, p, t, now);
-                } else if !pm.is_dir && !self.is_tracked(t, false) {
-                    // Moved out of what the volume tracks: the source is removed.
-                    self.engine.commit(s, p, CommitOp::RenameAway, None, now);
-                } else {
-                    let after = if pm.is_dir { None } else { self.stamp_now(t) };
-                    self.engine.rename(s, p, t, pm.is_dir, after, now);
-                    if let Some(moved) = after {
-                        self.restamp_other_names(moved.ino, &[p, t]);
-                    }
-                }
-            }
-            WriteRoute::Unlink { .. } => {
-                self.engine.commit(s, p, CommitOp::Unlink, None, now);
-                if let Some(pre) = pm.pre {
-                    self.restamp_other_names(pre.ino, &[p]);
-                }
-            }
-            WriteRoute::Link { .. } if !self.is_tracked(p, false) => {}
-            WriteRoute::Link { .. } | WriteRoute::Symlink { .. } | WriteRoute::Mknod { .. } => {
-                let op = match route {
-                    WriteRoute::Link { .. } => CommitOp::Link,
-                    WriteRoute::Symlink { .. } => CommitOp::Symlink,
-                    _ => CommitOp::Mknod,
-                };
-                let after = self.stamp_now(p);
-                self.engine.commit(s, p, op, after, now);
-                if let (WriteRoute::Link { .. }, Some(after)) = (route, after) {
-                    self.restamp_other_names(after.ino, &[p]);
-                }
-            }
-            WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
-                if let Some(after) = self.stamp_now(p) {
-                    self.engine.restamp(p, after);
-                }
-            }
-            WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => {}
+        let mut names = vec![(pm.path.clone(), pm.is_dir)];
+        if let Some(t) = &pm.to {
+            names.push((t.clone(), pm.is_dir));
         }
+        let failed = outcome.is_err();
+        self.counted(names, || self.count_write(route, &pm, failed, now));
     }
 
     fn on_open(
@@ -840,8 +996,10 @@ impl Hooks for Volume {
             // No path: the file was removed while open; its changes have no name to count.
             let Some(p) = rel(h.path) else { return false };
             let now = Timestamp::now();
-            self.engine
-                .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+            self.counted(vec![(p.to_string(), false)], || {
+                self.engine
+                    .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+            });
             true
         });
         // A FLUSH of an unchanged handle may be its last close: note whether the closer
@@ -864,8 +1022,10 @@ impl Hooks for Volume {
         let now = Timestamp::now();
         let end = w.release(h.changed(), || {
             let Some(p) = rel(h.path) else { return false };
-            self.engine
-                .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+            self.counted(vec![(p.to_string(), false)], || {
+                self.engine
+                    .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+            });
             true
         });
         match end {

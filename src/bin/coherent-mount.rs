@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use coherent::coherence;
+use coherent::coordinator::etcd;
 use coherent::fuse::{CoherentFs, FsOptions, Hooks, NoHooks};
 use coherent::passthrough::Store;
 use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
@@ -78,6 +79,19 @@ struct Args {
     /// Environment variable naming the session (repeatable; replaces the default list).
     #[arg(long = "session-env", value_name = "VAR")]
     session_env: Vec<String>,
+    /// Share sessions, handoff records and the versions of handed files with the other
+    /// hosts mounting this workspace, through etcd: etcd://HOST:PORT[,HOST:PORT...][/VOLUME]
+    /// (VOLUME names the key space; default "default"). Without it: this host alone.
+    #[arg(long, value_name = "URL")]
+    coordinator: Option<String>,
+    /// This host's name among the hosts of --coordinator (in every event's `host`).
+    /// Default: the machine's hostname and the mount point.
+    #[arg(long, value_name = "NAME", requires = "coordinator")]
+    host_id: Option<String>,
+    /// With --coordinator: this host's lease. A host that stops answering is waited for
+    /// this long; a host cut off from etcd this long refuses agent writes (e.g. 10s).
+    #[arg(long, value_parser = parse_duration, requires = "coordinator")]
+    coordinator_ttl: Option<Duration>,
     /// A plain passthrough volume without coherence (no sessions, versions, fences or
     /// .coherent/): the baseline of the enforcement benchmarks.
     #[arg(long, hide = true)]
@@ -353,7 +367,24 @@ fn make_hooks(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
             StaleMode::Strict => coherence::StaleMode::Strict,
         },
         evict_after: args.evict_after,
+        host: None,
     };
+    if let Some(url) = &args.coordinator {
+        let host = args
+            .host_id
+            .clone()
+            .unwrap_or_else(|| etcd::default_host_id(&plan.mountpoint));
+        let ttl = args.coordinator_ttl.unwrap_or(etcd::DEFAULT_TTL);
+        let spec = etcd::EtcdSpec::parse(url, host, ttl).map_err(Fail)?;
+        tracing::info!(
+            host = %spec.host,
+            endpoints = %spec.endpoints.join(","),
+            volume = %spec.volume,
+            "coordinator: etcd"
+        );
+        cfg.engine.host = Some(spec.host.clone());
+        cfg.coordinator = Some(spec);
+    }
     cfg.session_env = args.session_env.clone();
     cfg.track_ignored = args.track_ignored;
     let root = root.try_clone().map_err(|e| {

@@ -96,7 +96,7 @@ pub(super) struct Holder {
 }
 
 /// One path.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Entry {
     /// 0: being created through the volume, not yet committed.
     pub(super) version: u64,
@@ -204,6 +204,9 @@ pub struct Engine {
     pub(super) applied: AtomicU64,
     /// Bumped by every event that can change a record (`wait`).
     pub(super) changes: super::wait::Changes,
+    /// With a coordinator: the next record id (0: a record's id is its transfer's seq).
+    /// Several hosts make records, so ids come from the coordinator's revisions.
+    pub(super) record_ids: AtomicU64,
 }
 
 pub(super) fn shard_of(path: &str) -> usize {
@@ -260,6 +263,7 @@ impl Engine {
             sink,
             applied: AtomicU64::new(0),
             changes: Default::default(),
+            record_ids: AtomicU64::new(0),
         }
     }
 
@@ -502,7 +506,8 @@ impl Engine {
                     h.hold = Hold::I;
                 }
                 e.records.push(Record {
-                    id: ev.seq,
+                    // A coordinated transfer carries the id it was given (`record`).
+                    id: ev.record.unwrap_or(ev.seq),
                     path: ev.path.clone().unwrap_or_default(),
                     giver,
                     successor,
@@ -619,6 +624,10 @@ impl Engine {
     /// Applies one event read back from the log (recovery). Events must come in log order.
     pub fn replay(&self, ev: &Event) {
         self.applied.fetch_max(ev.seq, Ordering::SeqCst);
+        if ev.host.is_some() && ev.host != self.config.host {
+            // Another host's event, kept to be read: its state comes from the coordinator.
+            return;
+        }
         match (ev.event, ev.op) {
             (EventKind::SessionSeen, _) => {
                 let name = ev.session.clone().unwrap_or_default();

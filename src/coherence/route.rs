@@ -142,6 +142,16 @@ impl<'a> Write<'a> {
         }
     }
 
+    /// The names this route writes, each with whether a directory is there (a
+    /// coordinator shares the state of what it changes, under a directory too).
+    pub fn names(&self) -> Vec<(&'a str, bool)> {
+        self.paths()
+            .into_iter()
+            .flatten()
+            .map(|a| (a.path, a.found == Found::Dir))
+            .collect()
+    }
+
     /// The route named in a `denied` event for the main path.
     fn route(&self) -> Route {
         match self {

@@ -54,6 +54,8 @@ pub struct Config {
     pub stale: StaleMode,
     /// Ended records are evicted this long after their last change (`--evict-after`).
     pub evict_after: std::time::Duration,
+    /// `--host-id` with a coordinator: events of other hosts are skipped at replay.
+    pub host: Option<String>,
 }
 
 impl Default for Config {
@@ -61,6 +63,7 @@ impl Default for Config {
         Config {
             stale: StaleMode::Warn,
             evict_after: std::time::Duration::from_secs(24 * 3600),
+            host: None,
         }
     }
 }
@@ -195,6 +198,10 @@ pub struct Event {
     /// successor (`successor` names it).
     #[serde(default, skip_serializing_if = "is_false")]
     pub claimed: bool,
+    /// With a coordinator (several hosts): the host whose volume made the event. A host
+    /// replays only its own events; the others' are in its log to be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl Event {
@@ -230,6 +237,7 @@ impl Event {
             reason: None,
             route: None,
             claimed: false,
+            host: None,
         }
     }
 }

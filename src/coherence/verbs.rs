@@ -177,9 +177,12 @@ impl Engine {
             ev.version = Some(version);
             ev.hold = Some(hold);
             ev.note = note.clone();
+            let id = self.next_record_id();
+            ev.record = id;
             let seq = self.emit(e, ev);
             last = Some(seq);
-            let r = e.records.iter().find(|r| r.id == seq).expect("just made");
+            let id = id.unwrap_or(seq);
+            let r = e.records.iter().find(|r| r.id == id).expect("just made");
             out.push(r.to_json(e.version));
         }
         drop(guards);

@@ -37,6 +37,7 @@ use crate::access::{may_write, Who};
 use crate::beneath::{self, Resolved};
 use crate::coherence::{RecordJson, StatusReport, Timestamp};
 use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
+use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
 use crate::fuse::{open_writes, ReadDone};
 use crate::identity::{Session, Via};
@@ -435,7 +436,7 @@ impl Surface {
         let verb = req.verb();
         let mut sight = Sight::new(who(caller));
         let r = match not_yours(s, verb).map_or_else(|| place_request(vol, &mut sight, req), Err) {
-            Ok(req) => self.serve_verb(vol, s, &mut sight, &req),
+            Ok(req) => self.serve_agreed(vol, s, &mut sight, &req),
             Err(f) => Err(f),
         };
         if vol.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
@@ -453,6 +454,55 @@ impl Surface {
                 Reply::refused(Some(verb), &f, path)
             }
         }
+    }
+
+    /// With a coordinator, a verb is one agreed step (refused `coordinator_unavailable`
+    /// when etcd cannot be reached), and `status` first catches up with the other hosts.
+    fn serve_agreed(
+        &self,
+        vol: &Volume,
+        s: &Session,
+        sight: &mut Sight,
+        req: &Request,
+    ) -> Result<Reply, Refusal> {
+        let verb = req.verb();
+        if vol.coord.host().is_none() || matches!(verb, Verb::Whoami | Verb::Wait) {
+            return self.serve_verb(vol, s, sight, req);
+        }
+        if verb == Verb::Status {
+            // Best effort: a host cut off answers with what it has (and says so).
+            let _ = vol.coord.step(&[], StepKind::Commit, &mut || true);
+            return self.serve_verb(vol, s, sight, req);
+        }
+        let names: Vec<(String, bool)> = req.paths().iter().map(|p| (p.clone(), false)).collect();
+        let mut out = None;
+        let stepped = vol.coord.step(&names, StepKind::Verb, &mut || {
+            let r = self.serve_verb(vol, s, sight, req);
+            let ok = r.is_ok();
+            out = Some(r);
+            ok
+        })?;
+        if stepped.in_flight.is_empty() {
+            return out.expect("the step ran the verb");
+        }
+        // Another host has the file open for writing by this giver: the transfer is
+        // undone (withdrawn), as one host refuses it (`handoff_in_flight`).
+        let paths: Vec<String> = stepped.in_flight.iter().map(|x| x.0.clone()).collect();
+        let undo = vol.coord.step(&names, StepKind::Verb, &mut || {
+            vol.engine.withdraw(s, &paths, Timestamp::now()).is_ok()
+        });
+        if let Err(r) = undo {
+            tracing::warn!("undoing a transfer found in flight: {}", r.message);
+        }
+        Err(Refusal::new(
+            Reason::HandoffInFlight,
+            format!(
+                "this session still has {} open for writing on another host: close it there \
+                 first, then transfer",
+                paths.join(", ")
+            ),
+        )
+        .at(paths[0].clone()))
     }
 
     fn serve_verb(
@@ -545,7 +595,10 @@ impl Surface {
                         c.sessions, c.paths, c.live, c.ended
                     ),
                 };
-                let body = serde_json::to_value(&st).unwrap_or(Value::Null);
+                let mut body = serde_json::to_value(&st).unwrap_or(Value::Null);
+                if let Some(c) = vol.coord.describe() {
+                    body["coordinator"] = c;
+                }
                 Reply::status(body, msg)
             }
             Request::Whoami => unreachable!("served above, with the ignored tags"),

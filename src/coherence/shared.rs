@@ -1,0 +1,188 @@
+//! What several hosts share through a coordinator (issue 12, DESIGN §13): per path its
+//! version, stamp and transfer records; per session its owner. Everything else (holds,
+//! views, open write handles, `why`) stays on the host that saw it.
+//!
+//! The engine stays the one owner of the rules: a coordinated step runs the same engine
+//! code as a single host, then publishes [`Engine::shared_state`] of the paths it touched;
+//! another host takes it in with [`Engine::adopt`]. A step that could not be published is
+//! undone with [`Engine::restore`] of what [`Engine::save`] kept.
+
+use super::engine::*;
+use super::types::*;
+use crate::identity::SessionInfo;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The shared part of one path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SharedPath {
+    pub version: u64,
+    pub exists: bool,
+    pub stamp: Option<Stamp>,
+    pub records: Vec<Record>,
+}
+
+/// One session of the shared registry, with the uid that owns its name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SharedSession {
+    pub info: SessionInfo,
+    pub uid: Option<u32>,
+    /// The host that claimed it first (it logged `session_seen`).
+    #[serde(default)]
+    pub host: Option<String>,
+}
+
+/// Entries as they were before a step (restored if the step cannot be published).
+pub struct Saved(Vec<(String, Option<Entry>)>);
+
+impl Saved {
+    /// Paths that had no entry (restoring removes what a step made there).
+    pub fn absent(paths: &[String]) -> Saved {
+        Saved(paths.iter().map(|p| (p.clone(), None)).collect())
+    }
+}
+
+impl Engine {
+    /// The shared part of `path`: `None` while it has no record (a file never handed on
+    /// is counted by each host on its own).
+    pub fn shared_state(&self, path: &str) -> Option<SharedPath> {
+        let sh = self.lock_one(path);
+        let e = sh.get(path).filter(|e| !e.records.is_empty())?;
+        Some(SharedPath {
+            version: e.version,
+            exists: e.exists,
+            stamp: e.stamp,
+            records: e.records.clone(),
+        })
+    }
+
+    /// Does `path` have any record (live or ended)? Such a path is shared.
+    pub fn has_records(&self, path: &str) -> bool {
+        self.lock_one(path)
+            .get(path)
+            .is_some_and(|e| !e.records.is_empty())
+    }
+
+    /// Every path with a record at or under `prefix` (`""`: all).
+    pub fn paths_with_records(&self, prefix: &str) -> Vec<String> {
+        let under = format!("{prefix}/");
+        let mut out = Vec::new();
+        for sh in self.shards.iter() {
+            for (k, e) in sh.lock().iter() {
+                if !e.records.is_empty()
+                    && (prefix.is_empty() || &**k == prefix || k.starts_with(&under))
+                {
+                    out.push(k.to_string());
+                }
+            }
+        }
+        out
+    }
+
+    /// A copy of the entries of `paths`, for [`Engine::restore`].
+    pub fn save(&self, paths: &[String]) -> Saved {
+        Saved(
+            paths
+                .iter()
+                .map(|p| (p.clone(), self.lock_one(p).get(p.as_str()).cloned()))
+                .collect(),
+        )
+    }
+
+    /// Puts back what [`Engine::save`] kept (a step that could not be published).
+    pub fn restore(&self, saved: Saved) {
+        for (p, e) in saved.0 {
+            let mut sh = self.lock_one(&p);
+            match e {
+                Some(e) => {
+                    sh.insert(p.into_boxed_str(), e);
+                }
+                None => {
+                    sh.remove(p.as_str());
+                }
+            }
+        }
+        self.changes.bump();
+    }
+
+    /// Takes in the shared part of `path` as another host published it (`None`: it has
+    /// no record any more). Holds stay; a version that moved leaves every local hold
+    /// invalid. Returns the ids of records new here whose giver has `path` open for
+    /// writing on this host (the transfer's host must undo them: `handoff_in_flight`).
+    pub fn adopt(&self, path: &str, shared: Option<SharedPath>) -> Vec<u64> {
+        let mut sh = self.lock_one(path);
+        let e = entry_mut(&mut sh, path);
+        let Some(s) = shared else {
+            e.records.clear();
+            self.changes.bump();
+            return Vec::new();
+        };
+        if s.version != e.version || s.stamp != e.stamp {
+            for h in &mut e.holders {
+                if h.writers == 0 {
+                    h.hold = Hold::I;
+                }
+            }
+        }
+        e.version = s.version;
+        e.exists = s.exists;
+        e.stamp = s.stamp;
+        e.logged_stamp = s.stamp;
+        e.logged = true;
+        let inflight = s
+            .records
+            .iter()
+            .filter(|r| r.is_live(s.version) && !e.records.iter().any(|o| o.id == r.id))
+            .filter(|r| e.holder(&r.giver.name).is_some_and(|h| h.writers > 0))
+            .map(|r| r.id)
+            .collect();
+        e.records = s.records;
+        self.changes.bump();
+        inflight
+    }
+
+    /// Takes in a session of the shared registry (no event: its host logged it).
+    pub fn adopt_session(&self, s: SharedSession) {
+        let name = s.info.name.clone();
+        let mut sessions = self.sessions.write();
+        if let Some(uid) = s.uid {
+            self.owners.write().insert(name.clone(), uid);
+        }
+        sessions.entry(name).or_insert_with(|| Arc::new(s.info));
+    }
+
+    /// The known session `name` with its owner, to publish.
+    pub fn shared_session(&self, name: &str) -> Option<SharedSession> {
+        let info = self.sessions.read().get(name)?.as_ref().clone();
+        Some(SharedSession {
+            info,
+            uid: self.owner(name),
+            host: self.config.host.clone(),
+        })
+    }
+
+    /// Coordinated mode: record ids from here on are at least `floor` (the coordinator
+    /// raises it past every revision it has seen, so two hosts never give one path two
+    /// records with one id).
+    pub fn raise_record_ids(&self, floor: u64) {
+        self.record_ids.fetch_max(floor, Ordering::SeqCst);
+    }
+
+    /// The id of a record about to be made: `None` on a single host (its transfer's seq).
+    pub(super) fn next_record_id(&self) -> Option<u64> {
+        let mut cur = self.record_ids.load(Ordering::SeqCst);
+        loop {
+            if cur == 0 {
+                return None;
+            }
+            match self
+                .record_ids
+                .compare_exchange(cur, cur + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return Some(cur),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}

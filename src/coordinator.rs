@@ -1,0 +1,122 @@
+//! Where the state that hosts must agree on lives (issue 12, DESIGN §13): the embedded
+//! journal of one host (the default) or etcd (`--coordinator etcd://...`).
+//!
+//! The volume asks its coordinator three things: may this host write at all right now
+//! ([`Coordinator::confirmed`]), is a path shared ([`Coordinator::shared`]: it has a
+//! transfer record, so its changes must be agreed), and to run a change of shared paths
+//! as one agreed step ([`Coordinator::step`]). The rules themselves stay in the engine:
+//! a step runs the same engine code as one host does, and the coordinator publishes what
+//! it changed. See docs/multi-host.md for the safety argument.
+
+pub mod etcd;
+
+use crate::coherence::{Engine, Timestamp};
+use crate::error::{Reason, Refusal};
+use crate::identity::Session;
+
+/// What kind of step: it decides what happens when the coordinator cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// A write route deciding (open for write, rename, ...): refused when the step cannot
+    /// be agreed, unless the engine refused it anyway (a fenced giver hears `fenced`).
+    Admit,
+    /// What already happened (a commit after the data was written): applied here at
+    /// once, and published when the coordinator is back.
+    Commit,
+    /// A verb: refused `coordinator_unavailable` when the coordinator cannot be reached.
+    Verb,
+}
+
+/// The outcome of a step that ran.
+#[derive(Debug, Default)]
+pub struct Stepped {
+    /// What the operation returned (true: it was allowed / did something).
+    pub ok: bool,
+    /// Records this step made that another host found in flight (the giver has the file
+    /// open for writing there): (path, record id). The verb must undo them.
+    pub in_flight: Vec<(String, u64)>,
+}
+
+/// The coordinator interface.
+pub trait Coordinator: Send + Sync {
+    /// This host's name in events (`None`: one host, no name).
+    fn host(&self) -> Option<&str>;
+
+    /// `Ok` while this host is sure it has applied every transfer another host may have
+    /// acknowledged. Otherwise writes by agent sessions to tracked files are refused
+    /// (`coordinator_unavailable`): a giver's write could be one.
+    fn confirmed(&self) -> Result<(), Refusal>;
+
+    /// Is `path` shared (its changes need the coordinator)?
+    fn shared(&self, engine: &Engine, path: &str) -> bool;
+
+    /// Runs `op` (engine calls changing `paths`, or paths under them when a name is a
+    /// directory) as one agreed step of `kind`.
+    fn step(
+        &self,
+        paths: &[(String, bool)],
+        kind: StepKind,
+        op: &mut dyn FnMut() -> bool,
+    ) -> Result<Stepped, Refusal>;
+
+    /// Claims session `s` for `uid` on every host (§2: the first uid that shows a name
+    /// owns it). `Ok(Err(owner))`: another uid owns it.
+    fn claim(
+        &self,
+        engine: &Engine,
+        s: &Session,
+        uid: u32,
+        now: Timestamp,
+    ) -> Result<Result<(), u32>, Refusal>;
+
+    /// What `coherent status` shows of the coordinator (`None`: nothing to show).
+    fn describe(&self) -> Option<serde_json::Value>;
+}
+
+/// One host: the journal is the only state; nothing to agree with anyone.
+pub struct Embedded;
+
+impl Coordinator for Embedded {
+    fn host(&self) -> Option<&str> {
+        None
+    }
+
+    fn confirmed(&self) -> Result<(), Refusal> {
+        Ok(())
+    }
+
+    fn shared(&self, _engine: &Engine, _path: &str) -> bool {
+        false
+    }
+
+    fn step(
+        &self,
+        _paths: &[(String, bool)],
+        _kind: StepKind,
+        op: &mut dyn FnMut() -> bool,
+    ) -> Result<Stepped, Refusal> {
+        Ok(Stepped {
+            ok: op(),
+            in_flight: Vec::new(),
+        })
+    }
+
+    fn claim(
+        &self,
+        engine: &Engine,
+        s: &Session,
+        uid: u32,
+        now: Timestamp,
+    ) -> Result<Result<(), u32>, Refusal> {
+        Ok(engine.claim(s, uid, now))
+    }
+
+    fn describe(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// The refusal when the coordinator cannot be reached or confirmed.
+pub fn unavailable(message: impl Into<String>) -> Refusal {
+    Refusal::new(Reason::CoordinatorUnavailable, message)
+}

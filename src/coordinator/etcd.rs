@@ -1,0 +1,1165 @@
+//! The etcd coordinator (`--coordinator etcd://HOST:PORT[,HOST:PORT...][/VOLUME]`).
+//!
+//! Keys, under `/coherent/VOLUME/`:
+//! - `p/PATH`: the shared part of a path with records ([`SharedPath`]); changed only by a
+//!   transaction that compares its mod revision with the one this host last took in, so
+//!   two hosts never both decide on one state of a path;
+//! - `s/NAME`: the session registry ([`SharedSession`], created once: its owner uid);
+//! - `h/HOST`: each live host, under its lease: the revision it has applied (and records
+//!   it found in flight). A transfer answers once every live host has applied it;
+//! - `e/HOST/N`: every host's events, for the others' logs (short-lived).
+//!
+//! Threads: a tokio runtime runs the link (connect, lease, watch); FUSE threads call etcd
+//! with `block_on` and bounded timeouts; one thread publishes the event feed and paths
+//! changed while etcd could not be reached.
+
+use super::{unavailable, Coordinator, StepKind, Stepped};
+use crate::coherence::{Engine, Event, EventKind, Saved, SharedPath, SharedSession, Timestamp};
+use crate::error::Refusal;
+use crate::identity::Session;
+use crate::journal::{Journal, Tap};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
+};
+use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// The lease of a host (`--coordinator-ttl`): how long a host that stopped answering is
+/// waited for, and how soon a host cut off from etcd refuses agent writes.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// One etcd call; past it etcd counts as unreachable for that call.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// A whole step (sync, decide, publish, retries): verbs fail within this when etcd is away.
+const STEP_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long other hosts' events stay in etcd (they copy them at once; a host away
+/// longer misses some of them in its log, never any state).
+const EVENTS_TTL: i64 = 120;
+/// The largest etcd transaction we send (etcd's default limit is 128 operations).
+const MAX_TXN_OPS: usize = 100;
+
+/// Where and who: parsed from `--coordinator`, `--host-id`, `--coordinator-ttl`.
+#[derive(Debug, Clone)]
+pub struct EtcdSpec {
+    /// `HOST:PORT` each.
+    pub endpoints: Vec<String>,
+    /// The key space (`/coherent/VOLUME/`): hosts sharing one workspace use one.
+    pub volume: String,
+    pub host: String,
+    pub ttl: Duration,
+}
+
+impl EtcdSpec {
+    /// Parses `etcd://HOST:PORT[,HOST:PORT...][/VOLUME]`.
+    pub fn parse(url: &str, host: String, ttl: Duration) -> Result<EtcdSpec, String> {
+        let bad = |why: &str| {
+            format!(
+                "--coordinator {url:?}: {why}; expected etcd://HOST:PORT[,HOST:PORT...][/VOLUME], \
+                 for example etcd://127.0.0.1:2379"
+            )
+        };
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| bad("only etcd:// is supported"))?;
+        let (hosts, volume) = match rest.split_once('/') {
+            Some((h, v)) if !v.is_empty() => (h, v),
+            Some((h, _)) => (h, "default"),
+            None => (rest, "default"),
+        };
+        if !volume
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(bad(
+                "the volume name may hold only letters, digits, '.', '_' and '-'",
+            ));
+        }
+        let mut endpoints = Vec::new();
+        for ep in hosts.split(',') {
+            let (h, port) = ep
+                .rsplit_once(':')
+                .ok_or_else(|| bad(&format!("{ep:?} has no :PORT")))?;
+            if h.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(bad(&format!("{ep:?} is not HOST:PORT")));
+            }
+            endpoints.push(ep.to_string());
+        }
+        if !valid_host_id(&host) {
+            return Err(format!(
+                "--host-id {host:?}: use 1 to 200 printable characters, no spaces"
+            ));
+        }
+        if ttl < Duration::from_secs(2) {
+            return Err("--coordinator-ttl must be at least 2 seconds".into());
+        }
+        Ok(EtcdSpec {
+            endpoints,
+            volume: volume.to_string(),
+            host,
+            ttl,
+        })
+    }
+}
+
+pub fn valid_host_id(h: &str) -> bool {
+    !h.is_empty() && h.len() <= 200 && h.chars().all(|c| c.is_ascii_graphic())
+}
+
+/// The default `--host-id`: this machine's name and the mount point.
+pub fn default_host_id(mountpoint: &std::path::Path) -> String {
+    let name = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "host".into());
+    let id: String = format!("{name}:{}", mountpoint.display())
+        .chars()
+        .map(|c| if c.is_ascii_graphic() { c } else { '_' })
+        .collect();
+    id.chars().take(200).collect()
+}
+
+/// What a host publishes about itself under its lease.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct HostState {
+    /// Every change up to this revision is applied on that host.
+    applied: i64,
+    /// Records new to that host whose giver had the file open for writing there.
+    #[serde(default)]
+    in_flight: Vec<(String, u64)>,
+}
+
+/// The link to etcd as the runtime sees it.
+#[derive(Default)]
+struct Link {
+    /// A watch runs on a live connection.
+    connected: bool,
+    /// Registered with the current lease and applied past the registration.
+    caught_up: bool,
+    /// Until then no transfer can be acknowledged without this host (its lease, counted
+    /// from when the last renewal was sent, less a margin).
+    confirmed_until: Option<Instant>,
+    /// The etcd revision applied here.
+    applied: i64,
+    /// The mod revision of each `p/` key as taken in here.
+    revs: HashMap<String, i64>,
+    hosts: HashMap<String, HostState>,
+    in_flight: Vec<(String, u64)>,
+    error: Option<String>,
+    since: Option<Timestamp>,
+}
+
+thread_local! {
+    /// The events of the step running on this thread (kept back until it is published).
+    static CAPTURE: RefCell<Option<Vec<Event>>> = const { RefCell::new(None) };
+}
+
+enum Publish {
+    /// Another host changed one of the paths first (its state is taken in).
+    Conflict,
+    Unavailable(Refusal),
+}
+
+/// The etcd coordinator. Built by [`Etcd::start`].
+pub struct Etcd {
+    spec: EtcdSpec,
+    prefix: String,
+    rt: tokio::runtime::Runtime,
+    engine: Arc<Engine>,
+    journal: Arc<Journal>,
+    link: Mutex<Link>,
+    changed: Condvar,
+    client: Mutex<Option<Client>>,
+    /// One step at a time on this host.
+    steps: Mutex<()>,
+    progress: tokio::sync::Notify,
+    feed: Mutex<Vec<Event>>,
+    dirty: Mutex<BTreeSet<String>>,
+    next_event: AtomicU64,
+    /// The lease the `e/` keys live under (renewed by replacing it).
+    events_lease: Mutex<Option<(i64, Instant)>>,
+    stop: AtomicBool,
+    stopped: tokio::sync::Notify,
+}
+
+struct EtcdTap(Weak<Etcd>);
+
+impl Tap for EtcdTap {
+    fn on_append(&self, ev: &mut Event) -> bool {
+        let Some(c) = self.0.upgrade() else {
+            return true;
+        };
+        ev.host = Some(c.spec.host.clone());
+        let kept = CAPTURE.with(|cap| match cap.borrow_mut().as_mut() {
+            Some(v) => {
+                v.push(ev.clone());
+                true
+            }
+            None => false,
+        });
+        if kept {
+            return false;
+        }
+        // A shared path changed outside a step (a change behind the volume's back found
+        // at a read, an eviction): published by the publisher thread.
+        if changes_shared(ev.event) {
+            if let Some(p) = &ev.path {
+                if c.link.lock().revs.contains_key(p) {
+                    c.dirty.lock().insert(p.clone());
+                }
+            }
+        }
+        c.feed.lock().push(ev.clone());
+        true
+    }
+}
+
+fn changes_shared(k: EventKind) -> bool {
+    !matches!(
+        k,
+        EventKind::SessionSeen
+            | EventKind::Acquire
+            | EventKind::Release
+            | EventKind::Reclaim
+            | EventKind::StaleWrite
+            | EventKind::Denied
+            | EventKind::HandoffSeen
+    )
+}
+
+/// An etcd client error in a few words (the transport's own text is a paragraph).
+fn short(e: &etcd_client::Error) -> String {
+    let t = e.to_string();
+    for (needle, say) in [
+        ("KeepAliveTimedOut", "no answer (connection timed out)"),
+        ("Connection refused", "connection refused"),
+        ("timed out", "no answer in time"),
+        ("Unavailable", "unavailable"),
+    ] {
+        if t.contains(needle) {
+            return say.to_string();
+        }
+    }
+    t.chars().take(160).collect()
+}
+
+/// Record ids past every revision seen (see [`Engine::raise_record_ids`]).
+fn id_floor(rev: i64) -> u64 {
+    (rev.max(0) as u64 + 1) << 20
+}
+
+impl Etcd {
+    /// Connects (within `wait`), takes in the shared state, registers this host and
+    /// starts the link; the volume may serve once this returns.
+    pub fn start(
+        spec: EtcdSpec,
+        engine: Arc<Engine>,
+        journal: Arc<Journal>,
+        wait: Duration,
+    ) -> Result<Arc<Etcd>, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("coherent-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("start the etcd client runtime: {e}"))?;
+        let micros = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let c = Arc::new(Etcd {
+            prefix: format!("/coherent/{}/", spec.volume),
+            spec,
+            rt,
+            engine,
+            journal,
+            link: Mutex::new(Link::default()),
+            changed: Condvar::new(),
+            client: Mutex::new(None),
+            steps: Mutex::new(()),
+            progress: tokio::sync::Notify::new(),
+            feed: Mutex::new(Vec::new()),
+            dirty: Mutex::new(BTreeSet::new()),
+            next_event: AtomicU64::new(micros),
+            events_lease: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            stopped: tokio::sync::Notify::new(),
+        });
+        c.journal
+            .set_tap(Arc::new(EtcdTap(Arc::downgrade(&c))) as Arc<dyn Tap>);
+        let bg = c.clone();
+        c.rt.spawn(async move { bg.run_link().await });
+        // Ready once registered and caught up (and so confirmed).
+        let end = Instant::now() + wait;
+        let mut l = c.link.lock();
+        while !l.caught_up {
+            if c.changed.wait_until(&mut l, end).timed_out() {
+                let why = l.error.clone().unwrap_or_else(|| "no answer".into());
+                drop(l);
+                c.shutdown();
+                return Err(format!(
+                    "cannot reach the coordinator at {} within {}s: {why}. Start etcd there \
+                     (for a local one: bash scripts/etcd.sh start) or mount without --coordinator",
+                    c.spec.endpoints.join(","),
+                    wait.as_secs()
+                ));
+            }
+        }
+        drop(l);
+        let bg = c.clone();
+        std::thread::Builder::new()
+            .name("coherent-publish".into())
+            .spawn(move || bg.publish_loop())
+            .map_err(|e| format!("spawn the publisher thread: {e}"))?;
+        Ok(c)
+    }
+
+    /// Stops the link and revokes nothing: the lease ends by itself (other hosts stop
+    /// waiting for this one after the TTL).
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.stopped.notify_waiters();
+        self.changed.notify_all();
+    }
+
+    fn key(&self, kind: &str, name: &str) -> String {
+        format!("{}{kind}/{name}", self.prefix)
+    }
+
+    fn margin(&self) -> Duration {
+        (self.spec.ttl / 10).max(Duration::from_millis(300))
+    }
+
+    // ----- the link (runtime side) --------------------------------------------------
+
+    async fn run_link(self: Arc<Self>) {
+        while !self.stop.load(Ordering::SeqCst) {
+            let err = self.clone().link_once().await.err();
+            {
+                let mut l = self.link.lock();
+                if l.connected || l.error.is_none() {
+                    if let Some(e) = &err {
+                        tracing::warn!("coordinator {}: {e}", self.spec.endpoints.join(","));
+                    }
+                    l.since = Some(Timestamp::now());
+                }
+                l.connected = false;
+                l.caught_up = false;
+                l.error = err;
+            }
+            *self.client.lock() = None;
+            self.changed.notify_all();
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+                _ = self.stopped.notified() => {}
+            }
+        }
+    }
+
+    /// One connection: lease, registration, watch, renewals, until something fails.
+    async fn link_once(self: Arc<Self>) -> Result<(), String> {
+        let eps: Vec<String> = self
+            .spec
+            .endpoints
+            .iter()
+            .map(|e| format!("http://{e}"))
+            .collect();
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(CALL_TIMEOUT)
+            .with_timeout(CALL_TIMEOUT)
+            .with_keep_alive(Duration::from_millis(500), Duration::from_secs(1));
+        let mut client = tokio::time::timeout(CALL_TIMEOUT, Client::connect(eps, Some(opts)))
+            .await
+            .map_err(|_| "connect: timed out".to_string())?
+            .map_err(|e| format!("connect: {}", short(&e)))?;
+        let ttl = self.spec.ttl.as_secs() as i64;
+        let granted_at = Instant::now();
+        let lease = timed(client.lease_grant(ttl, None))
+            .await
+            .map_err(|e| format!("lease: {}", short(&e)))?
+            .id();
+        let (mut keeper, mut renewals) = timed(client.lease_keep_alive(lease))
+            .await
+            .map_err(|e| format!("lease renewal: {}", short(&e)))?;
+        let resume = self.link.lock().applied;
+        let start = if resume == 0 {
+            self.load(&mut client).await?
+        } else {
+            resume
+        };
+        // Registered (acknowledgements wait for this host) before catching up.
+        let reg = self.put_host(&mut client, lease, start).await?;
+        let mut watch = timed(
+            client.watch(
+                self.prefix.clone(),
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(start + 1)
+                        .with_progress_notify(),
+                ),
+            ),
+        )
+        .await
+        .map_err(|e| format!("watch: {}", short(&e)))?;
+        *self.client.lock() = Some(client.clone());
+        {
+            let mut l = self.link.lock();
+            l.connected = true;
+            l.error = None;
+        }
+        if let Err(e) = watch.request_progress().await {
+            return Err(format!("watch: {}", short(&e)));
+        }
+        let mut renew = tokio::time::interval(self.spec.ttl / 4);
+        let mut sent = granted_at;
+        loop {
+            tokio::select! {
+                msg = watch.message() => {
+                    let resp = msg
+                        .map_err(|e| format!("watch: {}", short(&e)))?
+                        .ok_or_else(|| "watch ended".to_string())?;
+                    if resp.canceled() {
+                        if resp.compact_revision() > 0 {
+                            // History gone: take the state in again on the next link.
+                            self.link.lock().applied = 0;
+                        }
+                        return Err(format!("watch canceled: {}", resp.cancel_reason()));
+                    }
+                    self.apply(&resp, &mut client, lease, reg, sent).await?;
+                }
+                _ = renew.tick() => {
+                    sent = Instant::now();
+                    timed(keeper.keep_alive()).await.map_err(|e| format!("lease renewal: {}", short(&e)))?;
+                    let r = tokio::time::timeout(CALL_TIMEOUT, renewals.message())
+                        .await
+                        .map_err(|_| "lease renewal: timed out".to_string())?
+                        .map_err(|e| format!("lease renewal: {}", short(&e)))?
+                        .ok_or_else(|| "lease renewal stream ended".to_string())?;
+                    if r.ttl() <= 0 {
+                        return Err("this host's lease expired".into());
+                    }
+                    let mut l = self.link.lock();
+                    if l.caught_up {
+                        l.confirmed_until = Some(sent + self.spec.ttl - self.margin());
+                    }
+                }
+                _ = self.progress.notified() => {
+                    watch.request_progress().await.map_err(|e| format!("watch: {}", short(&e)))?;
+                }
+                _ = self.stopped.notified() => return Ok(()),
+            }
+        }
+    }
+
+    /// Takes in every shared path and session and the live hosts; returns the revision.
+    async fn load(&self, client: &mut Client) -> Result<i64, String> {
+        let get = |kind: &str, rev: i64| {
+            let mut o = GetOptions::new().with_prefix();
+            if rev > 0 {
+                o = o.with_revision(rev);
+            }
+            (self.key(kind, ""), o)
+        };
+        let (k, o) = get("p", 0);
+        let paths = timed(client.get(k, Some(o)))
+            .await
+            .map_err(|e| format!("load: {}", short(&e)))?;
+        let rev = paths.header().map_or(0, |h| h.revision());
+        let (k, o) = get("s", rev);
+        let sessions = timed(client.get(k, Some(o)))
+            .await
+            .map_err(|e| format!("load: {}", short(&e)))?;
+        let (k, o) = get("h", rev);
+        let hosts = timed(client.get(k, Some(o)))
+            .await
+            .map_err(|e| format!("load: {}", short(&e)))?;
+        let mut seen = BTreeSet::new();
+        for kv in paths.kvs() {
+            let Some(p) = kv
+                .key_str()
+                .ok()
+                .and_then(|k| k.strip_prefix(&self.key("p", "")))
+            else {
+                continue;
+            };
+            let Ok(st) = serde_json::from_slice::<SharedPath>(kv.value()) else {
+                tracing::warn!("coordinator: unreadable state of {p}; ignored");
+                continue;
+            };
+            seen.insert(p.to_string());
+            self.engine.adopt(p, Some(st));
+            self.link
+                .lock()
+                .revs
+                .insert(p.to_string(), kv.mod_revision());
+        }
+        // Records this host has and etcd has not (a volume used alone before): published.
+        for p in self.engine.paths_with_records("") {
+            if !seen.contains(&p) {
+                self.dirty.lock().insert(p);
+            }
+        }
+        for kv in sessions.kvs() {
+            if let Ok(s) = serde_json::from_slice::<SharedSession>(kv.value()) {
+                self.engine.adopt_session(s);
+            }
+        }
+        let mut l = self.link.lock();
+        l.hosts.clear();
+        for kv in hosts.kvs() {
+            if let (Ok(k), Ok(h)) = (kv.key_str(), serde_json::from_slice(kv.value())) {
+                if let Some(name) = k.strip_prefix(&self.key("h", "")) {
+                    l.hosts.insert(name.to_string(), h);
+                }
+            }
+        }
+        l.applied = rev;
+        drop(l);
+        self.engine.raise_record_ids(id_floor(rev));
+        Ok(rev)
+    }
+
+    async fn put_host(&self, client: &mut Client, lease: i64, applied: i64) -> Result<i64, String> {
+        let st = HostState {
+            applied,
+            in_flight: self.link.lock().in_flight.clone(),
+        };
+        let v = serde_json::to_vec(&st).expect("host state serialises");
+        let r = timed(client.put(
+            self.key("h", &self.spec.host),
+            v,
+            Some(PutOptions::new().with_lease(lease)),
+        ))
+        .await
+        .map_err(|e| format!("register this host: {}", short(&e)))?;
+        Ok(r.header().map_or(0, |h| h.revision()))
+    }
+
+    /// Takes in one watch response, then tells the others how far this host is.
+    async fn apply(
+        &self,
+        resp: &etcd_client::WatchResponse,
+        client: &mut Client,
+        lease: i64,
+        reg: i64,
+        sent: Instant,
+    ) -> Result<(), String> {
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut state_changed = false;
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let Some(rest) = kv.key_str().ok().and_then(|k| k.strip_prefix(&self.prefix)) else {
+                continue;
+            };
+            let Some((kind, name)) = rest.split_once('/') else {
+                continue;
+            };
+            let put = ev.event_type() == EventType::Put;
+            match kind {
+                "p" => {
+                    state_changed = true;
+                    let mr = kv.mod_revision();
+                    if self.link.lock().revs.get(name).is_some_and(|r| *r >= mr) {
+                        continue; // this host's own change, already here
+                    }
+                    let st = if put {
+                        match serde_json::from_slice::<SharedPath>(kv.value()) {
+                            Ok(s) => Some(s),
+                            Err(_) => continue,
+                        }
+                    } else {
+                        None
+                    };
+                    let found = self.engine.adopt(name, st);
+                    let mut l = self.link.lock();
+                    if put {
+                        l.revs.insert(name.to_string(), mr);
+                    } else {
+                        l.revs.remove(name);
+                    }
+                    for id in found {
+                        l.in_flight.push((name.to_string(), id));
+                    }
+                    let n = l.in_flight.len();
+                    if n > 64 {
+                        l.in_flight.drain(..n - 64);
+                    }
+                }
+                "s" if put => {
+                    state_changed = true;
+                    if let Ok(s) = serde_json::from_slice::<SharedSession>(kv.value()) {
+                        // This host's own claim logs `session_seen` itself.
+                        if s.host.as_deref() != Some(&self.spec.host) {
+                            self.engine.adopt_session(s);
+                        }
+                    }
+                }
+                "h" => {
+                    let mut l = self.link.lock();
+                    if put {
+                        if let Ok(h) = serde_json::from_slice(kv.value()) {
+                            l.hosts.insert(name.to_string(), h);
+                        }
+                    } else {
+                        l.hosts.remove(name);
+                    }
+                }
+                "e" if put => {
+                    let Some((host, _)) = name.rsplit_once('/') else {
+                        continue;
+                    };
+                    if host == self.spec.host {
+                        continue;
+                    }
+                    if let Ok(mut e) = serde_json::from_slice::<Event>(kv.value()) {
+                        e.host = Some(host.to_string());
+                        self.journal.append_kept(&mut e);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let first = {
+            let mut l = self.link.lock();
+            l.applied = l.applied.max(rev);
+            !l.caught_up && l.applied >= reg
+        };
+        self.engine.raise_record_ids(id_floor(rev));
+        if state_changed || first {
+            self.put_host(client, lease, rev).await?;
+        }
+        if first {
+            let mut l = self.link.lock();
+            l.caught_up = true;
+            l.confirmed_until = Some(sent + self.spec.ttl - self.margin());
+        }
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    // ----- calls from FUSE threads --------------------------------------------------
+
+    fn unreachable(&self) -> Refusal {
+        let l = self.link.lock();
+        let why = l.error.clone().unwrap_or_else(|| "not connected".into());
+        unavailable(format!(
+            "the coordinator (etcd at {}) cannot be reached: {why}. Nothing was changed; \
+             files handed on stay fenced; try again when it is back",
+            self.spec.endpoints.join(",")
+        ))
+    }
+
+    /// One etcd call with a deadline, from a thread outside the runtime.
+    fn call<T, F, Fut>(&self, deadline: Instant, f: F) -> Result<T, Refusal>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let Some(client) = self.client.lock().clone() else {
+            return Err(self.unreachable());
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        let fut = f(client);
+        let limit = left.min(CALL_TIMEOUT);
+        // The timer must be made inside the runtime.
+        match self
+            .rt
+            .block_on(async move { tokio::time::timeout(limit, fut).await })
+        {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.link.lock().error = Some(short(&e));
+                Err(self.unreachable())
+            }
+            Err(_) => {
+                self.link.lock().error = Some("no answer in time".into());
+                Err(self.unreachable())
+            }
+        }
+    }
+
+    /// Waits until this host has applied everything etcd has now.
+    fn sync(&self, deadline: Instant) -> Result<(), Refusal> {
+        if !self.link.lock().caught_up {
+            return Err(self.unreachable());
+        }
+        let key = self.key("h", "");
+        let r = self.call(deadline, |mut c| async move {
+            c.get(key, Some(GetOptions::new().with_prefix().with_count_only()))
+                .await
+        })?;
+        let rev = r.header().map_or(0, |h| h.revision());
+        let mut l = self.link.lock();
+        while l.applied < rev {
+            if !l.connected || Instant::now() >= deadline {
+                drop(l);
+                return Err(self.unreachable());
+            }
+            self.progress.notify_one();
+            let until = (Instant::now() + Duration::from_millis(50)).min(deadline);
+            self.changed.wait_until(&mut l, until);
+        }
+        Ok(())
+    }
+
+    /// `paths`, and for a directory every shared path under it.
+    fn expand(&self, paths: &[(String, bool)]) -> Vec<String> {
+        let mut out = BTreeSet::new();
+        for (p, dir) in paths {
+            out.insert(p.clone());
+            if *dir {
+                out.extend(self.engine.paths_with_records(p));
+                let pre = format!("{p}/");
+                let l = self.link.lock();
+                out.extend(l.revs.keys().filter(|k| k.starts_with(&pre)).cloned());
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Publishes the new shared state of `changed` if nobody changed them since this host
+    /// took them in. On a conflict the newer state is taken in.
+    fn publish(
+        &self,
+        changed: &[(String, Option<SharedPath>)],
+        evs: &[Event],
+        deadline: Instant,
+    ) -> Result<(i64, bool), Publish> {
+        let mut when = Vec::new();
+        let mut then = Vec::new();
+        let mut or_else = Vec::new();
+        // The step's events go with its state, so another host logs them before anything
+        // that follows (when they fit; else the feed carries them).
+        let fits = !evs.is_empty() && changed.len() + evs.len() <= MAX_TXN_OPS;
+        let lease = fits.then(|| self.events_lease(deadline)).flatten();
+        if let Some(lease) = lease {
+            then.extend(evs.iter().map(|ev| self.event_op(ev, lease)));
+        }
+        {
+            let l = self.link.lock();
+            for (i, (p, st)) in changed.iter().enumerate() {
+                let k = self.key("p", p);
+                let rev = l.revs.get(p).copied().unwrap_or(0);
+                when.push(Compare::mod_revision(k.clone(), CompareOp::Equal, rev));
+                then.insert(
+                    i,
+                    match st {
+                        Some(s) => TxnOp::put(
+                            k.clone(),
+                            serde_json::to_vec(s).expect("state serialises"),
+                            None,
+                        ),
+                        None => TxnOp::delete(k.clone(), None),
+                    },
+                );
+                or_else.push(TxnOp::get(k, None));
+            }
+        }
+        let txn = Txn::new().when(when).and_then(then).or_else(or_else);
+        let resp = self
+            .call(deadline, |mut c| async move { c.txn(txn).await })
+            .map_err(Publish::Unavailable)?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        if resp.succeeded() {
+            let mut l = self.link.lock();
+            for (p, st) in changed {
+                if st.is_some() {
+                    let r = l.revs.entry(p.clone()).or_insert(0);
+                    *r = (*r).max(rev);
+                } else {
+                    l.revs.remove(p);
+                }
+            }
+            drop(l);
+            self.engine.raise_record_ids(id_floor(rev));
+            return Ok((rev, lease.is_some()));
+        }
+        // Take in what is there now (a step retries on it).
+        for (i, op) in resp.op_responses().into_iter().enumerate() {
+            let TxnOpResponse::Get(g) = op else { continue };
+            let p = &changed[i].0;
+            match g.kvs().first() {
+                Some(kv) => {
+                    if let Ok(st) = serde_json::from_slice::<SharedPath>(kv.value()) {
+                        self.engine.adopt(p, Some(st));
+                        self.link.lock().revs.insert(p.clone(), kv.mod_revision());
+                    }
+                }
+                None => {
+                    self.engine.adopt(p, None);
+                    self.link.lock().revs.remove(p);
+                }
+            }
+        }
+        Err(Publish::Conflict)
+    }
+
+    /// The lease of new `e/` keys, granted anew when half its life is gone.
+    fn events_lease(&self, deadline: Instant) -> Option<i64> {
+        if let Some((id, at)) = *self.events_lease.lock() {
+            if at.elapsed() < Duration::from_secs(EVENTS_TTL as u64 / 2) {
+                return Some(id);
+            }
+        }
+        let r = self
+            .call(deadline, |mut c| async move {
+                c.lease_grant(EVENTS_TTL, None).await
+            })
+            .ok()?;
+        *self.events_lease.lock() = Some((r.id(), Instant::now()));
+        Some(r.id())
+    }
+
+    fn event_op(&self, ev: &Event, lease: i64) -> TxnOp {
+        let n = self.next_event.fetch_add(1, Ordering::SeqCst);
+        TxnOp::put(
+            self.key("e", &format!("{}/{n:020}", self.spec.host)),
+            serde_json::to_vec(ev).expect("events serialise"),
+            Some(PutOptions::new().with_lease(lease)),
+        )
+    }
+
+    /// Writes the events of a step to this host's log, durable; `feed`: other hosts have
+    /// not had them yet.
+    fn write_events(&self, evs: Vec<Event>, feed: bool) {
+        let mut last = 0;
+        for mut ev in evs {
+            self.journal.append_kept(&mut ev);
+            last = ev.seq;
+            if feed {
+                self.feed.lock().push(ev);
+            }
+        }
+        if last > 0 {
+            use crate::coherence::EventSink;
+            self.journal.wait_durable(last);
+        }
+    }
+
+    /// Waits until every other live host applied revision `rev` (or left: its lease
+    /// ended). Returns the records some host found in flight.
+    fn wait_acks(&self, rev: i64, made: &[(String, u64)]) -> Result<Vec<(String, u64)>, Refusal> {
+        let deadline = Instant::now() + self.spec.ttl + STEP_TIMEOUT;
+        let mut l = self.link.lock();
+        loop {
+            let found: Vec<(String, u64)> = l
+                .hosts
+                .values()
+                .flat_map(|h| h.in_flight.iter())
+                .filter(|x| made.contains(x))
+                .cloned()
+                .collect();
+            if !found.is_empty() {
+                return Ok(found);
+            }
+            let behind: Vec<String> = l
+                .hosts
+                .iter()
+                .filter(|(n, h)| **n != self.spec.host && h.applied < rev)
+                .map(|(n, _)| n.clone())
+                .collect();
+            if behind.is_empty() {
+                return Ok(Vec::new());
+            }
+            if Instant::now() >= deadline || !l.connected {
+                return Err(unavailable(format!(
+                    "the handoff is recorded but host(s) {} have not confirmed it: until they \
+                     do or their lease ends, the fence may not hold there. Run the same \
+                     transfer again to wait once more",
+                    behind.join(", ")
+                )));
+            }
+            self.changed.wait_until(&mut l, deadline);
+        }
+    }
+
+    // ----- the publisher thread -----------------------------------------------------
+
+    fn publish_loop(self: Arc<Self>) {
+        while !self.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(50));
+            if !self.link.lock().caught_up {
+                continue;
+            }
+            self.publish_dirty();
+            let batch: Vec<Event> = {
+                let mut f = self.feed.lock();
+                let n = f.len().min(MAX_TXN_OPS);
+                f.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                continue;
+            }
+            let deadline = Instant::now() + CALL_TIMEOUT;
+            let Some(lease) = self.events_lease(deadline) else {
+                self.requeue(batch);
+                continue;
+            };
+            let ops: Vec<TxnOp> = batch.iter().map(|ev| self.event_op(ev, lease)).collect();
+            let txn = Txn::new().and_then(ops);
+            if self
+                .call(deadline, |mut c| async move { c.txn(txn).await })
+                .is_err()
+            {
+                self.requeue(batch);
+            }
+        }
+    }
+
+    fn requeue(&self, batch: Vec<Event>) {
+        let mut f = self.feed.lock();
+        let rest = std::mem::replace(&mut *f, batch);
+        f.extend(rest);
+        // Bounded: a long outage drops the oldest events of the feed (never state).
+        let n = f.len();
+        if n > 100_000 {
+            f.drain(..n - 100_000);
+        }
+    }
+
+    /// Publishes paths changed here while etcd could not be reached (or outside a step).
+    /// A path another host changed meanwhile takes that host's state; this host's change
+    /// is then found at the next open as a change behind its back.
+    fn publish_dirty(&self) {
+        let paths: Vec<String> = std::mem::take(&mut *self.dirty.lock())
+            .into_iter()
+            .collect();
+        for p in paths {
+            let _g = self.steps.lock();
+            let deadline = Instant::now() + STEP_TIMEOUT;
+            let st = self.engine.shared_state(&p);
+            let r = match self.sync(deadline) {
+                Ok(()) => self.publish(&[(p.clone(), st)], &[], deadline),
+                Err(r) => Err(Publish::Unavailable(r)),
+            };
+            if let Err(Publish::Unavailable(_)) = r {
+                self.dirty.lock().insert(p);
+            }
+        }
+    }
+}
+
+/// One etcd call from inside the runtime, bounded.
+async fn timed<T>(
+    f: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, etcd_client::Error> {
+    match tokio::time::timeout(CALL_TIMEOUT, f).await {
+        Ok(r) => r,
+        Err(_) => Err(etcd_client::Error::InvalidArgs("timed out".into())),
+    }
+}
+
+/// Runs `op` with the events it makes kept back on this thread.
+fn captured(op: &mut dyn FnMut() -> bool) -> (bool, Vec<Event>) {
+    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let ok = op();
+    let evs = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (ok, evs)
+}
+
+impl Coordinator for Etcd {
+    fn host(&self) -> Option<&str> {
+        Some(&self.spec.host)
+    }
+
+    fn confirmed(&self) -> Result<(), Refusal> {
+        let l = self.link.lock();
+        if l.confirmed_until.is_some_and(|t| Instant::now() < t) {
+            return Ok(());
+        }
+        let why = l.error.clone().unwrap_or_else(|| "not connected".into());
+        Err(unavailable(format!(
+            "write refused: this host ({}) has lost its lease with the coordinator (etcd at \
+             {}: {why}), so another host may have handed this file on without it knowing. \
+             Writes by agent sessions wait until it reconnects; unattributed processes still \
+             write",
+            self.spec.host,
+            self.spec.endpoints.join(",")
+        )))
+    }
+
+    fn shared(&self, engine: &Engine, path: &str) -> bool {
+        engine.has_records(path) || self.link.lock().revs.contains_key(path)
+    }
+
+    fn step(
+        &self,
+        paths: &[(String, bool)],
+        kind: StepKind,
+        op: &mut dyn FnMut() -> bool,
+    ) -> Result<Stepped, Refusal> {
+        let guard = self.steps.lock();
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        for _ in 0..8 {
+            let synced = self.sync(deadline);
+            if kind == StepKind::Verb {
+                synced.clone()?;
+            }
+            let names = self.expand(paths);
+            let saved = self.engine.save(&names);
+            let before: HashMap<String, Option<SharedPath>> = names
+                .iter()
+                .map(|p| (p.clone(), self.engine.shared_state(p)))
+                .collect();
+            let (ok, evs) = captured(op);
+            let mut after_names = self.expand(paths);
+            after_names.retain(|p| !before.contains_key(p));
+            let changed: Vec<(String, Option<SharedPath>)> = names
+                .iter()
+                .chain(after_names.iter())
+                .filter_map(|p| {
+                    let now = self.engine.shared_state(p);
+                    let was = before.get(p).cloned().flatten();
+                    (now != was).then(|| (p.clone(), now))
+                })
+                .collect();
+            let undo = |saved: Saved| {
+                self.engine.restore(saved);
+                self.engine.restore(Saved::absent(&after_names));
+            };
+            if changed.is_empty() {
+                if let (true, StepKind::Admit, Err(r)) = (ok, kind, &synced) {
+                    undo(saved);
+                    return Err(r.clone());
+                }
+                self.write_events(evs, true);
+                return Ok(Stepped {
+                    ok,
+                    in_flight: Vec::new(),
+                });
+            }
+            let published = match &synced {
+                Ok(()) => self.publish(&changed, &evs, deadline),
+                Err(r) => Err(Publish::Unavailable(r.clone())),
+            };
+            match published {
+                Ok((rev, sent)) => {
+                    self.write_events(evs, !sent);
+                    let made: Vec<(String, u64)> = changed
+                        .iter()
+                        .filter_map(|(p, st)| Some((p, st.as_ref()?)))
+                        .flat_map(|(p, st)| {
+                            let was = before.get(p).cloned().flatten();
+                            st.records
+                                .iter()
+                                .filter(|r| r.is_live(st.version))
+                                .filter(move |r| {
+                                    !was.as_ref()
+                                        .is_some_and(|w| w.records.iter().any(|o| o.id == r.id))
+                                })
+                                .map(|r| (p.clone(), r.id))
+                                .collect::<Vec<_>>()
+                        })
+                        .collect();
+                    drop(guard);
+                    let in_flight = if made.is_empty() {
+                        Vec::new()
+                    } else {
+                        self.wait_acks(rev, &made)?
+                    };
+                    return Ok(Stepped { ok, in_flight });
+                }
+                Err(Publish::Conflict) => {
+                    undo(saved);
+                }
+                Err(Publish::Unavailable(r)) => {
+                    if kind == StepKind::Commit {
+                        // It happened: count it here, publish it when etcd is back.
+                        self.write_events(evs, true);
+                        self.dirty
+                            .lock()
+                            .extend(changed.into_iter().map(|(p, _)| p));
+                        return Ok(Stepped {
+                            ok,
+                            in_flight: Vec::new(),
+                        });
+                    }
+                    undo(saved);
+                    if !ok {
+                        // Refused by the engine anyway: its `denied` stays in the log.
+                        self.write_events(
+                            evs.into_iter()
+                                .filter(|e| e.event == EventKind::Denied)
+                                .collect(),
+                            true,
+                        );
+                        return Ok(Stepped {
+                            ok,
+                            in_flight: Vec::new(),
+                        });
+                    }
+                    return Err(r);
+                }
+            }
+        }
+        Err(unavailable(
+            "other hosts kept changing these files while this host decided; try again",
+        ))
+    }
+
+    fn claim(
+        &self,
+        engine: &Engine,
+        s: &Session,
+        uid: u32,
+        now: Timestamp,
+    ) -> Result<Result<(), u32>, Refusal> {
+        if !s.is_attributed() || engine.owner(&s.name).is_some() {
+            return Ok(engine.claim(s, uid, now));
+        }
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        let key = self.key("s", &s.name);
+        let mine = SharedSession {
+            info: s.as_ref().clone(),
+            uid: Some(uid),
+            host: Some(self.spec.host.clone()),
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                serde_json::to_vec(&mine).expect("sessions serialise"),
+                None,
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let resp = self.call(deadline, |mut c| async move { c.txn(txn).await })?;
+        if !resp.succeeded() {
+            for op in resp.op_responses() {
+                if let TxnOpResponse::Get(g) = op {
+                    if let Some(kv) = g.kvs().first() {
+                        if let Ok(theirs) = serde_json::from_slice::<SharedSession>(kv.value()) {
+                            engine.adopt_session(theirs);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(engine.claim(s, uid, now))
+    }
+
+    fn describe(&self) -> Option<serde_json::Value> {
+        let l = self.link.lock();
+        let mut hosts: Vec<serde_json::Value> = l
+            .hosts
+            .iter()
+            .map(|(n, h)| serde_json::json!({"host": n, "applied": h.applied}))
+            .collect();
+        hosts.sort_by(|a, b| a["host"].as_str().cmp(&b["host"].as_str()));
+        Some(serde_json::json!({
+            "kind": "etcd",
+            "endpoints": self.spec.endpoints,
+            "volume": self.spec.volume,
+            "host": self.spec.host,
+            "connected": l.connected && l.caught_up,
+            "confirmed": l.confirmed_until.is_some_and(|t| Instant::now() < t),
+            "applied": l.applied,
+            "hosts": hosts,
+            "error": l.error,
+        }))
+    }
+}
