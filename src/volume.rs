@@ -1028,8 +1028,15 @@ impl Hooks for Volume {
             });
             true
         });
+        // On a shared path, also the hold's end is one step: a step undone meanwhile on
+        // this host cannot put back a write handle that is gone.
+        let close = |changed: bool| {
+            self.counted(vec![(w.path.clone(), false)], || {
+                self.engine.close_write(&w.session, &w.path, changed, now);
+            })
+        };
         match end {
-            End::Committed => self.engine.close_write(&w.session, &w.path, true, now),
+            End::Committed => close(true),
             End::MaybeGone if w.session.is_attributed() => {
                 // Whether any process of the session is left may need a scan of /proc,
                 // which can block on a stuck task anywhere on the host: not on a FUSE
@@ -1053,9 +1060,7 @@ impl Hooks for Volume {
                     }
                 });
             }
-            End::MaybeGone | End::Released => {
-                self.engine.close_write(&w.session, &w.path, false, now)
-            }
+            End::MaybeGone | End::Released => close(false),
         }
         self.handles.lock().remove(&h.token);
         self.released.notify_all();

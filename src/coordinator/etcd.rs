@@ -159,9 +159,13 @@ thread_local! {
     static CAPTURE: RefCell<Option<Vec<Event>>> = const { RefCell::new(None) };
 }
 
+/// What etcd holds for a path now: its state and mod revision (`None`: no key).
+type Current = Option<(SharedPath, i64)>;
+
 enum Publish {
-    /// Another host changed one of the paths first (its state is taken in).
-    Conflict,
+    /// Another host changed one of the paths first: what is there now, to take in
+    /// once the step is undone.
+    Conflict(Vec<(String, Current)>),
     Unavailable(Refusal),
 }
 
@@ -728,6 +732,7 @@ impl Etcd {
         &self,
         changed: &[(String, Option<SharedPath>)],
         evs: &[Event],
+        revs: &HashMap<String, i64>,
         deadline: Instant,
     ) -> Result<(i64, bool), Publish> {
         let mut when = Vec::new();
@@ -741,10 +746,10 @@ impl Etcd {
             then.extend(evs.iter().map(|ev| self.event_op(ev, lease)));
         }
         {
-            let l = self.link.lock();
             for (i, (p, st)) in changed.iter().enumerate() {
                 let k = self.key("p", p);
-                let rev = l.revs.get(p).copied().unwrap_or(0);
+                // The revision this host decided on (taken before the step ran).
+                let rev = revs.get(p).copied().unwrap_or(0);
                 when.push(Compare::mod_revision(k.clone(), CompareOp::Equal, rev));
                 then.insert(
                     i,
@@ -779,24 +784,46 @@ impl Etcd {
             self.engine.raise_record_ids(id_floor(rev));
             return Ok((rev, lease.is_some()));
         }
-        // Take in what is there now (a step retries on it).
+        let mut now = Vec::new();
         for (i, op) in resp.op_responses().into_iter().enumerate() {
             let TxnOpResponse::Get(g) = op else { continue };
-            let p = &changed[i].0;
-            match g.kvs().first() {
-                Some(kv) => {
-                    if let Ok(st) = serde_json::from_slice::<SharedPath>(kv.value()) {
-                        self.engine.adopt(p, Some(st));
-                        self.link.lock().revs.insert(p.clone(), kv.mod_revision());
-                    }
+            let cur = g.kvs().first().and_then(|kv| {
+                let st = serde_json::from_slice::<SharedPath>(kv.value()).ok()?;
+                Some((st, kv.mod_revision()))
+            });
+            now.push((changed[i].0.clone(), cur));
+        }
+        Err(Publish::Conflict(now))
+    }
+
+    /// Takes in what etcd holds for paths (after a step was undone).
+    fn take_in(&self, current: Vec<(String, Current)>) {
+        for (p, cur) in current {
+            match cur {
+                Some((st, rev)) => {
+                    self.engine.adopt(&p, Some(st));
+                    self.link.lock().revs.insert(p, rev);
                 }
                 None => {
-                    self.engine.adopt(p, None);
-                    self.link.lock().revs.remove(p);
+                    self.engine.adopt(&p, None);
+                    self.link.lock().revs.remove(&p);
                 }
             }
         }
-        Err(Publish::Conflict)
+    }
+
+    /// After a step was undone without knowing what etcd holds: a path another host
+    /// changed meanwhile (the watch took it in, the undo put the older one back) is
+    /// marked so its next publication conflicts and takes the state in.
+    fn distrust(&self, revs: &HashMap<String, i64>) {
+        let mut l = self.link.lock();
+        for (p, r) in revs {
+            if let Some(cur) = l.revs.get_mut(p) {
+                if *cur != *r {
+                    *cur = -1;
+                }
+            }
+        }
     }
 
     /// The lease of new `e/` keys, granted anew when half its life is gone.
@@ -933,12 +960,20 @@ impl Etcd {
             let _g = self.steps.lock();
             let deadline = Instant::now() + STEP_TIMEOUT;
             let st = self.engine.shared_state(&p);
+            let revs = HashMap::from([(
+                p.clone(),
+                self.link.lock().revs.get(&p).copied().unwrap_or(0),
+            )]);
             let r = match self.sync(deadline) {
-                Ok(()) => self.publish(&[(p.clone(), st)], &[], deadline),
+                Ok(()) => self.publish(&[(p.clone(), st)], &[], &revs, deadline),
                 Err(r) => Err(Publish::Unavailable(r)),
             };
-            if let Err(Publish::Unavailable(_)) = r {
-                self.dirty.lock().insert(p);
+            match r {
+                Ok(_) => {}
+                Err(Publish::Conflict(current)) => self.take_in(current),
+                Err(Publish::Unavailable(_)) => {
+                    self.dirty.lock().insert(p);
+                }
             }
         }
     }
@@ -1001,6 +1036,13 @@ impl Coordinator for Etcd {
                 synced.clone()?;
             }
             let names = self.expand(paths);
+            let revs: HashMap<String, i64> = {
+                let l = self.link.lock();
+                names
+                    .iter()
+                    .map(|p| (p.clone(), l.revs.get(p).copied().unwrap_or(0)))
+                    .collect()
+            };
             let saved = self.engine.save(&names);
             let before: HashMap<String, Option<SharedPath>> = names
                 .iter()
@@ -1025,6 +1067,7 @@ impl Coordinator for Etcd {
             if changed.is_empty() {
                 if let (true, StepKind::Admit, Err(r)) = (ok, kind, &synced) {
                     undo(saved);
+                    self.distrust(&revs);
                     return Err(r.clone());
                 }
                 self.write_events(evs, true);
@@ -1034,7 +1077,7 @@ impl Coordinator for Etcd {
                 });
             }
             let published = match &synced {
-                Ok(()) => self.publish(&changed, &evs, deadline),
+                Ok(()) => self.publish(&changed, &evs, &revs, deadline),
                 Err(r) => Err(Publish::Unavailable(r.clone())),
             };
             match published {
@@ -1064,8 +1107,9 @@ impl Coordinator for Etcd {
                     };
                     return Ok(Stepped { ok, in_flight });
                 }
-                Err(Publish::Conflict) => {
+                Err(Publish::Conflict(current)) => {
                     undo(saved);
+                    self.take_in(current);
                 }
                 Err(Publish::Unavailable(r)) => {
                     if kind == StepKind::Commit {
@@ -1080,6 +1124,7 @@ impl Coordinator for Etcd {
                         });
                     }
                     undo(saved);
+                    self.distrust(&revs);
                     if !ok {
                         // Refused by the engine anyway: its `denied` stays in the log.
                         self.write_events(
