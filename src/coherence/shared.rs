@@ -8,7 +8,9 @@
 //! undone with [`Engine::restore`] of what [`Engine::save`] kept.
 
 use super::engine::*;
+use super::time::Timestamp;
 use super::types::*;
+use crate::error::Reason;
 use crate::identity::SessionInfo;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -160,6 +162,37 @@ impl Engine {
             uid: self.owner(name),
             host: self.config.host.clone(),
         })
+    }
+
+    /// Undoes a transfer another host found in flight (its giver has the file open for
+    /// writing there): the record ends `withdrawn` (reason `handoff_in_flight`) and is
+    /// evicted at once, so sending it again later is a new transfer, as on one host.
+    pub fn undo_transfer(&self, path: &str, id: u64, now: Timestamp) -> bool {
+        let mut sh = self.lock_one(path);
+        let Some(e) = sh.get_mut(path) else {
+            return false;
+        };
+        let Some(r) = e
+            .records
+            .iter()
+            .find(|r| r.id == id && r.status == Status::Pending)
+        else {
+            return false;
+        };
+        let giver = r.giver.clone();
+        let successor = r.successor.name.clone();
+        let mut ev = Event::new(EventKind::Withdraw, now, Some(path), Some(&*giver));
+        ev.record = Some(id);
+        ev.giver = Some(giver.name.clone());
+        ev.successor = Some(successor);
+        ev.version = Some(e.version);
+        ev.reason = Some(Reason::HandoffInFlight);
+        self.emit(e, ev);
+        let mut ev = Event::new(EventKind::Evict, now, Some(path), None);
+        ev.record = Some(id);
+        ev.giver = Some(giver.name.clone());
+        self.emit(e, ev);
+        true
     }
 
     /// Coordinated mode: record ids from here on are at least `floor` (the coordinator

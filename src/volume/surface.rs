@@ -489,7 +489,11 @@ impl Surface {
         // undone (withdrawn), as one host refuses it (`handoff_in_flight`).
         let paths: Vec<String> = stepped.in_flight.iter().map(|x| x.0.clone()).collect();
         let undo = vol.coord.step(&names, StepKind::Verb, &mut || {
-            vol.engine.withdraw(s, &paths, Timestamp::now()).is_ok()
+            let now = Timestamp::now();
+            for (p, id) in &stepped.in_flight {
+                vol.engine.undo_transfer(p, *id, now);
+            }
+            true
         });
         if let Err(r) = undo {
             tracing::warn!("undoing a transfer found in flight: {}", r.message);

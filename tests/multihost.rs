@@ -1,0 +1,458 @@
+//! One fence across hosts (issue 12): two `coherent-mount` daemons, each with its own
+//! mount point and state directory over one backing directory (two hosts sharing a
+//! workspace), against a real etcd started by `scripts/etcd.sh`.
+
+#[path = "common/coherent.rs"]
+mod coherent;
+mod common;
+
+use coherent::*;
+use common::etcd::Etcd;
+use common::{lazy_umount, mount_fstype, spawn_mounted, wait_child, wait_until, BIN, TIMEOUT};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+/// One host: a daemon on its own mount point and state directory.
+struct Host {
+    name: String,
+    mnt: PathBuf,
+    state: PathBuf,
+    backing: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Host {
+    fn start(base: &Path, backing: &Path, name: &str, url: &str, ttl: &str) -> Host {
+        let mnt = base.join(format!("mnt-{name}"));
+        let state = base.join(format!("state-{name}"));
+        for d in [&mnt, &state] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let args = vec![
+            "--coordinator".to_string(),
+            url.to_string(),
+            "--host-id".to_string(),
+            name.to_string(),
+            "--coordinator-ttl".to_string(),
+            ttl.to_string(),
+        ];
+        let mut h = Host {
+            name: name.to_string(),
+            log: base.join(format!("daemon-{name}.log")),
+            mnt,
+            state,
+            backing: backing.to_path_buf(),
+            args,
+            child: None,
+        };
+        h.spawn();
+        h
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(BIN);
+        cmd.arg(&self.backing)
+            .arg(&self.mnt)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(&self.args);
+        self.child = Some(spawn_mounted(cmd, &self.mnt, &self.log));
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `kill -9` the daemon (its mount is left dead: unmounted lazily).
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+            let _ = wait_child(&mut c, TIMEOUT);
+        }
+        lazy_umount(&self.mnt);
+        assert!(wait_until(TIMEOUT, || mount_fstype(&self.mnt).is_none()));
+    }
+}
+
+impl Root for Host {
+    fn root(&self) -> &Path {
+        &self.mnt
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            if wait_child(&mut c, TIMEOUT).is_none() {
+                lazy_umount(&self.mnt);
+            }
+        }
+        if mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
+            lazy_umount(&self.mnt);
+        }
+    }
+}
+
+/// Two hosts over one backing directory, one etcd. Dropped in order: hosts, then etcd.
+struct Pair {
+    a: Host,
+    b: Host,
+    etcd: Etcd,
+    _dir: tempfile::TempDir,
+}
+
+impl Pair {
+    fn new(members: usize, ttl: &str) -> Pair {
+        let etcd = Etcd::start(members);
+        let dir = tempfile::Builder::new()
+            .prefix("coherent-mh-")
+            .tempdir()
+            .unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let backing = base.join("backing");
+        std::fs::create_dir(&backing).unwrap();
+        for f in ["plan.md", "notes.md", "other.md"] {
+            std::fs::write(backing.join(f), format!("{f}\n")).unwrap();
+        }
+        let a = Host::start(&base, &backing, "A", etcd.url(), ttl);
+        let b = Host::start(&base, &backing, "B", etcd.url(), ttl);
+        Pair {
+            a,
+            b,
+            etcd,
+            _dir: dir,
+        }
+    }
+}
+
+/// `who` writes `rel` on host `h` (an append through the shell).
+fn write(h: &Host, who: Option<&str>, rel: &str) -> Run {
+    sh(h, who, &format!("echo {} >> {rel}", who.unwrap_or("someone")))
+}
+
+/// The reason of the last `denied` event of `who` on `path` in `h`'s log.
+fn denied_reason(h: &Host, who: &str, path: &str) -> Option<String> {
+    events_of(h, "denied", path, Some(who))
+        .last()
+        .and_then(|e| e["reason"].as_str().map(str::to_string))
+}
+
+/// alice reads `path` on `h` (a hold on the current version) and hands it to bob.
+fn hand_on(h: &Host, path: &str) -> Value {
+    sh_ok(h, Some("alice"), &format!("cat {path} >/dev/null"));
+    transfer(h, "alice", "bob", &[path])
+}
+
+#[test]
+fn a_transfer_on_one_host_fences_the_giver_on_the_other_before_it_returns() {
+    let p = Pair::new(1, "5s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "plan.md");
+    // The very next write of the giver, on the other host: refused.
+    let r = write(&p.b, Some("alice"), "plan.md");
+    assert!(r.denied(), "giver on B after the transfer on A: {}", r.show());
+    assert_eq!(denied_reason(&p.b, "alice", "plan.md").as_deref(), Some("fenced"));
+    if let Some(bad) = check_deny_text(&why(&p.b, Some("alice")), "plan.md", "bob", 1) {
+        panic!("B's why: {bad}");
+    }
+    // Both hosts show the same record.
+    for h in [&p.a, &p.b] {
+        let rec = live_record(h, "plan.md").unwrap_or_else(|| panic!("{}: no record", h.name));
+        assert_eq!(rec["giver"], "alice");
+        assert_eq!(rec["successor"], "bob");
+        assert_eq!(rec["status"], "pending");
+    }
+    // The successor writes on B; A shows the record completed; both agree on the version.
+    sh_ok(&p.b, Some("bob"), "cat plan.md >/dev/null; echo bob >> plan.md");
+    let rec = record(&p.a, "plan.md").expect("A's record");
+    assert_eq!(rec["status"], "completed", "A: {rec}");
+    assert_eq!(rec["live"], false);
+    let (va, vb) = (version(&p.a, "plan.md"), version(&p.b, "plan.md"));
+    assert_eq!(va, Some(2), "A's version");
+    assert_eq!(vb, Some(2), "B's version");
+    // A's log shows B's events, named by host.
+    let done = await_events(&p.a, "completed", "plan.md", Some("bob"), 1);
+    assert_eq!(done.len(), 1, "A's log lacks B's completed event");
+    assert_eq!(done[0]["host"], "B");
+    let t = events_of(&p.b, "transfer", "plan.md", Some("alice"));
+    assert_eq!(t.len(), 1, "B's log lacks A's transfer");
+    assert_eq!(t[0]["host"], "A");
+    // The fence lifted on both hosts.
+    assert!(write(&p.a, Some("alice"), "plan.md").ok());
+    assert!(write(&p.b, Some("alice"), "plan.md").ok());
+}
+
+#[test]
+fn an_overtake_on_one_host_is_seen_on_the_other() {
+    let p = Pair::new(1, "5s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "notes.md");
+    let r = write(&p.b, Some("carol"), "notes.md");
+    assert!(r.ok(), "a bystander is never blocked: {}", r.show());
+    let rec = record(&p.a, "notes.md").expect("A's record");
+    assert_eq!(rec["status"], "overtaken", "A: {rec}");
+    assert_eq!(rec["counterparty"], "carol");
+    assert_eq!(version(&p.a, "notes.md"), version(&p.b, "notes.md"));
+    assert_eq!(version(&p.a, "notes.md"), Some(2));
+}
+
+#[test]
+fn sessions_belong_to_one_uid_on_every_host() {
+    let p = Pair::new(1, "5s");
+    touch_session(&p.a, "alice");
+    // The name is alice's owner's (root here) on B as well: B knows her without a sight.
+    let st = status(&p.b);
+    let names: Vec<&str> = st["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert!(names.contains(&"alice"), "B's sessions: {names:?}");
+    // bob is known only on B, yet A can hand a file to him.
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "other.md");
+}
+
+#[test]
+fn a_giver_with_the_file_open_on_the_other_host_is_in_flight() {
+    let p = Pair::new(1, "5s");
+    touch_session(&p.b, "bob");
+    sh_ok(&p.a, Some("alice"), "cat plan.md >/dev/null");
+    let mut open = hold_open(&p.b, Some("alice"), "plan.md", true).expect("open on B");
+    let (errno, reply) = ctl(&p.a, Some("alice"), "transfer plan.md --to bob");
+    assert_eq!(reply["reason"], "handoff_in_flight", "{reply}");
+    assert_eq!(errno, libc::EBUSY);
+    assert!(live_record(&p.a, "plan.md").is_none(), "undone on A");
+    assert!(live_record(&p.b, "plan.md").is_none(), "undone on B");
+    // Closed there, the same transfer goes through (not `handoff_ended`).
+    open.close();
+    open.exit();
+    sh_ok(&p.a, Some("alice"), "cat plan.md >/dev/null");
+    transfer(&p.a, "alice", "bob", &["plan.md"]);
+    assert!(write(&p.b, Some("alice"), "plan.md").denied());
+}
+
+#[test]
+fn kill_9_of_one_daemon_leaves_the_fences_of_the_other() {
+    let mut p = Pair::new(1, "3s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "plan.md");
+    p.a.kill9();
+    let r = write(&p.b, Some("alice"), "plan.md");
+    assert!(r.denied(), "giver on B after A died: {}", r.show());
+    // B goes on: a new transfer answers once A's lease has ended.
+    sh_ok(&p.b, Some("alice"), "cat notes.md >/dev/null");
+    transfer(&p.b, "alice", "bob", &["notes.md"]);
+    assert!(write(&p.b, Some("alice"), "notes.md").denied());
+    // A comes back and takes the shared state in: both fences hold there.
+    p.a.spawn();
+    for f in ["plan.md", "notes.md"] {
+        let r = write(&p.a, Some("alice"), f);
+        assert!(r.denied(), "giver on A after its restart, {f}: {}", r.show());
+    }
+    assert_eq!(
+        live_record(&p.a, "notes.md").expect("A knows B's record")["successor"],
+        "bob"
+    );
+}
+
+#[test]
+fn with_etcd_stopped_verbs_fail_fences_hold_and_bystanders_write() {
+    // A long lease: this test is about the time before it ends.
+    let p = Pair::new(1, "60s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "plan.md");
+    p.etcd.stop();
+    // Verbs: coordinator_unavailable, exit 2, EIO on ctl.
+    let (code, v) = cli_json(&p.b, Some("bob"), &["accept", "plan.md"]);
+    assert_eq!(code, Some(2), "{v}");
+    assert_eq!(v["reason"], "coordinator_unavailable", "{v}");
+    sh_ok(&p.a, Some("alice"), "cat notes.md >/dev/null");
+    let (errno, reply) = ctl(&p.a, Some("alice"), "transfer notes.md --to bob");
+    assert_eq!(reply["reason"], "coordinator_unavailable", "{reply}");
+    assert_eq!(errno, libc::EIO);
+    // The fence holds on both hosts.
+    for h in [&p.a, &p.b] {
+        assert!(write(h, Some("alice"), "plan.md").denied(), "giver on {}", h.name);
+        assert_eq!(denied_reason(h, "alice", "plan.md").as_deref(), Some("fenced"));
+    }
+    // A write to the handed file is refused (it could not be agreed), and why says so.
+    let r = write(&p.b, Some("bob"), "plan.md");
+    assert!(r.denied(), "successor while etcd is away: {}", r.show());
+    assert!(
+        why(&p.b, Some("bob")).contains("cannot be reached"),
+        "{}",
+        why(&p.b, Some("bob"))
+    );
+    // Bystanders write other files.
+    for h in [&p.a, &p.b] {
+        let r = write(h, Some("carol"), "other.md");
+        assert!(r.ok(), "bystander on {}: {}", h.name, r.show());
+        assert!(write(h, Some("carol"), "new-file.txt").ok());
+    }
+    // etcd back: the hosts catch up by themselves and verbs work.
+    p.etcd.restart();
+    let mut last = (None, Value::Null);
+    let back = wait_until(Duration::from_secs(30), || {
+        last = cli_json(&p.b, Some("bob"), &["accept", "plan.md"]);
+        last.0 == Some(0)
+    });
+    assert!(back, "accept after etcd came back: {:?}", last);
+    assert_eq!(record(&p.a, "plan.md").unwrap()["status"], "completed");
+    assert!(write(&p.b, Some("bob"), "plan.md").ok());
+    assert_eq!(version(&p.a, "plan.md"), version(&p.b, "plan.md"));
+}
+
+#[test]
+fn a_host_that_lost_its_lease_refuses_agent_writes_until_it_is_back() {
+    let p = Pair::new(1, "2s");
+    sh_ok(&p.a, Some("carol"), "echo x >> other.md");
+    p.etcd.stop();
+    // Once the lease may have ended elsewhere, agent writes wait; humans still write.
+    let refused = wait_until(Duration::from_secs(20), || {
+        write(&p.a, Some("carol"), "other.md").denied()
+    });
+    assert!(refused, "carol kept writing with no lease:\n{}", p.a.log());
+    assert!(
+        why(&p.a, Some("carol")).contains("lost its lease"),
+        "{}",
+        why(&p.a, Some("carol"))
+    );
+    assert!(write(&p.a, None, "other.md").ok(), "unattributed writes go on");
+    p.etcd.restart();
+    let back = wait_until(Duration::from_secs(30), || {
+        write(&p.a, Some("carol"), "other.md").ok()
+    });
+    assert!(back, "agent writes after etcd came back:\n{}", p.a.log());
+}
+
+#[test]
+fn a_three_member_cluster_with_one_member_killed_keeps_working() {
+    let p = Pair::new(3, "5s");
+    touch_session(&p.b, "bob");
+    p.etcd.kill_member(1);
+    hand_on(&p.a, "plan.md");
+    assert!(write(&p.b, Some("alice"), "plan.md").denied());
+    sh_ok(&p.b, Some("bob"), "echo bob >> plan.md");
+    assert_eq!(record(&p.a, "plan.md").unwrap()["status"], "completed");
+    p.etcd.kill_member(2);
+    // Two of three gone: no quorum, verbs fail; the fence of a new record cannot be made.
+    sh_ok(&p.a, Some("alice"), "cat notes.md >/dev/null");
+    let (code, v) = cli_json(&p.a, Some("alice"), &["transfer", "--to", "bob", "notes.md"]);
+    assert_eq!(code, Some(2), "{v}");
+    assert_eq!(v["reason"], "coordinator_unavailable");
+    p.etcd.restart_member(1);
+    let ok = wait_until(Duration::from_secs(30), || {
+        cli_json(&p.a, Some("alice"), &["transfer", "--to", "bob", "notes.md"]).0 == Some(0)
+    });
+    assert!(ok, "transfer once a quorum is back");
+    assert!(write(&p.b, Some("alice"), "notes.md").denied());
+}
+
+/// A small deterministic generator (the seed is printed, and `COHERENT_SEED` replays it).
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) % n as u64) as usize
+    }
+}
+
+#[test]
+fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
+    let seed: u64 = std::env::var("COHERENT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::process::id() as u64);
+    eprintln!("seed {seed} (COHERENT_SEED={seed} replays it)");
+    let mut rng = Lcg(seed);
+    let p = Pair::new(1, "5s");
+    let sessions = ["s0", "s1", "s2", "s3"];
+    let files = ["plan.md", "notes.md", "other.md"];
+    for (i, s) in sessions.iter().enumerate() {
+        touch_session(if i % 2 == 0 { &p.a } else { &p.b }, s);
+    }
+    // The model: per file, the live handoff (giver, successor) the test was told of.
+    let mut fenced: std::collections::HashMap<&str, (&str, &str)> = Default::default();
+    let mut admitted_after_ack = Vec::new();
+    for step in 0..70 {
+        let h = if rng.below(2) == 0 { &p.a } else { &p.b };
+        let f = files[rng.below(files.len())];
+        let who = sessions[rng.below(sessions.len())];
+        let what = rng.below(10);
+        let ctx = format!("step {step} (seed {seed}): {who} on {}", h.name);
+        match what {
+            0..=3 => {
+                let r = write(h, Some(who), f);
+                match fenced.get(f) {
+                    Some(&(g, _)) if g == who => {
+                        if !r.denied() {
+                            admitted_after_ack.push(format!("{ctx} wrote {f}: {}", r.show()));
+                        }
+                    }
+                    _ => {
+                        assert!(r.ok(), "{ctx}: write {f} refused: {}", r.show());
+                        // A commit by anyone but the giver moves the version: fence ends.
+                        fenced.remove(f);
+                    }
+                }
+            }
+            4..=6 => {
+                let to = sessions[rng.below(sessions.len())];
+                if to == who {
+                    continue;
+                }
+                sh_ok(h, Some(who), &format!("cat {f} >/dev/null"));
+                let mut last = (None, Value::Null);
+                wait_until(SETTLE, || {
+                    last = cli_json(h, Some(who), &["transfer", "--to", to, f]);
+                    last.1["reason"] != "handoff_in_flight"
+                });
+                match fenced.get(f) {
+                    Some(&(g, _)) if g != who => {
+                        assert_eq!(last.1["reason"], "handoff_other_holder", "{ctx}: {}", last.1);
+                    }
+                    // The same handoff, declined or withdrawn at this version: ended.
+                    None if last.1["reason"] == "handoff_ended" => {}
+                    _ => {
+                        assert_eq!(last.0, Some(0), "{ctx}: transfer {f} to {to}: {}", last.1);
+                        fenced.insert(f, (who, to));
+                    }
+                }
+            }
+            7 => {
+                let (code, _) = cli_json(h, Some(who), &["decline", f]);
+                if code == Some(0) {
+                    assert_eq!(fenced.get(f).map(|x| x.1), Some(who), "{ctx}: declined {f}");
+                    fenced.remove(f);
+                }
+            }
+            8 => {
+                let (code, _) = cli_json(h, Some(who), &["withdraw", f]);
+                if code == Some(0) {
+                    assert_eq!(fenced.get(f).map(|x| x.0), Some(who), "{ctx}: withdrew {f}");
+                    fenced.remove(f);
+                }
+            }
+            _ => {
+                // accept: the fence stays until the version moves.
+                cli_json(h, Some(who), &["accept", f]);
+            }
+        }
+    }
+    assert!(
+        admitted_after_ack.is_empty(),
+        "giver writes admitted after acknowledged transfers:\n{}",
+        admitted_after_ack.join("\n")
+    );
+}
