@@ -199,13 +199,14 @@ signal_members() {
 }
 
 # --- free ports --------------------------------------------------------------------------
-# Local ports of every TCP socket (any state) on this host, one per line, decimal.
+# Local ports of the TCP sockets on this host, one per line, decimal. TIME_WAIT (06) ones
+# are left out: etcd listens with SO_REUSEADDR, so they do not block it.
 used_ports() {
-    local f _ local_addr _rest
+    local f _ local_addr _remote state _rest
     for f in /proc/net/tcp /proc/net/tcp6; do
         [[ -r $f ]] || continue
-        while read -r _ local_addr _rest; do
-            [[ $local_addr == *:* ]] || continue # the header line
+        while read -r _ local_addr _remote state _rest; do
+            [[ $local_addr == *:* && $state != 06 ]] || continue # also skips the header
             echo $((16#${local_addr##*:}))
         done <"$f"
     done
