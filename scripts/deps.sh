@@ -3,14 +3,17 @@
 # Debian machine (run as root). Idempotent and quiet: does nothing slow when all is there.
 #   apt:   fuse3 (fusermount3), bindfs (the FUSE peer), fio, attr (getfattr/setfattr),
 #          rsync and git (the copy and tracking tests),
-#          acl + libacl1-dev (pjdfstest links libacl); gcc and python3 if missing
+#          acl + libacl1-dev (pjdfstest links libacl); gcc and python3 if missing;
+#          etcd-server + etcd-client (etcd and etcdctl: scripts/etcd.sh, the etcd coordinator's
+#          tests; if the package's own etcd service starts on port 2379 it is left alone,
+#          nothing of ours uses it), protobuf-compiler (protoc: the etcd-client crate's build)
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
 #   user:  'tests' (pjdfstest switches to nobody and tests); coh-u1, coh-u2 and group
 #          coh-shared (the multi-user tests, scripts/test-users.sh)
 #   /dev/fuse (loads the fuse module if needed)
 set -euo pipefail
 
-APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git)
+APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git etcd-server etcd-client protobuf-compiler)
 CARGO_CRATES=(pjdfstest@0.2.2 fsx@0.3.2)
 
 die() {
@@ -69,4 +72,7 @@ if [[ ! -c /dev/fuse ]]; then
     [[ -c /dev/fuse ]] || die "/dev/fuse missing and 'modprobe fuse' did not create it"
 fi
 command -v fusermount3 >/dev/null || die "fusermount3 still missing after installing fuse3"
+for tool in etcd:etcd-server etcdctl:etcd-client protoc:protobuf-compiler; do
+    command -v "${tool%%:*}" >/dev/null || die "${tool%%:*} still missing after installing ${tool#*:}"
+done
 exit 0

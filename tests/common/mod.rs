@@ -10,6 +10,8 @@
 //! ```
 #![allow(dead_code)]
 
+/// A real etcd (scripts/etcd.sh) for the etcd coordinator's tests.
+pub mod etcd;
 /// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
 pub mod users;
 

@@ -1,0 +1,225 @@
+//! A real etcd for the tests of the etcd coordinator: one member or three on loopback,
+//! started, stopped and killed by `scripts/etcd.sh` (which picks free ports, waits for
+//! health and only ever signals the members it started). Removed when dropped.
+//!
+//! ```ignore
+//! let etcd = Etcd::start(3);
+//! let m = Mount::builder().args(["--coordinator", etcd.url()]).start();
+//! etcd.kill_member(2);
+//! etcd.put("k", "v");
+//! assert_eq!(etcd.get_prefix("k"), vec![("k".into(), "v".into())]);
+//! ```
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use super::run_timeout;
+
+/// The repo's script (the one tests and people use).
+pub const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/etcd.sh");
+
+/// Bound on one script run: its own waits are bounded by ETCD_SH_TIMEOUT (30 s).
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on one etcdctl call (its own --command-timeout is shorter).
+const CTL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running etcd cluster under a temporary directory.
+pub struct Etcd {
+    dir: tempfile::TempDir,
+    /// `etcd://127.0.0.1:A[,127.0.0.1:B,...]`, the value for `--coordinator`.
+    pub url: String,
+    members: usize,
+}
+
+impl Etcd {
+    /// Start `members` (1 or 3) members and wait until each answers; panics with the
+    /// script's stderr when it fails (e.g. etcd not installed: run scripts/deps.sh).
+    pub fn start(members: usize) -> Etcd {
+        let dir = tempfile::Builder::new()
+            .prefix("coh-etcd.")
+            .tempdir()
+            .expect("tempdir");
+        let mut e = Etcd {
+            dir,
+            url: String::new(),
+            members,
+        };
+        let out = e.script(&["start", "--members", &members.to_string()]);
+        e.url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            e.url.starts_with("etcd://127.0.0.1:") && !e.url.contains('\n'),
+            "etcd.sh start printed {:?}, not one etcd:// line",
+            e.url
+        );
+        e
+    }
+
+    /// `etcd://127.0.0.1:A[,..]`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// `127.0.0.1:A[,..]`, the form etcdctl's --endpoints takes.
+    pub fn endpoints(&self) -> &str {
+        self.url.trim_start_matches("etcd://")
+    }
+
+    /// The client endpoint of member `k` (1-based).
+    pub fn member_endpoint(&self, k: usize) -> &str {
+        assert!((1..=self.members).contains(&k), "no member {k}");
+        self.endpoints().split(',').nth(k - 1).expect("endpoint")
+    }
+
+    pub fn members(&self) -> usize {
+        self.members
+    }
+
+    /// The cluster directory (pid files, member-K.log, data).
+    pub fn dir(&self) -> PathBuf {
+        self.dir.path().join("cluster")
+    }
+
+    /// Member `k`'s log (for assertion messages).
+    pub fn log(&self, k: usize) -> String {
+        std::fs::read_to_string(self.dir().join(format!("member-{k}.log"))).unwrap_or_default()
+    }
+
+    /// Stop every member (SIGTERM, waits for each to exit).
+    pub fn stop(&self) {
+        self.script(&["stop"]);
+    }
+
+    /// Stop member `k` (SIGTERM, waits).
+    pub fn stop_member(&self, k: usize) {
+        self.script(&["stop", "--member", &k.to_string()]);
+    }
+
+    /// SIGKILL member `k` (1-based), waits until it is gone.
+    pub fn kill_member(&self, k: usize) {
+        self.script(&["kill", "--member", &k.to_string()]);
+    }
+
+    /// Start every stopped member again (same data, same ports); waits until they answer.
+    pub fn restart(&self) {
+        self.script(&["restart"]);
+    }
+
+    /// Start stopped member `k` again; waits until it answers (needs a quorum running).
+    pub fn restart_member(&self, k: usize) {
+        self.script(&["restart", "--member", &k.to_string()]);
+    }
+
+    /// Run etcdctl (API v3) against every member's endpoint; the output, whatever the status.
+    pub fn etcdctl(&self, args: &[&str]) -> Output {
+        run_timeout(
+            Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .env_remove("ETCDCTL_ENDPOINTS")
+                .arg(format!("--endpoints={}", self.endpoints()))
+                .args(["--dial-timeout=2s", "--command-timeout=5s"])
+                .args(args),
+            CTL_TIMEOUT,
+        )
+    }
+
+    /// etcdctl that must succeed; its stdout.
+    fn etcdctl_ok(&self, args: &[&str]) -> Vec<u8> {
+        let out = self.etcdctl(args);
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?} failed ({:?}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// Put `key` = `value` (any bytes after `--`, so values may start with '-').
+    pub fn put(&self, key: &str, value: &str) {
+        let out = self.etcdctl_ok(&["put", "--", key, value]);
+        assert_eq!(out, b"OK\n", "etcdctl put {key}");
+    }
+
+    /// Every (key, value) under `prefix`, in key order.
+    pub fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
+        let out = self.etcdctl_ok(&["get", "--prefix", "-w", "json", "--", prefix]);
+        let v: serde_json::Value = serde_json::from_slice(&out)
+            .unwrap_or_else(|e| panic!("etcdctl json: {e}: {}", String::from_utf8_lossy(&out)));
+        let field = |kv: &serde_json::Value, name: &str| {
+            // etcdctl's json carries keys and values base64-encoded; absent = empty.
+            let s = kv[name].as_str().unwrap_or("");
+            String::from_utf8(base64_decode(s)).expect("utf-8 key/value")
+        };
+        v["kvs"]
+            .as_array()
+            .map(|kvs| {
+                kvs.iter()
+                    .map(|kv| (field(kv, "key"), field(kv, "value")))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Run `scripts/etcd.sh CMD ... --dir <ours>`; panics with its stderr on failure.
+    fn script(&self, args: &[&str]) -> Output {
+        let out = run_script(args, &self.dir());
+        assert!(
+            out.status.success(),
+            "scripts/etcd.sh {args:?} failed ({:?}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+}
+
+fn run_script(args: &[&str], dir: &Path) -> Output {
+    run_timeout(
+        Command::new("bash")
+            .arg(SCRIPT)
+            .args(args)
+            .arg("--dir")
+            .arg(dir),
+        SCRIPT_TIMEOUT,
+    )
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        // Never panic in drop (a failing test is already unwinding); the TempDir then
+        // removes the data.
+        let out = run_script(&["stop"], &self.dir());
+        if !out.status.success() {
+            eprintln!(
+                "etcd.rs: scripts/etcd.sh stop failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// Standard base64 (with padding), as etcdctl's json writes bytes.
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => (c - b'A') as u32,
+            b'a'..=b'z' => (c - b'a' + 26) as u32,
+            b'0'..=b'9' => (c - b'0' + 52) as u32,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {s:?}"),
+        }
+    };
+    let mut out = Vec::with_capacity(s.len() / 4 * 3);
+    for chunk in s.trim_end_matches('=').as_bytes().chunks(4) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, &c)| acc | val(c) << (18 - 6 * i));
+        let bytes = n.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    out
+}

@@ -1,0 +1,249 @@
+//! scripts/etcd.sh and the test harness on top of it (tests/common/etcd.rs) against the
+//! real etcd: one member and three, put/get, a member killed, stop and restart keeping the
+//! data, the guard that never signals a process it did not start, and the error when etcd
+//! is not installed.
+
+mod common;
+
+use std::process::Command;
+
+use common::etcd::{Etcd, SCRIPT};
+use common::{run_timeout, TIMEOUT};
+
+/// Is `pid` a live (not zombie) process? (Members are reparented away from us, so an
+/// exited one can linger as a zombie nobody reaps.)
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(") ").next().unwrap_or("").chars().next();
+            !matches!(state, Some('Z') | Some('X'))
+        }
+        Err(_) => false,
+    }
+}
+
+fn member_pid(e: &Etcd, k: usize) -> Option<u32> {
+    std::fs::read_to_string(e.dir().join(format!("member-{k}.pid")))
+        .ok()
+        .map(|s| s.trim().parse().expect("pid file holds a pid"))
+}
+
+/// `etcdctl endpoint health` through member `k` alone.
+fn member_healthy(e: &Etcd, k: usize) -> bool {
+    run_timeout(
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", e.member_endpoint(k)))
+            .args([
+                "--dial-timeout=1s",
+                "--command-timeout=2s",
+                "endpoint",
+                "health",
+            ]),
+        TIMEOUT,
+    )
+    .status
+    .success()
+}
+
+/// Member `k` answers at once: `start`/`restart` return only once every member is up
+/// (a connect, no retry: etcdctl itself would retry and hide a start that returns early).
+fn assert_up(e: &Etcd, k: usize) {
+    if let Err(err) = std::net::TcpStream::connect(e.member_endpoint(k)) {
+        panic!("member {k} ({}) not up: {err}", e.member_endpoint(k));
+    }
+}
+
+/// Member `k`'s client port is closed (nothing listens there any more).
+fn assert_refused(e: &Etcd, k: usize) {
+    let err = std::net::TcpStream::connect(e.member_endpoint(k)).map_err(|e| e.kind());
+    assert_eq!(
+        err.err(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "member {k}'s port {} is closed",
+        e.member_endpoint(k)
+    );
+}
+
+fn kv(k: &str, v: &str) -> (String, String) {
+    (k.to_string(), v.to_string())
+}
+
+#[test]
+fn one_member_put_get_prefix() {
+    let e = Etcd::start(1);
+    let port: u16 = e
+        .url()
+        .strip_prefix("etcd://127.0.0.1:")
+        .expect("etcd://127.0.0.1:PORT")
+        .parse()
+        .expect("one port");
+    assert!(port >= 23790, "default ports start at 23790, got {port}");
+    assert_eq!(
+        std::fs::read_to_string(e.dir().join("endpoints"))
+            .unwrap()
+            .trim(),
+        e.url(),
+        "DIR/endpoints holds the printed line"
+    );
+    assert_up(&e, 1);
+    let pid = member_pid(&e, 1).expect("member-1.pid");
+    assert!(alive(pid), "member 1 (pid {pid}) runs");
+
+    e.put("/coh/a", "one1");
+    e.put("/coh/b", "-two words\nand a line");
+    e.put("/other", "x");
+    assert_eq!(
+        e.get_prefix("/coh/"),
+        vec![kv("/coh/a", "one1"), kv("/coh/b", "-two words\nand a line")]
+    );
+    assert_eq!(e.get_prefix("/none/"), vec![]);
+
+    let dir = e.dir();
+    drop(e);
+    assert!(!alive(pid), "drop stops the member (pid {pid})");
+    assert!(!dir.exists(), "drop removes {}", dir.display());
+}
+
+#[test]
+fn three_members_survive_one_killed() {
+    let e = Etcd::start(3);
+    (1..=3).for_each(|k| assert_up(&e, k));
+    let eps: Vec<&str> = e.endpoints().split(',').collect();
+    assert_eq!(eps.len(), 3, "three endpoints in {}", e.url());
+    let ports: Vec<u16> = eps
+        .iter()
+        .map(|ep| ep.strip_prefix("127.0.0.1:").unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        ports,
+        vec![ports[0], ports[0] + 2, ports[0] + 4],
+        "client ports N, N+2, N+4"
+    );
+    e.put("/c/before", "1");
+
+    let pid2 = member_pid(&e, 2).expect("member-2.pid");
+    e.kill_member(2);
+    assert!(!alive(pid2), "member 2 (pid {pid2}) is gone after kill");
+    assert!(
+        !e.log(2).contains("received signal; shutting down"),
+        "kill is SIGKILL, not a graceful stop: {}",
+        e.log(2)
+    );
+    assert_refused(&e, 2);
+    assert!(
+        member_healthy(&e, 1) && member_healthy(&e, 3),
+        "1 and 3 keep a quorum"
+    );
+
+    // Writes and linearizable reads go on through the two left (all endpoints given).
+    e.put("/c/during", "2");
+    assert_eq!(
+        e.get_prefix("/c/"),
+        vec![kv("/c/before", "1"), kv("/c/during", "2")]
+    );
+
+    // Restarted, member 2 rejoins with its old data and catches up on what it missed.
+    e.restart_member(2);
+    assert_up(&e, 2);
+    let pid2b = member_pid(&e, 2).expect("member-2.pid after restart");
+    assert!(pid2b != pid2 && alive(pid2b), "member 2 runs again");
+    let out = run_timeout(
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", e.member_endpoint(2)))
+            .args(["get", "--print-value-only", "/c/during"]),
+        TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        out.stdout, b"2\n",
+        "member 2 alone serves the write it missed"
+    );
+}
+
+#[test]
+fn stop_restart_keeps_data_and_never_signals_strangers() {
+    let e = Etcd::start(1);
+    e.put("/k", "kept");
+    let pid = member_pid(&e, 1).unwrap();
+    e.stop();
+    assert!(!alive(pid), "stop waits for the member (pid {pid}) to exit");
+    assert!(
+        e.log(1).contains("received signal; shutting down"),
+        "stop is a graceful SIGTERM: {}",
+        e.log(1)
+    );
+    assert_refused(&e, 1);
+
+    // A stale pid file naming a process we did not start: kill and stop leave it alone,
+    // and restart starts the real member anyway.
+    let mut stranger = Command::new("sleep").arg("300").spawn().unwrap();
+    std::fs::write(e.dir().join("member-1.pid"), stranger.id().to_string()).unwrap();
+    let out = run_timeout(
+        Command::new("bash")
+            .arg(SCRIPT)
+            .args(["kill", "--member", "1", "--dir"])
+            .arg(e.dir()),
+        TIMEOUT,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    e.stop();
+    assert!(
+        stranger.try_wait().unwrap().is_none(),
+        "etcd.sh signalled a process it did not start"
+    );
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
+
+    e.restart();
+    assert_up(&e, 1);
+    let pid2 = member_pid(&e, 1).unwrap();
+    assert!(alive(pid2), "member runs again (pid {pid2})");
+    assert_eq!(e.get_prefix("/k"), vec![kv("/k", "kept")], "data survives");
+    let status = run_timeout(
+        Command::new("bash")
+            .arg(SCRIPT)
+            .arg("status")
+            .arg("--dir")
+            .arg(e.dir()),
+        TIMEOUT,
+    );
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "status: {text}");
+    assert!(
+        text.contains(&format!("member 1: running (pid {pid2})")) && text.contains("healthy"),
+        "status says member 1 runs: {text}"
+    );
+}
+
+#[test]
+fn missing_etcd_says_run_deps() {
+    // Run the script with a PATH that has no etcd ($BASH: the running bash, by full path).
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_timeout(
+        Command::new("bash")
+            .args([
+                "-c",
+                "PATH=/nonexistent exec \"$BASH\" \"$0\" start --dir \"$1\"",
+            ])
+            .arg(SCRIPT)
+            .arg(dir.path().join("c")),
+        TIMEOUT,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("etcd not found") && err.contains("scripts/deps.sh"),
+        "the error says to run scripts/deps.sh: {err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing on stdout when start fails");
+}
