@@ -69,6 +69,10 @@ pub trait Coordinator: Send + Sync {
         now: Timestamp,
     ) -> Result<Result<(), u32>, Refusal>;
 
+    /// Best effort, bounded: take in what the other hosts changed up to now (before a
+    /// read of the shared state: `status`, the inbox).
+    fn catch_up(&self);
+
     /// What `coherent status` shows of the coordinator (`None`: nothing to show).
     fn describe(&self) -> Option<serde_json::Value>;
 }
@@ -110,6 +114,8 @@ impl Coordinator for Embedded {
     ) -> Result<Result<(), u32>, Refusal> {
         Ok(engine.claim(s, uid, now))
     }
+
+    fn catch_up(&self) {}
 
     fn describe(&self) -> Option<serde_json::Value> {
         None

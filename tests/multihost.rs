@@ -132,7 +132,11 @@ impl Pair {
 
 /// `who` writes `rel` on host `h` (an append through the shell).
 fn write(h: &Host, who: Option<&str>, rel: &str) -> Run {
-    sh(h, who, &format!("echo {} >> {rel}", who.unwrap_or("someone")))
+    sh(
+        h,
+        who,
+        &format!("echo {} >> {rel}", who.unwrap_or("someone")),
+    )
 }
 
 /// The reason of the last `denied` event of `who` on `path` in `h`'s log.
@@ -155,8 +159,15 @@ fn a_transfer_on_one_host_fences_the_giver_on_the_other_before_it_returns() {
     hand_on(&p.a, "plan.md");
     // The very next write of the giver, on the other host: refused.
     let r = write(&p.b, Some("alice"), "plan.md");
-    assert!(r.denied(), "giver on B after the transfer on A: {}", r.show());
-    assert_eq!(denied_reason(&p.b, "alice", "plan.md").as_deref(), Some("fenced"));
+    assert!(
+        r.denied(),
+        "giver on B after the transfer on A: {}",
+        r.show()
+    );
+    assert_eq!(
+        denied_reason(&p.b, "alice", "plan.md").as_deref(),
+        Some("fenced")
+    );
     if let Some(bad) = check_deny_text(&why(&p.b, Some("alice")), "plan.md", "bob", 1) {
         panic!("B's why: {bad}");
     }
@@ -168,7 +179,11 @@ fn a_transfer_on_one_host_fences_the_giver_on_the_other_before_it_returns() {
         assert_eq!(rec["status"], "pending");
     }
     // The successor writes on B; A shows the record completed; both agree on the version.
-    sh_ok(&p.b, Some("bob"), "cat plan.md >/dev/null; echo bob >> plan.md");
+    sh_ok(
+        &p.b,
+        Some("bob"),
+        "cat plan.md >/dev/null; echo bob >> plan.md",
+    );
     let rec = record(&p.a, "plan.md").expect("A's record");
     assert_eq!(rec["status"], "completed", "A: {rec}");
     assert_eq!(rec["live"], false);
@@ -213,7 +228,12 @@ fn sessions_belong_to_one_uid_on_every_host() {
         .iter()
         .filter_map(|s| s["name"].as_str())
         .collect();
-    assert!(names.contains(&"alice"), "B's sessions: {names:?}");
+    assert!(
+        names.contains(&"alice"),
+        "B's sessions: {names:?}\nA:\n{}\nB:\n{}",
+        p.a.log(),
+        p.b.log()
+    );
     // bob is known only on B, yet A can hand a file to him.
     touch_session(&p.b, "bob");
     hand_on(&p.a, "other.md");
@@ -254,7 +274,11 @@ fn kill_9_of_one_daemon_leaves_the_fences_of_the_other() {
     p.a.spawn();
     for f in ["plan.md", "notes.md"] {
         let r = write(&p.a, Some("alice"), f);
-        assert!(r.denied(), "giver on A after its restart, {f}: {}", r.show());
+        assert!(
+            r.denied(),
+            "giver on A after its restart, {f}: {}",
+            r.show()
+        );
     }
     assert_eq!(
         live_record(&p.a, "notes.md").expect("A knows B's record")["successor"],
@@ -279,8 +303,15 @@ fn with_etcd_stopped_verbs_fail_fences_hold_and_bystanders_write() {
     assert_eq!(errno, libc::EIO);
     // The fence holds on both hosts.
     for h in [&p.a, &p.b] {
-        assert!(write(h, Some("alice"), "plan.md").denied(), "giver on {}", h.name);
-        assert_eq!(denied_reason(h, "alice", "plan.md").as_deref(), Some("fenced"));
+        assert!(
+            write(h, Some("alice"), "plan.md").denied(),
+            "giver on {}",
+            h.name
+        );
+        assert_eq!(
+            denied_reason(h, "alice", "plan.md").as_deref(),
+            Some("fenced")
+        );
     }
     // A write to the handed file is refused (it could not be agreed), and why says so.
     let r = write(&p.b, Some("bob"), "plan.md");
@@ -324,7 +355,10 @@ fn a_host_that_lost_its_lease_refuses_agent_writes_until_it_is_back() {
         "{}",
         why(&p.a, Some("carol"))
     );
-    assert!(write(&p.a, None, "other.md").ok(), "unattributed writes go on");
+    assert!(
+        write(&p.a, None, "other.md").ok(),
+        "unattributed writes go on"
+    );
     p.etcd.restart();
     let back = wait_until(Duration::from_secs(30), || {
         write(&p.a, Some("carol"), "other.md").ok()
@@ -344,12 +378,21 @@ fn a_three_member_cluster_with_one_member_killed_keeps_working() {
     p.etcd.kill_member(2);
     // Two of three gone: no quorum, verbs fail; the fence of a new record cannot be made.
     sh_ok(&p.a, Some("alice"), "cat notes.md >/dev/null");
-    let (code, v) = cli_json(&p.a, Some("alice"), &["transfer", "--to", "bob", "notes.md"]);
+    let (code, v) = cli_json(
+        &p.a,
+        Some("alice"),
+        &["transfer", "--to", "bob", "notes.md"],
+    );
     assert_eq!(code, Some(2), "{v}");
     assert_eq!(v["reason"], "coordinator_unavailable");
     p.etcd.restart_member(1);
     let ok = wait_until(Duration::from_secs(30), || {
-        cli_json(&p.a, Some("alice"), &["transfer", "--to", "bob", "notes.md"]).0 == Some(0)
+        cli_json(
+            &p.a,
+            Some("alice"),
+            &["transfer", "--to", "bob", "notes.md"],
+        )
+        .0 == Some(0)
     });
     assert!(ok, "transfer once a quorum is back");
     assert!(write(&p.b, Some("alice"), "notes.md").denied());
@@ -420,7 +463,11 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
                 });
                 match fenced.get(f) {
                     Some(&(g, _)) if g != who => {
-                        assert_eq!(last.1["reason"], "handoff_other_holder", "{ctx}: {}", last.1);
+                        assert_eq!(
+                            last.1["reason"], "handoff_other_holder",
+                            "{ctx}: {}",
+                            last.1
+                        );
                     }
                     // The same handoff, declined or withdrawn at this version: ended.
                     None if last.1["reason"] == "handoff_ended" => {}

@@ -152,6 +152,12 @@ struct Link {
     in_flight: Vec<(String, u64)>,
     error: Option<String>,
     since: Option<Timestamp>,
+    /// The lease this host's `h/` key lives under.
+    lease: i64,
+    /// Counts connections (a call that failed waits for the next one).
+    generation: u64,
+    /// When the last working link broke (a call waits for a new one only shortly after).
+    down_since: Option<Instant>,
 }
 
 thread_local! {
@@ -181,10 +187,13 @@ pub struct Etcd {
     client: Mutex<Option<Client>>,
     /// One step at a time on this host.
     steps: Mutex<()>,
-    progress: tokio::sync::Notify,
     feed: Mutex<Vec<Event>>,
     dirty: Mutex<BTreeSet<String>>,
     next_event: AtomicU64,
+    /// The endpoint that answered last.
+    good: std::sync::atomic::AtomicUsize,
+    /// A call failed: drop the connection and find a member that answers.
+    relink: tokio::sync::Notify,
     /// The lease the `e/` keys live under (renewed by replacing it).
     events_lease: Mutex<Option<(i64, Instant)>>,
     stop: AtomicBool,
@@ -285,10 +294,11 @@ impl Etcd {
             changed: Condvar::new(),
             client: Mutex::new(None),
             steps: Mutex::new(()),
-            progress: tokio::sync::Notify::new(),
             feed: Mutex::new(Vec::new()),
             dirty: Mutex::new(BTreeSet::new()),
             next_event: AtomicU64::new(micros),
+            good: std::sync::atomic::AtomicUsize::new(0),
+            relink: tokio::sync::Notify::new(),
             events_lease: Mutex::new(None),
             stop: AtomicBool::new(false),
             stopped: tokio::sync::Notify::new(),
@@ -343,8 +353,13 @@ impl Etcd {
     async fn run_link(self: Arc<Self>) {
         while !self.stop.load(Ordering::SeqCst) {
             let err = self.clone().link_once().await.err();
+            let was_up;
             {
                 let mut l = self.link.lock();
+                was_up = l.connected;
+                if was_up {
+                    l.down_since = Some(Instant::now());
+                }
                 if l.connected || l.error.is_none() {
                     if let Some(e) = &err {
                         tracing::warn!("coordinator {}: {e}", self.spec.endpoints.join(","));
@@ -357,8 +372,15 @@ impl Etcd {
             }
             *self.client.lock() = None;
             self.changed.notify_all();
+            // At once after a working link broke (another member may answer), then
+            // every 300 ms.
+            let pause = if was_up {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(300)
+            };
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = self.stopped.notified() => {}
             }
         }
@@ -366,20 +388,7 @@ impl Etcd {
 
     /// One connection: lease, registration, watch, renewals, until something fails.
     async fn link_once(self: Arc<Self>) -> Result<(), String> {
-        let eps: Vec<String> = self
-            .spec
-            .endpoints
-            .iter()
-            .map(|e| format!("http://{e}"))
-            .collect();
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(CALL_TIMEOUT)
-            .with_timeout(CALL_TIMEOUT)
-            .with_keep_alive(Duration::from_millis(500), Duration::from_secs(1));
-        let mut client = tokio::time::timeout(CALL_TIMEOUT, Client::connect(eps, Some(opts)))
-            .await
-            .map_err(|_| "connect: timed out".to_string())?
-            .map_err(|e| format!("connect: {}", short(&e)))?;
+        let mut client = self.connect_one().await?;
         let ttl = self.spec.ttl.as_secs() as i64;
         let granted_at = Instant::now();
         let lease = timed(client.lease_grant(ttl, None))
@@ -403,8 +412,7 @@ impl Etcd {
                 Some(
                     WatchOptions::new()
                         .with_prefix()
-                        .with_start_revision(start + 1)
-                        .with_progress_notify(),
+                        .with_start_revision(start + 1),
                 ),
             ),
         )
@@ -415,9 +423,9 @@ impl Etcd {
             let mut l = self.link.lock();
             l.connected = true;
             l.error = None;
-        }
-        if let Err(e) = watch.request_progress().await {
-            return Err(format!("watch: {}", short(&e)));
+            l.lease = lease;
+            l.generation += 1;
+            l.down_since = None;
         }
         let mut renew = tokio::time::interval(self.spec.ttl / 4);
         let mut sent = granted_at;
@@ -452,12 +460,52 @@ impl Etcd {
                         l.confirmed_until = Some(sent + self.spec.ttl - self.margin());
                     }
                 }
-                _ = self.progress.notified() => {
-                    watch.request_progress().await.map_err(|e| format!("watch: {}", short(&e)))?;
-                }
+                _ = self.relink.notified() => return Err("a call failed; finding a member that answers".into()),
                 _ = self.stopped.notified() => return Ok(()),
             }
         }
+    }
+
+    /// A client of the first member (from the last good one on) that answers a
+    /// linearizable read, i.e. is part of a quorum. One member at a time: a client
+    /// balancing over several keeps sending to a dead one.
+    async fn connect_one(&self) -> Result<Client, String> {
+        let n = self.spec.endpoints.len();
+        let first = self.good.load(Ordering::SeqCst);
+        let mut why = String::new();
+        for i in 0..n {
+            let k = (first + i) % n;
+            let ep = &self.spec.endpoints[k];
+            let opts = ConnectOptions::new()
+                .with_connect_timeout(CALL_TIMEOUT)
+                .with_timeout(CALL_TIMEOUT)
+                .with_keep_alive(Duration::from_millis(500), Duration::from_secs(1));
+            let connected = tokio::time::timeout(
+                CALL_TIMEOUT,
+                Client::connect([format!("http://{ep}")], Some(opts)),
+            )
+            .await;
+            let mut c = match connected {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    why = format!("{ep}: {}", short(&e));
+                    continue;
+                }
+                Err(_) => {
+                    why = format!("{ep}: no answer in time");
+                    continue;
+                }
+            };
+            let probe = GetOptions::new().with_prefix().with_count_only();
+            match timed(c.get(self.key("h", ""), Some(probe))).await {
+                Ok(_) => {
+                    self.good.store(k, Ordering::SeqCst);
+                    return Ok(c);
+                }
+                Err(e) => why = format!("{ep}: {}", short(&e)),
+            }
+        }
+        Err(why)
     }
 
     /// Takes in every shared path and session and the live hosts; returns the revision.
@@ -553,7 +601,16 @@ impl Etcd {
         reg: i64,
         sent: Instant,
     ) -> Result<(), String> {
-        let rev = resp.header().map_or(0, |h| h.revision());
+        // How far this response brings this host: the newest event in it. Not its
+        // header, which may name a later revision whose events are still to come; nor a
+        // progress notice, which etcd 3.4 sends without waiting for the events before it.
+        let rev = resp
+            .events()
+            .iter()
+            .filter_map(|e| e.kv())
+            .map(|kv| kv.mod_revision())
+            .max()
+            .unwrap_or(0);
         let mut state_changed = false;
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
@@ -628,14 +685,14 @@ impl Etcd {
                 _ => {}
             }
         }
-        let first = {
+        let (first, applied) = {
             let mut l = self.link.lock();
             l.applied = l.applied.max(rev);
-            !l.caught_up && l.applied >= reg
+            (!l.caught_up && l.applied >= reg, l.applied)
         };
-        self.engine.raise_record_ids(id_floor(rev));
+        self.engine.raise_record_ids(id_floor(applied));
         if state_changed || first {
-            self.put_host(client, lease, rev).await?;
+            self.put_host(client, lease, applied).await?;
         }
         if first {
             let mut l = self.link.lock();
@@ -659,43 +716,83 @@ impl Etcd {
     }
 
     /// One etcd call with a deadline, from a thread outside the runtime.
+    /// When a call fails the link moves to a member that answers and the call is made
+    /// once more there, within `deadline`.
     fn call<T, F, Fut>(&self, deadline: Instant, f: F) -> Result<T, Refusal>
     where
-        F: FnOnce(Client) -> Fut,
+        F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let Some(client) = self.client.lock().clone() else {
-            return Err(self.unreachable());
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        let fut = f(client);
-        let limit = left.min(CALL_TIMEOUT);
-        // The timer must be made inside the runtime.
-        match self
-            .rt
-            .block_on(async move { tokio::time::timeout(limit, fut).await })
-        {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                self.link.lock().error = Some(short(&e));
-                Err(self.unreachable())
+        for attempt in 0..2 {
+            self.await_link(deadline)?;
+            let (client, generation) = (self.client.lock().clone(), self.link.lock().generation);
+            let Some(client) = client else {
+                return Err(self.unreachable());
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let fut = f(client);
+            let limit = left.min(CALL_TIMEOUT);
+            // The timer must be made inside the runtime.
+            let why = match self
+                .rt
+                .block_on(async move { tokio::time::timeout(limit, fut).await })
+            {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => short(&e),
+                Err(_) => "no answer in time".to_string(),
+            };
+            let mut l = self.link.lock();
+            l.error = Some(why);
+            if attempt == 1 {
+                break;
             }
-            Err(_) => {
-                self.link.lock().error = Some("no answer in time".into());
-                Err(self.unreachable())
+            self.relink.notify_one();
+            while l.generation == generation || !l.caught_up {
+                if self.changed.wait_until(&mut l, deadline).timed_out() {
+                    drop(l);
+                    return Err(self.unreachable());
+                }
             }
         }
+        Err(self.unreachable())
+    }
+
+    /// A link being made again shortly after a working one broke (a member died, etcd
+    /// blinked) is waited for, within `deadline`; a link down for longer fails at once, so
+    /// an outage costs the writes that need etcd no time.
+    fn await_link(&self, deadline: Instant) -> Result<(), Refusal> {
+        let mut l = self.link.lock();
+        while !l.caught_up {
+            let recent = l.down_since.is_some_and(|t| t.elapsed() < STEP_TIMEOUT);
+            if !recent || self.changed.wait_until(&mut l, deadline).timed_out() {
+                drop(l);
+                return Err(self.unreachable());
+            }
+        }
+        Ok(())
     }
 
     /// Waits until this host has applied everything etcd has now.
     fn sync(&self, deadline: Instant) -> Result<(), Refusal> {
-        if !self.link.lock().caught_up {
-            return Err(self.unreachable());
-        }
-        let key = self.key("h", "");
-        let r = self.call(deadline, |mut c| async move {
-            c.get(key, Some(GetOptions::new().with_prefix().with_count_only()))
-                .await
+        self.await_link(deadline)?;
+        // A barrier: this host's own key, written now, comes back through the watch
+        // after every change before it.
+        let (lease, st) = {
+            let l = self.link.lock();
+            let st = HostState {
+                applied: l.applied,
+                in_flight: l.in_flight.clone(),
+            };
+            (l.lease, st)
+        };
+        let key = self.key("h", &self.spec.host);
+        let value = serde_json::to_vec(&st).expect("host state serialises");
+        let r = self.call(deadline, |mut c| {
+            let (key, value) = (key.clone(), value.clone());
+            async move {
+                c.put(key, value, Some(PutOptions::new().with_lease(lease)))
+                    .await
+            }
         })?;
         let rev = r.header().map_or(0, |h| h.revision());
         let mut l = self.link.lock();
@@ -704,9 +801,7 @@ impl Etcd {
                 drop(l);
                 return Err(self.unreachable());
             }
-            self.progress.notify_one();
-            let until = (Instant::now() + Duration::from_millis(50)).min(deadline);
-            self.changed.wait_until(&mut l, until);
+            self.changed.wait_until(&mut l, deadline);
         }
         Ok(())
     }
@@ -767,7 +862,10 @@ impl Etcd {
         }
         let txn = Txn::new().when(when).and_then(then).or_else(or_else);
         let resp = self
-            .call(deadline, |mut c| async move { c.txn(txn).await })
+            .call(deadline, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .map_err(Publish::Unavailable)?;
         let rev = resp.header().map_or(0, |h| h.revision());
         if resp.succeeded() {
@@ -930,7 +1028,10 @@ impl Etcd {
             let ops: Vec<TxnOp> = batch.iter().map(|ev| self.event_op(ev, lease)).collect();
             let txn = Txn::new().and_then(ops);
             if self
-                .call(deadline, |mut c| async move { c.txn(txn).await })
+                .call(deadline, |mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
                 .is_err()
             {
                 self.requeue(batch);
@@ -1172,7 +1273,10 @@ impl Coordinator for Etcd {
                 None,
             )])
             .or_else([TxnOp::get(key, None)]);
-        let resp = self.call(deadline, |mut c| async move { c.txn(txn).await })?;
+        let resp = self.call(deadline, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })?;
         if !resp.succeeded() {
             for op in resp.op_responses() {
                 if let TxnOpResponse::Get(g) = op {
@@ -1185,6 +1289,12 @@ impl Coordinator for Etcd {
             }
         }
         Ok(engine.claim(s, uid, now))
+    }
+
+    fn catch_up(&self) {
+        if let Err(r) = self.sync(Instant::now() + CALL_TIMEOUT) {
+            tracing::debug!("not caught up: {}", r.message);
+        }
     }
 
     fn describe(&self) -> Option<serde_json::Value> {

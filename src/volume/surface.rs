@@ -221,6 +221,7 @@ impl Surface {
                 w => VHandle::SeenEvents(LogView::new(w)),
             },
             STATUS => {
+                vol.coord.catch_up();
                 let mut sight = Sight::new(who(caller));
                 VHandle::Text(json_line(&seen_status(vol, &mut sight, None)))
             }
@@ -235,6 +236,7 @@ impl Surface {
                 })))
             }
             INBOX => {
+                vol.coord.catch_up();
                 let mut sight = Sight::new(who(caller));
                 let inbox = vol.engine.inbox(&vol.session(caller));
                 VHandle::Text(json_line(&seen_records(vol, &mut sight, inbox)))
@@ -471,7 +473,7 @@ impl Surface {
         }
         if verb == Verb::Status {
             // Best effort: a host cut off answers with what it has (and says so).
-            let _ = vol.coord.step(&[], StepKind::Commit, &mut || true);
+            vol.coord.catch_up();
             return self.serve_verb(vol, s, sight, req);
         }
         let names: Vec<(String, bool)> = req.paths().iter().map(|p| (p.clone(), false)).collect();
