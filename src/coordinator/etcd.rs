@@ -424,8 +424,6 @@ impl Etcd {
             l.connected = true;
             l.error = None;
             l.lease = lease;
-            l.generation += 1;
-            l.down_since = None;
         }
         let mut renew = tokio::time::interval(self.spec.ttl / 4);
         let mut sent = granted_at;
@@ -697,6 +695,8 @@ impl Etcd {
         if first {
             let mut l = self.link.lock();
             l.caught_up = true;
+            l.generation += 1;
+            l.down_since = None;
             l.confirmed_until = Some(sent + self.spec.ttl - self.margin());
         }
         self.changed.notify_all();
