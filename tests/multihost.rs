@@ -22,16 +22,34 @@ struct Host {
     backing: PathBuf,
     log: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
 impl Host {
     fn start(base: &Path, backing: &Path, name: &str, url: &str, ttl: &str) -> Host {
+        Host::start_env(base, backing, name, url, ttl, &[])
+    }
+
+    /// `env`: extra environment of the daemon (e.g. `COHERENT_APPLY_DELAY_MS`, a host
+    /// that takes in the others' changes late).
+    fn start_env(
+        base: &Path,
+        backing: &Path,
+        name: &str,
+        url: &str,
+        ttl: &str,
+        env: &[(&str, &str)],
+    ) -> Host {
         let mnt = base.join(format!("mnt-{name}"));
         let state = base.join(format!("state-{name}"));
         for d in [&mnt, &state] {
             std::fs::create_dir_all(d).unwrap();
         }
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let args = vec![
             "--coordinator".to_string(),
             url.to_string(),
@@ -47,6 +65,7 @@ impl Host {
             state,
             backing: backing.to_path_buf(),
             args,
+            env,
             child: None,
         };
         h.spawn();
@@ -59,7 +78,8 @@ impl Host {
             .arg(&self.mnt)
             .arg("--state-dir")
             .arg(&self.state)
-            .args(&self.args);
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         self.child = Some(spawn_mounted(cmd, &self.mnt, &self.log));
     }
 
@@ -108,6 +128,11 @@ struct Pair {
 
 impl Pair {
     fn new(members: usize, ttl: &str) -> Pair {
+        Pair::with_b_env(members, ttl, &[])
+    }
+
+    /// Host B started with extra environment.
+    fn with_b_env(members: usize, ttl: &str, b_env: &[(&str, &str)]) -> Pair {
         let etcd = Etcd::start(members);
         let dir = tempfile::Builder::new()
             .prefix("coherent-mh-")
@@ -120,7 +145,7 @@ impl Pair {
             std::fs::write(backing.join(f), format!("{f}\n")).unwrap();
         }
         let a = Host::start(&base, &backing, "A", etcd.url(), ttl);
-        let b = Host::start(&base, &backing, "B", etcd.url(), ttl);
+        let b = Host::start_env(&base, &backing, "B", etcd.url(), ttl, b_env);
         Pair {
             a,
             b,
@@ -154,7 +179,8 @@ fn hand_on(h: &Host, path: &str) -> Value {
 
 #[test]
 fn a_transfer_on_one_host_fences_the_giver_on_the_other_before_it_returns() {
-    let p = Pair::new(1, "5s");
+    // B takes in every change 300 ms late: the transfer must wait for it.
+    let p = Pair::with_b_env(1, "5s", &[("COHERENT_APPLY_DELAY_MS", "300")]);
     touch_session(&p.b, "bob");
     hand_on(&p.a, "plan.md");
     // The very next write of the giver, on the other host: refused.
@@ -419,7 +445,8 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
         .unwrap_or_else(|| std::process::id() as u64);
     eprintln!("seed {seed} (COHERENT_SEED={seed} replays it)");
     let mut rng = Lcg(seed);
-    let p = Pair::new(1, "5s");
+    // B lags behind by 200 ms: each acknowledgement must wait for it.
+    let p = Pair::with_b_env(1, "5s", &[("COHERENT_APPLY_DELAY_MS", "200")]);
     let sessions = ["s0", "s1", "s2", "s3"];
     let files = ["plan.md", "notes.md", "other.md"];
     for (i, s) in sessions.iter().enumerate() {
@@ -474,6 +501,16 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
                     _ => {
                         assert_eq!(last.0, Some(0), "{ctx}: transfer {f} to {to}: {}", last.1);
                         fenced.insert(f, (who, to));
+                        // At once on the other host (the one that lags, when it is B).
+                        let other = if h.name == "A" { &p.b } else { &p.a };
+                        let r = write(other, Some(who), f);
+                        if !r.denied() {
+                            admitted_after_ack.push(format!(
+                                "{ctx}: right after the transfer, {who} wrote {f} on {}: {}",
+                                other.name,
+                                r.show()
+                            ));
+                        }
                     }
                 }
             }

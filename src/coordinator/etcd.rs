@@ -194,6 +194,9 @@ pub struct Etcd {
     good: std::sync::atomic::AtomicUsize,
     /// A call failed: drop the connection and find a member that answers.
     relink: tokio::sync::Notify,
+    /// Test hook (`COHERENT_APPLY_DELAY_MS`): this host takes in each watch batch this
+    /// much later, as a slow or distant host would (the acknowledgement must wait for it).
+    apply_delay: Duration,
     /// The lease the `e/` keys live under (renewed by replacing it).
     events_lease: Mutex<Option<(i64, Instant)>>,
     stop: AtomicBool,
@@ -300,6 +303,12 @@ impl Etcd {
             good: std::sync::atomic::AtomicUsize::new(0),
             relink: tokio::sync::Notify::new(),
             events_lease: Mutex::new(None),
+            apply_delay: Duration::from_millis(
+                std::env::var("COHERENT_APPLY_DELAY_MS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            ),
             stop: AtomicBool::new(false),
             stopped: tokio::sync::Notify::new(),
         });
@@ -439,6 +448,9 @@ impl Etcd {
                             self.link.lock().applied = 0;
                         }
                         return Err(format!("watch canceled: {}", resp.cancel_reason()));
+                    }
+                    if !self.apply_delay.is_zero() {
+                        tokio::time::sleep(self.apply_delay).await;
                     }
                     self.apply(&resp, &mut client, lease, reg, sent).await?;
                 }

@@ -478,12 +478,25 @@ impl Surface {
         }
         let names: Vec<(String, bool)> = req.paths().iter().map(|p| (p.clone(), false)).collect();
         let mut out = None;
-        let stepped = vol.coord.step(&names, StepKind::Verb, &mut || {
-            let r = self.serve_verb(vol, s, sight, req);
-            let ok = r.is_ok();
-            out = Some(r);
-            ok
-        })?;
+        let mut waited = false;
+        let stepped = loop {
+            let stepped = vol.coord.step(&names, StepKind::Verb, &mut || {
+                let r = self.serve_verb(vol, s, sight, req);
+                let ok = r.is_ok();
+                out = Some(r);
+                ok
+            })?;
+            // A transfer in the way of write handles being released: wait for them
+            // (outside the step, which their release needs), then once more.
+            match (&out, req) {
+                (Some(Err(f)), Request::Transfer { paths, .. })
+                    if !waited && in_flight(f) && vol.wait_for_releases(s, paths) =>
+                {
+                    waited = true;
+                }
+                _ => break stepped,
+            }
+        };
         if stepped.in_flight.is_empty() {
             return out.expect("the step ran the verb");
         }
@@ -551,8 +564,11 @@ impl Surface {
                 observe_paths(vol, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
                 let r = match vol.engine.transfer(s, paths, to, note.clone(), now) {
+                    // With a coordinator the wait happens outside the step (a release
+                    // of a shared path is a step too): see `serve_agreed`.
                     Err(f)
-                        if matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
+                        if in_flight(&f)
+                            && vol.coord.host().is_none()
                             && vol.wait_for_releases(s, paths) =>
                     {
                         let now = Timestamp::now();
@@ -611,6 +627,12 @@ impl Surface {
             Request::Wait { .. } => unreachable!("served by `write`, which may leave it waiting"),
         })
     }
+}
+
+/// A transfer refused for a write handle still open (or a file its creating handle has
+/// not committed yet): worth waiting for imminent releases.
+fn in_flight(f: &Refusal) -> bool {
+    matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
 }
 
 /// A transfer hands on tracked paths only (§3): each untracked one is refused
