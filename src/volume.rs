@@ -890,6 +890,11 @@ impl Hooks for Volume {
             (None, None) => decide(),
             (None, Some(names)) => self.admit(&who, &names, w, decide),
         };
+        if let Err((s, r)) = &decided {
+            if let (Reason::CoordinatorUnavailable, Some(p)) = (r.reason, r.path.as_deref()) {
+                self.engine.denied(s, p, r.reason, w.route(), now);
+            }
+        }
         match decided {
             Ok(permit) => {
                 if let Some(a) = permit.acquired.filter(|a| a.stale) {
@@ -951,6 +956,11 @@ impl Hooks for Volume {
         let now = Timestamp::now();
         if !open_writes(open.flags) {
             if let Some(p) = rel(open.path).filter(|p| self.is_tracked(p, false)) {
+                // A handed file is read at the version the hosts agree on (its view then
+                // lets this session hand it on); any other read never waits on etcd.
+                if self.coord.shared(&self.engine, p) {
+                    self.coord.catch_up();
+                }
                 let s = self.session(caller);
                 let before = self.engine.last_seq();
                 self.engine.observe(p, Some(stamp(&open.stamp)), now);

@@ -342,6 +342,10 @@ fn with_etcd_stopped_verbs_fail_fences_hold_and_bystanders_write() {
     // A write to the handed file is refused (it could not be agreed), and why says so.
     let r = write(&p.b, Some("bob"), "plan.md");
     assert!(r.denied(), "successor while etcd is away: {}", r.show());
+    assert_eq!(
+        denied_reason(&p.b, "bob", "plan.md").as_deref(),
+        Some("coordinator_unavailable")
+    );
     assert!(
         why(&p.b, Some("bob")).contains("cannot be reached"),
         "{}",
@@ -376,6 +380,10 @@ fn a_host_that_lost_its_lease_refuses_agent_writes_until_it_is_back() {
         write(&p.a, Some("carol"), "other.md").denied()
     });
     assert!(refused, "carol kept writing with no lease:\n{}", p.a.log());
+    assert_eq!(
+        denied_reason(&p.a, "carol", "other.md").as_deref(),
+        Some("coordinator_unavailable")
+    );
     assert!(
         why(&p.a, Some("carol")).contains("lost its lease"),
         "{}",
@@ -471,7 +479,13 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
                         }
                     }
                     _ => {
-                        assert!(r.ok(), "{ctx}: write {f} refused: {}", r.show());
+                        assert!(
+                            r.ok(),
+                            "{ctx}: write {f} refused: {}; why: {}; model: {fenced:?}\n{}",
+                            r.show(),
+                            why(h, Some(who)),
+                            h.log()
+                        );
                         // A commit by anyone but the giver moves the version: fence ends.
                         fenced.remove(f);
                     }

@@ -153,7 +153,7 @@ impl<'a> Write<'a> {
     }
 
     /// The route named in a `denied` event for the main path.
-    fn route(&self) -> Route {
+    pub fn route(&self) -> Route {
         match self {
             Write::Open(_) => Route::OpenWrite,
             Write::Setattr(_) => Route::Setattr,

@@ -195,6 +195,25 @@ impl Engine {
         true
     }
 
+    /// Logs a write refused outside the engine's decision (the coordinator could not
+    /// agree it, or this host lost its lease): `denied` with `reason`.
+    pub fn denied(
+        &self,
+        s: &SessionInfo,
+        path: &str,
+        reason: Reason,
+        route: Route,
+        now: Timestamp,
+    ) {
+        let mut sh = self.lock_one(path);
+        let e = entry_mut(&mut sh, path);
+        let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
+        ev.reason = Some(reason);
+        ev.route = Some(route);
+        ev.version = (e.version > 0).then_some(e.version);
+        self.emit(e, ev);
+    }
+
     /// Coordinated mode: record ids from here on are at least `floor` (the coordinator
     /// raises it past every revision it has seen, so two hosts never give one path two
     /// records with one id).

@@ -434,11 +434,25 @@ impl Etcd {
             l.error = None;
             l.lease = lease;
         }
+        // The stream is read as it comes (each response with the time it arrived), so a
+        // lagging applier (the test hook) is late by its delay, never slower.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            loop {
+                let m = watch.message().await;
+                let end = !matches!(m, Ok(Some(_)));
+                if tx.send((Instant::now(), m)).is_err() || end {
+                    return;
+                }
+            }
+        });
+        let _stop_reader = AbortOnDrop(reader);
         let mut renew = tokio::time::interval(self.spec.ttl / 4);
         let mut sent = granted_at;
         loop {
             tokio::select! {
-                msg = watch.message() => {
+                got = rx.recv() => {
+                    let (at, msg) = got.ok_or_else(|| "watch ended".to_string())?;
                     let resp = msg
                         .map_err(|e| format!("watch: {}", short(&e)))?
                         .ok_or_else(|| "watch ended".to_string())?;
@@ -450,7 +464,7 @@ impl Etcd {
                         return Err(format!("watch canceled: {}", resp.cancel_reason()));
                     }
                     if !self.apply_delay.is_zero() {
-                        tokio::time::sleep(self.apply_delay).await;
+                        tokio::time::sleep_until((at + self.apply_delay).into()).await;
                     }
                     self.apply(&resp, &mut client, lease, reg, sent).await?;
                 }
@@ -1089,6 +1103,15 @@ impl Etcd {
                 }
             }
         }
+    }
+}
+
+/// Ends a runtime task when dropped (the watch reader of a link that ended).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

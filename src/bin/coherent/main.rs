@@ -821,10 +821,50 @@ fn status_lines(reply: &Reply) -> Vec<String> {
         out.push(format!("counts: {}", parts.join(" ")));
         shown = true;
     }
+    if let Some(c) = obj.get("coordinator").and_then(Value::as_object) {
+        out.push(describe_coordinator(c));
+    }
     if !shown {
         out.push(status.to_string());
     }
     out
+}
+
+/// One line on the coordinator of a multi-host volume: this host, whether it is in
+/// touch and confirmed, and the live hosts.
+fn describe_coordinator(c: &serde_json::Map<String, Value>) -> String {
+    let s = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("?");
+    let yes = |k: &str| c.get(k).and_then(Value::as_bool) == Some(true);
+    let hosts: Vec<&str> = c
+        .get("hosts")
+        .and_then(Value::as_array)
+        .map(|h| h.iter().filter_map(|x| x["host"].as_str()).collect())
+        .unwrap_or_default();
+    let state = match (yes("connected"), yes("confirmed")) {
+        (true, true) => "connected".to_string(),
+        (false, true) => format!("cannot reach etcd ({}); fences hold", s("error")),
+        _ => format!(
+            "cannot reach etcd ({}); lease not confirmed, agent writes refused",
+            s("error")
+        ),
+    };
+    format!(
+        "coordinator: etcd {} as host {}: {state}; live hosts: {}",
+        c.get("endpoints")
+            .and_then(Value::as_array)
+            .map(|e| e
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(","))
+            .unwrap_or_default(),
+        s("host"),
+        if hosts.is_empty() {
+            "none".into()
+        } else {
+            hosts.join(", ")
+        }
+    )
 }
 
 // ---- watch ------------------------------------------------------------------------------
