@@ -222,15 +222,9 @@ fn register_registers_only_the_callers_own_session() {
     let (errno, v) = u_ctl(&u2, &m, Some(&alice), "register");
     assert_eq!(errno, libc::EACCES, "{v}");
     assert!(refused(&v, "session_not_yours"), "{v}");
-    let st = status(&m);
-    let names: Vec<&str> = st["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s["name"].as_str())
-        .collect();
-    assert!(names.contains(&alice.as_str()), "{names:?}");
-    assert!(!names.contains(&zed.as_str()), "{names:?}");
+    let names = session_names(&m);
+    assert!(names.contains(&alice), "{names:?}");
+    assert!(!names.contains(&zed), "{names:?}");
 }
 
 // ---- verbs need the caller's own permission ---------------------------------------------

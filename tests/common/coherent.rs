@@ -202,6 +202,16 @@ pub fn status(m: &impl Root) -> Value {
     serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("status not JSON ({e}): {s:?}"))
 }
 
+/// The names of the known sessions in `.coherent/status`.
+pub fn session_names(m: &impl Root) -> Vec<String> {
+    status(m)["sessions"]
+        .as_array()
+        .expect("status has sessions")
+        .iter()
+        .filter_map(|s| s["name"].as_str().map(str::to_string))
+        .collect()
+}
+
 /// Every record (live and ended) of `path` in `.coherent/status`, oldest first.
 pub fn records(m: &impl Root, path: &str) -> Vec<Value> {
     let st = status(m);
