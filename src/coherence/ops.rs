@@ -144,9 +144,7 @@ impl Engine {
         }
         let text = deny_text(path, &r.successor, r.version_at_transfer);
         let status = r.status;
-        let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
-        ev.reason = Some(Reason::Fenced);
-        ev.route = Some(route);
+        let mut ev = Event::denied(Reason::Fenced, route, now, path, s);
         ev.record = Some(r.id);
         ev.successor = Some(r.successor.name.clone());
         ev.version = Some(e.version);
@@ -225,9 +223,7 @@ impl Engine {
                     self.emit(e, ev);
                 }
                 StaleMode::Strict => {
-                    let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
-                    ev.reason = Some(Reason::StaleView);
-                    ev.route = Some(Route::OpenWrite);
+                    let mut ev = Event::denied(Reason::StaleView, Route::OpenWrite, now, path, s);
                     ev.view = view;
                     ev.version = Some(version);
                     self.emit(e, ev);

@@ -419,9 +419,7 @@ impl Engine {
         let Some(r) = e.live() else { return Ok(()) };
         let status = r.status;
         let record = r.id;
-        let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
-        ev.reason = Some(Reason::Unresolved);
-        ev.route = Some(route);
+        let mut ev = Event::denied(Reason::Unresolved, route, now, path, s);
         ev.record = Some(record);
         ev.version = Some(e.version);
         self.emit(e, ev);

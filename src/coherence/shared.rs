@@ -207,9 +207,7 @@ impl Engine {
     ) {
         let mut sh = self.lock_one(path);
         let e = entry_mut(&mut sh, path);
-        let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
-        ev.reason = Some(reason);
-        ev.route = Some(route);
+        let mut ev = Event::denied(reason, route, now, path, s);
         ev.version = (e.version > 0).then_some(e.version);
         self.emit(e, ev);
     }

@@ -205,6 +205,21 @@ pub struct Event {
 }
 
 impl Event {
+    /// A `denied` event: `s`'s write to `path` by `route` refused for `reason` (the
+    /// caller adds the record, version, ... it knows).
+    pub fn denied(
+        reason: Reason,
+        route: Route,
+        now: Timestamp,
+        path: &str,
+        s: &SessionInfo,
+    ) -> Self {
+        let mut ev = Event::new(EventKind::Denied, now, Some(path), Some(s));
+        ev.reason = Some(reason);
+        ev.route = Some(route);
+        ev
+    }
+
     /// An event with its header filled and every field empty; `seq` is set by the sink.
     pub fn new(
         event: EventKind,
