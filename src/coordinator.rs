@@ -54,7 +54,7 @@ pub trait Coordinator: Send + Sync {
     /// directory) as one agreed step of `kind`.
     fn step(
         &self,
-        paths: &[(String, bool)],
+        paths: &[(&str, bool)],
         kind: StepKind,
         op: &mut dyn FnMut() -> bool,
     ) -> Result<Stepped, Refusal>;
@@ -95,7 +95,7 @@ impl Coordinator for Embedded {
 
     fn step(
         &self,
-        _paths: &[(String, bool)],
+        _paths: &[(&str, bool)],
         _kind: StepKind,
         op: &mut dyn FnMut() -> bool,
     ) -> Result<Stepped, Refusal> {

@@ -623,29 +623,27 @@ impl Volume {
 impl Volume {
     /// The names of `w` when it needs the coordinator (a shared path, or a directory
     /// with shared paths under it); `None` on one host or when nothing is shared.
-    fn coordinated(&self, w: &Write<'_>) -> Option<Vec<(String, bool)>> {
+    fn coordinated<'a>(&self, w: &Write<'a>) -> Option<Vec<(&'a str, bool)>> {
         self.coord.host()?;
-        let names: Vec<(String, bool)> = w
-            .names()
-            .into_iter()
-            .map(|(p, dir)| (p.to_string(), dir))
-            .collect();
-        self.involve(names)
+        let names = w.names();
+        self.involves_shared(&names).then_some(names)
     }
 
-    fn involve(&self, names: Vec<(String, bool)>) -> Option<Vec<(String, bool)>> {
-        let shared = names.iter().any(|(p, dir)| {
-            self.coord.shared(&self.engine, p)
-                || (*dir && !self.engine.paths_with_records(p).is_empty())
-        });
-        shared.then_some(names)
+    /// Is a name shared, or a directory with shared paths under it? (One host: never,
+    /// at no cost.)
+    fn involves_shared(&self, names: &[(&str, bool)]) -> bool {
+        self.coord.host().is_some()
+            && names.iter().any(|(p, dir)| {
+                self.coord.shared(&self.engine, p)
+                    || (*dir && !self.engine.paths_with_records(p).is_empty())
+            })
     }
 
     /// Decides a write route touching shared paths as one agreed step.
     fn admit(
         &self,
         who: &Result<Session, Session>,
-        names: &[(String, bool)],
+        names: &[(&str, bool)],
         w: Write<'_>,
         decide: impl Fn() -> Result<Permit, (Session, Refusal)>,
     ) -> Result<Permit, (Session, Refusal)> {
@@ -676,13 +674,13 @@ impl Volume {
 
     /// Runs `f` (engine calls counting what a write route or handle did to `names`) as an
     /// agreed step when a name is shared.
-    fn counted(&self, names: Vec<(String, bool)>, f: impl Fn()) {
-        let Some(names) = self.coord.host().and_then(|_| self.involve(names)) else {
+    fn counted(&self, names: &[(&str, bool)], f: impl Fn()) {
+        if !self.involves_shared(names) {
             f();
             return;
-        };
+        }
         // A conflict undoes `f` and runs it again on the newer state.
-        let r = self.coord.step(&names, StepKind::Commit, &mut || {
+        let r = self.coord.step(names, StepKind::Commit, &mut || {
             f();
             true
         });
@@ -939,10 +937,11 @@ impl Hooks for Volume {
         }
         let Some(pm) = permit else { return };
         let now = Timestamp::now();
-        let mut names = vec![(pm.path.clone(), pm.is_dir)];
-        if let Some(t) = &pm.to {
-            names.push((t.clone(), pm.is_dir));
-        }
+        let names = [
+            (pm.path.as_str(), pm.is_dir),
+            (pm.to.as_deref().unwrap_or(""), pm.is_dir),
+        ];
+        let names = &names[..if pm.to.is_some() { 2 } else { 1 }];
         let failed = outcome.is_err();
         self.counted(names, || self.count_write(route, &pm, failed, now));
     }
@@ -1006,7 +1005,7 @@ impl Hooks for Volume {
             // No path: the file was removed while open; its changes have no name to count.
             let Some(p) = rel(h.path) else { return false };
             let now = Timestamp::now();
-            self.counted(vec![(p.to_string(), false)], || {
+            self.counted(&[(p, false)], || {
                 self.engine
                     .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
             });
@@ -1032,7 +1031,7 @@ impl Hooks for Volume {
         let now = Timestamp::now();
         let end = w.release(h.changed(), || {
             let Some(p) = rel(h.path) else { return false };
-            self.counted(vec![(p.to_string(), false)], || {
+            self.counted(&[(p, false)], || {
                 self.engine
                     .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
             });
@@ -1041,7 +1040,7 @@ impl Hooks for Volume {
         // On a shared path, also the hold's end is one step: a step undone meanwhile on
         // this host cannot put back a write handle that is gone.
         let close = |changed: bool| {
-            self.counted(vec![(w.path.clone(), false)], || {
+            self.counted(&[(w.path.as_str(), false)], || {
                 self.engine.close_write(&w.session, &w.path, changed, now);
             })
         };

@@ -464,10 +464,10 @@ impl Etcd {
     }
 
     /// `paths`, and for a directory every shared path under it.
-    fn expand(&self, paths: &[(String, bool)]) -> Vec<String> {
+    fn expand(&self, paths: &[(&str, bool)]) -> Vec<String> {
         let mut out = BTreeSet::new();
         for (p, dir) in paths {
-            out.insert(p.clone());
+            out.insert(p.to_string());
             if *dir {
                 out.extend(self.engine.paths_with_records(p));
                 let pre = format!("{p}/");
@@ -654,7 +654,7 @@ impl Coordinator for Etcd {
 
     fn step(
         &self,
-        paths: &[(String, bool)],
+        paths: &[(&str, bool)],
         kind: StepKind,
         op: &mut dyn FnMut() -> bool,
     ) -> Result<Stepped, Refusal> {

@@ -476,7 +476,7 @@ impl Surface {
             vol.coord.catch_up();
             return self.serve_verb(vol, s, sight, req);
         }
-        let names: Vec<(String, bool)> = req.paths().iter().map(|p| (p.clone(), false)).collect();
+        let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
         let mut out = None;
         let mut waited = false;
         let stepped = loop {
