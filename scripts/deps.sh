@@ -3,17 +3,18 @@
 # Debian machine (run as root). Idempotent and quiet: does nothing slow when all is there.
 #   apt:   fuse3 (fusermount3), bindfs (the FUSE peer), fio, attr (getfattr/setfattr),
 #          rsync and git (the copy and tracking tests),
-#          acl + libacl1-dev (pjdfstest links libacl); gcc and python3 if missing;
+#          acl + libacl1-dev (pjdfstest links libacl); gcc, python3 and nodejs if missing;
 #          etcd-server + etcd-client (etcd and etcdctl: scripts/etcd.sh, the etcd coordinator's
 #          tests; if the package's own etcd service starts on port 2379 it is left alone,
-#          nothing of ours uses it), protobuf-compiler (protoc: the etcd-client crate's build)
+#          nothing of ours uses it), protobuf-compiler and libprotobuf-dev (protoc and the
+#          .proto files it imports: the etcd-client crate's build)
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
 #   user:  'tests' (pjdfstest switches to nobody and tests); coh-u1, coh-u2 and group
 #          coh-shared (the multi-user tests, scripts/test-users.sh)
 #   /dev/fuse (loads the fuse module if needed)
 set -euo pipefail
 
-APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git etcd-server etcd-client protobuf-compiler)
+APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git etcd-server etcd-client protobuf-compiler libprotobuf-dev)
 CARGO_CRATES=(pjdfstest@0.2.2 fsx@0.3.2)
 
 die() {
@@ -29,6 +30,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 missing=()
 command -v cc >/dev/null || missing+=(gcc libc6-dev)
 command -v python3 >/dev/null || missing+=(python3) # bench.sh's tree generator
+command -v node >/dev/null || missing+=(nodejs)     # a fenced node process (tests/cli.rs)
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
