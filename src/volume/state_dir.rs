@@ -1,5 +1,6 @@
 //! The default state directory (DESIGN.md §9): `$XDG_STATE_HOME/coherent/<id>`, else
-//! `~/.local/state/coherent/<id>`, one folder per backing directory.
+//! `~/.local/state/coherent/<id>`, else for root `/var/lib/coherent/<id>`, one folder per
+//! backing directory.
 //!
 //! `<id>` is the backing directory's base name (for a human browsing the folder) and 16
 //! hex digits of a hash of its canonical path (two workspaces named `app` never share
@@ -47,11 +48,20 @@ pub fn state_root(xdg_state_home: Option<&str>, home: Option<&str>) -> Option<Pa
     Some(Path::new(home).join(".local/state/coherent"))
 }
 
+/// Where root keeps state when neither variable is set: mount(8) and systemd start a mount
+/// helper with a bare environment.
+pub const SYSTEM_STATE_ROOT: &str = "/var/lib/coherent";
+
 /// The default state directory of the backing directory `backing` (canonical).
 pub fn default_state_dir(backing: &Path) -> Option<PathBuf> {
     let xdg = std::env::var("XDG_STATE_HOME").ok();
     let home = std::env::var("HOME").ok();
-    Some(state_root(xdg.as_deref(), home.as_deref())?.join(state_id(backing)))
+    let root = state_root(xdg.as_deref(), home.as_deref()).or_else(|| {
+        nix::unistd::geteuid()
+            .is_root()
+            .then(|| PathBuf::from(SYSTEM_STATE_ROOT))
+    })?;
+    Some(root.join(state_id(backing)))
 }
 
 #[cfg(test)]

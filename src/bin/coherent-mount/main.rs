@@ -1,14 +1,17 @@
-//! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (DESIGN.md §9).
+//! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (DESIGN.md §9); also the
+//! mount helper `mount.fuse.coherent-mount` (fstab, `mount -t fuse.coherent-mount`).
 
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+mod daemon;
+mod mount_opts;
+
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use coherent::coherence;
 use coherent::coordinator::etcd;
 use coherent::fuse::{CoherentFs, FsOptions, Hooks, NoHooks};
@@ -39,9 +42,14 @@ struct Args {
     backing: PathBuf,
     /// Where to mount (omit to mount over BACKING in place).
     mountpoint: Option<PathBuf>,
-    /// Detach once the mount is ready (the parent exits 0 then).
+    /// Detach once the mount is usable (the parent exits 0 then); the log then goes to
+    /// --log-file. Implied when run as the mount helper (mount.fuse.coherent-mount).
     #[arg(long)]
     daemon: bool,
+    /// Write the log to this file (appended, mode 0600) once the mount is usable. Default
+    /// with --daemon: coherent-mount.log in the state directory.
+    #[arg(long, value_name = "PATH")]
+    log_file: Option<PathBuf>,
     /// Request threads (each with its own /dev/fuse clone). Default: the number of cores,
     /// at least 2 and at most 8 (more threads than cores only add CPU per request).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -54,9 +62,10 @@ struct Args {
     /// Serve file data through the daemon instead of FUSE passthrough.
     #[arg(long)]
     no_passthrough: bool,
-    /// FUSE mount options, comma-separated (allow_other, default_permissions, ro, ...).
-    /// Run as root, the volume is mounted with allow_other,default_permissions unless
-    /// --private.
+    /// Mount options, comma-separated: FUSE options (allow_other, default_permissions, ro,
+    /// ...), and every flag here as an option (state_dir=DIR, no_passthrough, ...);
+    /// fstab's own (defaults, _netdev, nofail, x-systemd.*) are ignored. Run as root, the
+    /// volume is mounted with allow_other,default_permissions unless --private.
     #[arg(short = 'o', value_name = "OPT[,OPT]")]
     options: Vec<String>,
     /// Only the mounting user may enter the volume (no allow_other,default_permissions).
@@ -233,6 +242,8 @@ struct Plan {
     backing: PathBuf,
     mountpoint: PathBuf,
     in_place: bool,
+    /// None with --no-coherence.
+    state_dir: Option<PathBuf>,
 }
 
 fn validate(args: &Args) -> Result<Plan, Fail> {
@@ -274,45 +285,19 @@ fn validate(args: &Args) -> Result<Plan, Fail> {
         }
     }
     check_dev_fuse()?;
+    let state_dir = match &args.state_dir {
+        _ if args.no_coherence => None,
+        Some(d) => Some(d.clone()),
+        None => Some(default_state_dir(&backing).ok_or_else(|| {
+            Fail("no state directory: set --state-dir, XDG_STATE_HOME or HOME".into())
+        })?),
+    };
     Ok(Plan {
         backing,
         mountpoint,
         in_place,
+        state_dir,
     })
-}
-
-/// Fork; the parent waits until the child reports the mount ready (exit 0) or fails.
-/// Returns the write end of the readiness pipe in the child.
-fn daemonize() -> Result<OwnedFd, Fail> {
-    let (r, w) = nix::unistd::pipe().map_err(|e| Fail(format!("pipe: {e}")))?;
-    match unsafe { nix::unistd::fork() } {
-        Err(e) => fail(format!("fork: {e}")),
-        Ok(nix::unistd::ForkResult::Parent { .. }) => {
-            drop(w);
-            let mut f = std::fs::File::from(r);
-            let mut b = [0u8; 1];
-            let ok = matches!(f.read(&mut b), Ok(1) if b[0] == b'R');
-            std::process::exit(if ok { 0 } else { 1 });
-        }
-        Ok(nix::unistd::ForkResult::Child) => {
-            drop(r);
-            let _ = nix::unistd::setsid();
-            Ok(w)
-        }
-    }
-}
-
-/// Detach stdio (after readiness, so errors before it still reach the terminal).
-fn detach_stdio() {
-    if let Ok(null) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/null")
-    {
-        for fd in 0..3 {
-            unsafe { libc::dup2(null.as_raw_fd(), fd) };
-        }
-    }
 }
 
 /// The FUSE connection id (the minor device number) of the topmost mount at `p`, from
@@ -347,15 +332,9 @@ type Layer = (Arc<dyn Hooks>, Option<Arc<Volume>>);
 /// volume with the hidden `--no-coherence`). Opens (and locks) the state directory, so a
 /// state directory in use fails here, before anything is mounted.
 fn make_hooks(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
-    if args.no_coherence {
+    let Some(state_dir) = plan.state_dir.clone() else {
         tracing::info!("--no-coherence: a plain passthrough volume");
         return Ok((Arc::new(NoHooks), None));
-    }
-    let state_dir = match &args.state_dir {
-        Some(d) => d.clone(),
-        None => default_state_dir(&plan.backing).ok_or_else(|| {
-            Fail("no state directory: set --state-dir, XDG_STATE_HOME or HOME".into())
-        })?,
     };
     let limit = raise_nofile_limit();
     tracing::debug!("open file limit: {limit}");
@@ -407,12 +386,15 @@ fn run(args: Args) -> Result<(), Fail> {
     })?;
     if plan.in_place {
         // Before the mount: these processes keep the directory underneath.
-        for p in coherent::bypass::processes_inside(&plan.backing, std::process::id()) {
+        let inside = daemon::with_progress("looking for processes inside the directory", || {
+            coherent::bypass::processes_inside(&plan.backing, std::process::id())
+        });
+        for p in inside {
             tracing::warn!("in-place mount: {p}");
         }
     }
     let ready = if args.daemon {
-        Some(daemonize()?)
+        Some(daemon::daemonize()?)
     } else {
         None
     };
@@ -428,7 +410,8 @@ fn run(args: Args) -> Result<(), Fail> {
     sigs.thread_block()
         .map_err(|e| Fail(format!("sigmask: {e}")))?;
 
-    let (hooks, volume) = make_hooks(&args, &plan, &root)?;
+    let (hooks, volume) =
+        daemon::with_progress("loading the state", || make_hooks(&args, &plan, &root))?;
     let mut fs_opts = FsOptions::for_mount(plan.in_place);
     fs_opts.passthrough = !args.no_passthrough;
     if let Some(ttl) = args.cache_ttl {
@@ -444,8 +427,10 @@ fn run(args: Args) -> Result<(), Fail> {
             "read at each opendir"
         }
     );
-    let fs = CoherentFs::new(root, hooks, fs_opts)
-        .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
+    let fs = daemon::with_progress("opening the backing directory", || {
+        CoherentFs::new(root, hooks, fs_opts)
+    })
+    .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
 
     let as_root = nix::unistd::geteuid().is_root();
     let (mut mopts, acl) = mount_options(&args.options, as_root, args.private)?;
@@ -484,7 +469,7 @@ fn run(args: Args) -> Result<(), Fail> {
     })?;
     let mut unmounter = session.unmount_callable();
     let conn = connection_of(&plan.mountpoint);
-    tracing::info!(mountpoint = %plan.mountpoint.display(), "mounted and ready");
+    tracing::info!(mountpoint = %plan.mountpoint.display(), "mounted");
 
     let mountpoint = plan.mountpoint.clone();
     std::thread::Builder::new()
@@ -517,12 +502,20 @@ fn run(args: Args) -> Result<(), Fail> {
         })
         .map_err(|e| Fail(format!("thread: {e}")))?;
 
-    if let Some(w) = ready {
-        let mut f = std::fs::File::from(w);
-        let _ = f.write_all(b"R");
-        drop(f);
-        detach_stdio();
+    let log_file = match (&args.log_file, args.daemon, &plan.state_dir) {
+        (Some(f), _, _) => Some(f.clone()),
+        (None, true, Some(d)) => Some(d.join("coherent-mount.log")),
+        _ => None,
+    };
+    daemon::Readiness {
+        probe: match volume {
+            Some(_) => plan.mountpoint.join(".coherent"),
+            None => plan.mountpoint.clone(),
+        },
+        parent: ready,
+        log_file,
     }
+    .spawn()?;
     let r = session.run();
     if let Some(v) = volume {
         v.shutdown();
@@ -536,16 +529,60 @@ fn run(args: Args) -> Result<(), Fail> {
     }
 }
 
+/// The arguments, with `-o` expanded and the mount-helper convention read; `Ok(None)`:
+/// nothing to mount (`--man`, or mount(8)'s `-f` after every check passed).
+fn parse_args() -> Result<Option<Args>, Fail> {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "--man") {
+        // For packaging: the manual page as roff.
+        clap_mangen::Man::new(Args::command())
+            .render(&mut std::io::stdout())
+            .map_err(|e| Fail(format!("cannot write the man page: {e}")))?;
+        return Ok(None);
+    }
+    let inv = mount_opts::rewrite::<Args>(argv).map_err(Fail)?;
+    let matches = Args::command()
+        .try_get_matches_from(&inv.args)
+        .unwrap_or_else(|e| e.exit());
+    let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // mount(8) waits for its helper: detach once usable.
+    args.daemon |= inv.helper;
+    if inv.fake {
+        validate(&args)?;
+        mount_options(
+            &args.options,
+            nix::unistd::geteuid().is_root(),
+            args.private,
+        )?;
+        return Ok(None);
+    }
+    Ok(Some(args))
+}
+
 fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(Some(args)) => args,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(Fail(msg)) => {
+            eprintln!("coherent-mount: {msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.daemon || args.log_file.is_some() {
+        daemon::Sink::keep_early();
+    }
+    // Colour only for a terminal that keeps the log.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && !args.daemon
+        && args.log_file.is_none();
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(daemon::Sink)
+        .with_ansi(ansi)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let args = Args::parse();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail(msg)) => {

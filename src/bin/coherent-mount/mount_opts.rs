@@ -1,0 +1,349 @@
+//! `-o` options and the mount-helper calling convention.
+//!
+//! `-o` takes three kinds of options, comma-separated (`\,` keeps a comma in a value):
+//! the FUSE/kernel options ([`FUSE_OPTIONS`]), the options fstab and mount(8) add for
+//! their own use (ignored: [`ignored`]), and every long flag of the command line spelled
+//! as an option (`state_dir=/x`, `no_passthrough`: the `mount.fuse3` convention), so an
+//! fstab line can say everything the command line can. Anything else is refused, naming
+//! what is accepted, before anything is mounted.
+//!
+//! Run as `mount.fuse.coherent-mount` (the helper mount(8) looks for when asked for type
+//! `fuse.coherent-mount`), the program takes mount(8)'s arguments (`SOURCE DIR [-sfnv] [-o
+//! OPTS] [-t TYPE] [-N NS]`) and detaches once the mount is usable, as mount(8) expects.
+
+use std::ffi::OsString;
+
+use clap::CommandFactory;
+
+/// The options passed on to the kernel as FUSE mount options (or read by fuser).
+pub const FUSE_OPTIONS: &[&str] = &[
+    "allow_other",
+    "allow_root",
+    "default_permissions",
+    "auto_unmount",
+    "ro",
+    "rw",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "atime",
+    "noatime",
+    "sync",
+    "async",
+    "dirsync",
+    "fsname=",
+    "subtype=",
+];
+
+/// Options that belong to fstab, mount(8) or systemd, not to the filesystem.
+fn ignored(opt: &str) -> bool {
+    matches!(
+        opt,
+        "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "nouser"
+            | "users"
+            | "owner"
+            | "group"
+            | "nofail"
+            | "_netdev"
+            | "relatime"
+            | "norelatime"
+    ) || opt.starts_with("x-")
+        || opt.starts_with("comment=")
+}
+
+/// True when the program was started as a mount helper (`mount.fuse.coherent-mount`,
+/// or any `mount.*` name that links to it).
+pub fn is_helper(argv0: &OsString) -> bool {
+    std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("mount."))
+}
+
+/// How the command line must be read, after [`rewrite`].
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Invocation {
+    /// The arguments for clap: `-o` holds only FUSE options, flags given as options are
+    /// long flags again.
+    pub args: Vec<OsString>,
+    /// Started by mount(8): detach once usable.
+    pub helper: bool,
+    /// mount(8)'s `-f`: check everything, mount nothing.
+    pub fake: bool,
+}
+
+/// The long flags of `coherent-mount` as option names (`state-dir` → `state_dir`), and
+/// whether each takes a value. Read from the flag definitions, so every flag has its
+/// option.
+fn flag_options<C: CommandFactory>() -> Vec<(String, String, bool)> {
+    C::command()
+        .get_arguments()
+        .filter_map(|a| {
+            let long = a.get_long()?;
+            if matches!(long, "help" | "version") {
+                return None;
+            }
+            Some((
+                long.replace('-', "_"),
+                long.to_string(),
+                a.get_action().takes_values(),
+            ))
+        })
+        .collect()
+}
+
+/// Splits an option list at commas not preceded by a backslash.
+pub fn split_options(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(n) => cur.push(n),
+                None => cur.push('\\'),
+            },
+            ',' => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out.into_iter().filter(|o| !o.is_empty()).collect()
+}
+
+/// Reads `argv` (program name first): expands every `-o` list into long flags and FUSE
+/// options, drops what fstab and mount(8) add, and in helper mode takes mount(8)'s own
+/// arguments. An unknown option is an error that names the accepted ones.
+pub fn rewrite<C: CommandFactory>(argv: Vec<OsString>) -> Result<Invocation, String> {
+    let mut it = argv.into_iter();
+    let argv0 = it.next().unwrap_or_else(|| "coherent-mount".into());
+    let helper = is_helper(&argv0);
+    let flags = flag_options::<C>();
+    let mut inv = Invocation {
+        args: vec![argv0],
+        helper,
+        fake: false,
+    };
+    let mut fuse = Vec::new();
+    let mut sloppy = false;
+    let mut lists = Vec::new();
+    let mut rest = it.collect::<Vec<_>>().into_iter();
+    while let Some(a) = rest.next() {
+        let s = a.to_string_lossy().into_owned();
+        if s == "-o" {
+            let v = rest
+                .next()
+                .ok_or("-o needs a value (e.g. -o allow_other,state_dir=/var/lib/x)")?;
+            lists.push(v.to_string_lossy().into_owned());
+        } else if let Some(v) = s.strip_prefix("-o").filter(|v| !v.is_empty()) {
+            lists.push(v.to_string());
+        } else if helper && s.starts_with('-') && !s.starts_with("--") && s.len() > 1 {
+            // mount(8)'s helper flags, possibly bundled (-nv).
+            for f in s[1..].chars() {
+                match f {
+                    'n' | 'v' => {}
+                    's' => sloppy = true,
+                    'f' => inv.fake = true,
+                    't' => {
+                        let t = rest.next().ok_or("-t needs a type")?;
+                        let t = t.to_string_lossy();
+                        if !t.starts_with("fuse") {
+                            return Err(format!(
+                                "type {t} is not a FUSE type (use -t fuse.coherent-mount)"
+                            ));
+                        }
+                    }
+                    'N' => {
+                        return Err("mounting in another namespace (-N) is not supported: \
+                                    run mount inside that namespace (nsenter)"
+                            .into())
+                    }
+                    other => {
+                        return Err(format!("unknown mount helper flag -{other}"));
+                    }
+                }
+            }
+        } else {
+            inv.args.push(a);
+        }
+    }
+    for list in lists {
+        for opt in split_options(&list) {
+            let (name, value) = match opt.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None => (opt.clone(), None),
+            };
+            let norm = name.replace('-', "_");
+            if let Some((_, long, takes)) = flags.iter().find(|(o, _, _)| *o == norm) {
+                match (takes, value) {
+                    (true, Some(v)) => inv.args.push(format!("--{long}={v}").into()),
+                    (true, None) => {
+                        return Err(format!("option {name} needs a value ({name}=...)"))
+                    }
+                    (false, None) => inv.args.push(format!("--{long}").into()),
+                    (false, Some(_)) => {
+                        return Err(format!("option {name} takes no value (write just {name})"))
+                    }
+                }
+            } else if FUSE_OPTIONS
+                .iter()
+                .any(|f| *f == opt || (f.ends_with('=') && opt.starts_with(f)))
+            {
+                fuse.push(opt);
+            } else if ignored(&opt) {
+                continue;
+            } else if sloppy {
+                eprintln!("coherent-mount: ignoring unknown mount option {opt} (mount -s)");
+            } else {
+                let ours: Vec<&str> = flags.iter().map(|(o, _, _)| o.as_str()).collect();
+                return Err(format!(
+                    "unknown mount option {opt:?}: accepted are the FUSE options {} and \
+                     coherent-mount's own {} (see coherent-mount --help)",
+                    FUSE_OPTIONS.join(","),
+                    ours.join(",")
+                ));
+            }
+        }
+    }
+    if !fuse.is_empty() {
+        inv.args.push("-o".into());
+        inv.args.push(fuse.join(",").into());
+    }
+    Ok(inv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Demo {
+        backing: String,
+        #[arg(long)]
+        state_dir: Option<String>,
+        #[arg(long)]
+        no_passthrough: bool,
+        #[arg(long = "session-env")]
+        session_env: Vec<String>,
+        #[arg(short = 'o')]
+        options: Vec<String>,
+    }
+
+    fn run(args: &[&str]) -> Result<Invocation, String> {
+        rewrite::<Demo>(args.iter().map(OsString::from).collect())
+    }
+
+    fn strs(inv: &Invocation) -> Vec<String> {
+        inv.args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn flags_spelled_as_options_become_flags_and_the_rest_stays_fuse() {
+        let inv = run(&[
+            "coherent-mount",
+            "/b",
+            "-o",
+            "allow_other,state-dir=/s,no_passthrough,session_env=A",
+            "-oro,session_env=B",
+        ])
+        .unwrap();
+        assert_eq!(
+            strs(&inv),
+            [
+                "coherent-mount",
+                "/b",
+                "--state-dir=/s",
+                "--no-passthrough",
+                "--session-env=A",
+                "--session-env=B",
+                "-o",
+                "allow_other,ro"
+            ]
+        );
+        assert!(!inv.helper && !inv.fake);
+    }
+
+    #[test]
+    fn fstab_and_systemd_options_are_dropped() {
+        let inv = run(&[
+            "coherent-mount",
+            "/b",
+            "-o",
+            "defaults,_netdev,nofail,x-systemd.automount,noauto,comment=x",
+        ])
+        .unwrap();
+        assert_eq!(strs(&inv), ["coherent-mount", "/b"]);
+    }
+
+    #[test]
+    fn unknown_options_and_misused_values_are_refused_by_name() {
+        let e = run(&["coherent-mount", "/b", "-o", "rw,bogus=1"]).unwrap_err();
+        assert!(e.contains("unknown mount option \"bogus=1\""), "{e}");
+        assert!(e.contains("state_dir"), "{e}");
+        let e = run(&["coherent-mount", "/b", "-o", "state_dir"]).unwrap_err();
+        assert!(e.contains("needs a value"), "{e}");
+        let e = run(&["coherent-mount", "/b", "-o", "no_passthrough=1"]).unwrap_err();
+        assert!(e.contains("takes no value"), "{e}");
+        assert!(run(&["coherent-mount", "/b", "-o"]).is_err());
+    }
+
+    #[test]
+    fn escaped_commas_stay_in_a_value() {
+        assert_eq!(
+            split_options(r"a,state_dir=x\,y,,b"),
+            ["a", "state_dir=x,y", "b"]
+        );
+    }
+
+    #[test]
+    fn helper_mode_takes_mount_8_arguments() {
+        let inv = run(&[
+            "/sbin/mount.fuse.coherent-mount",
+            "/b",
+            "/m",
+            "-nv",
+            "-o",
+            "rw,state_dir=/s",
+            "-t",
+            "fuse.coherent-mount",
+        ])
+        .unwrap();
+        assert!(inv.helper && !inv.fake);
+        assert_eq!(
+            strs(&inv),
+            [
+                "/sbin/mount.fuse.coherent-mount",
+                "/b",
+                "/m",
+                "--state-dir=/s",
+                "-o",
+                "rw"
+            ]
+        );
+        assert!(
+            run(&["mount.fuse.coherent-mount", "/b", "/m", "-f"])
+                .unwrap()
+                .fake
+        );
+        // As mount(8) calls it: no -t, the type in the helper's name.
+        let sloppy = run(&["mount.fuse.cm2", "/b", "/m", "-s", "-o", "rw,zzz"]).unwrap();
+        assert_eq!(strs(&sloppy), ["mount.fuse.cm2", "/b", "/m", "-o", "rw"]);
+        assert!(run(&["mount.fuse.coherent-mount", "/b", "/m", "-t", "ext4"]).is_err());
+        assert!(run(&["mount.fuse.coherent-mount", "/b", "/m", "-N", "1"]).is_err());
+        // Outside helper mode short flags are clap's to judge.
+        assert_eq!(
+            strs(&run(&["coherent-mount", "-f"]).unwrap()),
+            ["coherent-mount", "-f"]
+        );
+    }
+}
