@@ -30,6 +30,6 @@ conf=0
 bash scripts/conformance.sh || conf=$?
 
 echo
-echo "cargo test: $passed passed, $failed failed"
 [ "$conf" -eq 0 ] || echo "conformance: FAILED (exit $conf)"
+echo "tests: $passed passed, $failed failed"
 [ "$status" -eq 0 ] && [ "$conf" -eq 0 ]
