@@ -10,9 +10,9 @@
 #   --refresh  build the cached root tarball again (else reused; rebuilt after 7 days)
 #   --keep     leave the room's directory behind (its path is printed) for a look
 #
-# The room: its own mount and pid namespaces; `/` is a mount point there (the room's
-# directory bound onto itself, then chroot), so mount tables read inside look like a
-# machine's; fresh /proc, the host's /sys and /dev (with /dev/fuse), a tmpfs /run; the
+# The room: its own mount and pid namespaces; `/` is the room's directory bound onto
+# itself and made the namespace's root (pivot_root), so mount tables read inside, and
+# namespaces entered from inside, look like a machine's; fresh /proc, the host's /sys and /dev (with /dev/fuse), a tmpfs /run; the
 # host's Rust toolchain read-only at /opt/rust with a fresh CARGO_HOME; the certificate
 # authorities the host trusts (the registries are reached through the host's network
 # setup) and its resolv.conf. When CMD ends, every process of the room ends with it.
@@ -156,7 +156,15 @@ unshare --mount --pid --fork --propagation private -- /bin/bash -euc '
     mount -t tmpfs -o mode=0755 tmpfs "$r/run"
     mount --bind "$sysroot" "$r/opt/rust"
     mount -o remount,bind,ro "$r/opt/rust"
-    exec chroot "$r" /usr/bin/env -i "$@" /etc/coherent-clean-room/run
+    # pivot_root, not chroot: the room is the root of its mount namespace, so a process
+    # that enters a mount namespace (nsenter --mount, setns) lands in the room too.
+    mkdir -p "$r/.old-root"
+    cd "$r"
+    pivot_root . .old-root
+    umount -l /.old-root
+    rmdir /.old-root
+    cd /
+    exec /usr/bin/env -i "$@" /etc/coherent-clean-room/run
 ' clean-room "$r" "$sysroot" "${envs[@]}"
 rc=$?
 set -e

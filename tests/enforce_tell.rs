@@ -91,7 +91,11 @@ fn a_stale_writer_under_warn_is_told_with_both_versions() {
         "{w:?}"
     );
     assert!(w.contains("(at "), "{w:?}");
-    assert_eq!(events_of(&m, "stale_write", "doc.md", Some("bob")).len(), 1);
+    // The why text is set at the open; the event reaches the log with its group commit.
+    assert_eq!(
+        await_events(&m, "stale_write", "doc.md", Some("bob"), 1).len(),
+        1
+    );
 }
 
 #[test]

@@ -136,6 +136,12 @@ fn mount_t_mounts_an_enforcing_volume_and_umount_stops_it() {
             log.display()
         )));
     assert!(o.status.success(), "mount -t failed: {o:?}");
+    // A mount helper is silent when all is well; its log is in the file.
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // mount(8) returned: the volume answers now (readiness).
     assert_eq!(mount_fstype(&m).as_deref(), Some("fuse"));
     assert!(m.join(".coherent/ctl").exists());

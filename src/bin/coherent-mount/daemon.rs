@@ -19,14 +19,22 @@ use super::{fail, Fail};
 /// Where the log goes: stderr (keeping the first lines when a log file will follow, so
 /// the file tells the whole start), then the log file.
 enum Dest {
-    Stderr { early: Option<Vec<u8>> },
+    /// `quiet`: only warnings and errors reach stderr (a mount helper speaks only when
+    /// something is wrong, like other mount helpers).
+    Stderr {
+        early: Option<Vec<u8>>,
+        quiet: bool,
+    },
     File(File),
 }
 
 /// Lines kept for the log file before it is opened, at most.
 const EARLY_MAX: usize = 1 << 20;
 
-static LOG: Mutex<Dest> = Mutex::new(Dest::Stderr { early: None });
+static LOG: Mutex<Dest> = Mutex::new(Dest::Stderr {
+    early: None,
+    quiet: false,
+});
 
 fn log() -> std::sync::MutexGuard<'static, Dest> {
     LOG.lock().unwrap_or_else(|e| e.into_inner())
@@ -37,10 +45,12 @@ fn log() -> std::sync::MutexGuard<'static, Dest> {
 pub struct Sink;
 
 impl Sink {
-    /// Keep what is logged until [`Sink::to_file`], to write it there first.
-    pub fn keep_early() {
+    /// Keep what is logged until [`Sink::to_file`], to write it there first; `quiet`:
+    /// meanwhile show only warnings and errors on stderr.
+    pub fn keep_early(quiet: bool) {
         *log() = Dest::Stderr {
             early: Some(Vec::new()),
+            quiet,
         };
     }
 
@@ -53,7 +63,10 @@ impl Sink {
             .mode(0o600)
             .open(path)?;
         let mut dest = log();
-        if let Dest::Stderr { early: Some(early) } = &*dest {
+        if let Dest::Stderr {
+            early: Some(early), ..
+        } = &*dest
+        {
             f.write_all(early)?;
         }
         *dest = Dest::File(f);
@@ -65,11 +78,13 @@ impl Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match &mut *log() {
             Dest::File(f) => f.write(buf),
-            Dest::Stderr { early } => {
+            Dest::Stderr { early, quiet } => {
                 if let Some(e) = early.as_mut().filter(|e| e.len() + buf.len() <= EARLY_MAX) {
                     e.extend_from_slice(buf);
                 }
-                std::io::stderr().write_all(buf)?;
+                if !*quiet || is_alarm(buf) {
+                    std::io::stderr().write_all(buf)?;
+                }
                 Ok(buf.len())
             }
         }
@@ -80,6 +95,12 @@ impl Write for Sink {
             Dest::Stderr { .. } => std::io::stderr().flush(),
         }
     }
+}
+
+/// A formatted line at WARN or ERROR level (the level is the word after the time stamp).
+fn is_alarm(line: &[u8]) -> bool {
+    let line = String::from_utf8_lossy(line);
+    matches!(line.split_whitespace().nth(1), Some("WARN" | "ERROR"))
 }
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Sink {

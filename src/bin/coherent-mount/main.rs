@@ -529,9 +529,10 @@ fn run(args: Args) -> Result<(), Fail> {
     }
 }
 
-/// The arguments, with `-o` expanded and the mount-helper convention read; `Ok(None)`:
-/// nothing to mount (`--man`, or mount(8)'s `-f` after every check passed).
-fn parse_args() -> Result<Option<Args>, Fail> {
+/// The arguments, with `-o` expanded and the mount-helper convention read, and whether
+/// it runs as mount(8)'s helper; `Ok(None)`: nothing to mount (`--man`, or mount(8)'s
+/// `-f` after every check passed).
+fn parse_args() -> Result<Option<(Args, bool)>, Fail> {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == "--man") {
         // For packaging: the manual page as roff.
@@ -556,12 +557,12 @@ fn parse_args() -> Result<Option<Args>, Fail> {
         )?;
         return Ok(None);
     }
-    Ok(Some(args))
+    Ok(Some((args, inv.helper)))
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(Some(args)) => args,
+    let (args, helper) = match parse_args() {
+        Ok(Some(parsed)) => parsed,
         Ok(None) => return ExitCode::SUCCESS,
         Err(Fail(msg)) => {
             eprintln!("coherent-mount: {msg}");
@@ -569,7 +570,7 @@ fn main() -> ExitCode {
         }
     };
     if args.daemon || args.log_file.is_some() {
-        daemon::Sink::keep_early();
+        daemon::Sink::keep_early(helper);
     }
     // Colour only for a terminal that keeps the log.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
