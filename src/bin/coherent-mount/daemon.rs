@@ -210,12 +210,17 @@ pub fn with_progress<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let start = Instant::now();
     let (done, wait) = channel::<()>();
     let label = what.to_string();
+    // The ticker logs where this thread logs.
+    let dispatch = tracing::dispatcher::get_default(|d| d.clone());
     let ticker = std::thread::Builder::new()
         .name("progress".into())
         .spawn(move || {
-            while let Err(RecvTimeoutError::Timeout) = wait.recv_timeout(Duration::from_secs(1)) {
-                tracing::info!("{label}: still at it ({} s)", start.elapsed().as_secs());
-            }
+            tracing::dispatcher::with_default(&dispatch, || {
+                while let Err(RecvTimeoutError::Timeout) = wait.recv_timeout(Duration::from_secs(1))
+                {
+                    tracing::info!("{label}: still at it ({} s)", start.elapsed().as_secs());
+                }
+            })
         });
     let r = f();
     drop(done);
@@ -227,4 +232,61 @@ pub fn with_progress<T>(what: &str, f: impl FnOnce() -> T) -> T {
         tracing::info!("{what}: done in {:.1} s", took.as_secs_f64());
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A writer into a shared buffer, for reading what was logged.
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn logged(f: impl FnOnce()) -> String {
+        let buf = Buf::default();
+        let out = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || out.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(sub, f);
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        text
+    }
+
+    #[test]
+    fn a_slow_step_says_so_every_second_and_a_quick_one_is_quiet() {
+        // The step itself is the slow thing under test: 2.3 s of work, ticks at 1 s and 2 s.
+        let text = logged(|| {
+            with_progress("loading the state", || {
+                std::thread::sleep(std::time::Duration::from_millis(2300))
+            })
+        });
+        // One tick a second; a loaded machine may wake the ticker late for the second.
+        let ticks = text.matches("loading the state: still at it").count();
+        assert!((1..=2).contains(&ticks), "{text}");
+        assert!(text.contains("loading the state: done in 2."), "{text}");
+        let text = logged(|| with_progress("quick", || ()));
+        assert!(text.is_empty(), "{text}");
+    }
+
+    #[test]
+    fn only_warnings_and_errors_are_alarms() {
+        assert!(is_alarm(b"2026-12-02T03:01:33.335246Z  WARN coherent: x\n"));
+        assert!(is_alarm(b"2026-12-02T03:01:33.335246Z ERROR coherent: x\n"));
+        assert!(!is_alarm(
+            b"2026-12-02T03:01:33.335246Z  INFO coherent: WARN x\n"
+        ));
+    }
 }
