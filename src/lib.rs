@@ -10,6 +10,7 @@ pub mod coherence;
 pub mod control;
 pub mod coordinator;
 pub mod error;
+pub mod fs;
 pub mod fuse;
 pub mod identity;
 pub mod journal;

@@ -48,7 +48,7 @@ mod surface;
 mod waits;
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,10 +62,10 @@ use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Wri
 use crate::coordinator::etcd::{Etcd, EtcdSpec};
 use crate::coordinator::{Coordinator, Embedded, StepKind};
 use crate::error::{Reason, Refusal};
-use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
+use crate::fs::{open_writes, HandleInfo, OpenInfo, Policy, WriteRoute};
 use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
-use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
+use crate::passthrough::{Caller, FsError, FsResult, Stamp};
 use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
 use crate::visibility::Sight;
 use handle::{End, WriteHandle};
@@ -167,7 +167,7 @@ fn stamp(s: &Stamp) -> coherence::Stamp {
     }
 }
 
-/// The coherent volume: [`Hooks`] for [`crate::fuse::CoherentFs`].
+/// The coherent volume: the [`Policy`] and the `.coherent/` backend of [`crate::fs::Fs`].
 pub struct Volume {
     engine: Arc<Engine>,
     journal: Arc<Journal>,
@@ -778,7 +778,7 @@ impl Volume {
     }
 }
 
-impl Hooks for Volume {
+impl Policy for Volume {
     fn before_write(
         &self,
         caller: &Caller,
@@ -1122,63 +1122,4 @@ impl Hooks for Volume {
     // listxattr: the default (nothing added). The computed `user.coherent.*` attributes
     // are readable by name but not listed, so copies (`cp -a`, `shutil.copy2`, `tar
     // --xattrs`, `rsync -X`) neither try to set them nor carry a stale version out.
-
-    fn virtual_root_name(&self) -> Option<OsString> {
-        Some(crate::control::CONTROL_DIR.into())
-    }
-
-    fn virtual_lookup(&self, _caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        self.surface.lookup(self, parent, name)
-    }
-
-    fn virtual_getattr(&self, _caller: &Caller, ino: u64) -> FsResult<Attr> {
-        self.surface.attr(self, ino)
-    }
-
-    fn virtual_readdir(&self, _caller: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
-        self.surface.readdir(ino)
-    }
-
-    fn virtual_open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
-        self.surface.open(self, caller, ino, flags)
-    }
-
-    fn virtual_read(
-        &self,
-        _caller: &Caller,
-        _ino: u64,
-        token: u64,
-        offset: u64,
-        size: u32,
-    ) -> FsResult<Vec<u8>> {
-        self.surface.read(self, token, offset, size)
-    }
-
-    fn virtual_read_deferred(
-        &self,
-        caller: &Caller,
-        _ino: u64,
-        token: u64,
-        offset: u64,
-        size: u32,
-        done: crate::fuse::ReadDone,
-    ) {
-        self.surface
-            .read_deferred(self, caller, token, offset, size, done)
-    }
-
-    fn virtual_write(
-        &self,
-        caller: &Caller,
-        _ino: u64,
-        token: u64,
-        _offset: u64,
-        data: &[u8],
-    ) -> FsResult<u32> {
-        self.surface.write(self, caller, token, data)
-    }
-
-    fn virtual_release(&self, _ino: u64, token: u64) {
-        self.surface.release(token)
-    }
 }

@@ -1,4 +1,4 @@
-//! The volume's policy driven through its `Hooks`, without a FUSE mount: the routes a
+//! The volume's policy driven through its `Policy`, without a FUSE mount: the routes a
 //! fenced giver is refused on (errno and `denied` event with its route), release vs
 //! reclaim, and the in-flight rule of a transfer. Callers are real child processes
 //! (`sleep` with `COHERENT_SESSION`), so the sessions resolve from the real /proc.
@@ -11,8 +11,8 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coherent::fuse::{HandleInfo, Hooks, OpenInfo, WriteRoute};
-use coherent::passthrough::{Caller, FsError, SetAttr, Stamp, Time, ROOT_INO};
+use coherent::fs::{Fs, FsOptions, HandleInfo, OpenInfo, Policy, PseudoFs, WriteRoute};
+use coherent::passthrough::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 
 struct Agent {
@@ -63,6 +63,9 @@ struct Fixture {
     _dir: tempfile::TempDir,
     backing: std::path::PathBuf,
     vol: Arc<Volume>,
+    /// The filesystem over the same backing directory, with the volume as its policy and
+    /// its `.coherent/` backend (what a mount serves, without the mount).
+    fs: Fs,
 }
 
 impl Fixture {
@@ -79,10 +82,18 @@ impl Fixture {
         let mut cfg = VolumeConfig::new(state, dir.path().join("mnt"));
         cfg.in_flight_wait = Duration::from_secs(5);
         let vol = Volume::open(cfg, root).unwrap();
+        let fs = Fs::new(
+            Store::open_root(&backing).unwrap(),
+            vol.clone(),
+            Some(vol.clone() as Arc<dyn PseudoFs>),
+            FsOptions::default(),
+        )
+        .unwrap();
         Fixture {
             _dir: dir,
             backing,
             vol,
+            fs,
         }
     }
 
@@ -149,27 +160,34 @@ impl Fixture {
         }
     }
 
+    /// The inode of `.coherent/NAME`, looked up through the filesystem.
+    fn surface_file(&self, a: &Agent, name: &str) -> u64 {
+        let dir = self.fs.lookup(&a.caller, ROOT_INO, OsStr::new(".coherent"));
+        let dir = dir.unwrap().attr.unwrap().ino;
+        let file = self.fs.lookup(&a.caller, dir, OsStr::new(name)).unwrap();
+        file.attr.unwrap().ino
+    }
+
     /// A request written to `.coherent/ctl` by `a`: Ok, or the errno of the write.
     fn ctl(&self, a: &Agent, req: &str) -> Result<(), i32> {
-        let dir = self
-            .vol
-            .virtual_lookup(&a.caller, ROOT_INO, OsStr::new(".coherent"))
-            .unwrap();
-        let ctl = self
-            .vol
-            .virtual_lookup(&a.caller, dir.ino, OsStr::new("ctl"))
-            .unwrap();
-        let t = self
-            .vol
-            .virtual_open(&a.caller, ctl.ino, libc::O_RDWR)
-            .unwrap();
-        let r = self
-            .vol
-            .virtual_write(&a.caller, ctl.ino, t, 0, req.as_bytes())
-            .map(drop)
-            .map_err(|e| e.errno());
-        self.vol.virtual_release(ctl.ino, t);
-        r
+        let ctl = self.surface_file(a, "ctl");
+        let o = self.fs.open(&a.caller, ctl, libc::O_RDWR).unwrap();
+        let r = self.fs.write(&a.caller, ctl, o.fh, 0, req.as_bytes());
+        self.fs.release(&a.caller, ctl, o.fh);
+        r.map(drop).map_err(|e| e.errno())
+    }
+
+    /// The content of `.coherent/NAME` as `a` reads it.
+    fn read_surface(&self, a: &Agent, name: &str) -> String {
+        let ino = self.surface_file(a, name);
+        let o = self.fs.open(&a.caller, ino, libc::O_RDONLY).unwrap();
+        assert!(o.fopen.direct_io);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let done = Box::new(move |r| tx.send(r).unwrap());
+        self.fs.read(&a.caller, ino, o.fh, 0, 1 << 16, done);
+        let data = rx.recv().unwrap().unwrap();
+        self.fs.release(&a.caller, ino, o.fh);
+        String::from_utf8(data).unwrap()
     }
 
     fn events(&self) -> Vec<serde_json::Value> {
@@ -604,4 +622,113 @@ fn handoff_seen_is_written_out_before_the_open_returns() {
     let seen = f.events_written("handoff_seen", "bob");
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0]["path"], "plan.md");
+}
+
+/// Every write route of a fenced giver through the filesystem itself (what a mount
+/// would do, without one): refused with `EACCES` before the backing directory changes,
+/// one `denied` event per route, and the refusal readable in `.coherent/why`. The
+/// successor's write-open goes through, and its release commits a new version.
+#[test]
+fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    let c = &alice.caller;
+    let name = OsStr::new;
+    let ino = |p: &str| f.fs.lookup(c, ROOT_INO, name(p)).unwrap().attr.unwrap().ino;
+    let (plan, other) = (ino("plan.md"), ino("other.md"));
+    let trunc = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    let tries: Vec<(&str, Result<(), FsError>)> = vec![
+        ("open_write", {
+            let flags = libc::O_WRONLY | libc::O_TRUNC;
+            f.fs.open(c, plan, flags).map(drop)
+        }),
+        ("open_write", {
+            let flags = libc::O_WRONLY | libc::O_CREAT;
+            f.fs.create(c, ROOT_INO, name("plan.md"), 0o644, flags)
+                .map(drop)
+        }),
+        ("setattr", f.fs.setattr(c, plan, &trunc, None).map(drop)),
+        ("rename_source", {
+            f.fs.rename(c, ROOT_INO, name("plan.md"), ROOT_INO, name("x.md"), 0)
+        }),
+        ("rename_target", {
+            let exchange = libc::RENAME_EXCHANGE;
+            f.fs.rename(
+                c,
+                ROOT_INO,
+                name("other.md"),
+                ROOT_INO,
+                name("plan.md"),
+                exchange,
+            )
+        }),
+        ("unlink", f.fs.unlink(c, ROOT_INO, name("plan.md"))),
+        (
+            "link",
+            f.fs.link(c, plan, ROOT_INO, name("copy.md")).map(drop),
+        ),
+        (
+            "link",
+            f.fs.link(c, other, ROOT_INO, name("plan.md")).map(drop),
+        ),
+        ("symlink", {
+            let target = Path::new("other.md");
+            f.fs.symlink(c, ROOT_INO, name("plan.md"), target).map(drop)
+        }),
+        ("mknod", {
+            let fifo = libc::S_IFIFO | 0o644;
+            f.fs.mknod(c, ROOT_INO, name("plan.md"), fifo, 0).map(drop)
+        }),
+        (
+            "setxattr",
+            f.fs.setxattr(c, plan, name("user.note"), b"x", 0),
+        ),
+        ("removexattr", f.fs.removexattr(c, plan, name("user.note"))),
+    ];
+    let denied = f.events_written("denied", "alice");
+    assert_eq!(denied.len(), tries.len(), "one denied event per refusal");
+    for ((route, r), event) in tries.iter().zip(&denied) {
+        assert_eq!(r.unwrap_err().errno(), libc::EACCES, "{route}");
+        assert_eq!(event["route"], *route);
+        assert_eq!(event["path"], "plan.md");
+    }
+    // Nothing reached the backing directory: not even the truncation of the open.
+    assert_eq!(
+        std::fs::read_to_string(f.backing.join("plan.md")).unwrap(),
+        "v1\n"
+    );
+    for gone in ["x.md", "copy.md"] {
+        assert!(!f.backing.join(gone).exists(), "{gone}");
+    }
+    let why = f.read_surface(&alice, "why");
+    assert!(why.contains("you handed plan.md"), "{why}");
+    assert!(why.contains("\n(at "), "{why}");
+
+    // The successor writes: decided, opened with FLUSH (the volume keeps state for the
+    // handle), and its release commits the next version.
+    let version = |a: &Agent| {
+        let v =
+            f.fs.getxattr(&a.caller, plan, name("user.coherent.version"), 64);
+        match v.unwrap() {
+            XattrReply::Data(d) => String::from_utf8(d).unwrap(),
+            XattrReply::Size(_) => unreachable!(),
+        }
+    };
+    assert_eq!(version(&bob), "1");
+    let o =
+        f.fs.open(&bob.caller, plan, libc::O_WRONLY | libc::O_TRUNC)
+            .unwrap();
+    assert!(!o.fopen.noflush && !o.fopen.direct_io);
+    assert_eq!(f.fs.write(&bob.caller, plan, o.fh, 0, b"v2\n").unwrap(), 3);
+    f.fs.flush(&bob.caller, plan, o.fh).unwrap();
+    assert!(f.fs.release(&bob.caller, plan, o.fh));
+    assert_eq!(version(&bob), "2");
+    assert_eq!(
+        f.read_surface(&bob, "why").split(':').next(),
+        Some("no refusal")
+    );
 }

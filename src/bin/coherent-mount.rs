@@ -11,7 +11,8 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use coherent::coherence;
 use coherent::coordinator::etcd;
-use coherent::fuse::{CoherentFs, FsOptions, Hooks, NoHooks};
+use coherent::fs::{Fs, FsOptions, NoPolicy, Policy, PseudoFs};
+use coherent::fuse::CoherentFs;
 use coherent::passthrough::Store;
 use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
 use fuser::{Config, MountOption, SessionACL};
@@ -339,17 +340,18 @@ fn abort_connection(minor: u32) {
     let _ = std::fs::write(dir.join(minor.to_string()).join("abort"), b"1");
 }
 
-/// The hooks given to the adapter, and the volume behind them (None: no coherence).
-type Layer = (Arc<dyn Hooks>, Option<Arc<Volume>>);
+/// The policy of the filesystem, and the volume behind it (None: no coherence), which is
+/// also the `.coherent/` backend.
+type Layer = (Arc<dyn Policy>, Option<Arc<Volume>>);
 
 /// The enforcement layer plugged into the volume: the coherent [`Volume`] built from
 /// `--state-dir`, `--stale`, `--evict-after` and `--session-env` (a plain passthrough
 /// volume with the hidden `--no-coherence`). Opens (and locks) the state directory, so a
 /// state directory in use fails here, before anything is mounted.
-fn make_hooks(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
+fn make_policy(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
     if args.no_coherence {
         tracing::info!("--no-coherence: a plain passthrough volume");
-        return Ok((Arc::new(NoHooks), None));
+        return Ok((Arc::new(NoPolicy), None));
     }
     let state_dir = match &args.state_dir {
         Some(d) => d.clone(),
@@ -428,7 +430,7 @@ fn run(args: Args) -> Result<(), Fail> {
     sigs.thread_block()
         .map_err(|e| Fail(format!("sigmask: {e}")))?;
 
-    let (hooks, volume) = make_hooks(&args, &plan, &root)?;
+    let (policy, volume) = make_policy(&args, &plan, &root)?;
     let mut fs_opts = FsOptions::for_mount(plan.in_place);
     fs_opts.passthrough = !args.no_passthrough;
     if let Some(ttl) = args.cache_ttl {
@@ -444,8 +446,10 @@ fn run(args: Args) -> Result<(), Fail> {
             "read at each opendir"
         }
     );
-    let fs = CoherentFs::new(root, hooks, fs_opts)
+    let pseudo = volume.clone().map(|v| v as Arc<dyn PseudoFs>);
+    let fs = Fs::new(root, policy, pseudo, fs_opts)
         .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
+    let fs = CoherentFs::new(fs);
 
     let as_root = nix::unistd::geteuid().is_root();
     let (mut mopts, acl) = mount_options(&args.options, as_root, args.private)?;
@@ -474,7 +478,7 @@ fn run(args: Args) -> Result<(), Fail> {
         state_dir = ?args.state_dir,
         "mounting"
     );
-    let inodes = fs.store().inode_gauge();
+    let inodes = fs.fs().store().inode_gauge();
     let counters = fs.counters.clone();
     let mut session = fuser::Session::new(fs, &plan.mountpoint, &config).map_err(|e| {
         Fail(format!(

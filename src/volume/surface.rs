@@ -17,12 +17,13 @@
 //! ([`crate::beneath`]): one that leaves it is `bad_request` "outside the volume", whether
 //! or not the host path exists, and the engine never hears of it.
 //!
-//! [`Surface`] owns the open virtual handles; the volume's `virtual_*` hooks delegate to it
-//! in one line each, and its methods take the [`Volume`] for what they read (engine,
-//! journal, resolver, the backing directory).
+//! [`Surface`] owns the open handles of the tree; the volume's [`PseudoFs`] methods (the
+//! backend [`crate::fs::Fs`] routes `.coherent/` to) delegate to it in one line each, and
+//! its methods take the [`Volume`] for what they read (engine, journal, resolver, the
+//! backing directory).
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +40,7 @@ use crate::coherence::{RecordJson, StatusReport, Timestamp};
 use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
-use crate::fuse::{open_writes, ReadDone};
+use crate::fs::{open_writes, PseudoFs, ReadDone};
 use crate::identity::{Session, Via};
 use crate::passthrough::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
@@ -256,13 +257,7 @@ impl Surface {
             .ok_or(FsError(libc::EBADF))
     }
 
-    pub(super) fn read(
-        &self,
-        vol: &Volume,
-        token: u64,
-        offset: u64,
-        size: u32,
-    ) -> FsResult<Vec<u8>> {
+    fn read(&self, vol: &Volume, token: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let h = self.handle(token)?;
         let mut h = h.lock();
         match &mut *h {
@@ -410,6 +405,46 @@ impl Surface {
             }
             seen = vol.engine.wait_change(seen, next);
         }
+    }
+}
+
+/// The `.coherent/` tree as a backend of [`crate::fs::Fs`]: each request goes to the
+/// [`Surface`] with the volume it reads.
+impl PseudoFs for Volume {
+    fn root_name(&self) -> OsString {
+        crate::control::CONTROL_DIR.into()
+    }
+
+    fn lookup(&self, _caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        self.surface.lookup(self, parent, name)
+    }
+
+    /// The nodes are fixed: nothing to forget.
+    fn forget(&self, _ino: u64, _nlookup: u64) {}
+
+    fn getattr(&self, _caller: &Caller, ino: u64) -> FsResult<Attr> {
+        self.surface.attr(self, ino)
+    }
+
+    fn readdir(&self, _caller: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+        self.surface.readdir(ino)
+    }
+
+    fn open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
+        self.surface.open(self, caller, ino, flags)
+    }
+
+    fn read(&self, caller: &Caller, token: u64, offset: u64, size: u32, done: ReadDone) {
+        self.surface
+            .read_deferred(self, caller, token, offset, size, done)
+    }
+
+    fn write(&self, caller: &Caller, token: u64, data: &[u8]) -> FsResult<u32> {
+        self.surface.write(self, caller, token, data)
+    }
+
+    fn release(&self, token: u64) {
+        self.surface.release(token)
     }
 }
 

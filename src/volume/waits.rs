@@ -26,7 +26,7 @@ use serde_json::{json, Map, Value};
 use crate::coherence::{Engine, RecordJson, Until, WaitState};
 use crate::control::{describe_record, Reply, Verb, MAX_WAIT_SECS};
 use crate::error::Refusal;
-use crate::fuse::ReadDone;
+use crate::fs::ReadDone;
 use crate::passthrough::FsError;
 
 /// The longest the wait thread sleeps without a change.
