@@ -17,8 +17,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use coherent::fs::{Fs, FsOptions, NoPolicy};
-use coherent::passthrough::{Caller, FsError, Kind, SetAttr, Store, ROOT_INO};
+use coherent::fs::{Entry, Fs, FsOptions, NoPolicy};
+use coherent::passthrough::{Caller, FsError, FsResult, Kind, SetAttr, Store, ROOT_INO};
 use common::Mount;
 
 /// xorshift64*: small, seedable, reproducible.
@@ -417,6 +417,20 @@ impl Direct<'_> {
         r
     }
 
+    /// A name made: its lookup is counted (and given back at the end of the operation).
+    fn made(&self, e: FsResult<Entry>) -> Result<Vec<u8>, i32> {
+        let e = e.map_err(FsError::errno)?;
+        self.looked.borrow_mut().extend(e.attr.map(|a| a.ino));
+        Ok(vec![])
+    }
+
+    /// A setattr of the node `p` names (symlinks followed).
+    fn setattr(&self, p: &str, set: SetAttr) -> Result<Vec<u8>, i32> {
+        let ino = self.node(p)?;
+        let r = self.fs.setattr(&self.caller, ino, &set, None);
+        r.map(|_| vec![]).map_err(FsError::errno)
+    }
+
     fn apply_op(&self, op: &Op) -> Result<Vec<u8>, i32> {
         let (fs, c) = (self.fs, &self.caller);
         let name = |n: &str| OsStr::new(n).to_owned();
@@ -446,16 +460,13 @@ impl Direct<'_> {
                     Ok((n as u64).to_le_bytes().to_vec())
                 })
             }
-            Op::Truncate { p, len } => {
-                let ino = self.node(p)?;
-                let set = SetAttr {
+            Op::Truncate { p, len } => self.setattr(
+                p,
+                SetAttr {
                     size: Some(*len),
                     ..SetAttr::default()
-                };
-                fs.setattr(c, ino, &set, None)
-                    .map(|_| vec![])
-                    .map_err(errno)
-            }
+                },
+            ),
             Op::Read { p } => self.open(p, libc::O_RDONLY, 0, |ino, fh| self.read_all(ino, fh)),
             Op::Rename { a, b, flags } => {
                 let ((d1, n1), (d2, n2)) = (self.at(a)?, self.at(b)?);
@@ -466,9 +477,7 @@ impl Direct<'_> {
                 let (d, n) = self.at(a)?;
                 let (from, _) = self.lookup(d, &name(n))?;
                 let (d2, n2) = self.at(b)?;
-                let e = fs.link(c, from, d2, &name(n2)).map_err(errno)?;
-                self.looked.borrow_mut().extend(e.attr.map(|a| a.ino));
-                Ok(vec![])
+                self.made(fs.link(c, from, d2, &name(n2)))
             }
             Op::Unlink { p } => {
                 let (d, n) = self.at(p)?;
@@ -476,9 +485,7 @@ impl Direct<'_> {
             }
             Op::Mkdir { p, mode } => {
                 let (d, n) = self.at(p)?;
-                let e = fs.mkdir(c, d, &name(n), *mode).map_err(errno)?;
-                self.looked.borrow_mut().extend(e.attr.map(|a| a.ino));
-                Ok(vec![])
+                self.made(fs.mkdir(c, d, &name(n), *mode))
             }
             Op::Rmdir { p } => {
                 let (d, n) = self.at(p)?;
@@ -486,22 +493,15 @@ impl Direct<'_> {
             }
             Op::Symlink { target, p } => {
                 let (d, n) = self.at(p)?;
-                let e = fs
-                    .symlink(c, d, &name(n), Path::new(target))
-                    .map_err(errno)?;
-                self.looked.borrow_mut().extend(e.attr.map(|a| a.ino));
-                Ok(vec![])
+                self.made(fs.symlink(c, d, &name(n), Path::new(target)))
             }
-            Op::Chmod { p, mode } => {
-                let ino = self.node(p)?;
-                let set = SetAttr {
+            Op::Chmod { p, mode } => self.setattr(
+                p,
+                SetAttr {
                     mode: Some(*mode),
                     ..SetAttr::default()
-                };
-                fs.setattr(c, ino, &set, None)
-                    .map(|_| vec![])
-                    .map_err(errno)
-            }
+                },
+            ),
             Op::Setxattr {
                 p,
                 name: x,
