@@ -1,4 +1,4 @@
-//! Who is calling: pid → session (DESIGN.md §2), agent ids, the resolution cache and the
+//! Who is calling: pid → session (docs/design.md#sessions), agent ids, the resolution cache and the
 //! directory of known sessions.
 //!
 //! Contract shared with `coherence`: a session is an `Arc<SessionInfo>`; coherence keys
@@ -52,8 +52,8 @@ pub enum Via {
     /// Registered through the control file without a process having touched the mount.
     Registered,
     /// A tag or cgroup named `session`, which belongs to another uid (`owner`): this
-    /// process is its own unattributed `uid:UID` instead (§2), and its verbs are refused
-    /// `session_not_yours`.
+    /// process is its own unattributed `uid:UID` instead (docs/design.md#sessions), and its verbs
+    /// are refused `session_not_yours`.
     NotYours { session: String, owner: u32 },
 }
 

@@ -1,10 +1,10 @@
-//! The state log and snapshots (DESIGN.md §8): durability and recovery of the engine.
+//! The state log and snapshots (docs/design.md#state-log): durability and recovery of the engine.
 //!
 //! State directory layout:
 //! - `lock`: held with `flock(LOCK_EX)` by the daemon using the directory; holds its pid;
-//! - `events.log`: one JSON event per line (the §8 schema), `seq` 1, 2, 3, ... with no gap.
-//!   Offsets in the log are *logical*: they never go back. After a compaction the file
-//!   starts with a header line `{"log_base":B,"seq":S}`: its first event (seq S + 1) is at
+//! - `events.log`: one JSON event per line (the docs/design.md#state-log schema), `seq` 1, 2, 3,
+//!   ... with no gap. Offsets in the log are *logical*: they never go back. After a compaction the
+//!   file starts with a header line `{"log_base":B,"seq":S}`: its first event (seq S + 1) is at
 //!   logical offset B; a log without one starts at logical offset 0, seq 1;
 //! - `snapshot.json`: a compacted state. Line 1 is a header
 //!   `{"format":1,"seq":N,"log_offset":O,"len":L,"fnv":H}`; then L bytes of the

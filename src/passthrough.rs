@@ -1,6 +1,6 @@
 //! The backing directory: an inode store of `O_PATH` handles keyed by (dev, ino), open
 //! file and directory handles, and every filesystem operation performed against the
-//! backing directory (DESIGN.md §10–§11).
+//! backing directory (docs/design.md#speed to #layout).
 //!
 //! No FUSE types here: callers pass plain inode numbers, names and libc flags, and get
 //! plain Rust values back or an [`FsError`] carrying the errno.

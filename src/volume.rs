@@ -1,16 +1,17 @@
-//! The coherent volume: the glue that implements the fs adapter's [`Hooks`] with the
-//! identity [`Resolver`], the coherence [`Engine`], the [`Journal`] and the control surface
-//! (DESIGN.md §2–§8).
+//! The coherent volume: the filesystem's [`Policy`] (and, in `surface.rs`, its `.coherent/`
+//! backend) made of the identity [`Resolver`], the coherence [`Engine`], the [`Journal`] and
+//! the coordinator (docs/design.md#sessions to #state-log).
 //!
 //! - **Who**: the caller's session is resolved only where a decision needs it: opens and
-//!   creates, the metadata write routes of §6, the `user.coherent.handoff` xattr, opens of
-//!   `.coherent/` files and writes to `ctl`. Never on read, write, getattr or lookup.
-//! - **Tracked paths** (§3, [`Tracking`]): checked first on every route; an untracked
-//!   path (under `.git/`, ignored by `.gitignore` or `.coherentignore`) passes through with
-//!   no session lookup, no engine call and no event. A change through the mount of an
+//!   creates, the metadata write routes of docs/design.md#write-routes, the `user.coherent.handoff`
+//!   xattr, opens of `.coherent/` files and writes to `ctl`. Never on read, write, getattr or
+//!   lookup.
+//! - **Tracked paths** (docs/design.md#versions, [`Tracking`]): checked first on every route; an
+//!   untracked path (under `.git/`, ignored by `.gitignore` or `.coherentignore`) passes through
+//!   with no session lookup, no engine call and no event. A change through the mount of an
 //!   ignore file, or a directory rename, retracks at once.
-//! - **Fail closed** (§2): a writer whose session cannot be resolved (pid 0, gone, /proc
-//!   unreadable) is decided by [`Engine::decide_unresolved`]: refused on a path with a
+//! - **Fail closed** (docs/design.md#sessions): a writer whose session cannot be resolved (pid 0,
+//!   gone, /proc unreadable) is decided by [`Engine::decide_unresolved`]: refused on a path with a
 //!   live record (`denied`, reason `unresolved`), its `uid:UID` elsewhere.
 //! - **Tell the writer**: a refusal or a stale write is kept for `.coherent/why` with its
 //!   time, and a refused call writes its `denied` event out before it answers.
@@ -27,8 +28,9 @@
 //! - **Commits**: a flush or release whose backing stamp changed commits `Write`; a
 //!   handle that created its file commits at its first changed flush or at release (the
 //!   create and its writes are one commit); the truncation of an `O_TRUNC` open belongs
-//!   to the handle's next changed flush, or its release (so `echo x > f` is one commit). Metadata routes commit (`unlink`, `link`, `symlink`, `mknod`,
-//!   `truncate`, `rename`) or restamp (`chmod`, `chown`, `utimes`, xattrs) afterwards.
+//!   to the handle's next changed flush, or its release (so `echo x > f` is one commit). Metadata
+//!   routes commit (`unlink`, `link`, `symlink`, `mknod`, `truncate`, `rename`) or restamp
+//!   (`chmod`, `chown`, `utimes`, xattrs) afterwards.
 //! - **Release or reclaim**: a write handle released without a commit is a `release` when
 //!   its last `close(2)` came from a running task (read at that FLUSH, which is
 //!   synchronous and carries the closer's pid). Closed by an exiting task (killed, or
@@ -73,7 +75,8 @@ use handle::{End, WriteHandle};
 pub use liveness::{closer_runs, holds_open, session_running, TaskState, FLUSH_PROC_WAIT};
 pub use state_dir::default_state_dir;
 
-/// The computed xattrs (§7); every other name passes through to the backing file.
+/// The computed xattrs (docs/design.md#control-surface); every other name passes through to the
+/// backing file.
 pub use crate::coherence::XATTR_PREFIX;
 pub const XATTR_VERSION: &str = "user.coherent.version";
 pub const XATTR_HANDOFF: &str = "user.coherent.handoff";
@@ -91,7 +94,7 @@ pub struct VolumeConfig {
     pub state_dir: PathBuf,
     /// `--stale` and `--evict-after`.
     pub engine: coherence::Config,
-    /// `--session-env` (empty: the default list of §2).
+    /// `--session-env` (empty: the default list of docs/design.md#sessions).
     pub session_env: Vec<String>,
     /// Where the volume is mounted (to recognise the volume's files in `/proc/PID/fd`).
     pub mountpoint: PathBuf,
@@ -186,8 +189,8 @@ pub struct Volume {
     released: Condvar,
     next_token: AtomicU64,
     surface: surface::Surface,
-    /// Which paths are tracked (§3): the rest pass through with no version, no hold, no
-    /// event and no session lookup.
+    /// Which paths are tracked (docs/design.md#versions): the rest pass through with no version, no
+    /// hold, no event and no session lookup.
     tracking: Tracking,
     stop: Mutex<bool>,
     stop_cv: Condvar,
@@ -351,20 +354,22 @@ impl Volume {
 
     /// The caller's session, made known to the engine (`session_seen` the first time): a
     /// session is known once any of its processes touched the volume where it resolves.
-    /// A session name belongs to the first uid that shows it (§2): a process of another
-    /// uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
+    /// A session name belongs to the first uid that shows it (docs/design.md#sessions): a process
+    /// of another uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
     fn session(&self, c: &Caller) -> Session {
         self.owned(self.resolver.resolve_request(c.pid, c.uid), c)
     }
 
-    /// `s` as resolved for caller `c`, if `c`'s uid owns the name (§2: the first uid that
-    /// shows a name owns it); else `c`'s own `uid:UID`, marked with whose name it showed.
+    /// `s` as resolved for caller `c`, if `c`'s uid owns the name (docs/design.md#sessions: the
+    /// first uid that shows a name owns it); else `c`'s own `uid:UID`, marked with whose name it
+    /// showed.
     fn owned(&self, s: Session, c: &Caller) -> Session {
         self.claimed(s, c).unwrap_or_else(|anyone| anyone)
     }
 
     /// [`Volume::owned`], but `Err` (the caller's `uid:UID`) when the coordinator could
-    /// not be asked who owns the name: a writer is then decided as unresolved (§2).
+    /// not be asked who owns the name: a writer is then decided as unresolved
+    /// (docs/design.md#sessions).
     fn claimed(&self, s: Session, c: &Caller) -> Result<Session, Session> {
         let now = Timestamp::now();
         let claim = match self.coord.claim(&self.engine, &s, c.uid, now) {
@@ -390,8 +395,8 @@ impl Volume {
         })
     }
 
-    /// The session of a caller about to write (§2: fail closed). `Err` carries the
-    /// caller's `uid:UID`, under which a write to a path with no live record goes on.
+    /// The session of a caller about to write (docs/design.md#sessions: fail closed). `Err` carries
+    /// the caller's `uid:UID`, under which a write to a path with no live record goes on.
     fn writer(&self, c: &Caller) -> Result<Session, Session> {
         match self.resolver.resolve(c.pid) {
             Ok(s) => self.claimed(s, c),
@@ -405,8 +410,8 @@ impl Volume {
         }
     }
 
-    /// Is the workspace path `p` tracked (§3)? `is_dir`: it names a directory. A path
-    /// with a live record stays tracked whatever the ignore files say now, so a giver
+    /// Is the workspace path `p` tracked (docs/design.md#versions)? `is_dir`: it names a directory.
+    /// A path with a live record stays tracked whatever the ignore files say now, so a giver
     /// cannot step out of its fence by ignoring the file it handed on.
     pub fn is_tracked(&self, p: &str, is_dir: bool) -> bool {
         self.tracking.is_tracked(p, is_dir) || self.engine.has_live_record(p)
@@ -505,8 +510,8 @@ impl Volume {
 
     /// A link, unlink or rename through the volume changed the ctime of inode `ino`; its
     /// other tracked names (`except` the ones the operation itself counts) take the new
-    /// stamp, so the change is never taken for one behind the volume's back (§3). Only for
-    /// inodes seen with several names.
+    /// stamp, so the change is never taken for one behind the volume's back
+    /// (docs/design.md#versions). Only for inodes seen with several names.
     fn restamp_other_names(&self, ino: u64, except: &[&str]) {
         if !self.linked.lock().contains(&ino) {
             return;
@@ -566,7 +571,7 @@ impl Volume {
         let f_dir = self.stat(f).is_some_and(|x| x.1); // now holds the old t
         let t_dir = self.stat(t).is_some_and(|x| x.1); // now holds the old f
         if !f_dir && !t_dir {
-            // An untracked side of the swap is not counted (§3).
+            // An untracked side of the swap is not counted (docs/design.md#versions).
             for p in [f, t].into_iter().filter(|p| self.is_tracked(p, false)) {
                 self.engine
                     .commit(s, p, CommitOp::Rename, self.stamp_now(p), now);
@@ -619,7 +624,8 @@ impl Volume {
     }
 }
 
-/// A write route across hosts (issue 12): see `coordinator` and docs/multi-host.md.
+/// A write route across hosts (docs/design.md#hosts): see `coordinator` and
+/// docs/multi-host.md.
 impl Volume {
     /// The names of `w` when it needs the coordinator (a shared path, or a directory
     /// with shared paths under it); `None` on one host or when nothing is shared.
@@ -871,7 +877,8 @@ impl Policy for Volume {
                     _ => Write::Removexattr { at, name },
                 }
             }
-            // §6 does not fence directories being made or removed (a directory rename is).
+            // docs/design.md#write-routes does not fence directories being made or removed (a
+            // directory rename is).
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => return Ok(None),
         };
         let now = Timestamp::now();
@@ -1105,7 +1112,8 @@ impl Policy for Volume {
             XATTR_HANDOFF => {
                 let s = self.session(caller);
                 // The kernel checked the path's search permission only with
-                // default_permissions; the volume checks it in any case (§7).
+                // default_permissions; the volume checks it in any case
+                // (docs/design.md#control-surface).
                 let who = Who::of_task(caller.pid, caller.uid, caller.gid);
                 if !Sight::new(who).sees(self.root.as_fd(), p) {
                     return nodata;

@@ -571,7 +571,8 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
     buf.truncate(n as usize);
     let mut out: Vec<(String, Vec<u8>)> = buf
         .split(|&b| b == 0)
-        // user.coherent.* are computed by the coherence layer (DESIGN.md §7), not stored.
+        // user.coherent.* are computed by the coherence layer (docs/design.md#control-surface), not
+        // stored.
         .filter(|s| s.starts_with(b"user.") && !s.starts_with(b"user.coherent."))
         .map(|name| {
             let cn = CString::new(name).unwrap();

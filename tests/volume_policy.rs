@@ -200,8 +200,8 @@ impl Fixture {
             .collect()
     }
 
-    /// What a reader of the log sees now, without flushing it first (§8: a `denied`
-    /// event is in the log when the call returns).
+    /// What a reader of the log sees now, without flushing it first (docs/design.md#state-log: a
+    /// `denied` event is in the log when the call returns).
     fn events_written(&self, kind: &str, session: &str) -> Vec<serde_json::Value> {
         let log = self.vol.journal().read_log(0, 1 << 24).unwrap();
         String::from_utf8(log)
@@ -451,9 +451,9 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
     assert_eq!(f.events_of("transfer", "alice").len(), 1);
 }
 
-/// §2, fail closed: a caller the volume cannot resolve (here: a pid whose process is gone,
-/// so /proc has no entry for it, and pid 0, what FUSE sends for a caller outside the
-/// daemon's pid namespace) is refused on a path with a live record (`EACCES`, a `denied`
+/// docs/design.md#sessions, fail closed: a caller the volume cannot resolve (here: a pid whose
+/// process is gone, so /proc has no entry for it, and pid 0, what FUSE sends for a caller outside
+/// the daemon's pid namespace) is refused on a path with a live record (`EACCES`, a `denied`
 /// event with reason `unresolved`, the record still `pending`), never admitted as `uid:0`;
 /// its other writes and its reads go on.
 #[test]
@@ -610,8 +610,8 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
     assert_eq!(f.events_written("denied", "uid:0").len(), n);
 }
 
-/// §8: `handoff_seen` is in the log when the successor's open returns (written out, not
-/// left for the group commit): read without a flush right after the hook.
+/// docs/design.md#state-log: `handoff_seen` is in the log when the successor's open returns
+/// (written out, not left for the group commit): read without a flush right after the hook.
 #[test]
 fn handoff_seen_is_written_out_before_the_open_returns() {
     let f = Fixture::new();

@@ -1,4 +1,4 @@
-//! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (DESIGN.md §9).
+//! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (docs/design.md#mounting).
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -17,7 +17,7 @@ use coherent::passthrough::Store;
 use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
 use fuser::{Config, MountOption, SessionACL};
 
-/// What `--stale` does with a write from an outdated view (DESIGN.md §4).
+/// What `--stale` does with a write from an outdated view (docs/design.md#holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StaleMode {
     Off,

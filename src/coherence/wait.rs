@@ -1,6 +1,6 @@
-//! `wait PATH [UNTIL]` (§7): which record a wait follows, where it stands, and the change
-//! counter a waiter sleeps on (bumped by every event that can change a record), so the
-//! mount answers a wait when its record changes, not by polling.
+//! `wait PATH [UNTIL]` (docs/design.md#control-surface): which record a wait follows, where it
+//! stands, and the change counter a waiter sleeps on (bumped by every event that can change a
+//! record), so the mount answers a wait when its record changes, not by polling.
 
 use super::engine::*;
 use super::types::*;

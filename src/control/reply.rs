@@ -1,5 +1,5 @@
 //! Replies read back from `.coherent/ctl`: always one JSON object with `ok`, `verb` and
-//! `message` (DESIGN.md §7), and [`CtlHandle`], the per-open-handle reply buffer.
+//! `message` (docs/design.md#control-surface), and [`CtlHandle`], the per-open-handle reply buffer.
 
 use super::describe::{describe_records, whoami_text};
 use super::request::{parse_request, Request, Verb};

@@ -1,5 +1,5 @@
-//! Requests to `.coherent/ctl` (DESIGN.md §7): the bytes of one `write(2)` → a typed
-//! [`Request`], or a [`RequestError`] to reply with.
+//! Requests to `.coherent/ctl` (docs/design.md#control-surface): the bytes of one `write(2)` → a
+//! typed [`Request`], or a [`RequestError`] to reply with.
 //!
 //! # Plain-line syntax
 //!
@@ -34,7 +34,7 @@ use crate::error::{Reason, Refusal};
 use crate::names::quote_for_message;
 use serde_json::{json, Map, Value};
 
-/// A control verb (the wire names of DESIGN.md §7).
+/// A control verb (the wire names of docs/design.md#control-surface).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Verb {
     Register,

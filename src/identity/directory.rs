@@ -1,5 +1,5 @@
-//! The directory of known sessions, and how a command names one (DESIGN.md §2): by session
-//! name, by full agent id (with or without dashes, any case), or by an unambiguous agent id
+//! The directory of known sessions, and how a command names one (docs/design.md#sessions): by
+//! session name, by full agent id (with or without dashes, any case), or by an unambiguous agent id
 //! prefix of at least 8 hex digits.
 //!
 //! A session is known once recorded here ([`SessionDirectory::record`]); the resolver

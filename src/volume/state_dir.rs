@@ -1,4 +1,4 @@
-//! The default state directory (DESIGN.md §9): `$XDG_STATE_HOME/coherent/<id>`, else
+//! The default state directory (docs/design.md#mounting): `$XDG_STATE_HOME/coherent/<id>`, else
 //! `~/.local/state/coherent/<id>`, one folder per backing directory.
 //!
 //! `<id>` is the backing directory's base name (for a human browsing the folder) and 16

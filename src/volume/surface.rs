@@ -1,5 +1,5 @@
-//! The `.coherent/` directory of §7: `ctl` (one request per write, the reply read back
-//! from the same handle), `status`, `events`, `whoami`, `why`, `inbox`.
+//! The `.coherent/` directory of docs/design.md#control-surface: `ctl` (one request per write, the
+//! reply read back from the same handle), `status`, `events`, `whoami`, `why`, `inbox`.
 //!
 //! Content that depends on the reader (`whoami`, `why`, `inbox`) and `status` are computed
 //! once, at open, for the opener's session: a reader sees one consistent snapshot however
@@ -10,10 +10,10 @@
 //! I/O, so readers read until EOF. Only `ctl` is writable (mode 0666, any user may send a
 //! request; the verbs decide who may do what).
 //!
-//! What a reader sees of a path depends on the reader (§7): `status`, `events`, `inbox`
-//! and the ctl verbs show a path, its record and its note only to callers who could look
-//! the path up themselves ([`crate::visibility`]); to anyone else the answer is the one for
-//! a path that does not exist. A path in a request resolves beneath the backing root
+//! What a reader sees of a path depends on the reader (docs/design.md#control-surface): `status`,
+//! `events`, `inbox` and the ctl verbs show a path, its record and its note only to callers who
+//! could look the path up themselves ([`crate::visibility`]); to anyone else the answer is the one
+//! for a path that does not exist. A path in a request resolves beneath the backing root
 //! ([`crate::beneath`]): one that leaves it is `bad_request` "outside the volume", whether
 //! or not the host path exists, and the engine never hears of it.
 //!
@@ -577,8 +577,8 @@ impl Surface {
                 Reply::session(Verb::Register, s)
             }
             Request::Register { name: Some(n) } => {
-                // Only the caller's own session (§2): naming another would let anyone
-                // claim a name ahead of its owner.
+                // Only the caller's own session (docs/design.md#sessions): naming another would let
+                // anyone claim a name ahead of its owner.
                 crate::names::validate_session_name(n)
                     .map_err(|e| Refusal::new(Reason::BadRequest, e))?;
                 if s.is_attributed() && *n != s.name {
@@ -670,7 +670,7 @@ fn in_flight(f: &Refusal) -> bool {
     matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
 }
 
-/// A transfer hands on tracked paths only (§3): each untracked one is refused
+/// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
 /// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
 fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
     let refused: Vec<Refusal> = paths
@@ -724,7 +724,7 @@ fn journal_failed(verb: Verb) -> Reply {
     )
 }
 
-/// A verb of a process carrying another uid's session name (§2): refused.
+/// A verb of a process carrying another uid's session name (docs/design.md#sessions): refused.
 fn not_yours(s: &Session, verb: Verb) -> Option<Refusal> {
     let Via::NotYours { session, owner } = &s.via else {
         return None;
@@ -840,8 +840,9 @@ fn not_there(p: &str) -> Refusal {
     )
 }
 
-/// `transfer` needs that the caller could open each file for writing itself (§5), as the
-/// kernel would decide it for the caller's uid, groups and the file's mode and ACL.
+/// `transfer` needs that the caller could open each file for writing itself
+/// (docs/design.md#handoff), as the kernel would decide it for the caller's uid, groups and the
+/// file's mode and ACL.
 fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusal> {
     for p in paths {
         // Errors (a path that is gone) are the engine's to answer.
@@ -860,8 +861,8 @@ fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusa
 }
 
 /// `accept`/`decline` only by the successor's owner uid, `withdraw` only by the giver's
-/// (§5): a caller of another uid is refused `session_not_yours` (a caller of the same uid
-/// in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
+/// (docs/design.md#handoff): a caller of another uid is refused `session_not_yours` (a caller of
+/// the same uid in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
 fn owner_only(
     vol: &Volume,
     s: &Session,

@@ -1,4 +1,5 @@
-//! `wait PATH [UNTIL]` on `ctl` (DESIGN.md §7), answered without parking a FUSE thread.
+//! `wait PATH [UNTIL]` on `ctl` (docs/design.md#control-surface), answered without parking a FUSE
+//! thread.
 //!
 //! The write of a `wait` request is answered at once: refused (with its errno) when there is
 //! no record to wait for, with the reply when the state is already reached, and otherwise
