@@ -503,7 +503,12 @@ impl Surface {
         req: &Request,
     ) -> Result<Reply, Refusal> {
         let verb = req.verb();
-        if vol.coord.host().is_none() || matches!(verb, Verb::Whoami | Verb::Wait) {
+        if vol.coord.host().is_none() {
+            let attempt = || self.serve_verb(vol, s, sight, req);
+            let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
+            return once_more_after_releases(vol, s, req, attempt, refused);
+        }
+        if matches!(verb, Verb::Whoami | Verb::Wait) {
             return self.serve_verb(vol, s, sight, req);
         }
         if verb == Verb::Status {
@@ -512,26 +517,19 @@ impl Surface {
             return self.serve_verb(vol, s, sight, req);
         }
         let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
-        let mut out = None;
-        let mut waited = false;
-        let stepped = loop {
+        // The wait for releases happens outside the step, which their release needs.
+        let attempt = || {
+            let mut out = None;
             let stepped = vol.coord.step(&names, StepKind::Verb, &mut || {
                 let r = self.serve_verb(vol, s, sight, req);
                 let ok = r.is_ok();
                 out = Some(r);
                 ok
-            })?;
-            // A transfer in the way of write handles being released: wait for them
-            // (outside the step, which their release needs), then once more.
-            match (&out, req) {
-                (Some(Err(f)), Request::Transfer { paths, .. })
-                    if !waited && in_flight(f) && vol.wait_for_releases(s, paths) =>
-                {
-                    waited = true;
-                }
-                _ => break stepped,
-            }
+            });
+            stepped.map(|st| (st, out))
         };
+        let refused = |r: &Result<_, Refusal>| matches!(r, Ok((_, Some(Err(f)))) if in_flight(f));
+        let (stepped, out) = once_more_after_releases(vol, s, req, attempt, refused)?;
         if stepped.in_flight.is_empty() {
             return out.expect("the step ran the verb");
         }
@@ -598,20 +596,7 @@ impl Surface {
                 tracked_paths(vol, paths)?;
                 observe_paths(vol, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
-                let r = match vol.engine.transfer(s, paths, to, note.clone(), now) {
-                    // With a coordinator the wait happens outside the step (a release
-                    // of a shared path is a step too): see `serve_agreed`.
-                    Err(f)
-                        if in_flight(&f)
-                            && vol.coord.host().is_none()
-                            && vol.wait_for_releases(s, paths) =>
-                    {
-                        let now = Timestamp::now();
-                        observe_paths(vol, paths, now)?;
-                        vol.engine.transfer(s, paths, to, note.clone(), now)
-                    }
-                    r => r,
-                }?;
+                let r = vol.engine.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
             Request::Accept { paths } => {
@@ -668,6 +653,26 @@ impl Surface {
 /// not committed yet): worth waiting for imminent releases.
 fn in_flight(f: &Refusal) -> bool {
     matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
+}
+
+/// The in-flight rule, in one place: FUSE sends RELEASE after `close(2)` returned, so a
+/// transfer `refused` in flight (see [`in_flight`]) by write handles of `s` that are
+/// being released waits for them (see [`Volume::wait_for_releases`]), then is `attempt`ed
+/// once more.
+fn once_more_after_releases<T>(
+    vol: &Volume,
+    s: &Session,
+    req: &Request,
+    mut attempt: impl FnMut() -> T,
+    refused: impl Fn(&T) -> bool,
+) -> T {
+    let first = attempt();
+    match req {
+        Request::Transfer { paths, .. } if refused(&first) && vol.wait_for_releases(s, paths) => {
+            attempt()
+        }
+        _ => first,
+    }
 }
 
 /// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
