@@ -7,7 +7,7 @@
 //! - [`Resolver`] maps a FUSE request's pid (a thread id) to its session: the cgroup v2
 //!   segment `coherent-session-NAME`, else the first configured environment tag, else the
 //!   unattributed `uid:UID`. Answers are cached per (tid, [`ProcStamp`]).
-//! - [`SessionDirectory`] knows the sessions and finds one by name, agent id or id prefix.
+//! - [`SessionDirectory`] knows the sessions (found by name or agent id).
 //! - [`join_session_cgroup`] is what `coherent run` uses to put a process in a session's
 //!   cgroup.
 //!
@@ -29,7 +29,7 @@ pub use cache::{CacheStats, Entry as CacheEntry, HeldStat, Outcome, PidCache};
 pub use cgroup::{
     cgroup2_mount, cgroup2_of, join_session_cgroup, remove_session_cgroup, Cgroup2Mount,
 };
-pub use directory::{SessionDirectory, MIN_ID_PREFIX};
+pub use directory::SessionDirectory;
 pub use procfs::{ProcStamp, StatFile};
 pub use resolver::{
     IgnoredTag, ResolveError, Resolver, ResolverConfig, DEFAULT_CACHE_CAPACITY,
