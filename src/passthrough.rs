@@ -85,6 +85,28 @@ struct Tables {
     by_key: HashMap<(u64, u64), u64>,
 }
 
+/// What the backing directory holds at a path, a final symlink not followed.
+#[derive(Debug, Clone, Copy)]
+pub struct PathStat {
+    pub stamp: Stamp,
+    pub dir: bool,
+    /// The number of names of the file (`st_nlink`).
+    pub nlink: u64,
+}
+
+/// `fstatat` of the workspace-relative `rel` beneath the backing directory `root` (for
+/// the policy's view of a path, which has no inode of the store): None when nothing is
+/// there (or the name cannot be asked for).
+pub fn lstat_at(root: std::os::fd::BorrowedFd<'_>, rel: &str) -> Option<PathStat> {
+    let c = CString::new(rel).ok()?;
+    let st = fstatat(root.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok()?;
+    Some(PathStat {
+        stamp: Stamp::from_stat(&st),
+        dir: st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+        nlink: st.st_nlink,
+    })
+}
+
 /// The backing directory and everything open in it.
 pub struct Store {
     tables: RwLock<Tables>,

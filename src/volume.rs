@@ -50,8 +50,8 @@ mod surface;
 mod waits;
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -477,35 +477,11 @@ impl Volume {
     /// [`Volume::stat`] and the number of names of the file (`st_nlink`). A file seen with
     /// several names is remembered in `linked` (see [`Volume::restamp_other_names`]).
     fn stat_links(&self, p: &str) -> Option<(coherence::Stamp, bool, u64)> {
-        let c = CString::new(p).ok()?;
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: a valid dirfd, a NUL-terminated path and a buffer of the right type.
-        let r = unsafe {
-            libc::fstatat(
-                self.root.as_raw_fd(),
-                c.as_ptr(),
-                st.as_mut_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        if r != 0 {
-            return None;
+        let st = crate::passthrough::lstat_at(self.root.as_fd(), p)?;
+        if !st.dir && st.nlink > 1 {
+            self.linked.lock().insert(st.stamp.ino);
         }
-        // SAFETY: fstatat succeeded, so it filled the buffer.
-        let st = unsafe { st.assume_init() };
-        let dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-        if !dir && st.st_nlink > 1 {
-            self.linked.lock().insert(st.st_ino);
-        }
-        Some((
-            coherence::Stamp {
-                ino: st.st_ino,
-                ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
-                size: st.st_size as u64,
-            },
-            dir,
-            st.st_nlink,
-        ))
+        Some((stamp(&st.stamp), st.dir, st.nlink))
     }
 
     /// A link, unlink or rename through the volume changed the ctime of inode `ino`; its
