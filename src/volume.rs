@@ -170,6 +170,13 @@ fn stamp(s: &Stamp) -> coherence::Stamp {
     }
 }
 
+/// What a writer or a verb's caller is told at `.coherent/why`.
+enum Told<'a> {
+    Refused(&'a Refusal),
+    /// A stale write allowed by `--stale warn`: the path, its version, the writer's view.
+    Stale(&'a str, u64, u64),
+}
+
 /// The coherent volume: the [`Policy`] and the `.coherent/` backend of [`crate::fs::Fs`].
 pub struct Volume {
     engine: Arc<Engine>,
@@ -568,6 +575,24 @@ impl Volume {
         }
     }
 
+    /// What `.coherent/why` shows `s` from now on, with the time it happened: the one place
+    /// the volume says it (a refusal the engine made is kept there already, without a
+    /// time, and said again here when it reaches the caller).
+    fn tell_why(&self, s: &Session, what: Told<'_>, now: Timestamp) {
+        let (path, text) = match what {
+            Told::Refused(r) => (r.path.as_deref(), r.message.clone()),
+            Told::Stale(p, v, seen) => (
+                Some(p),
+                format!(
+                    "stale write: {p} is at v{v} but this session last saw v{seen} (another \
+                     session changed it since); the write goes on over that change. Read {p} \
+                     again to see it."
+                ),
+            ),
+        };
+        self.engine.tell(s, path, &text, now);
+    }
+
     /// A transfer was refused because write handles of `s` on `paths` are open. If each
     /// of them is about to be released (flushed, and its opener no longer has the file
     /// open), wait until they are, at most `in_flight_wait`. True: there was something to
@@ -880,16 +905,9 @@ impl Policy for Volume {
             Ok(permit) => {
                 if let Some(a) = permit.acquired.filter(|a| a.stale) {
                     // `--stale warn`: allowed, and the writer is told.
-                    let text = format!(
-                        "stale write: {p} is at v{v} but this session last saw v{seen} \
-                         (another session changed it since); the write goes on over that \
-                         change. Read {p} again to see it.",
-                        p = permit.path,
-                        v = a.version,
-                        seen = a.view.unwrap_or(0)
-                    );
-                    self.engine
-                        .tell(&permit.session, Some(permit.path.as_ref()), &text, now);
+                    let seen = a.view.unwrap_or(0);
+                    let stale = Told::Stale(&permit.path, a.version, seen);
+                    self.tell_why(&permit.session, stale, now);
                 }
                 Ok(Some(permit))
             }
@@ -897,7 +915,7 @@ impl Policy for Volume {
                 if r.reason == Reason::Unresolved {
                     tracing::warn!(pid = caller.pid, uid = caller.uid, "{}", r.message);
                 } else {
-                    self.engine.tell(&s, r.path.as_deref(), &r.message, now);
+                    self.tell_why(&s, Told::Refused(&r), now);
                 }
                 // The `denied` event is in the log when the call returns (no fsync).
                 if let Err(e) = self.journal.write_out() {

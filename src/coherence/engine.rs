@@ -412,17 +412,19 @@ impl Engine {
     /// What `.coherent/why` shows `s` from now on: its latest refusal or stale write
     /// (about `path`, if one), told at `now` (docs/design.md#handoff: the latest one wins).
     pub fn tell(&self, s: &SessionInfo, path: Option<&str>, text: &str, now: Timestamp) {
-        self.why.lock().insert(
-            s.name.clone(),
-            (path.map(str::to_string), text.to_string(), Some(now)),
-        );
+        self.keep_why(s, path.map(str::to_string), text.to_string(), Some(now));
     }
 
+    /// A refusal made by the engine: kept for `why` (without a time: the volume says it
+    /// again, with one, when it reaches the caller).
     pub(super) fn refuse(&self, s: &SessionInfo, r: Refusal) -> Refusal {
-        self.why
-            .lock()
-            .insert(s.name.clone(), (r.path.clone(), r.message.clone(), None));
+        self.keep_why(s, r.path.clone(), r.message.clone(), None);
         r
+    }
+
+    /// The one writer of `why`.
+    fn keep_why(&self, s: &SessionInfo, path: Option<String>, text: String, at: Option<Timestamp>) {
+        self.why.lock().insert(s.name.clone(), (path, text, at));
     }
 
     /// The state change of one logged event on one path: shared by the live path

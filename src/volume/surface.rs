@@ -484,8 +484,7 @@ impl Surface {
             Ok(reply) => reply,
             Err(f) => {
                 // `why` shows the latest refusal, whichever part of the volume made it.
-                vol.engine
-                    .tell(s, f.path.as_deref(), &f.message, Timestamp::now());
+                vol.tell_why(s, super::Told::Refused(&f), Timestamp::now());
                 let paths = req.paths();
                 let path = (paths.len() == 1).then(|| paths[0].as_str());
                 Reply::refused(Some(verb), &f, path)
