@@ -732,3 +732,31 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
         Some("no refusal")
     );
 }
+
+/// `--stale warn` (the default): a write from an outdated view goes on, and the writer
+/// reads at `.coherent/why` exactly what happened, through the filesystem.
+#[test]
+fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    f.write_file("plan.md", "v1\n");
+    let plan = f.fs.lookup(&alice.caller, ROOT_INO, OsStr::new("plan.md"));
+    let plan = plan.unwrap().attr.unwrap().ino;
+    let append = |a: &Agent| {
+        let o =
+            f.fs.open(&a.caller, plan, libc::O_WRONLY | libc::O_APPEND)
+                .unwrap();
+        f.fs.write(&a.caller, plan, o.fh, 0, b"more\n").unwrap();
+        f.fs.flush(&a.caller, plan, o.fh).unwrap();
+        f.fs.release(&a.caller, plan, o.fh);
+    };
+    f.read(&alice, "plan.md");
+    append(&bob);
+    append(&alice);
+    let why = f.read_surface(&alice, "why");
+    let told = "stale write: plan.md is at v2 but this session last saw v1 (another session \
+                changed it since); the write goes on over that change. Read plan.md again to \
+                see it.\n(at ";
+    assert!(why.starts_with(told), "{why}");
+    assert_eq!(f.events_of("stale_write", "alice").len(), 1);
+}
