@@ -27,7 +27,6 @@
 //! `wait` a `"path"`, an optional `"until"` and an optional `"timeout"` (seconds, a number).
 //! Unknown fields are refused so a misspelt field never silently changes a request.
 
-use super::reply::Reply;
 use super::{CONTROL_DIR, MAX_NAME, MAX_NOTE, MAX_PATH, MAX_REQUEST, USAGE};
 use crate::coherence::Until;
 use crate::error::{Reason, Refusal};
@@ -234,11 +233,6 @@ impl RequestError {
             path: None,
             refusal: Refusal::new(Reason::BadRequest, format!("bad request: {what}; {hint}")),
         }
-    }
-
-    /// The refusal reply for this error.
-    pub fn reply(&self) -> Reply {
-        Reply::refused(self.verb, &self.refusal, self.path.as_deref())
     }
 }
 
