@@ -203,7 +203,7 @@ pub struct Engine {
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
     /// Bumped by every event that can change a record (`wait`).
-    pub(super) changes: super::wait::Changes,
+    pub(super) changes: super::changes::Changes,
     /// With a coordinator: the next record id (0: a record's id is its transfer's seq).
     /// Several hosts make records, so ids come from the coordinator's revisions.
     pub(super) record_ids: AtomicU64,
@@ -403,7 +403,7 @@ impl Engine {
         self.sink.append(&mut ev);
         self.applied.fetch_max(ev.seq, Ordering::SeqCst);
         self.apply_entry(entry, &ev, true);
-        if super::wait::changes_records(ev.event) {
+        if super::changes::changes_records(ev.event) {
             self.changes.bump();
         }
         ev.seq

@@ -2,6 +2,7 @@
 //! the fence decision and the verbs. Pure: no I/O, no clock (every call takes `now`); events go to
 //! an [`EventSink`] (the journal).
 
+mod changes;
 mod engine;
 mod evict;
 mod lookup;
