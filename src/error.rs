@@ -3,10 +3,33 @@
 //!
 //! Every refusal the volume can give a session is a [`Reason`]. The reason string is the
 //! wire (tests outside this repo match on it); the errno is what a `write(2)` to
-//! `.coherent/ctl` or a fenced filesystem call fails with.
+//! `.coherent/ctl` or a fenced filesystem call fails with. A refusal about a record names
+//! its [`Status`], defined here, below the engine (which re-exports it).
 
-use crate::coherence::Status;
+use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// The status of a transfer record (docs/design.md#handoff).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pending,
+    Completed,
+    Overtaken,
+    Declined,
+    Withdrawn,
+    Superseded,
+}
+
+impl Status {
+    /// Statuses under which a record is live while the version has not moved.
+    pub fn may_be_live(self) -> bool {
+        matches!(
+            self,
+            Status::Pending | Status::Completed | Status::Overtaken
+        )
+    }
+}
 
 /// A wire-stable refusal reason code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

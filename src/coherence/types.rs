@@ -17,27 +17,8 @@ pub enum Hold {
     I,
 }
 
-/// The status of a transfer record (docs/design.md#handoff).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Pending,
-    Completed,
-    Overtaken,
-    Declined,
-    Withdrawn,
-    Superseded,
-}
-
-impl Status {
-    /// Statuses under which a record is live while the version has not moved.
-    pub fn may_be_live(self) -> bool {
-        matches!(
-            self,
-            Status::Pending | Status::Completed | Status::Overtaken
-        )
-    }
-}
+/// The status of a transfer record: with the reason codes, since a refusal names it.
+pub use crate::error::Status;
 
 /// `--stale` (docs/design.md#holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
