@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::path::Path;
 
 use super::dir::private_file;
 use super::format::{fnv64, LogHeader, SnapHeader, LOG, SNAPSHOT};
@@ -34,26 +35,9 @@ impl Journal {
             len: body.len() as u64,
             fnv: fnv64(&body),
         };
-        let dir = &self.shared.dir;
-        let tmp = dir.join(format!("{SNAPSHOT}.tmp"));
-        let written = (|| {
-            let mut f = private_file()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            serde_json::to_writer(&mut f, &header).map_err(io::Error::other)?;
-            f.write_all(b"\n")?;
-            f.write_all(&body)?;
-            f.sync_all()
-        })();
-        if let Err(e) = written {
-            // A partial temporary must not keep the disk full.
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        std::fs::rename(&tmp, dir.join(SNAPSHOT))?;
-        File::open(dir)?.sync_all()?;
+        let mut head = serde_json::to_vec(&header).map_err(io::Error::other)?;
+        head.push(b'\n');
+        replace_durably(&self.shared.dir, SNAPSHOT, &[&head, &body])?;
         self.shared.buf.lock().since_snapshot = 0;
         Ok((state.seq, offset))
     }
@@ -66,7 +50,6 @@ impl Journal {
         let dropped = engine.evict_tombstones();
         let (seq, offset) = self.checkpoint_locked(engine)?;
         let dir = &self.shared.dir;
-        let tmp = dir.join(format!("{LOG}.tmp"));
         // Appends go on into the buffer meanwhile; writes to the file wait.
         let mut w = self.shared.written.lock();
         let from = offset - w.base + w.hdr;
@@ -78,22 +61,7 @@ impl Journal {
         })
         .map_err(io::Error::other)?;
         header.push(b'\n');
-        let written = (|| {
-            let mut f = private_file()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            f.write_all(&header)?;
-            f.write_all(&tail)?;
-            f.sync_all()
-        })();
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        std::fs::rename(&tmp, dir.join(LOG))?;
-        File::open(dir)?.sync_all()?;
+        replace_durably(dir, LOG, &[&header, &tail])?;
         w.file = self.shared.opts.io.open_log(&dir.join(LOG))?;
         w.base = offset;
         w.hdr = header.len() as u64;
@@ -137,4 +105,28 @@ impl Journal {
         }
         Ok(n)
     }
+}
+
+/// Replaces `dir/name` with `parts` as one step a crash cannot tear: written to
+/// `name.tmp` (removed again on an error, so a partial one cannot keep the disk full),
+/// fsynced, renamed over `name`, and the directory fsynced.
+fn replace_durably(dir: &Path, name: &str, parts: &[&[u8]]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let written = (|| {
+        let mut f = private_file()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        for p in parts {
+            f.write_all(p)?;
+        }
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, dir.join(name))?;
+    File::open(dir)?.sync_all()
 }
