@@ -29,7 +29,7 @@ pub use policy::{open_writes, HandleInfo, NoPolicy, OpenInfo, Permit, Policy, Wr
 pub use pseudo::{PseudoFs, ReadDone};
 use router::{Node, Router};
 
-use crate::passthrough::{
+use crate::store::{
     Attr, Caller, DirEntry, FsError, FsResult, Handle, Kind, SetAttr, StatFs, Store, XattrReply,
     ROOT_INO,
 };

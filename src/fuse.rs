@@ -33,7 +33,7 @@ use reply::{answer, attr, empty, empty_dir, entry, fopen_flags, xattr, OpenBacki
 
 pub use crate::fs::{Counters, FsOptions, Op, IN_PLACE_TTL, TTL};
 use crate::fs::{Fs, Opened};
-use crate::passthrough::{Caller, FsResult, SetAttr};
+use crate::store::{Caller, FsResult, SetAttr};
 
 /// Largest read/write request through the daemon.
 pub const MAX_IO: u32 = 1 << 20;

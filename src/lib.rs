@@ -5,7 +5,7 @@
 //!
 //! 1. [`fuse`] decodes a kernel request and calls [`fs::Fs`], the filesystem with no FUSE
 //!    in it, which routes `.coherent/` to its pseudo backend and everything else to the
-//!    backing directory ([`passthrough::Store`]), asking its policy before and after
+//!    backing directory ([`store::Store`]), asking its policy before and after
 //!    every write route;
 //! 2. the policy is the [`volume`]: it finds who is calling ([`identity`]), whether the
 //!    path is tracked ([`tracking`]), and asks the engine ([`coherence`]), which decides,
@@ -21,7 +21,7 @@
 // 1. The kernel's side.
 pub mod fs;
 pub mod fuse;
-pub mod passthrough;
+pub mod store;
 
 // 2. The policy and the decision.
 pub mod coherence;

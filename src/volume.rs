@@ -67,7 +67,7 @@ use crate::error::{Reason, Refusal};
 use crate::fs::{open_writes, HandleInfo, OpenInfo, Policy, WriteRoute};
 use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
-use crate::passthrough::{Caller, FsError, FsResult, Stamp};
+use crate::store::{Caller, FsError, FsResult, Stamp};
 use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
 use crate::visibility::Sight;
 use handle::{End, WriteHandle};
@@ -484,7 +484,7 @@ impl Volume {
     /// [`Volume::stat`] and the number of names of the file (`st_nlink`). A file seen with
     /// several names is remembered in `linked` (see [`Volume::restamp_other_names`]).
     fn stat_links(&self, p: &str) -> Option<(coherence::Stamp, bool, u64)> {
-        let st = crate::passthrough::lstat_at(self.root.as_fd(), p)?;
+        let st = crate::store::lstat_at(self.root.as_fd(), p)?;
         if !st.dir && st.nlink > 1 {
             self.linked.lock().insert(st.stamp.ino);
         }

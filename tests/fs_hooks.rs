@@ -13,7 +13,7 @@ use coherent::fs::{
     Fs, FsOptions, HandleInfo, OpenInfo, Permit, Policy, PseudoFs, ReadDone, WriteRoute,
 };
 use coherent::fuse::CoherentFs;
-use coherent::passthrough::{
+use coherent::store::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, SetAttr, Store, Time, ROOT_INO,
     VIRTUAL_INO_BIT,
 };

@@ -18,7 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use coherent::fs::{Entry, Fs, FsOptions, NoPolicy};
-use coherent::passthrough::{Caller, FsError, FsResult, Kind, SetAttr, Store, ROOT_INO};
+use coherent::store::{Caller, FsError, FsResult, Kind, SetAttr, Store, ROOT_INO};
 use common::Mount;
 
 /// xorshift64*: small, seedable, reproducible.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coherent::fs::{Fs, FsOptions, HandleInfo, OpenInfo, Policy, PseudoFs, WriteRoute};
-use coherent::passthrough::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
+use coherent::store::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 
 struct Agent {

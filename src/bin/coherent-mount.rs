@@ -13,7 +13,7 @@ use coherent::coherence;
 use coherent::coordinator::etcd;
 use coherent::fs::{Fs, FsOptions, NoPolicy, Policy, PseudoFs};
 use coherent::fuse::CoherentFs;
-use coherent::passthrough::Store;
+use coherent::store::Store;
 use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
 use fuser::{Config, MountOption, SessionACL};
 

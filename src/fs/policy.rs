@@ -13,7 +13,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
 pub use crate::coherence::Permit;
-use crate::passthrough::{Caller, FsError, FsResult, SetAttr, Stamp};
+use crate::store::{Caller, FsError, FsResult, SetAttr, Stamp};
 
 /// A write route (docs/design.md#write-routes), with the path(s) involved.
 #[derive(Debug, Clone, Copy)]

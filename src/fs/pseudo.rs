@@ -2,13 +2,13 @@
 //! (docs/design.md#control-surface), in the manner of a pseudo filesystem.
 //!
 //! The [`router`](super::router) sends every request on an inode of this backend
-//! (numbers with [`VIRTUAL_INO_BIT`](crate::passthrough::VIRTUAL_INO_BIT) set) here, and
+//! (numbers with [`VIRTUAL_INO_BIT`](crate::store::VIRTUAL_INO_BIT) set) here, and
 //! the lookup of [`PseudoFs::root_name`] at the root. The backend knows nothing of FUSE
 //! nor of the backing directory.
 
 use std::ffi::{OsStr, OsString};
 
-use crate::passthrough::{Attr, Caller, DirEntry, FsResult};
+use crate::store::{Attr, Caller, DirEntry, FsResult};
 
 /// The answer to a read, given later (see [`PseudoFs::read`]).
 pub type ReadDone = Box<dyn FnOnce(FsResult<Vec<u8>>) + Send>;

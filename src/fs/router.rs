@@ -1,12 +1,12 @@
 //! Which backend answers a request: the one place that tells the inodes of the
 //! `.coherent/` tree ([`PseudoFs`](super::PseudoFs)) from those of the backing directory
-//! ([`Store`](crate::passthrough::Store)). Inode numbers with
-//! [`VIRTUAL_INO_BIT`](crate::passthrough::VIRTUAL_INO_BIT) set belong to the tree, and so
+//! ([`Store`](crate::store::Store)). Inode numbers with
+//! [`VIRTUAL_INO_BIT`](crate::store::VIRTUAL_INO_BIT) set belong to the tree, and so
 //! does its name at the root.
 
 use std::ffi::{OsStr, OsString};
 
-use crate::passthrough::{is_virtual, ROOT_INO};
+use crate::store::{is_virtual, ROOT_INO};
 
 /// The backend of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FileType, INodeNo, Request, TimeOrNow};
 
-use crate::passthrough::{Attr, Caller, FsError, Kind, SetTime, Time};
+use crate::store::{Attr, Caller, FsError, Kind, SetTime, Time};
 
 /// The one place an [`FsError`] becomes a FUSE errno.
 pub(super) fn errno(e: FsError) -> Errno {

@@ -9,7 +9,7 @@ use fuser::{
 
 use super::convert::{fail, file_attr, negative_attr};
 use crate::fs::{AttrOut, Entry, Fopen, Op};
-use crate::passthrough::{FsResult, XattrReply};
+use crate::store::{FsResult, XattrReply};
 
 /// A reply that can carry an errno (every `fuser` reply).
 pub(super) trait ErrorReply {

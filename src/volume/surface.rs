@@ -42,7 +42,7 @@ use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
 use crate::fs::{open_writes, PseudoFs, ReadDone};
 use crate::identity::{Session, Via};
-use crate::passthrough::{
+use crate::store::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
 };
 use crate::visibility::{LogView, Sight};

@@ -28,7 +28,7 @@ use crate::coherence::{Engine, RecordJson, Until, WaitState};
 use crate::control::{describe_record, Reply, Verb, MAX_WAIT_SECS};
 use crate::error::Refusal;
 use crate::fs::ReadDone;
-use crate::passthrough::FsError;
+use crate::store::FsError;
 
 /// The longest the wait thread sleeps without a change.
 const IDLE_LOOK: Duration = Duration::from_secs(5);
