@@ -24,6 +24,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::store::HandleState;
 pub use counters::{Counters, Op};
 pub use policy::{open_writes, HandleInfo, NoPolicy, OpenInfo, Permit, Policy, WriteRoute};
 pub use pseudo::{PseudoFs, ReadDone};
@@ -233,18 +234,21 @@ impl Fs {
             created,
             stamp: *h.stamp.lock(),
         };
-        let token = match self.policy.on_open(caller, &info, permit) {
-            Ok(t) => t,
+        let state = match self.policy.on_open(caller, &info, permit) {
+            Ok(st) => st,
             Err(e) => {
                 self.store.release(fh);
                 return Err(e);
             }
         };
-        h.token.store(token, Ordering::Relaxed);
+        let stateless = state.is_none();
+        if let Some(st) = state {
+            let _ = h.state.set(st);
+        }
         // A handle the policy keeps no state for (an untracked path, say) or an open
         // that changes nothing has nothing to tell at FLUSH: spare the round trip at
         // every close.
-        let noflush = token == 0 || self.noflush || (!created && !open_writes(h.flags));
+        let noflush = stateless || self.noflush || (!created && !open_writes(h.flags));
         Ok(Opened {
             fh,
             fopen: Fopen {
@@ -255,14 +259,14 @@ impl Fs {
         })
     }
 
-    fn handle_info<'a>(&self, h: &Handle, path: Option<&'a Path>) -> HandleInfo<'a> {
+    fn handle_info<'a>(&self, h: &'a Handle, path: Option<&'a Path>) -> HandleInfo<'a> {
         let now = Store::stamp(h).unwrap_or_default();
         let before = std::mem::replace(&mut *h.stamp.lock(), now);
         HandleInfo {
             ino: h.ino,
             path,
             flags: h.flags,
-            token: h.token.load(Ordering::Relaxed),
+            state: h.state.get(),
             before,
             now,
         }

@@ -72,8 +72,7 @@ impl CoherentFs {
     /// The backing id for an opened backing file, when passthrough is in use.
     fn passthrough_of(&self, o: &Opened, reply: &impl OpenBacking) -> Option<Arc<BackingId>> {
         let h = o.handle.as_ref()?;
-        self.backings
-            .id(h.ino, o.fh, || reply.open_backing(&h.file))
+        self.backings.id(h, || reply.open_backing(&h.file))
     }
 }
 
@@ -367,9 +366,7 @@ impl Filesystem for CoherentFs {
         reply: ReplyEmpty,
     ) {
         let c = self.begin(Op::Release, req);
-        if self.fs.release(&c, ino.0, fh.0) {
-            self.backings.release(fh.0);
-        }
+        self.fs.release(&c, ino.0, fh.0);
         reply.ok()
     }
 

@@ -60,16 +60,23 @@ struct InodeState {
     link: Option<(u64, OsString)>,
 }
 
-/// An open regular file (or anything else opened through `open`).
+/// What a layer above keeps about one open file, in the file's handle.
+pub type HandleState = Arc<dyn std::any::Any + Send + Sync>;
+
+/// An open regular file (or anything else opened through `open`): the one state of an
+/// open file. The layers above keep theirs here too, so it lives and goes with the handle.
 pub struct Handle {
     pub ino: u64,
     pub file: File,
     /// The open flags the kernel sent.
     pub flags: i32,
-    /// Opaque value returned by the `on_open` hook.
-    pub token: AtomicU64,
     /// Stamp at open or the last flush.
     pub stamp: Mutex<Stamp>,
+    /// The policy's state of this open file (set at open; none: it keeps nothing).
+    pub state: std::sync::OnceLock<HandleState>,
+    /// The kernel's registration of the file for FUSE passthrough, if any (set by the
+    /// FUSE glue at open, dropped with the handle).
+    pub kernel: std::sync::OnceLock<HandleState>,
 }
 
 /// An open directory: a snapshot of its entries, refreshed when read from offset 0.
@@ -594,7 +601,8 @@ impl Store {
             ino,
             file,
             flags,
-            token: AtomicU64::new(0),
+            state: std::sync::OnceLock::new(),
+            kernel: std::sync::OnceLock::new(),
             stamp: Mutex::new(Stamp::from_stat(&st)),
         });
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);

@@ -20,11 +20,11 @@
 //!   [`coherence::Write`]); the adapter hands the [`Permit`] back to `after_write`, or to
 //!   `on_open` for an open that succeeded.
 //! - **Write handles**: an open for write is fenced and acquired *before* the backing
-//!   file is opened (so a fenced `> plan.md` truncates nothing). The handle then gets a
-//!   token naming a `WriteHandle` (`handle.rs`: session, path at open, opener pid,
-//!   created?, and one [`handle::State`]), which
-//!   flush and release use: those requests may carry pid 0. Read-only opens get token 0
-//!   and no state (flush and release of them cost nothing here).
+//!   file is opened (so a fenced `> plan.md` truncates nothing). The open file's handle
+//!   then keeps a `WriteHandle` as its state (`handle.rs`: session, path at open, opener
+//!   pid, created?, and one [`handle::State`]), which flush and release use: those
+//!   requests may carry pid 0. Read-only opens keep no state (flush and release of them
+//!   cost nothing here).
 //! - **Commits**: a flush or release whose backing stamp changed commits `Write`; a
 //!   handle that created its file commits at its first changed flush or at release (the
 //!   create and its writes are one commit); the truncation of an `O_TRUNC` open belongs
@@ -53,7 +53,6 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,7 +63,7 @@ use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Wri
 use crate::coordinator::etcd::{Etcd, EtcdSpec};
 use crate::coordinator::{Coordinator, Embedded, StepKind};
 use crate::error::{Reason, Refusal};
-use crate::fs::{open_writes, HandleInfo, OpenInfo, Policy, WriteRoute};
+use crate::fs::{open_writes, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
 use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::store::{Caller, FsError, FsResult, Stamp};
@@ -161,6 +160,16 @@ fn refused(r: Refusal) -> FsError {
     FsError(r.write_errno())
 }
 
+/// The write handle kept in an open file's handle (None: a handle without state).
+fn write_handle(h: &HandleInfo<'_>) -> Option<Arc<WriteHandle>> {
+    h.state?.clone().downcast::<WriteHandle>().ok()
+}
+
+/// A write handle's key in [`Volume::handles`] (it is there from its open to its release).
+fn key(w: &Arc<WriteHandle>) -> usize {
+    Arc::as_ptr(w) as usize
+}
+
 /// The engine's stamp of a backing file: (ino, ctime, size).
 fn stamp(s: &Stamp) -> coherence::Stamp {
     coherence::Stamp {
@@ -188,13 +197,14 @@ pub struct Volume {
     /// The backing directory (`O_PATH`), for the stats that decide what changed.
     root: OwnedFd,
     cfg: VolumeConfig,
-    handles: Mutex<HashMap<u64, Arc<WriteHandle>>>,
+    /// The write handles open now, to wait for their release (each lives in the state of
+    /// its open file; this only finds them).
+    handles: Mutex<HashMap<usize, Arc<WriteHandle>>>,
     /// Inodes seen with more than one name (their other names are restamped after a link,
     /// unlink or rename through the volume).
     linked: Mutex<HashSet<u64>>,
     /// Signalled whenever a write handle is released.
     released: Condvar,
-    next_token: AtomicU64,
     surface: surface::Surface,
     /// Which paths are tracked (docs/design.md#versions): the rest pass through with no version, no
     /// hold, no event and no session lookup.
@@ -267,7 +277,6 @@ impl Volume {
             handles: Mutex::new(HashMap::new()),
             linked: Mutex::new(HashSet::new()),
             released: Condvar::new(),
-            next_token: AtomicU64::new(1),
             surface: surface::Surface::new(),
             tracking,
             stop: Mutex::new(false),
@@ -538,13 +547,6 @@ impl Volume {
 
     fn stamp_now(&self, p: &str) -> Option<coherence::Stamp> {
         self.stat(p).filter(|(_, dir)| !dir).map(|(s, _)| s)
-    }
-
-    fn write_handle(&self, token: u64) -> Option<Arc<WriteHandle>> {
-        if token == 0 {
-            return None;
-        }
-        self.handles.lock().get(&token).cloned()
     }
 
     /// `RENAME_EXCHANGE` of `f` and `t` (after it succeeded): two files each take the
@@ -952,7 +954,7 @@ impl Policy for Volume {
         caller: &Caller,
         open: &OpenInfo<'_>,
         permit: Option<Permit>,
-    ) -> Result<u64, FsError> {
+    ) -> Result<Option<HandleState>, FsError> {
         let now = Timestamp::now();
         if !open_writes(open.flags) {
             if let Some(p) = rel(open.path).filter(|p| self.is_tracked(p, false)) {
@@ -972,7 +974,7 @@ impl Policy for Volume {
                     }
                 }
             }
-            return Ok(0);
+            return Ok(None);
         }
         if open.flags & libc::O_TRUNC != 0 || open.created {
             if let Some(p) = rel(open.path) {
@@ -981,25 +983,30 @@ impl Policy for Volume {
         }
         // No acquire (an untracked path, a directory): no state.
         let Some(pm) = permit.filter(|pm| pm.acquired.is_some()) else {
-            return Ok(0);
+            return Ok(None);
         };
         if rel(open.path) != Some(pm.path.as_str()) {
             // Not the file the permit was made for (renamed in between): give the hold back.
             self.engine.close_write(&pm.session, &pm.path, false, now);
-            return Ok(0);
+            return Ok(None);
         }
         // An O_TRUNC open that emptied the file changed it before the handle's first stamp.
         let dirty =
             open.flags & libc::O_TRUNC != 0 && pm.pre.is_some_and(|pre| pre != stamp(&open.stamp));
-        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        let w = WriteHandle::new(pm.session, pm.path, caller.pid, open.created, dirty);
-        self.handles.lock().insert(token, Arc::new(w));
-        Ok(token)
+        let w = Arc::new(WriteHandle::new(
+            pm.session,
+            pm.path,
+            caller.pid,
+            open.created,
+            dirty,
+        ));
+        self.handles.lock().insert(key(&w), w.clone());
+        Ok(Some(w))
     }
 
     fn on_flush(&self, caller: &Caller, h: &HandleInfo<'_>) {
         self.retrack_handle(h);
-        let Some(w) = self.write_handle(h.token) else {
+        let Some(w) = write_handle(h) else {
             return;
         };
         let unsettled = w.flush(h.changed(), || {
@@ -1026,7 +1033,7 @@ impl Policy for Volume {
 
     fn on_release(&self, _caller: &Caller, h: &HandleInfo<'_>) {
         self.retrack_handle(h);
-        let Some(w) = self.write_handle(h.token) else {
+        let Some(w) = write_handle(h) else {
             return;
         };
         let now = Timestamp::now();
@@ -1072,7 +1079,7 @@ impl Policy for Volume {
             }
             End::MaybeGone | End::Released => close(false),
         }
-        self.handles.lock().remove(&h.token);
+        self.handles.lock().remove(&key(&w));
         self.released.notify_all();
     }
 

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use coherent::fs::{
-    Fs, FsOptions, HandleInfo, OpenInfo, Permit, Policy, PseudoFs, ReadDone, WriteRoute,
+    Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Permit, Policy, PseudoFs, ReadDone,
+    WriteRoute,
 };
 use coherent::fuse::CoherentFs;
 use coherent::store::{
@@ -95,6 +96,12 @@ fn route(r: &WriteRoute<'_>) -> String {
 
 struct TestPolicy(Arc<Recorder>);
 
+/// The number a handle keeps as its state (0: none).
+fn token(h: &HandleInfo<'_>) -> u64 {
+    h.state
+        .map_or(0, |s| *s.downcast_ref::<u64>().expect("a number"))
+}
+
 impl Policy for TestPolicy {
     fn before_write(&self, _c: &Caller, r: &WriteRoute<'_>) -> Result<Option<Permit>, FsError> {
         let s = route(r);
@@ -123,7 +130,7 @@ impl Policy for TestPolicy {
         c: &Caller,
         o: &OpenInfo<'_>,
         _permit: Option<Permit>,
-    ) -> Result<u64, FsError> {
+    ) -> Result<Option<HandleState>, FsError> {
         // FUSE reports the calling thread's id: one of our threads.
         assert!(
             Path::new(&format!("/proc/self/task/{}", c.pid)).exists(),
@@ -141,15 +148,15 @@ impl Policy for TestPolicy {
         }
         // A handle the policy keeps no state for (like the volume's untracked paths).
         if p(o.path).contains("stateless") {
-            return Ok(0);
+            return Ok(None);
         }
-        Ok(1000 + o.stamp.size)
+        Ok(Some(Arc::new(1000 + o.stamp.size)))
     }
     fn on_flush(&self, _c: &Caller, h: &HandleInfo<'_>) {
         self.0.push(format!(
             "flush {} token={} changed={}",
             p(h.path),
-            h.token,
+            token(h),
             h.changed()
         ));
     }
@@ -157,7 +164,7 @@ impl Policy for TestPolicy {
         self.0.push(format!(
             "release {} token={} changed={}",
             p(h.path),
-            h.token,
+            token(h),
             h.changed()
         ));
     }

@@ -11,7 +11,9 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coherent::fs::{Fs, FsOptions, HandleInfo, OpenInfo, Policy, PseudoFs, WriteRoute};
+use coherent::fs::{
+    Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Policy, PseudoFs, WriteRoute,
+};
 use coherent::store::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 
@@ -126,11 +128,11 @@ impl Fixture {
             created: false,
             stamp: self.stamp(p),
         };
-        assert_eq!(self.vol.on_open(&a.caller, &info, None).unwrap(), 0);
+        assert!(self.vol.on_open(&a.caller, &info, None).unwrap().is_none());
     }
 
-    /// An open for write by `a` that succeeds: the token of its write handle.
-    fn open_write(&self, a: &Agent, p: &str) -> u64 {
+    /// An open for write by `a` that succeeds: the state of its write handle.
+    fn open_write(&self, a: &Agent, p: &str) -> HandleState {
         let route = WriteRoute::Open {
             ino: 1,
             path: Some(Path::new(p)),
@@ -144,17 +146,16 @@ impl Fixture {
             created: false,
             stamp: self.stamp(p),
         };
-        let token = self.vol.on_open(&a.caller, &info, permit).unwrap();
-        assert_ne!(token, 0);
-        token
+        let state = self.vol.on_open(&a.caller, &info, permit).unwrap();
+        state.expect("a write handle keeps state")
     }
 
-    fn handle<'a>(&self, p: &'a str, token: u64, before: Stamp) -> HandleInfo<'a> {
+    fn handle<'a>(&self, p: &'a str, state: &'a HandleState, before: Stamp) -> HandleInfo<'a> {
         HandleInfo {
             ino: 1,
             path: Some(Path::new(p)),
             flags: libc::O_WRONLY,
-            token,
+            state: Some(state),
             before,
             now: self.stamp(p),
         }
@@ -393,13 +394,13 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let st = f.stamp("a.md");
     // A deliberate close(2) by a running task, then its process exits before the
     // RELEASE arrives: still a `release`.
-    f.vol.on_flush(&bob.caller, &f.handle("a.md", t, st));
+    f.vol.on_flush(&bob.caller, &f.handle("a.md", &t, st));
     bob.kill();
     let nobody = Caller {
         pid: 0,
         ..bob.caller
     };
-    f.vol.on_release(&nobody, &f.handle("a.md", t, st));
+    f.vol.on_release(&nobody, &f.handle("a.md", &t, st));
     assert_eq!(f.events_of("release", "bob").len(), 1);
     assert!(f.events_of("reclaim", "bob").is_empty());
 
@@ -407,7 +408,7 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let mut carol = Agent::new("carol");
     let t = f.open_write(&carol, "a.md");
     carol.kill();
-    f.vol.on_release(&nobody, &f.handle("a.md", t, st));
+    f.vol.on_release(&nobody, &f.handle("a.md", &t, st));
     let reclaimed = f.await_event("reclaim", "carol", 1);
     assert_eq!(reclaimed.len(), 1, "{:#?}", f.events());
     assert_eq!(reclaimed[0]["path"], "a.md");
@@ -428,10 +429,10 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
     assert_eq!(f.ctl(&alice, "transfer --to bob plan.md"), Err(libc::EBUSY));
     assert!(started.elapsed() < Duration::from_secs(4), "did not wait");
     // Closed (FLUSH) but the RELEASE is still on its way: the transfer waits for it.
-    f.vol.on_flush(&alice.caller, &f.handle("plan.md", t, st));
+    f.vol.on_flush(&alice.caller, &f.handle("plan.md", &t, st));
     std::thread::scope(|sc| {
         let vol = &f.vol;
-        let h = f.handle("plan.md", t, st);
+        let h = f.handle("plan.md", &t, st);
         let releaser = sc.spawn(move || {
             // Release once the transfer is waiting (it logs nothing while waiting; its
             // refusal would already be back, so give it a moment to start).
@@ -513,7 +514,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             created: false,
             stamp: f.stamp("plan.md"),
         };
-        assert_eq!(f.vol.on_open(&c, &info, None).unwrap(), 0);
+        assert!(f.vol.on_open(&c, &info, None).unwrap().is_none());
     }
     // Nothing overtook the handoff: the record is pending and alice is still fenced.
     let st = f.vol.engine().status(Some("plan.md"));

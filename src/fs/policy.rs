@@ -3,7 +3,7 @@
 //! [`Fs`](super::Fs) calls these around every write route of
 //! [docs/design.md#write-routes](../../docs/design.md#write-routes), at every open, flush
 //! and release of a backing file, and for xattr reads. The default implementations do
-//! nothing: every write is allowed, tokens are 0 and no xattr is computed. The
+//! nothing: every write is allowed, no handle keeps state and no xattr is computed. The
 //! `.coherent/` tree is not a policy but a backend of its own ([`super::PseudoFs`]).
 //!
 //! Paths are workspace-relative (`""` is the root) and `None` only when the kernel refers
@@ -13,7 +13,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::Path;
 
 pub use crate::coherence::Permit;
-use crate::store::{Caller, FsError, FsResult, SetAttr, Stamp};
+use crate::store::{Caller, FsError, FsResult, HandleState, SetAttr, Stamp};
 
 /// A write route (docs/design.md#write-routes), with the path(s) involved.
 #[derive(Debug, Clone, Copy)]
@@ -94,8 +94,8 @@ pub struct HandleInfo<'a> {
     pub ino: u64,
     pub path: Option<&'a Path>,
     pub flags: i32,
-    /// The value `on_open` returned for this handle.
-    pub token: u64,
+    /// The state `on_open` returned for this handle.
+    pub state: Option<&'a HandleState>,
     /// The stamp at open, or at the previous flush of this handle.
     pub before: Stamp,
     /// The stamp now.
@@ -139,17 +139,17 @@ pub trait Policy: Send + Sync + 'static {
     ) {
     }
     /// At every successful open or create of a backing file (read or write), with the
-    /// permit `before_write` gave (None for a read-only open). The value is stored in the
-    /// handle and given back at flush and release; 0 means the handle carries no state,
-    /// and then it is opened with `FOPEN_NOFLUSH` (no `on_flush` for it). `Err` fails the open (the backing file
+    /// permit `before_write` gave (None for a read-only open). The state is kept in the
+    /// file's handle and given back at flush and release; a handle with none is opened
+    /// with `FOPEN_NOFLUSH` (no `on_flush` for it). `Err` fails the open (the backing file
     /// is closed again; a created file stays created).
     fn on_open(
         &self,
         caller: &Caller,
         open: &OpenInfo<'_>,
         permit: Option<Permit>,
-    ) -> Result<u64, FsError> {
-        Ok(0)
+    ) -> Result<Option<HandleState>, FsError> {
+        Ok(None)
     }
     /// At each `close(2)` of a descriptor of the handle (there may be several).
     fn on_flush(&self, caller: &Caller, handle: &HandleInfo<'_>) {}

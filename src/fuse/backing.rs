@@ -1,6 +1,7 @@
 //! The backing ids of FUSE passthrough: registered with the kernel, one per inode while
 //! any handle of it is open (the kernel requires all passthrough opens of an inode to
-//! share a backing file).
+//! share a backing file). Each open handle keeps its id (in the store's handle, so it goes
+//! with the handle); this registry finds the id an inode already has.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,17 +10,13 @@ use std::sync::{Arc, Weak};
 use fuser::BackingId;
 use parking_lot::Mutex;
 
-#[derive(Default)]
-struct Ids {
-    by_ino: HashMap<u64, Weak<BackingId>>,
-    by_fh: HashMap<u64, Arc<BackingId>>,
-}
+use crate::store::Handle;
 
 /// The registry, and whether passthrough is in use.
 #[derive(Default)]
 pub(super) struct Backings {
     active: AtomicBool,
-    ids: Mutex<Ids>,
+    by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
 }
 
 impl Backings {
@@ -33,24 +30,27 @@ impl Backings {
         self.active.store(true, Ordering::Relaxed)
     }
 
-    /// Register (or reuse) the backing id of `ino` for handle `fh`. On failure
-    /// passthrough is given up for the rest of the mount.
+    /// The backing id of the open file `h` (registered, or the one its inode has), kept in
+    /// `h` until it is released. On failure passthrough is given up for the rest of the
+    /// mount.
     pub(super) fn id(
         &self,
-        ino: u64,
-        fh: u64,
+        h: &Handle,
         open: impl FnOnce() -> std::io::Result<BackingId>,
     ) -> Option<Arc<BackingId>> {
         if !self.active() {
             return None;
         }
-        let mut b = self.ids.lock();
-        let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
+        let mut by_ino = self.by_ino.lock();
+        let id = match by_ino.get(&h.ino).and_then(Weak::upgrade) {
             Some(id) => id,
             None => match open() {
                 Ok(id) => {
                     let id = Arc::new(id);
-                    b.by_ino.insert(ino, Arc::downgrade(&id));
+                    if by_ino.len() > 1024 {
+                        by_ino.retain(|_, w| w.strong_count() > 0);
+                    }
+                    by_ino.insert(h.ino, Arc::downgrade(&id));
                     id
                 }
                 Err(e) => {
@@ -64,18 +64,7 @@ impl Backings {
                 }
             },
         };
-        b.by_fh.insert(fh, id.clone());
+        let _ = h.kernel.set(id.clone());
         Some(id)
-    }
-
-    /// Handle `fh` was released.
-    pub(super) fn release(&self, fh: u64) {
-        let mut b = self.ids.lock();
-        if let Some(id) = b.by_fh.remove(&fh) {
-            drop(id);
-            if b.by_ino.len() > 1024 {
-                b.by_ino.retain(|_, w| w.strong_count() > 0);
-            }
-        }
     }
 }
