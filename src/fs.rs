@@ -5,7 +5,7 @@
 //! [`Policy`] decides ([`Policy::before_write`]), the [`Store`] operates, the policy
 //! counts ([`Policy::after_write`]) or, for an open or create that succeeded, hears of the
 //! new handle ([`Policy::on_open`]); a handle the policy refuses is released again. The
-//! [`router`] sends requests on the `.coherent/` tree to the [`PseudoFs`] backend.
+//! `router` sends requests on the `.coherent/` tree to the [`PseudoFs`] backend.
 //!
 //! Cache policy (docs/cache.md): entries, attributes and failed lookups are cached for
 //! [`FsOptions::ttl`]; nodes of the pseudo tree for 0 (their size and mtime move). Long

@@ -1,5 +1,5 @@
 //! The `fuser` glue: decodes each FUSE request into a call of [`Fs`] and encodes its
-//! answer (`reply.*`), with one error path ([`answer`]). Besides, it owns what only FUSE
+//! answer (`reply.*`), with one error path (`reply::answer`). Besides, it owns what only FUSE
 //! has: the negotiation at init, the backing ids of FUSE passthrough and the request
 //! counters. The policy, the routing of `.coherent/` and the cache decisions are [`Fs`]'s.
 //!

@@ -8,7 +8,7 @@
 //!   logical offset B; a log without one starts at logical offset 0, seq 1;
 //! - `snapshot.json`: a compacted state. Line 1 is a header
 //!   `{"format":1,"seq":N,"log_offset":O,"len":L,"fnv":H}`; then L bytes of the
-//!   [`DurableState`] as JSON whose FNV-1a 64 is H. It equals the log's first N events,
+//!   [`DurableState`](crate::coherence::DurableState) as JSON whose FNV-1a 64 is H. It equals the log's first N events,
 //!   which end at logical offset O. Written to `snapshot.json.tmp`, fsynced, renamed,
 //!   and the directory fsynced;
 //! - compaction (once the log holds `compact_bytes` of events): drop unreferenced
