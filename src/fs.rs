@@ -357,7 +357,10 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
-        self.store.readlink(ino)
+        match self.router.node(ino) {
+            Node::Pseudo(_) => Err(FsError(libc::ENOENT)),
+            Node::Backing(ino) => self.store.readlink(ino),
+        }
     }
 
     pub fn mknod(
@@ -729,8 +732,12 @@ impl Fs {
         }
     }
 
+    /// The statistics of the backing filesystem (also asked of a node of the pseudo tree).
     pub fn statfs(&self, ino: u64) -> FsResult<StatFs> {
-        self.store.statfs(ino)
+        match self.router.node(ino) {
+            Node::Pseudo(_) => self.store.statfs(ROOT_INO),
+            Node::Backing(ino) => self.store.statfs(ino),
+        }
     }
 
     pub fn setxattr(

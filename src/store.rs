@@ -33,11 +33,12 @@ pub use types::*;
 
 /// The inode number of the mount root.
 pub const ROOT_INO: u64 = 1;
-/// Inode numbers with this bit set are virtual (not in the backing directory).
+/// Inode numbers with this bit set are never the store's: they are reserved for the
+/// pseudo tree (`.coherent/`), which `fs::router` tells apart.
 pub const VIRTUAL_INO_BIT: u64 = 1 << 63;
 
-/// Is `ino` a virtual node (served by the hooks, not the backing directory)?
-pub fn is_virtual(ino: u64) -> bool {
+/// Not one of the store's inode numbers (the store never allocates these).
+fn reserved(ino: u64) -> bool {
     ino & VIRTUAL_INO_BIT != 0
 }
 
@@ -204,7 +205,7 @@ impl Store {
     }
 
     fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
-        if is_virtual(ino) {
+        if reserved(ino) {
             return Err(FsError(libc::ENOENT));
         }
         self.tables
@@ -396,7 +397,7 @@ impl Store {
 
     /// Drop `n` kernel lookups of `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
-        if ino == ROOT_INO || is_virtual(ino) {
+        if ino == ROOT_INO || reserved(ino) {
             return;
         }
         let mut t = self.tables.write();
@@ -1006,7 +1007,7 @@ impl Store {
     }
 
     pub fn statfs(&self, ino: u64) -> FsResult<StatFs> {
-        let (_, node_fd) = self.node_fd(if is_virtual(ino) { ROOT_INO } else { ino })?;
+        let (_, node_fd) = self.node_fd(ino)?;
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
         cvt(unsafe { libc::fstatvfs(node_fd.as_raw_fd(), &mut s) })?;
         Ok(StatFs {

@@ -689,4 +689,7 @@ fn the_pseudo_tree_is_routed_by_inode_without_a_mount() {
     );
     assert!(rec.take().is_empty());
     assert!(backing.join(".coherent/secret").exists());
+    // Asked of the tree, statfs answers for the backing filesystem; readlink finds nothing.
+    assert!(fs_.statfs(VFILE).unwrap().blocks > 0);
+    assert_eq!(err(fs_.readlink(VFILE).map(drop)), libc::ENOENT);
 }

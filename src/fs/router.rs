@@ -6,7 +6,12 @@
 
 use std::ffi::{OsStr, OsString};
 
-use crate::store::{is_virtual, ROOT_INO};
+use crate::store::{ROOT_INO, VIRTUAL_INO_BIT};
+
+/// Is `ino` a node of the pseudo tree? (The one place this is asked.)
+fn is_virtual(ino: u64) -> bool {
+    ino & VIRTUAL_INO_BIT != 0
+}
 
 /// The backend of a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
