@@ -1,9 +1,9 @@
 //! Model test: random histories of 3 sessions and the unattributed `uid:0` over 3 paths,
-//! run on the engine and on an independent model of docs/design.md#versions to #handoff written
-//! here from the text (not from the engine): versions, holds and views, transfer records with their
-//! statuses (the docs/design.md#handoff table as data), and the fence computed from the model's
-//! records. After every step the engine must agree with the model on every verb's result (ok, or
-//! the reason code), every version, every hold, every record (status, counterparty, liveness)
+//! run on the engine and on an independent model of DESIGN.md §3–§5 written here from the
+//! text (not from the engine): versions, holds and views, transfer records with their
+//! statuses (the §5 table as data), and the fence computed from the model's records. After
+//! every step the engine must agree with the model on every verb's result (ok, or the
+//! reason code), every version, every hold, every record (status, counterparty, liveness)
 //! and the fence of every (session, path); and its log must rebuild its state.
 
 mod core_common;
@@ -14,7 +14,7 @@ use core_common::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
-// Contract points of docs/design.md#handoff the model holds the engine to:
+// Contract points of DESIGN.md §5 the model holds the engine to (issue 13):
 // - an exact re-send of a transfer whose record ended answers `handoff_ended`, even
 //   before the giver has read the file again (the ended check comes first);
 // - only a `pending` record changes status: a commit or acquire never changes a
@@ -30,7 +30,7 @@ const EXISTING: usize = 3;
 const NAMES: [&str; 4] = ["alice", "bob", "carol", "uid:0"];
 /// Index of the unattributed session in `NAMES`.
 const UNATTRIBUTED: usize = 3;
-/// What the model calls a change behind the volume's back (docs/design.md#versions).
+/// What the model calls a change behind the volume's back (§3).
 const EXTERNAL: &str = "external";
 const HOUR_MS: i64 = 3_600_000;
 /// `--evict-after` of the engine's default config, in hours.
@@ -105,8 +105,7 @@ enum MStatus {
 }
 
 impl MStatus {
-    /// docs/design.md#handoff: live while pending, completed or overtaken (and the version has not
-    /// moved).
+    /// §5: live while pending, completed or overtaken (and the version has not moved).
     fn may_be_live(self) -> bool {
         matches!(
             self,
@@ -126,7 +125,7 @@ impl MStatus {
     }
 }
 
-/// The docs/design.md#handoff table as data: what each event does to a record of each status.
+/// The §5 table as data: what each event does to a record of each status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum REvent {
     SuccessorCommits,
@@ -140,8 +139,8 @@ enum REvent {
 }
 
 /// The status a record moves to, or None when the event leaves it as it is. Only a
-/// `pending` record changes status (docs/design.md#handoff), except that a live record is
-/// superseded by its giver's transfer elsewhere.
+/// `pending` record changes status (§5), except that a live record is superseded by its
+/// giver's transfer elsewhere.
 fn transition(from: MStatus, ev: REvent) -> Option<MStatus> {
     use MStatus::*;
     const TABLE: &[(MStatus, REvent, MStatus)] = &[
@@ -192,8 +191,7 @@ struct MRecord {
 struct MPath {
     version: u64,
     exists: bool,
-    /// The volume knows what the file looked like at its last commit (docs/design.md#versions's
-    /// stamp).
+    /// The volume knows what the file looked like at its last commit (§3's stamp).
     stamped: bool,
     holders: BTreeMap<usize, MHolder>,
 }
@@ -210,8 +208,8 @@ struct Model {
     overtakes: usize,
 }
 
-/// A predicted result: ok, or any of these reasons (more than one where docs/design.md#handoff
-/// leaves the order of two checks open).
+/// A predicted result: ok, or any of these reasons (more than one where §5 leaves the
+/// order of two checks open).
 type Want = Result<(), Vec<Reason>>;
 
 fn refuse(r: Reason) -> Want {
@@ -244,7 +242,7 @@ impl Model {
             .position(|r| r.path == p && r.status.may_be_live() && r.version_at_transfer == v)
     }
 
-    /// docs/design.md#handoff: the giver of a live record on `p` is fenced on `p`; nobody else is.
+    /// §5: the giver of a live record on `p` is fenced on `p`; nobody else is.
     fn fenced(&self, s: usize, p: usize) -> bool {
         self.live(p).is_some_and(|i| self.records[i].giver == s)
     }
@@ -257,8 +255,8 @@ impl Model {
         if let Some(to) = transition(self.records[i].status, ev) {
             self.records[i].status = to;
             self.records[i].updated = self.hour;
-            // `counterparty` belongs to `overtaken` records only (docs/design.md#handoff): an
-            // overtaken record that is then superseded no longer names one.
+            // `counterparty` belongs to `overtaken` records only (§5): an overtaken record
+            // that is then superseded no longer names one.
             if to != MStatus::Overtaken {
                 self.records[i].counterparty = None;
             }
@@ -289,8 +287,7 @@ impl Model {
         }
     }
 
-    /// Open for write (docs/design.md#holds, docs/design.md#write-routes): fence, stale guard, then
-    /// an `E` hold.
+    /// Open for write (§4, §6): fence, stale guard, then an `E` hold.
     fn acquire(&mut self, s: usize, p: usize) -> Want {
         if self.fenced(s, p) {
             return refuse(Reason::Fenced);
@@ -307,7 +304,7 @@ impl Model {
         Ok(())
     }
 
-    /// A commit of `p` by `s` (docs/design.md#versions): `removed` for unlink and rename away.
+    /// A commit of `p` by `s` (§3): `removed` for unlink and rename away.
     fn commit(&mut self, s: usize, p: usize, removed: bool) {
         if let Some(i) = self.live(p) {
             if self.records[i].successor == s {
@@ -344,8 +341,7 @@ impl Model {
             return;
         }
         let current = h.view == Some(v);
-        // docs/design.md#holds: after a commit M (if still current); a close without a change:
-        // release.
+        // §4: after a commit M (if still current); a close without a change: release.
         h.hold = Some(match (committed, current) {
             (_, false) => MHold::I,
             (true, true) => MHold::M,
@@ -370,8 +366,8 @@ impl Model {
         h.view = Some(v);
     }
 
-    /// A change behind the volume's back (docs/design.md#versions): a commit by `external`, unless
-    /// a handle of the volume is writing the path (its commit counts the change), the path is a
+    /// A change behind the volume's back (§3): a commit by `external`, unless a handle of
+    /// the volume is writing the path (its commit counts the change), the path is a
     /// tombstone and still absent, or the volume had no stamp of the file to compare (it
     /// adopts the one it sees). Returns what `observe` answers: the path's version, None
     /// when it is not there.
@@ -388,8 +384,7 @@ impl Model {
             return Some(e.version);
         }
         if present && e.version == 0 {
-            // first sight of a path the volume never counted: v1, not a change
-            // (docs/design.md#versions)
+            // first sight of a path the volume never counted: v1, not a change (§3)
             e.version = 1;
             e.exists = true;
             e.stamped = true;
@@ -439,8 +434,7 @@ impl Model {
         before - self.records.len()
     }
 
-    /// `transfer(paths, to)` by `s` (docs/design.md#handoff): all or nothing, the first refusal in
-    /// path order.
+    /// `transfer(paths, to)` by `s` (§5): all or nothing, the first refusal in path order.
     fn transfer(&mut self, s: usize, ps: &[usize], to: usize) -> Want {
         if s == UNATTRIBUTED {
             return refuse(Reason::Unattributed);
@@ -491,7 +485,7 @@ impl Model {
                 plans.push((p, Plan::Supersede(i, r.hold)));
                 continue;
             }
-            // The ended check comes first (docs/design.md#handoff).
+            // The ended check comes first (§5).
             if ended {
                 return refuse(Reason::HandoffEnded);
             }
@@ -543,8 +537,8 @@ impl Model {
             return refuse(Reason::NoSuchPath);
         }
         let Some(i) = self.live(p) else {
-            // No live record. docs/design.md#handoff names `handoff_not_live`; an ended record
-            // there may answer `handoff_ended` instead. Nothing changes either way.
+            // No live record. §5 names `handoff_not_live`; an ended record there may
+            // answer `handoff_ended` instead. Nothing changes either way.
             let mut ok = vec![Reason::HandoffNotLive];
             if self.records.iter().any(|r| r.path == p) {
                 ok.push(Reason::HandoffEnded);
@@ -908,8 +902,8 @@ proptest! {
     }
 }
 
-/// The contract points of docs/design.md#handoff as fixed histories, so a failure names the point.
-/// Each runs on the engine and on the model.
+/// The contract points of §5 as fixed histories, so a failure names the point. Each runs
+/// on the engine and on the model.
 mod contract {
     use super::*;
 
@@ -985,8 +979,7 @@ mod contract {
     }
 }
 
-/// docs/design.md#handoff: a note may be up to 64 KiB; one byte more is `bad_request`, and nothing
-/// changes.
+/// §5: a note may be up to 64 KiB; one byte more is `bad_request`, and nothing changes.
 #[test]
 fn a_note_of_64_kib_is_accepted_one_byte_more_is_not() {
     let h = H::new();

@@ -1,4 +1,4 @@
-//! One scenario per row of the docs/design.md#handoff table and per refusal reason code.
+//! One scenario per row of the DESIGN.md §5 table and per refusal reason code.
 
 mod core_common;
 use coherent::coherence::*;
@@ -199,8 +199,8 @@ fn accept_keeps_the_fence_until_the_version_moves() {
     assert_eq!(r.records[0].status, Status::Completed);
     assert!(r.records[0].live);
     assert!(h.e.is_fenced(&a, P));
-    // Accepting again changes nothing: the record is no longer pending (docs/design.md#handoff:
-    // handoff_ended with its status).
+    // Accepting again changes nothing: the record is no longer pending (§5: handoff_ended
+    // with its status).
     let n = h.sink.events().len();
     let t = h.t();
     let err = h.e.accept(&b, &paths(&[P]), t).unwrap_err();

@@ -1,6 +1,5 @@
 //! What the mount reports: opens, acquires, commits, renames, changes behind the
-//! volume's back, sessions gone, eviction; and the fence decision of every write route
-//! (docs/design.md#write-routes).
+//! volume's back, sessions gone, eviction; and the fence decision of every write route (§6).
 
 use super::engine::*;
 use super::route::{At, Found, Write};
@@ -89,8 +88,8 @@ impl Engine {
     /// A live record on `e` touched by `by`, who is neither its giver nor its successor:
     /// `overtaken` with `counterparty` (unless it already says so).
     fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
-        // Only a pending record changes status (docs/design.md#handoff); an overtaken one keeps its
-        // status and names the latest bystander as its counterparty.
+        // Only a pending record changes status (§5); an overtaken one keeps its status and
+        // names the latest bystander as its counterparty.
         let Some(r) = e
             .live()
             .filter(|r| matches!(r.status, Status::Pending | Status::Overtaken))
@@ -317,9 +316,9 @@ impl Engine {
         version
     }
 
-    /// A committed change of `path` by `s` (docs/design.md#versions): a write handle
-    /// flushed/released with a changed file (`CommitOp::Write`; a create and its writes are one
-    /// commit → v1), `Truncate`, `Unlink` (the path becomes a tombstone), `Link`/`Symlink`/`Mknod`
+    /// A committed change of `path` by `s` (§3): a write handle flushed/released with a
+    /// changed file (`CommitOp::Write`; a create and its writes are one commit → v1),
+    /// `Truncate`, `Unlink` (the path becomes a tombstone), `Link`/`Symlink`/`Mknod`
     /// creating it. `stamp` is the file after the change (None after unlink). The
     /// successor's commit completes a live record; anyone else's overtakes it. Returns the
     /// new version. Renames go through `rename`.
