@@ -1,4 +1,4 @@
-//! Core benchmark (issue 3): `cargo bench --bench core`.
+//! Core benchmark (docs/design.md#speed): `cargo bench --bench core`.
 //!
 //! With 100,000 tracked paths, 1,000 sessions and 10,000 transfer records:
 //! - the write decision per route (`Engine::decide`: the fence of a setattr, and an open

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost of the etcd coordinator (issue 12), in one run: the transfer round trip and the
+"""The cost of the etcd coordinator (docs/multi-host.md), in one run: the transfer round trip and the
 open/create paths on native, on coherent-mount without a coordinator (embedded), with a
 1-member etcd (etcd), and on the same etcd mount while the etcd process is SIGSTOPped
 (etcd-paused: an open or create of a file with no record must not wait on etcd).
@@ -114,7 +114,7 @@ class Bench:
 
 # ---------------------------------------------------------------- control file
 class Ctl:
-    """One ctl descriptor per process (DESIGN: each write is a request, the reply is read
+    """One ctl descriptor per process (docs/control.md: each write is a request, the reply is read
     back with pread at 0)."""
 
     def __init__(self, mnt):

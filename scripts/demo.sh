@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The handoff, played in a terminal (DESIGN.md §5-§7).
+# The handoff, played in a terminal (docs/design.md#handoff-docs/design.md#control-surface).
 #
 # Builds coherent, mounts a throwaway workspace, and lets session alice hand plan.md to
 # session bob with a note. Every write alice then tries (>>, truncate, cp, mv, python) must be
@@ -95,7 +95,7 @@ cleanup() {
     set +e
     cd /
     if [[ -n $MOUNT_PID ]] && kill -0 "$MOUNT_PID" 2>/dev/null; then
-        # SIGINT is the daemon's clean unmount (DESIGN.md §9)
+        # SIGINT is the daemon's clean unmount (docs/design.md#mounting)
         kill -INT "$MOUNT_PID" 2>/dev/null
         for _ in $(seq 50); do
             kill -0 "$MOUNT_PID" 2>/dev/null || break

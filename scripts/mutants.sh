@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Mutation testing of the decision code (issue 13) with cargo-mutants: every one-line
-# change cargo-mutants can make in a part of the code is built and run against the test
+# Mutation testing of the decision code (docs/design.md#write-routes) with cargo-mutants: every
+# one-line change cargo-mutants can make in a part of the code is built and run against the test
 # binaries that guard that part; a mutant the tests let through ("missed") is a gap or an
 # equivalent mutant (README lists the equivalent ones and why).
 #

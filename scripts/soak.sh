@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# An agent's day on one volume (issue 9; not part of CI, ~10 min on 2 cores):
+# An agent's day on one volume (docs/design.md#speed; not part of CI, ~10 min on 2 cores):
 #   the daemon runs under `ulimit -n 1024`; 200k files are created through the mount and
 #   read back; this repository is cloned into the mount and built there (offline, its
 #   target dir inside the mount); git work (commits, a branch, a merge, gc); 1,000 handoffs

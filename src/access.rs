@@ -1,5 +1,6 @@
-//! Permission checks made as the caller, the way the kernel would make them (DESIGN.md
-//! §5, §7, §12): may this uid, with these groups, open a path for writing, or look it up?
+//! Permission checks made as the caller, the way the kernel would make them
+//! (docs/design.md#handoff, docs/design.md#control-surface, docs/design.md#trust): may this uid,
+//! with these groups, open a path for writing, or look it up?
 //!
 //! The daemon runs as root, so it cannot ask the question of itself. Instead this thread
 //! takes the caller's fsuid, fsgid and supplementary groups for the duration of one check
@@ -198,8 +199,8 @@ fn parent_of(rel: &Path) -> &Path {
 
 /// Could `who` look `rel` up: search permission on every directory from the root down to
 /// its parent (the name itself need not exist)? This is what decides whether a caller may
-/// see a path, its record and its note (DESIGN.md §7). A parent that does not exist (or
-/// leaves the root) answers no: nobody but root can look a name up there.
+/// see a path, its record and its note (docs/design.md#control-surface). A parent that does not
+/// exist (or leaves the root) answers no: nobody but root can look a name up there.
 pub fn may_look_up(root: BorrowedFd<'_>, rel: &Path, who: &Who) -> bool {
     if who.is_root() {
         return true;

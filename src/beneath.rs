@@ -1,6 +1,6 @@
 //! Resolving a path given in a request beneath the backing root, never following a
-//! symlink out of it (DESIGN.md §7: "a path that leaves the root, lexically or through a
-//! symlink, is `bad_request`, the same answer whether the host path exists or not").
+//! symlink out of it (docs/design.md#control-surface: "a path that leaves the root, lexically or
+//! through a symlink, is `bad_request`, the same answer whether the host path exists or not").
 //!
 //! The kernel does the walk: `openat2(2)` with `RESOLVE_BENEATH` refuses (`EXDEV`) an
 //! absolute symlink or a `..` that would climb above the root *when it meets it*, before

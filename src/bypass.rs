@@ -1,4 +1,4 @@
-//! Processes that would bypass an in-place mount (DESIGN.md §9): a process whose working
+//! Processes that would bypass an in-place mount (docs/design.md#mounting): a process whose working
 //! directory, root directory or an open file is inside the directory before it is mounted
 //! over keeps reaching the files underneath, not the volume, until it re-enters the
 //! directory (`cd` again, reopen). The mount cannot change that; it warns, one line per

@@ -1,5 +1,5 @@
-//! Where the state that hosts must agree on lives (issue 12, DESIGN §13): the embedded
-//! journal of one host (the default) or etcd (`--coordinator etcd://...`).
+//! Where the state that hosts must agree on lives (docs/design.md#hosts, docs/multi-host.md): the
+//! embedded journal of one host (the default) or etcd (`--coordinator etcd://...`).
 //!
 //! The volume asks its coordinator three things: may this host write at all right now
 //! ([`Coordinator::confirmed`]), is a path shared ([`Coordinator::shared`]: it has a
@@ -59,8 +59,8 @@ pub trait Coordinator: Send + Sync {
         op: &mut dyn FnMut() -> bool,
     ) -> Result<Stepped, Refusal>;
 
-    /// Claims session `s` for `uid` on every host (§2: the first uid that shows a name
-    /// owns it). `Ok(Err(owner))`: another uid owns it.
+    /// Claims session `s` for `uid` on every host (docs/design.md#sessions: the first uid that
+    /// shows a name owns it). `Ok(Err(owner))`: another uid owns it.
     fn claim(
         &self,
         engine: &Engine,

@@ -1,11 +1,35 @@
-//! Typed refusals and their wire names and errnos, in one place (DESIGN.md §5, §7).
+//! Typed refusals and their wire names and errnos, in one place (docs/design.md#handoff,
+//! docs/design.md#control-surface).
 //!
 //! Every refusal the volume can give a session is a [`Reason`]. The reason string is the
 //! wire (tests outside this repo match on it); the errno is what a `write(2)` to
-//! `.coherent/ctl` or a fenced filesystem call fails with.
+//! `.coherent/ctl` or a fenced filesystem call fails with. A refusal about a record names
+//! its [`Status`], defined here, below the engine (which re-exports it).
 
-use crate::coherence::Status;
+use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// The status of a transfer record (docs/design.md#handoff).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pending,
+    Completed,
+    Overtaken,
+    Declined,
+    Withdrawn,
+    Superseded,
+}
+
+impl Status {
+    /// Statuses under which a record is live while the version has not moved.
+    pub fn may_be_live(self) -> bool {
+        matches!(
+            self,
+            Status::Pending | Status::Completed | Status::Overtaken
+        )
+    }
+}
 
 /// A wire-stable refusal reason code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -27,18 +51,18 @@ pub enum Reason {
     /// The caller's uid does not own the session it names, or lacks a permission the verb
     /// needs (also: setting or removing a computed `user.coherent.*` xattr).
     SessionNotYours,
-    /// An untracked path (§3).
+    /// An untracked path (docs/design.md#versions).
     NotTracked,
     /// The state could not be made durable.
     IoError,
-    /// Multi-host (§13): the coordinator could not be reached.
+    /// Multi-host (docs/design.md#hosts): the coordinator could not be reached.
     CoordinatorUnavailable,
     /// A fenced write (the giver handed the path on); a `denied` event reason.
     Fenced,
     /// `--stale strict`: the session's view is older than the current version.
     StaleView,
     /// The caller could not be resolved to a session where the volume fails closed
-    /// (issue 9); a `denied` event reason.
+    /// (docs/design.md#sessions); a `denied` event reason.
     Unresolved,
 }
 
@@ -92,7 +116,7 @@ impl Reason {
         }
     }
 
-    /// The errno a refused request or write fails with (DESIGN.md §7).
+    /// The errno a refused request or write fails with (docs/design.md#control-surface).
     pub fn errno(self) -> i32 {
         match self {
             Reason::BadRequest | Reason::HandoffSuccessorMalformed => libc::EINVAL,
@@ -117,7 +141,7 @@ impl fmt::Display for Reason {
 
 /// A refusal: the reason code plus a human sentence that names the file, the other
 /// session and what to do next; the path it refers to and, where a transfer record
-/// exists, that record's status (§5: every refusal reply names both). A refused
+/// exists, that record's status (docs/design.md#handoff: every refusal reply names both). A refused
 /// multi-path request lists each refused path with its own refusal in `per_path` (the
 /// request stays all-or-nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,7 +182,7 @@ impl Refusal {
 
     /// The errno a refused *write route* (open for write, rename, unlink, ...) fails
     /// with: a write held back for want of the coordinator is a refusal like the fence
-    /// (`EACCES`), not a disk error; on `ctl` it stays `EIO` (§7).
+    /// (`EACCES`), not a disk error; on `ctl` it stays `EIO` (docs/design.md#control-surface).
     pub fn write_errno(&self) -> i32 {
         match self.reason {
             Reason::CoordinatorUnavailable => libc::EACCES,

@@ -1,4 +1,4 @@
-//! Who is calling: pid → session (DESIGN.md §2), agent ids, the resolution cache and the
+//! Who is calling: pid → session (docs/design.md#sessions), agent ids, the resolution cache and the
 //! directory of known sessions.
 //!
 //! Contract shared with `coherence`: a session is an `Arc<SessionInfo>`; coherence keys
@@ -7,7 +7,7 @@
 //! - [`Resolver`] maps a FUSE request's pid (a thread id) to its session: the cgroup v2
 //!   segment `coherent-session-NAME`, else the first configured environment tag, else the
 //!   unattributed `uid:UID`. Answers are cached per (tid, [`ProcStamp`]).
-//! - [`SessionDirectory`] knows the sessions and finds one by name, agent id or id prefix.
+//! - [`SessionDirectory`] knows the sessions (found by name or agent id).
 //! - [`join_session_cgroup`] is what `coherent run` uses to put a process in a session's
 //!   cgroup.
 //!
@@ -29,7 +29,7 @@ pub use cache::{CacheStats, Entry as CacheEntry, HeldStat, Outcome, PidCache};
 pub use cgroup::{
     cgroup2_mount, cgroup2_of, join_session_cgroup, remove_session_cgroup, Cgroup2Mount,
 };
-pub use directory::{SessionDirectory, MIN_ID_PREFIX};
+pub use directory::SessionDirectory;
 pub use procfs::{ProcStamp, StatFile};
 pub use resolver::{
     IgnoredTag, ResolveError, Resolver, ResolverConfig, DEFAULT_CACHE_CAPACITY,
@@ -52,8 +52,8 @@ pub enum Via {
     /// Registered through the control file without a process having touched the mount.
     Registered,
     /// A tag or cgroup named `session`, which belongs to another uid (`owner`): this
-    /// process is its own unattributed `uid:UID` instead (§2), and its verbs are refused
-    /// `session_not_yours`.
+    /// process is its own unattributed `uid:UID` instead (docs/design.md#sessions), and its verbs
+    /// are refused `session_not_yours`.
     NotYours { session: String, owner: u32 },
 }
 

@@ -1,21 +1,46 @@
-//! coherent: a FUSE-mounted coherent volume for agents that share one workspace.
+//! coherent: a FUSE-mounted coherent volume for agents that share one workspace
+//! (docs/design.md).
 //!
-//! The core (`identity`, `coherence`, `journal`) has no FUSE in it; `passthrough` owns the
-//! backing directory; `fuse` is a thin adapter from `fuser` callbacks to the rest.
+//! The modules in the order a request flows through them:
+//!
+//! 1. [`fuse`] decodes a kernel request and calls [`fs::Fs`], the filesystem with no FUSE
+//!    in it, which routes `.coherent/` to its pseudo backend and everything else to the
+//!    backing directory ([`store::Store`]), asking its policy before and after
+//!    every write route;
+//! 2. the policy is the [`volume`]: it finds who is calling ([`identity`]), whether the
+//!    path is tracked ([`tracking`]), and asks the engine ([`coherence`]), which decides,
+//!    counts versions and keeps records;
+//! 3. every change of state becomes an event made durable by the [`journal`], and, across
+//!    hosts, agreed through the [`coordinator`];
+//! 4. the `.coherent/` files answer with the [`control`] wire format, showing a reader
+//!    only what it may see ([`visibility`], [`access`], [`beneath`]).
+//!
+//! Underneath: [`error`] (reason codes and errnos), [`names`] (the session-name rule),
+//! [`sys`] (`/proc` readers), [`bypass`] (processes inside an in-place mount).
 
+// 1. The kernel's side.
+pub mod fs;
+pub mod fuse;
+pub mod store;
+
+// 2. The policy and the decision.
+pub mod coherence;
+pub mod identity;
+pub mod tracking;
+pub mod volume;
+
+// 3. Durability and agreement.
+pub mod coordinator;
+pub mod journal;
+
+// 4. The control surface and what a reader may see.
 pub mod access;
 pub mod beneath;
-pub mod bypass;
-pub mod coherence;
 pub mod control;
-pub mod coordinator;
-pub mod error;
-pub mod fuse;
-pub mod identity;
-pub mod journal;
-pub mod names;
-pub mod passthrough;
-pub mod sys;
-pub mod tracking;
 pub mod visibility;
-pub mod volume;
+
+// Underneath everything.
+pub mod bypass;
+pub mod error;
+pub mod names;
+pub mod sys;

@@ -1,10 +1,11 @@
-//! Session names: the one rule (DESIGN.md §2) and its one message, used by the CLI
+//! Session names: the one rule (docs/design.md#sessions) and its one message, used by the CLI
 //! (`coherent run --session`, `register`), the control surface's parser and identity alike,
 //! so a name one of them accepts is never refused (or silently ignored) by another.
 //!
 //! A valid session name is 1 to [`MAX_SESSION_NAME`] characters from `A-Z a-z 0-9 . _ : @ -`
-//! is not `.` or `..`, is not `any` (the successor of an offer to anyone, DESIGN.md §5), and does
-//! not start with `uid:` (reserved for unattributed sessions, so no tag can pose as one). Such a name is also a valid cgroup directory segment (`coherent-session-NAME`).
+//! is not `.` or `..`, is not `any` (the successor of an offer to anyone, docs/design.md#handoff),
+//! and does not start with `uid:` (reserved for unattributed sessions, so no tag can pose as one).
+//! Such a name is also a valid cgroup directory segment (`coherent-session-NAME`).
 
 use std::fmt;
 

@@ -1,4 +1,4 @@
-//! Which workspace paths the volume tracks (DESIGN §3, "Tracked paths").
+//! Which workspace paths the volume tracks (docs/design.md#versions, "Tracked paths").
 //!
 //! Untracked: a `.git` entry and everything under any `.git/`; paths the workspace's
 //! `.gitignore` files ignore (not with `--track-ignored`); paths that `.coherentignore` at

@@ -1,6 +1,6 @@
-//! What a reader may see of a path (DESIGN.md §7): a path, its record and its note only if
-//! the reader could look the path up itself (search permission on every directory above
-//! it, checked as the reader by [`crate::access::may_look_up`]); to anyone else, the answer
+//! What a reader may see of a path (docs/design.md#control-surface): a path, its record and its
+//! note only if the reader could look the path up itself (search permission on every directory
+//! above it, checked as the reader by [`crate::access::may_look_up`]); to anyone else, the answer
 //! for a path that does not exist. Root sees everything.
 //!
 //! [`Sight`] answers "may this reader see this path?" with a memo per parent directory

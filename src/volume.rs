@@ -1,16 +1,17 @@
-//! The coherent volume: the glue that implements the fs adapter's [`Hooks`] with the
-//! identity [`Resolver`], the coherence [`Engine`], the [`Journal`] and the control surface
-//! (DESIGN.md §2–§8).
+//! The coherent volume: the filesystem's [`Policy`] (and, in `surface.rs`, its `.coherent/`
+//! backend) made of the identity [`Resolver`], the coherence [`Engine`], the [`Journal`] and
+//! the coordinator (docs/design.md#sessions to #state-log).
 //!
 //! - **Who**: the caller's session is resolved only where a decision needs it: opens and
-//!   creates, the metadata write routes of §6, the `user.coherent.handoff` xattr, opens of
-//!   `.coherent/` files and writes to `ctl`. Never on read, write, getattr or lookup.
-//! - **Tracked paths** (§3, [`Tracking`]): checked first on every route; an untracked
-//!   path (under `.git/`, ignored by `.gitignore` or `.coherentignore`) passes through with
-//!   no session lookup, no engine call and no event. A change through the mount of an
+//!   creates, the metadata write routes of docs/design.md#write-routes, the `user.coherent.handoff`
+//!   xattr, opens of `.coherent/` files and writes to `ctl`. Never on read, write, getattr or
+//!   lookup.
+//! - **Tracked paths** (docs/design.md#versions, [`Tracking`]): checked first on every route; an
+//!   untracked path (under `.git/`, ignored by `.gitignore` or `.coherentignore`) passes through
+//!   with no session lookup, no engine call and no event. A change through the mount of an
 //!   ignore file, or a directory rename, retracks at once.
-//! - **Fail closed** (§2): a writer whose session cannot be resolved (pid 0, gone, /proc
-//!   unreadable) is decided by [`Engine::decide_unresolved`]: refused on a path with a
+//! - **Fail closed** (docs/design.md#sessions): a writer whose session cannot be resolved (pid 0,
+//!   gone, /proc unreadable) is decided by [`Engine::decide_unresolved`]: refused on a path with a
 //!   live record (`denied`, reason `unresolved`), its `uid:UID` elsewhere.
 //! - **Tell the writer**: a refusal or a stale write is kept for `.coherent/why` with its
 //!   time, and a refused call writes its `denied` event out before it answers.
@@ -19,16 +20,17 @@
 //!   [`coherence::Write`]); the adapter hands the [`Permit`] back to `after_write`, or to
 //!   `on_open` for an open that succeeded.
 //! - **Write handles**: an open for write is fenced and acquired *before* the backing
-//!   file is opened (so a fenced `> plan.md` truncates nothing). The handle then gets a
-//!   token naming a `WriteHandle` (`handle.rs`: session, path at open, opener pid,
-//!   created?, and one [`handle::State`]), which
-//!   flush and release use: those requests may carry pid 0. Read-only opens get token 0
-//!   and no state (flush and release of them cost nothing here).
+//!   file is opened (so a fenced `> plan.md` truncates nothing). The open file's handle
+//!   then keeps a `WriteHandle` as its state (`handle.rs`: session, path at open, opener
+//!   pid, created?, and one [`handle::State`]), which flush and release use: those
+//!   requests may carry pid 0. Read-only opens keep no state (flush and release of them
+//!   cost nothing here).
 //! - **Commits**: a flush or release whose backing stamp changed commits `Write`; a
 //!   handle that created its file commits at its first changed flush or at release (the
 //!   create and its writes are one commit); the truncation of an `O_TRUNC` open belongs
-//!   to the handle's next changed flush, or its release (so `echo x > f` is one commit). Metadata routes commit (`unlink`, `link`, `symlink`, `mknod`,
-//!   `truncate`, `rename`) or restamp (`chmod`, `chown`, `utimes`, xattrs) afterwards.
+//!   to the handle's next changed flush, or its release (so `echo x > f` is one commit). Metadata
+//!   routes commit (`unlink`, `link`, `symlink`, `mknod`, `truncate`, `rename`) or restamp
+//!   (`chmod`, `chown`, `utimes`, xattrs) afterwards.
 //! - **Release or reclaim**: a write handle released without a commit is a `release` when
 //!   its last `close(2)` came from a running task (read at that FLUSH, which is
 //!   synchronous and carries the closer's pid). Closed by an exiting task (killed, or
@@ -48,10 +50,9 @@ mod surface;
 mod waits;
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CString, OsStr, OsString};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,10 +63,10 @@ use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Wri
 use crate::coordinator::etcd::{Etcd, EtcdSpec};
 use crate::coordinator::{Coordinator, Embedded, StepKind};
 use crate::error::{Reason, Refusal};
-use crate::fuse::{open_writes, HandleInfo, Hooks, OpenInfo, WriteRoute};
+use crate::fs::{open_writes, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
 use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
-use crate::passthrough::{Attr, Caller, DirEntry, FsError, FsResult, Stamp};
+use crate::store::{Caller, FsError, FsResult, Stamp};
 use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
 use crate::visibility::Sight;
 use handle::{End, WriteHandle};
@@ -73,7 +74,8 @@ use handle::{End, WriteHandle};
 pub use liveness::{closer_runs, holds_open, session_running, TaskState, FLUSH_PROC_WAIT};
 pub use state_dir::default_state_dir;
 
-/// The computed xattrs (§7); every other name passes through to the backing file.
+/// The computed xattrs (docs/design.md#control-surface); every other name passes through to the
+/// backing file.
 pub use crate::coherence::XATTR_PREFIX;
 pub const XATTR_VERSION: &str = "user.coherent.version";
 pub const XATTR_HANDOFF: &str = "user.coherent.handoff";
@@ -91,7 +93,7 @@ pub struct VolumeConfig {
     pub state_dir: PathBuf,
     /// `--stale` and `--evict-after`.
     pub engine: coherence::Config,
-    /// `--session-env` (empty: the default list of §2).
+    /// `--session-env` (empty: the default list of docs/design.md#sessions).
     pub session_env: Vec<String>,
     /// Where the volume is mounted (to recognise the volume's files in `/proc/PID/fd`).
     pub mountpoint: PathBuf,
@@ -158,6 +160,16 @@ fn refused(r: Refusal) -> FsError {
     FsError(r.write_errno())
 }
 
+/// The write handle kept in an open file's handle (None: a handle without state).
+fn write_handle(h: &HandleInfo<'_>) -> Option<Arc<WriteHandle>> {
+    h.state?.clone().downcast::<WriteHandle>().ok()
+}
+
+/// A write handle's key in [`Volume::handles`] (it is there from its open to its release).
+fn key(w: &Arc<WriteHandle>) -> usize {
+    Arc::as_ptr(w) as usize
+}
+
 /// The engine's stamp of a backing file: (ino, ctime, size).
 fn stamp(s: &Stamp) -> coherence::Stamp {
     coherence::Stamp {
@@ -167,7 +179,14 @@ fn stamp(s: &Stamp) -> coherence::Stamp {
     }
 }
 
-/// The coherent volume: [`Hooks`] for [`crate::fuse::CoherentFs`].
+/// What a writer or a verb's caller is told at `.coherent/why`.
+enum Told<'a> {
+    Refused(&'a Refusal),
+    /// A stale write allowed by `--stale warn`: the path, its version, the writer's view.
+    Stale(&'a str, u64, u64),
+}
+
+/// The coherent volume: the [`Policy`] and the `.coherent/` backend of [`crate::fs::Fs`].
 pub struct Volume {
     engine: Arc<Engine>,
     journal: Arc<Journal>,
@@ -178,16 +197,17 @@ pub struct Volume {
     /// The backing directory (`O_PATH`), for the stats that decide what changed.
     root: OwnedFd,
     cfg: VolumeConfig,
-    handles: Mutex<HashMap<u64, Arc<WriteHandle>>>,
+    /// The write handles open now, to wait for their release (each lives in the state of
+    /// its open file; this only finds them).
+    handles: Mutex<HashMap<usize, Arc<WriteHandle>>>,
     /// Inodes seen with more than one name (their other names are restamped after a link,
     /// unlink or rename through the volume).
     linked: Mutex<HashSet<u64>>,
     /// Signalled whenever a write handle is released.
     released: Condvar,
-    next_token: AtomicU64,
     surface: surface::Surface,
-    /// Which paths are tracked (§3): the rest pass through with no version, no hold, no
-    /// event and no session lookup.
+    /// Which paths are tracked (docs/design.md#versions): the rest pass through with no version, no
+    /// hold, no event and no session lookup.
     tracking: Tracking,
     stop: Mutex<bool>,
     stop_cv: Condvar,
@@ -257,7 +277,6 @@ impl Volume {
             handles: Mutex::new(HashMap::new()),
             linked: Mutex::new(HashSet::new()),
             released: Condvar::new(),
-            next_token: AtomicU64::new(1),
             surface: surface::Surface::new(),
             tracking,
             stop: Mutex::new(false),
@@ -351,20 +370,22 @@ impl Volume {
 
     /// The caller's session, made known to the engine (`session_seen` the first time): a
     /// session is known once any of its processes touched the volume where it resolves.
-    /// A session name belongs to the first uid that shows it (§2): a process of another
-    /// uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
+    /// A session name belongs to the first uid that shows it (docs/design.md#sessions): a process
+    /// of another uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
     fn session(&self, c: &Caller) -> Session {
         self.owned(self.resolver.resolve_request(c.pid, c.uid), c)
     }
 
-    /// `s` as resolved for caller `c`, if `c`'s uid owns the name (§2: the first uid that
-    /// shows a name owns it); else `c`'s own `uid:UID`, marked with whose name it showed.
+    /// `s` as resolved for caller `c`, if `c`'s uid owns the name (docs/design.md#sessions: the
+    /// first uid that shows a name owns it); else `c`'s own `uid:UID`, marked with whose name it
+    /// showed.
     fn owned(&self, s: Session, c: &Caller) -> Session {
         self.claimed(s, c).unwrap_or_else(|anyone| anyone)
     }
 
     /// [`Volume::owned`], but `Err` (the caller's `uid:UID`) when the coordinator could
-    /// not be asked who owns the name: a writer is then decided as unresolved (§2).
+    /// not be asked who owns the name: a writer is then decided as unresolved
+    /// (docs/design.md#sessions).
     fn claimed(&self, s: Session, c: &Caller) -> Result<Session, Session> {
         let now = Timestamp::now();
         let claim = match self.coord.claim(&self.engine, &s, c.uid, now) {
@@ -390,8 +411,8 @@ impl Volume {
         })
     }
 
-    /// The session of a caller about to write (§2: fail closed). `Err` carries the
-    /// caller's `uid:UID`, under which a write to a path with no live record goes on.
+    /// The session of a caller about to write (docs/design.md#sessions: fail closed). `Err` carries
+    /// the caller's `uid:UID`, under which a write to a path with no live record goes on.
     fn writer(&self, c: &Caller) -> Result<Session, Session> {
         match self.resolver.resolve(c.pid) {
             Ok(s) => self.claimed(s, c),
@@ -405,8 +426,8 @@ impl Volume {
         }
     }
 
-    /// Is the workspace path `p` tracked (§3)? `is_dir`: it names a directory. A path
-    /// with a live record stays tracked whatever the ignore files say now, so a giver
+    /// Is the workspace path `p` tracked (docs/design.md#versions)? `is_dir`: it names a directory.
+    /// A path with a live record stays tracked whatever the ignore files say now, so a giver
     /// cannot step out of its fence by ignoring the file it handed on.
     pub fn is_tracked(&self, p: &str, is_dir: bool) -> bool {
         self.tracking.is_tracked(p, is_dir) || self.engine.has_live_record(p)
@@ -472,41 +493,17 @@ impl Volume {
     /// [`Volume::stat`] and the number of names of the file (`st_nlink`). A file seen with
     /// several names is remembered in `linked` (see [`Volume::restamp_other_names`]).
     fn stat_links(&self, p: &str) -> Option<(coherence::Stamp, bool, u64)> {
-        let c = CString::new(p).ok()?;
-        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-        // SAFETY: a valid dirfd, a NUL-terminated path and a buffer of the right type.
-        let r = unsafe {
-            libc::fstatat(
-                self.root.as_raw_fd(),
-                c.as_ptr(),
-                st.as_mut_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        if r != 0 {
-            return None;
+        let st = crate::store::lstat_at(self.root.as_fd(), p)?;
+        if !st.dir && st.nlink > 1 {
+            self.linked.lock().insert(st.stamp.ino);
         }
-        // SAFETY: fstatat succeeded, so it filled the buffer.
-        let st = unsafe { st.assume_init() };
-        let dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-        if !dir && st.st_nlink > 1 {
-            self.linked.lock().insert(st.st_ino);
-        }
-        Some((
-            coherence::Stamp {
-                ino: st.st_ino,
-                ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
-                size: st.st_size as u64,
-            },
-            dir,
-            st.st_nlink,
-        ))
+        Some((stamp(&st.stamp), st.dir, st.nlink))
     }
 
     /// A link, unlink or rename through the volume changed the ctime of inode `ino`; its
     /// other tracked names (`except` the ones the operation itself counts) take the new
-    /// stamp, so the change is never taken for one behind the volume's back (§3). Only for
-    /// inodes seen with several names.
+    /// stamp, so the change is never taken for one behind the volume's back
+    /// (docs/design.md#versions). Only for inodes seen with several names.
     fn restamp_other_names(&self, ino: u64, except: &[&str]) {
         if !self.linked.lock().contains(&ino) {
             return;
@@ -552,13 +549,6 @@ impl Volume {
         self.stat(p).filter(|(_, dir)| !dir).map(|(s, _)| s)
     }
 
-    fn write_handle(&self, token: u64) -> Option<Arc<WriteHandle>> {
-        if token == 0 {
-            return None;
-        }
-        self.handles.lock().get(&token).cloned()
-    }
-
     /// `RENAME_EXCHANGE` of `f` and `t` (after it succeeded): two files each take the
     /// other's content (a commit of both); a directory side moves through a temporary
     /// name so the versions under both trees swap.
@@ -566,7 +556,7 @@ impl Volume {
         let f_dir = self.stat(f).is_some_and(|x| x.1); // now holds the old t
         let t_dir = self.stat(t).is_some_and(|x| x.1); // now holds the old f
         if !f_dir && !t_dir {
-            // An untracked side of the swap is not counted (§3).
+            // An untracked side of the swap is not counted (docs/design.md#versions).
             for p in [f, t].into_iter().filter(|p| self.is_tracked(p, false)) {
                 self.engine
                     .commit(s, p, CommitOp::Rename, self.stamp_now(p), now);
@@ -585,6 +575,24 @@ impl Volume {
             self.engine.rename(s, f, t, false, self.stamp_now(t), now);
             self.engine.rename(s, &tmp, f, true, None, now);
         }
+    }
+
+    /// What `.coherent/why` shows `s` from now on, with the time it happened: the one place
+    /// the volume says it (a refusal the engine made is kept there already, without a
+    /// time, and said again here when it reaches the caller).
+    fn tell_why(&self, s: &Session, what: Told<'_>, now: Timestamp) {
+        let (path, text) = match what {
+            Told::Refused(r) => (r.path.as_deref(), r.message.clone()),
+            Told::Stale(p, v, seen) => (
+                Some(p),
+                format!(
+                    "stale write: {p} is at v{v} but this session last saw v{seen} (another \
+                     session changed it since); the write goes on over that change. Read {p} \
+                     again to see it."
+                ),
+            ),
+        };
+        self.engine.tell(s, path, &text, now);
     }
 
     /// A transfer was refused because write handles of `s` on `paths` are open. If each
@@ -619,7 +627,8 @@ impl Volume {
     }
 }
 
-/// A write route across hosts (issue 12): see `coordinator` and docs/multi-host.md.
+/// A write route across hosts (docs/design.md#hosts): see `coordinator` and
+/// docs/multi-host.md.
 impl Volume {
     /// The names of `w` when it needs the coordinator (a shared path, or a directory
     /// with shared paths under it); `None` on one host or when nothing is shared.
@@ -778,7 +787,7 @@ impl Volume {
     }
 }
 
-impl Hooks for Volume {
+impl Policy for Volume {
     fn before_write(
         &self,
         caller: &Caller,
@@ -871,7 +880,8 @@ impl Hooks for Volume {
                     _ => Write::Removexattr { at, name },
                 }
             }
-            // §6 does not fence directories being made or removed (a directory rename is).
+            // docs/design.md#write-routes does not fence directories being made or removed (a
+            // directory rename is).
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => return Ok(None),
         };
         let now = Timestamp::now();
@@ -897,16 +907,9 @@ impl Hooks for Volume {
             Ok(permit) => {
                 if let Some(a) = permit.acquired.filter(|a| a.stale) {
                     // `--stale warn`: allowed, and the writer is told.
-                    let text = format!(
-                        "stale write: {p} is at v{v} but this session last saw v{seen} \
-                         (another session changed it since); the write goes on over that \
-                         change. Read {p} again to see it.",
-                        p = permit.path,
-                        v = a.version,
-                        seen = a.view.unwrap_or(0)
-                    );
-                    self.engine
-                        .tell(&permit.session, Some(permit.path.as_ref()), &text, now);
+                    let seen = a.view.unwrap_or(0);
+                    let stale = Told::Stale(&permit.path, a.version, seen);
+                    self.tell_why(&permit.session, stale, now);
                 }
                 Ok(Some(permit))
             }
@@ -914,7 +917,7 @@ impl Hooks for Volume {
                 if r.reason == Reason::Unresolved {
                     tracing::warn!(pid = caller.pid, uid = caller.uid, "{}", r.message);
                 } else {
-                    self.engine.tell(&s, r.path.as_deref(), &r.message, now);
+                    self.tell_why(&s, Told::Refused(&r), now);
                 }
                 // The `denied` event is in the log when the call returns (no fsync).
                 if let Err(e) = self.journal.write_out() {
@@ -951,7 +954,7 @@ impl Hooks for Volume {
         caller: &Caller,
         open: &OpenInfo<'_>,
         permit: Option<Permit>,
-    ) -> Result<u64, FsError> {
+    ) -> Result<Option<HandleState>, FsError> {
         let now = Timestamp::now();
         if !open_writes(open.flags) {
             if let Some(p) = rel(open.path).filter(|p| self.is_tracked(p, false)) {
@@ -971,7 +974,7 @@ impl Hooks for Volume {
                     }
                 }
             }
-            return Ok(0);
+            return Ok(None);
         }
         if open.flags & libc::O_TRUNC != 0 || open.created {
             if let Some(p) = rel(open.path) {
@@ -980,25 +983,30 @@ impl Hooks for Volume {
         }
         // No acquire (an untracked path, a directory): no state.
         let Some(pm) = permit.filter(|pm| pm.acquired.is_some()) else {
-            return Ok(0);
+            return Ok(None);
         };
         if rel(open.path) != Some(pm.path.as_str()) {
             // Not the file the permit was made for (renamed in between): give the hold back.
             self.engine.close_write(&pm.session, &pm.path, false, now);
-            return Ok(0);
+            return Ok(None);
         }
         // An O_TRUNC open that emptied the file changed it before the handle's first stamp.
         let dirty =
             open.flags & libc::O_TRUNC != 0 && pm.pre.is_some_and(|pre| pre != stamp(&open.stamp));
-        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        let w = WriteHandle::new(pm.session, pm.path, caller.pid, open.created, dirty);
-        self.handles.lock().insert(token, Arc::new(w));
-        Ok(token)
+        let w = Arc::new(WriteHandle::new(
+            pm.session,
+            pm.path,
+            caller.pid,
+            open.created,
+            dirty,
+        ));
+        self.handles.lock().insert(key(&w), w.clone());
+        Ok(Some(w))
     }
 
     fn on_flush(&self, caller: &Caller, h: &HandleInfo<'_>) {
         self.retrack_handle(h);
-        let Some(w) = self.write_handle(h.token) else {
+        let Some(w) = write_handle(h) else {
             return;
         };
         let unsettled = w.flush(h.changed(), || {
@@ -1025,7 +1033,7 @@ impl Hooks for Volume {
 
     fn on_release(&self, _caller: &Caller, h: &HandleInfo<'_>) {
         self.retrack_handle(h);
-        let Some(w) = self.write_handle(h.token) else {
+        let Some(w) = write_handle(h) else {
             return;
         };
         let now = Timestamp::now();
@@ -1071,7 +1079,7 @@ impl Hooks for Volume {
             }
             End::MaybeGone | End::Released => close(false),
         }
-        self.handles.lock().remove(&h.token);
+        self.handles.lock().remove(&key(&w));
         self.released.notify_all();
     }
 
@@ -1105,7 +1113,8 @@ impl Hooks for Volume {
             XATTR_HANDOFF => {
                 let s = self.session(caller);
                 // The kernel checked the path's search permission only with
-                // default_permissions; the volume checks it in any case (§7).
+                // default_permissions; the volume checks it in any case
+                // (docs/design.md#control-surface).
                 let who = Who::of_task(caller.pid, caller.uid, caller.gid);
                 if !Sight::new(who).sees(self.root.as_fd(), p) {
                     return nodata;
@@ -1122,63 +1131,4 @@ impl Hooks for Volume {
     // listxattr: the default (nothing added). The computed `user.coherent.*` attributes
     // are readable by name but not listed, so copies (`cp -a`, `shutil.copy2`, `tar
     // --xattrs`, `rsync -X`) neither try to set them nor carry a stale version out.
-
-    fn virtual_root_name(&self) -> Option<OsString> {
-        Some(crate::control::CONTROL_DIR.into())
-    }
-
-    fn virtual_lookup(&self, _caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        self.surface.lookup(self, parent, name)
-    }
-
-    fn virtual_getattr(&self, _caller: &Caller, ino: u64) -> FsResult<Attr> {
-        self.surface.attr(self, ino)
-    }
-
-    fn virtual_readdir(&self, _caller: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
-        self.surface.readdir(ino)
-    }
-
-    fn virtual_open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
-        self.surface.open(self, caller, ino, flags)
-    }
-
-    fn virtual_read(
-        &self,
-        _caller: &Caller,
-        _ino: u64,
-        token: u64,
-        offset: u64,
-        size: u32,
-    ) -> FsResult<Vec<u8>> {
-        self.surface.read(self, token, offset, size)
-    }
-
-    fn virtual_read_deferred(
-        &self,
-        caller: &Caller,
-        _ino: u64,
-        token: u64,
-        offset: u64,
-        size: u32,
-        done: crate::fuse::ReadDone,
-    ) {
-        self.surface
-            .read_deferred(self, caller, token, offset, size, done)
-    }
-
-    fn virtual_write(
-        &self,
-        caller: &Caller,
-        _ino: u64,
-        token: u64,
-        _offset: u64,
-        data: &[u8],
-    ) -> FsResult<u32> {
-        self.surface.write(self, caller, token, data)
-    }
-
-    fn virtual_release(&self, _ino: u64, token: u64) {
-        self.surface.release(token)
-    }
 }

@@ -1,5 +1,5 @@
-//! The contract corrections of issue 7 (DESIGN.md §5), and the write decision of §6 over
-//! the core's `Write` routes: one test per rule.
+//! The contract of docs/design.md#handoff, and the write decision of docs/design.md#write-routes
+//! over the core's `Write` routes: one test per rule.
 
 mod core_common;
 use coherent::coherence::*;

@@ -1,4 +1,4 @@
-//! Offers to anyone (DESIGN.md §5): `transfer --to any`, claimed by the first `accept`.
+//! Offers to anyone (docs/design.md#handoff): `transfer --to any`, claimed by the first `accept`.
 
 mod core_common;
 use coherent::coherence::*;

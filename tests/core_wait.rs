@@ -1,5 +1,5 @@
-//! `wait` in the core (DESIGN.md §7): which record a wait follows, when each state is
-//! reached, and the record-change counter a waiter sleeps on.
+//! `wait` in the core (docs/design.md#control-surface): which record a wait follows, when each
+//! state is reached, and the record-change counter a waiter sleeps on.
 
 mod core_common;
 use coherent::coherence::*;

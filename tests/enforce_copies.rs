@@ -1,7 +1,7 @@
-//! Copies into, within and out of a mount (DESIGN.md §7: the computed `user.coherent.*`
-//! xattrs are readable by name, not listed): `cp -a`, `shutil.copy2`, `shutil.copytree`,
-//! `tar --xattrs` and `rsync -X` finish without an error, keep the files' own xattrs, and no
-//! copy carries a `user.coherent.*` attribute.
+//! Copies into, within and out of a mount (docs/design.md#control-surface: the computed
+//! `user.coherent.*` xattrs are readable by name, not listed): `cp -a`, `shutil.copy2`,
+//! `shutil.copytree`, `tar --xattrs` and `rsync -X` finish without an error, keep the files' own
+//! xattrs, and no copy carries a `user.coherent.*` attribute.
 
 #[path = "common/coherent.rs"]
 mod coherent;

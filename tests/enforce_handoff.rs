@@ -1,6 +1,7 @@
-//! The handoff table of DESIGN.md §5 end to end on a real mount, each scenario twice: through
-//! the `coherent` CLI and through plain-line writes to `.coherent/ctl`. Then every refusal
-//! code of §5 with its CLI exit code (2) and the errno of its ctl write (§7).
+//! The handoff table of docs/design.md#handoff end to end on a real mount, each scenario twice:
+//! through the `coherent` CLI and through plain-line writes to `.coherent/ctl`. Then every refusal
+//! code of docs/design.md#handoff with its CLI exit code (2) and the errno of its ctl write
+//! (docs/design.md#control-surface).
 
 #[path = "common/coherent.rs"]
 mod coherent;
@@ -30,7 +31,7 @@ struct Answer {
     code: i32,
 }
 
-/// A single-quoted plain-line argument (literal inside quotes, §7).
+/// A single-quoted plain-line argument (literal inside quotes, docs/design.md#control-surface).
 fn q(s: &str) -> String {
     assert!(!s.contains('\''), "no single quote in test values");
     format!("'{s}'")
@@ -403,7 +404,7 @@ fn a_transfer_to_another_successor_supersedes(chan: Chan) {
     assert!(inbox(&m, Some("carol")).contains("plan.md"));
 }
 
-/// Every refusal code of §5 with its errno (§7).
+/// Every refusal code of docs/design.md#handoff with its errno (docs/design.md#control-surface).
 fn every_refusal(chan: Chan) {
     let m = setup();
     let t = |p: &str, to: &str| transfer_req(p, to, None);
@@ -745,14 +746,16 @@ fn cli_paths_are_relative_to_the_current_directory() {
     let mut c = std::process::Command::new(CLI);
     c.args(["transfer", "--to", "bob", "/etc/hostname"]);
     let r = run_in(&m.mnt, &[("COHERENT_SESSION", "alice")], &mut c);
-    // the CLI finds the volume from the path: there is none (exit 4, §7)
+    // the CLI finds the volume from the path: there is none (exit 4,
+    // docs/design.md#control-surface)
     assert_eq!(r.code, Some(4), "{}", r.show());
     assert!(r.err.contains("no coherent volume here"), "{}", r.show());
 }
 
-/// A fenced giver cannot reach the handed file's bytes through a new hard link (§1: a
-/// giver must not write the file again). §6 names `link` creating P; the mount also fences
-/// `link` with P as the source (findings, 13:22), which this guards.
+/// A fenced giver cannot reach the handed file's bytes through a new hard link
+/// (docs/design.md#problem: a giver must not write the file again). docs/design.md#write-routes
+/// names `link` creating P; the mount also fences `link` with P as the source (findings, 13:22),
+/// which this guards.
 #[test]
 fn a_fenced_giver_cannot_hard_link_the_handed_file() {
     let m = setup();
@@ -782,7 +785,8 @@ fn the_fence_follows_a_directory_rename() {
     let m = setup();
     sh_ok(&m, Some("alice"), "mkdir d && echo x > d/plan.md");
     transfer(&m, "alice", "bob", &["d/plan.md"]);
-    // the giver may not move it (a rename of the handed file, §6); a bystander may
+    // the giver may not move it (a rename of the handed file, docs/design.md#write-routes); a
+    // bystander may
     sh_refused(&m, "alice", "mv d e", "d/plan.md", "fenced");
     sh_ok(&m, Some("carol"), "mv d e");
     let p = "e/plan.md";

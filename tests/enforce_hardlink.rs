@@ -1,7 +1,7 @@
-//! Issue 13: a bystander's hard link must not lift the fence. A link made through the
-//! mount changes the file's ctime; that is not a change behind the volume's back (§3: link,
-//! unlink and rename through the volume never count as one), so the record stays `pending`
-//! and the giver stays fenced on every name of the file.
+//! docs/design.md#handoff: a bystander's hard link must not lift the fence. A link made through the
+//! mount changes the file's ctime; that is not a change behind the volume's back
+//! (docs/design.md#versions: link, unlink and rename through the volume never count as one), so the
+//! record stays `pending` and the giver stays fenced on every name of the file.
 
 #[path = "common/coherent.rs"]
 mod coherent;

@@ -1,6 +1,6 @@
 //! The behaviours that one-line mutants of the decision code got past the suite with
-//! (issue 13), each pinned on a real mount with the errno of the system call AND the
-//! reason and route of the `denied` event it logged: `truncate(2)` by path is a commit, the
+//! (docs/design.md#write-routes), each pinned on a real mount with the errno of the system call AND
+//! the reason and route of the `denied` event it logged: `truncate(2)` by path is a commit, the
 //! giver's directory rename and `RENAME_EXCHANGE` of directories are fenced, every write
 //! route names itself in `denied`, a commit never revives an ended record, the latest
 //! bystander is the counterparty, and `chown` by the giver is fenced.
@@ -80,7 +80,8 @@ fn content(m: &Vol, rel: &str) -> String {
     std::fs::read_to_string(m.path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
-/// `truncate(2)` on a path (no handle of the caller open) is a commit of its own (§3).
+/// `truncate(2)` on a path (no handle of the caller open) is a commit of its own
+/// (docs/design.md#versions).
 #[test]
 fn truncate_by_path_commits() {
     let m = mount(true);
@@ -103,8 +104,8 @@ fn truncate_by_path_commits() {
     assert_eq!(errno_of(&m, "alice", "open('plan.md', 'a').write('x')"), 0);
 }
 
-/// Every route of §6 a giver can try on a handed file answers EACCES and names its route
-/// in the `denied` event; nothing changes.
+/// Every route of docs/design.md#write-routes a giver can try on a handed file answers EACCES and
+/// names its route in the `denied` event; nothing changes.
 #[test]
 fn denied_events_name_the_route() {
     let m = handed_after("setfattr -n user.keep -v 1 plan.md");
@@ -160,7 +161,8 @@ fn denied_events_name_the_route() {
     assert_eq!(r["status"], "pending", "{r}");
 }
 
-/// `chown` by the giver is a setattr of the owner: fenced (§6), also to the same owner.
+/// `chown` by the giver is a setattr of the owner: fenced (docs/design.md#write-routes), also to
+/// the same owner.
 #[test]
 fn chown_by_the_giver_is_fenced() {
     let m = handed();

@@ -1,6 +1,6 @@
 //! Ending holds and surviving restarts on a real mount: a killed session's write hold is
-//! reclaimed (`reclaim`, not `release`, DESIGN.md §4); versions and live records survive a
-//! clean stop (SIGTERM) and a crash (`kill -9`) of the daemon (§8).
+//! reclaimed (`reclaim`, not `release`, docs/design.md#holds); versions and live records survive a
+//! clean stop (SIGTERM) and a crash (`kill -9`) of the daemon (docs/design.md#state-log).
 
 #[path = "common/coherent.rs"]
 mod coherent;

@@ -1,8 +1,8 @@
-//! Every write route of DESIGN.md §6 through real programs on a real mount, one table row
-//! per route. Each row is tried on its own handed-off file (alice hands `tN.md` to bob):
+//! Every write route of docs/design.md#write-routes through real programs on a real mount, one
+//! table row per route. Each row is tried on its own handed-off file (alice hands `tN.md` to bob):
 //! by the fenced giver (refused with EACCES, bytes and version unchanged, `.coherent/why`
-//! is the deny text of §5), by the successor (allowed; a commit completes the record) and
-//! by a bystander (allowed; an acquire or a commit overtakes the record). One mount per
+//! is the deny text of docs/design.md#handoff), by the successor (allowed; a commit completes the
+//! record) and by a bystander (allowed; an acquire or a commit overtakes the record). One mount per
 //! role keeps the suite fast; all failures of a role are reported together.
 
 #[path = "common/coherent.rs"]
@@ -29,7 +29,7 @@ struct Row {
     cmd: &'static str,
     /// When allowed: the target afterwards.
     after: After,
-    /// When allowed: how many commits the route makes on the target (§3).
+    /// When allowed: how many commits the route makes on the target (docs/design.md#versions).
     commits: u64,
     /// When allowed: the route opens the target for writing (an acquire).
     acquires: bool,
@@ -288,7 +288,7 @@ fn giver_is_fenced(m: Vol) {
 }
 
 /// The successor or a bystander runs every route: allowed, with the effect and the
-/// version change of the row, and the record moves as §5 says.
+/// version change of the row, and the record moves as docs/design.md#handoff says.
 fn others_may_write(who: &str) {
     let m = handed_off(true);
     let mut failures = Vec::new();

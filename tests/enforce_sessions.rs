@@ -1,5 +1,5 @@
-//! Sessions on a real mount (DESIGN.md §2): `coherent run --session NAME` (environment and,
-//! where cgroup v2 is writable, a cgroup that wins over the environment), the Claude Code
+//! Sessions on a real mount (docs/design.md#sessions): `coherent run --session NAME` (environment
+//! and, where cgroup v2 is writable, a cgroup that wins over the environment), the Claude Code
 //! tag and its agent id, unattributed processes, `--session-env`, `register`, and naming a
 //! successor by full agent id or id prefix.
 
@@ -212,7 +212,7 @@ fn register_makes_a_successor_known() {
         (Some(2), Some("handoff_successor_unknown")),
         "{v}"
     );
-    // Not ahead of its first process by another session (issue 8: register registers
+    // Not ahead of its first process by another session (docs/sessions.md: register registers
     // only the caller's own session, so no one can claim a name before its owner) ...
     let (code, v) = cli_json(&m, Some("alice"), &["register", "zed"]);
     assert_eq!(

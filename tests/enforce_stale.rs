@@ -1,4 +1,4 @@
-//! The stale-write guard on a real mount (DESIGN.md §4): `--stale strict` refuses a write
+//! The stale-write guard on a real mount (docs/design.md#holds): `--stale strict` refuses a write
 //! from an outdated view until the session reads again, `warn` (the default) logs
 //! `stale_write` and allows, `off` does neither. A blind write is never stale.
 

@@ -1,6 +1,6 @@
-//! The `.coherent/` control surface of a real mount (DESIGN.md §7, §8): `status`, `events`
-//! (JSON lines, followed by `tail -f`), `whoami`, `why`, `inbox`, the computed xattrs, the
-//! directory's protection and a malformed `ctl` request.
+//! The `.coherent/` control surface of a real mount (docs/design.md#control-surface,
+//! docs/design.md#state-log): `status`, `events` (JSON lines, followed by `tail -f`), `whoami`,
+//! `why`, `inbox`, the computed xattrs, the directory's protection and a malformed `ctl` request.
 
 #[path = "common/coherent.rs"]
 mod coherent;
@@ -206,7 +206,8 @@ fn the_xattrs_are_computed() {
     );
     assert!(r.denied(), "removing user.coherent.version: {}", r.show());
     assert_eq!(version(&m, "other.md"), Some(1));
-    // not listed (§7: so copies do not carry them), though readable by name
+    // not listed (docs/design.md#control-surface: so copies do not carry them), though readable by
+    // name
     let names = sh_ok(&m, Some("carol"), "getfattr --absolute-names -m - plan.md");
     assert!(
         !names.contains("user.coherent."),

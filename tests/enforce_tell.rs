@@ -1,7 +1,8 @@
-//! Telling the writer (DESIGN.md §5, §7, §8): `.coherent/why` shows the latest refusal or
-//! stale write with its time and versions, and `no refusal` when there is none; a `denied`
-//! event and a verb's events are in `.coherent/events` when the call returns (each read
-//! once, right after the call, in the same shell: no retry loop).
+//! Telling the writer (docs/design.md#handoff, docs/design.md#control-surface,
+//! docs/design.md#state-log): `.coherent/why` shows the latest refusal or stale write with its time
+//! and versions, and `no refusal` when there is none; a `denied` event and a verb's events are in
+//! `.coherent/events` when the call returns (each read once, right after the call, in the same
+//! shell: no retry loop).
 
 #[path = "common/coherent.rs"]
 mod coherent;

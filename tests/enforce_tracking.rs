@@ -1,7 +1,7 @@
-//! Tracked paths in a real mount (DESIGN.md §3, §5 `not_tracked`): git's own files, what
-//! `.gitignore` ignores and what `.coherentignore` matches pass through with no version and
-//! no event; `!pattern` re-includes; `--track-ignored` tracks the `.gitignore` part; a
-//! change to an ignore file through the mount applies at once; a transfer of an untracked
+//! Tracked paths in a real mount (docs/design.md#versions, docs/design.md#handoff `not_tracked`):
+//! git's own files, what `.gitignore` ignores and what `.coherentignore` matches pass through with
+//! no version and no event; `!pattern` re-includes; `--track-ignored` tracks the `.gitignore` part;
+//! a change to an ignore file through the mount applies at once; a transfer of an untracked
 //! path is refused `not_tracked` with a why that says how to track it.
 
 #[path = "common/coherent.rs"]

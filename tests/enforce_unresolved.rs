@@ -1,4 +1,4 @@
-//! Fail closed (DESIGN.md §2), on a real mount: a caller the daemon cannot resolve is
+//! Fail closed (docs/design.md#sessions), on a real mount: a caller the daemon cannot resolve is
 //! refused on a path with a live record, never admitted as `uid:0`.
 //!
 //! How resolution really fails here: the daemon runs in its own pid namespace (`unshare

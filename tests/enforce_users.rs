@@ -1,9 +1,9 @@
-//! Many users, one volume (DESIGN.md §2, §5, §7, §9, §12; issue 8), with real users
-//! (`coh-u1`, `coh-u2`, see `scripts/test-users.sh`) on real mounts made by root:
-//! the default mount lets them in; a session name belongs to the first uid that shows it;
-//! verbs need the caller's own permission; a caller sees only the paths it could look up;
-//! ctl paths never leave the volume; the fence follows the inode; an in-place mount warns
-//! about processes already inside.
+//! Many users, one volume (docs/design.md#sessions, docs/design.md#handoff,
+//! docs/design.md#control-surface, docs/design.md#mounting, docs/design.md#trust), with real users
+//! (`coh-u1`, `coh-u2`, see `scripts/test-users.sh`) on real mounts made by root: the default mount
+//! lets them in; a session name belongs to the first uid that shows it; verbs need the caller's own
+//! permission; a caller sees only the paths it could look up; ctl paths never leave the volume; the
+//! fence follows the inode; an in-place mount warns about processes already inside.
 
 #[path = "common/coherent.rs"]
 mod coherent;

@@ -1,5 +1,5 @@
-//! Versions on a real mount (DESIGN.md §3): one per committed change of each tool, none for
-//! a read or an unchanged close, changes behind the volume's back counted at the next open,
+//! Versions on a real mount (docs/design.md#versions): one per committed change of each tool, none
+//! for a read or an unchanged close, changes behind the volume's back counted at the next open,
 //! directory renames moving versions, tombstones continuing the numbering.
 
 #[path = "common/coherent.rs"]

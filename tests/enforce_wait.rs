@@ -1,7 +1,7 @@
-//! `wait PATH [UNTIL]` and offers to anyone on a real mount (DESIGN.md §5, §7): `coherent
-//! wait` returns when the successor acts, times out with the status, is refused without a
-//! record; pending waits park no FUSE thread; a killed waiter is let go; two sessions
-//! racing to claim an offer: one wins.
+//! `wait PATH [UNTIL]` and offers to anyone on a real mount (docs/design.md#handoff,
+//! docs/design.md#control-surface): `coherent wait` returns when the successor acts, times out with
+//! the status, is refused without a record; pending waits park no FUSE thread; a killed waiter is
+//! let go; two sessions racing to claim an offer: one wins.
 
 #[path = "common/coherent.rs"]
 mod coherent;

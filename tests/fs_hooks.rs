@@ -1,6 +1,7 @@
-//! The Hooks interface through a real in-process mount: which hooks run for which
-//! operation, with which workspace-relative paths; refusals; handle tokens and change
-//! stamps at flush/release; the virtual `.coherent` directory and hiding a backing one.
+//! The filesystem's [`Policy`] and [`PseudoFs`] interfaces, through a real in-process mount
+//! and through [`Fs`] alone: which policy methods run for which operation, in which order,
+//! with which workspace-relative paths; refusals; handle tokens and change stamps at
+//! flush/release; the `.coherent` tree and hiding a backing one.
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
@@ -8,9 +9,14 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use coherent::fuse::{CoherentFs, FsOptions, HandleInfo, Hooks, OpenInfo, Permit, WriteRoute};
-use coherent::passthrough::{
-    Attr, Caller, DirEntry, FsError, FsResult, Kind, Store, Time, ROOT_INO, VIRTUAL_INO_BIT,
+use coherent::fs::{
+    Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Permit, Policy, PseudoFs, ReadDone,
+    WriteRoute,
+};
+use coherent::fuse::CoherentFs;
+use coherent::store::{
+    Attr, Caller, DirEntry, FsError, FsResult, Kind, SetAttr, Store, Time, ROOT_INO,
+    VIRTUAL_INO_BIT,
 };
 use parking_lot::Mutex;
 
@@ -88,9 +94,15 @@ fn route(r: &WriteRoute<'_>) -> String {
     }
 }
 
-struct TestHooks(Arc<Recorder>);
+struct TestPolicy(Arc<Recorder>);
 
-impl Hooks for TestHooks {
+/// The number a handle keeps as its state (0: none).
+fn token(h: &HandleInfo<'_>) -> u64 {
+    h.state
+        .map_or(0, |s| *s.downcast_ref::<u64>().expect("a number"))
+}
+
+impl Policy for TestPolicy {
     fn before_write(&self, _c: &Caller, r: &WriteRoute<'_>) -> Result<Option<Permit>, FsError> {
         let s = route(r);
         if s.contains("forbidden") {
@@ -118,7 +130,7 @@ impl Hooks for TestHooks {
         c: &Caller,
         o: &OpenInfo<'_>,
         _permit: Option<Permit>,
-    ) -> Result<u64, FsError> {
+    ) -> Result<Option<HandleState>, FsError> {
         // FUSE reports the calling thread's id: one of our threads.
         assert!(
             Path::new(&format!("/proc/self/task/{}", c.pid)).exists(),
@@ -130,17 +142,21 @@ impl Hooks for TestHooks {
             o.created,
             o.stamp.size
         ));
-        // A handle the hooks keep no state for (like the volume's untracked paths).
-        if p(o.path).contains("stateless") {
-            return Ok(0);
+        // A handle the policy refuses after the backing file was opened.
+        if p(o.path).contains("noopen") {
+            return Err(FsError(libc::EPERM));
         }
-        Ok(1000 + o.stamp.size)
+        // A handle the policy keeps no state for (like the volume's untracked paths).
+        if p(o.path).contains("stateless") {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(1000 + o.stamp.size)))
     }
     fn on_flush(&self, _c: &Caller, h: &HandleInfo<'_>) {
         self.0.push(format!(
             "flush {} token={} changed={}",
             p(h.path),
-            h.token,
+            token(h),
             h.changed()
         ));
     }
@@ -148,7 +164,7 @@ impl Hooks for TestHooks {
         self.0.push(format!(
             "release {} token={} changed={}",
             p(h.path),
-            h.token,
+            token(h),
             h.changed()
         ));
     }
@@ -164,24 +180,31 @@ impl Hooks for TestHooks {
     fn listxattr(&self, _c: &Caller, _ino: u64, _path: Option<&Path>) -> Vec<OsString> {
         vec!["user.coherent.path".into()]
     }
-    fn virtual_root_name(&self) -> Option<OsString> {
-        Some(".coherent".into())
+}
+
+/// A `.coherent` tree of one file, `hello`, that says who opened it.
+struct TestTree(Arc<Recorder>);
+
+impl PseudoFs for TestTree {
+    fn root_name(&self) -> OsString {
+        ".coherent".into()
     }
-    fn virtual_lookup(&self, _c: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
+    fn lookup(&self, _c: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
         match (parent, name.to_str()) {
             (ROOT_INO, Some(".coherent")) => Ok(vattr(VDIR, Kind::Dir)),
             (VDIR, Some("hello")) => Ok(vattr(VFILE, Kind::File)),
             _ => Err(FsError(libc::ENOENT)),
         }
     }
-    fn virtual_getattr(&self, _c: &Caller, ino: u64) -> FsResult<Attr> {
+    fn forget(&self, _ino: u64, _n: u64) {}
+    fn getattr(&self, _c: &Caller, ino: u64) -> FsResult<Attr> {
         match ino {
             VDIR => Ok(vattr(VDIR, Kind::Dir)),
             VFILE => Ok(vattr(VFILE, Kind::File)),
             _ => Err(FsError(libc::ENOENT)),
         }
     }
-    fn virtual_readdir(&self, _c: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+    fn readdir(&self, _c: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
         assert_eq!(ino, VDIR);
         Ok(vec![(
             VFILE,
@@ -192,33 +215,45 @@ impl Hooks for TestHooks {
             },
         )])
     }
-    fn virtual_open(&self, c: &Caller, ino: u64, _flags: i32) -> FsResult<u64> {
+    fn open(&self, c: &Caller, ino: u64, _flags: i32) -> FsResult<u64> {
         assert_eq!(ino, VFILE);
         Ok(c.pid as u64) // the token: the reader's thread id
     }
-    fn virtual_read(
-        &self,
-        _c: &Caller,
-        _ino: u64,
-        token: u64,
-        offset: u64,
-        _size: u32,
-    ) -> FsResult<Vec<u8>> {
+    fn read(&self, _c: &Caller, token: u64, offset: u64, _size: u32, done: ReadDone) {
         let s = format!("hello pid {token}\n").into_bytes();
-        Ok(s.get(offset as usize..).unwrap_or_default().to_vec())
+        done(Ok(s.get(offset as usize..).unwrap_or_default().to_vec()))
     }
-    fn virtual_write(
-        &self,
-        _c: &Caller,
-        _ino: u64,
-        _t: u64,
-        _o: u64,
-        data: &[u8],
-    ) -> FsResult<u32> {
+    fn write(&self, _c: &Caller, _t: u64, data: &[u8]) -> FsResult<u32> {
         self.0
             .push(format!("vwrite {}", String::from_utf8_lossy(data).trim()));
         Ok(data.len() as u32)
     }
+    fn release(&self, token: u64) {
+        self.0.push(format!("vrelease {token}"));
+    }
+}
+
+/// A backing directory with a `.coherent` entry of its own, which must stay hidden.
+fn backing_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("b");
+    fs::create_dir(&backing).unwrap();
+    fs::create_dir(backing.join(".coherent")).unwrap();
+    fs::write(backing.join(".coherent/secret"), b"s").unwrap();
+    (dir, backing)
+}
+
+fn test_fs(rec: &Arc<Recorder>, backing: &Path, passthrough: bool) -> Fs {
+    Fs::new(
+        Store::open_root(backing).unwrap(),
+        Arc::new(TestPolicy(rec.clone())),
+        Some(Arc::new(TestTree(rec.clone()))),
+        FsOptions {
+            passthrough,
+            ..FsOptions::default()
+        },
+    )
+    .unwrap()
 }
 
 struct InProcess {
@@ -236,23 +271,10 @@ impl Drop for InProcess {
 }
 
 fn mount(rec: Arc<Recorder>, passthrough: bool) -> InProcess {
-    let dir = tempfile::tempdir().unwrap();
-    let backing = dir.path().join("b");
+    let (dir, backing) = backing_dir();
     let mnt = dir.path().join("m");
-    fs::create_dir(&backing).unwrap();
     fs::create_dir(&mnt).unwrap();
-    // A backing `.coherent` that must stay hidden.
-    fs::create_dir(backing.join(".coherent")).unwrap();
-    fs::write(backing.join(".coherent/secret"), b"s").unwrap();
-    let fs_ = CoherentFs::new(
-        Store::open_root(&backing).unwrap(),
-        Arc::new(TestHooks(rec)),
-        FsOptions {
-            passthrough,
-            ..FsOptions::default()
-        },
-    )
-    .unwrap();
+    let fs_ = CoherentFs::new(test_fs(&rec, &backing, passthrough));
     let mut config = fuser::Config::default();
     config.n_threads = Some(2);
     config.clone_fd = true;
@@ -461,4 +483,213 @@ fn a_write_handle_without_state_gets_no_flush() {
         // Token 0: opened with FOPEN_NOFLUSH, so the close cost no FLUSH round trip.
         assert!(!ev.iter().any(|e| e.starts_with("flush")), "{ev:#?}");
     }
+}
+
+/// Descriptors of this process open on `p` for I/O (the store's handles of it, not the
+/// `O_PATH` descriptors it keeps of known inodes).
+fn open_fds(p: &Path) -> usize {
+    let o_path = |fd: &std::ffi::OsStr| {
+        let info = fs::read_to_string(Path::new("/proc/self/fdinfo").join(fd)).unwrap_or_default();
+        let flags = info.lines().find_map(|l| l.strip_prefix("flags:"));
+        flags
+            .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())
+            .unwrap_or(0)
+            & libc::O_PATH as i64
+            != 0
+    };
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| fs::read_link(e.path()).is_ok_and(|t| t == p) && !o_path(&e.file_name()))
+        .count()
+}
+
+/// The filesystem without a mount: the policy's calls for each request, in order.
+#[test]
+fn the_filesystem_sequences_decide_operate_open_and_release_without_a_mount() {
+    let rec = Arc::new(Recorder::default());
+    let (_dir, backing) = backing_dir();
+    let fs_ = test_fs(&rec, &backing, false);
+    let c = Caller {
+        pid: unsafe { libc::gettid() } as u32,
+        uid: 0,
+        gid: 0,
+    };
+    let name = OsStr::new;
+    let wr = libc::O_WRONLY | libc::O_CREAT;
+
+    // A create: decided, made, then the open hook (no after hook: the handle has the
+    // permit); FLUSH wanted since the policy keeps state.
+    let made = fs_.create(&c, ROOT_INO, name("a"), 0o644, wr).unwrap();
+    let (ino, fh) = (made.entry.attr.unwrap().ino, made.opened.fh);
+    assert!(!made.opened.fopen.noflush);
+    assert_eq!(
+        rec.take(),
+        ["before create a", "open a created=true size=0"]
+    );
+    assert_eq!(fs_.write(&c, ino, fh, 0, b"hello").unwrap(), 5);
+    fs_.flush(&c, ino, fh).unwrap();
+    assert!(fs_.release(&c, ino, fh));
+    assert_eq!(
+        rec.take(),
+        [
+            "flush a token=1000 changed=true",
+            "release a token=1000 changed=false"
+        ]
+    );
+
+    // A read-only open: no decision, an open hook, no FLUSH.
+    let o = fs_.open(&c, ino, libc::O_RDONLY).unwrap();
+    assert!(o.fopen.noflush);
+    assert_eq!(rec.take(), ["open a created=false size=5"]);
+    fs_.release(&c, ino, o.fh);
+    rec.take();
+
+    // Refused by the decision: nothing made, no after hook.
+    let e = fs_.create(&c, ROOT_INO, name("forbidden"), 0o644, wr).err();
+    assert_eq!(e.map(|e| e.errno()), Some(libc::EACCES));
+    assert!(!backing.join("forbidden").exists());
+    assert_eq!(rec.take(), ["refuse create forbidden"]);
+
+    // Allowed, but the operation fails: the permit goes back through the after hook.
+    let dir = fs_.mkdir(&c, ROOT_INO, name("d"), 0o755).unwrap();
+    let dir = dir.attr.unwrap().ino;
+    rec.take();
+    let e = fs_.open(&c, dir, libc::O_WRONLY).err();
+    assert_eq!(e.map(|e| e.errno()), Some(libc::EISDIR));
+    assert_eq!(
+        rec.take(),
+        [
+            "before open d trunc=false",
+            "after open d trunc=false Some(21)"
+        ]
+    );
+
+    // Refused by the open hook: the backing file was opened, and is closed again; a
+    // created file stays created and its lookup is given back.
+    let inodes = fs_.store().inode_count();
+    let e = fs_.create(&c, ROOT_INO, name("noopen"), 0o644, wr).err();
+    assert_eq!(e.map(|e| e.errno()), Some(libc::EPERM));
+    assert_eq!(
+        rec.take(),
+        ["before create noopen", "open noopen created=true size=0"]
+    );
+    assert!(backing.join("noopen").exists());
+    assert_eq!(open_fds(&backing.join("noopen")), 0);
+    assert_eq!(fs_.store().inode_count(), inodes);
+    let noopen = fs_.lookup(&c, ROOT_INO, name("noopen")).unwrap();
+    let e = fs_.open(&c, noopen.attr.unwrap().ino, libc::O_RDWR).err();
+    assert_eq!(e.map(|e| e.errno()), Some(libc::EPERM));
+    assert_eq!(open_fds(&backing.join("noopen")), 0);
+
+    // A handle without state: no FLUSH.
+    let made = fs_
+        .create(&c, ROOT_INO, name("stateless"), 0o644, wr)
+        .unwrap();
+    assert!(made.opened.fopen.noflush);
+    fs_.release(&c, made.entry.attr.unwrap().ino, made.opened.fh);
+    rec.take();
+
+    // A miss is a negative entry, cached for the TTL.
+    let miss = fs_.lookup(&c, ROOT_INO, name("nothing")).unwrap();
+    assert!(miss.attr.is_none() && miss.ttl == FsOptions::default().ttl);
+}
+
+/// The `.coherent` tree through the filesystem without a mount: routed by inode and by
+/// its name at the root, never cached, the backing entry of that name hidden, and no
+/// write route can make, move or remove it.
+#[test]
+fn the_pseudo_tree_is_routed_by_inode_without_a_mount() {
+    let rec = Arc::new(Recorder::default());
+    let (_dir, backing) = backing_dir();
+    let fs_ = test_fs(&rec, &backing, false);
+    let c = Caller {
+        pid: 4242,
+        uid: 0,
+        gid: 0,
+    };
+    let name = OsStr::new;
+    let dir = fs_.lookup(&c, ROOT_INO, name(".coherent")).unwrap();
+    assert_eq!(dir.attr.map(|a| a.ino), Some(VDIR));
+    assert_eq!(dir.ttl, std::time::Duration::ZERO);
+    // Listed once at the root (the backing one is hidden), and its own listing.
+    let root = fs_.opendir(&c, ROOT_INO).unwrap();
+    let names: Vec<OsString> = fs_
+        .readdir(&c, ROOT_INO, root.fh, 0)
+        .unwrap()
+        .into_iter()
+        .map(|(_, e)| e.name)
+        .collect();
+    assert_eq!(names.iter().filter(|n| *n == ".coherent").count(), 1);
+    fs_.releasedir(ROOT_INO, root.fh);
+    let listed: Vec<(u64, OsString)> = fs_
+        .readdir(&c, VDIR, 0, 0)
+        .unwrap()
+        .into_iter()
+        .map(|(i, e)| (i, e.name))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (VDIR, ".".into()),
+            (ROOT_INO, "..".into()),
+            (VFILE, "hello".into())
+        ]
+    );
+    // A miss inside is no negative entry (names there come and go).
+    let e = fs_.lookup(&c, VDIR, name("secret")).err();
+    assert_eq!(e.map(|e| e.errno()), Some(libc::ENOENT));
+    // Open, read, write, release: the tree's, with direct I/O.
+    let o = fs_.open(&c, VFILE, libc::O_RDWR).unwrap();
+    assert!(o.fopen.direct_io && o.handle.is_none());
+    let (tx, rx) = std::sync::mpsc::channel();
+    fs_.read(
+        &c,
+        VFILE,
+        o.fh,
+        0,
+        100,
+        Box::new(move |r| tx.send(r).unwrap()),
+    );
+    assert_eq!(rx.recv().unwrap().unwrap(), b"hello pid 4242\n");
+    assert_eq!(fs_.write(&c, VFILE, o.fh, 0, b"ping").unwrap(), 4);
+    assert!(!fs_.release(&c, VFILE, o.fh));
+    assert_eq!(rec.take(), ["vwrite ping", "vrelease 4242"]);
+    // No write route reaches the tree or its name, and the policy never hears of one.
+    let err = |r: Result<(), FsError>| r.unwrap_err().errno();
+    assert_eq!(
+        err(fs_.mkdir(&c, ROOT_INO, name(".coherent"), 0o755).map(drop)),
+        libc::EEXIST
+    );
+    assert_eq!(err(fs_.unlink(&c, VDIR, name("hello"))), libc::EACCES);
+    assert_eq!(
+        err(fs_.rmdir(&c, ROOT_INO, name(".coherent"))),
+        libc::EACCES
+    );
+    let mv = fs_.rename(&c, ROOT_INO, name(".coherent"), ROOT_INO, name("x"), 0);
+    assert_eq!(err(mv), libc::EACCES);
+    let wr = libc::O_WRONLY | libc::O_CREAT;
+    let made = fs_.create(&c, VDIR, name("new"), 0o644, wr).map(drop);
+    assert_eq!(err(made), libc::EACCES);
+    assert_eq!(
+        err(fs_.setxattr(&c, VFILE, name("user.k"), b"v", 0)),
+        libc::EPERM
+    );
+    assert_eq!(
+        err(fs_.getxattr(&c, VFILE, name("user.k"), 0).map(drop)),
+        libc::ENODATA
+    );
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    assert_eq!(
+        err(fs_.setattr(&c, VFILE, &chmod, None).map(drop)),
+        libc::EPERM
+    );
+    assert!(rec.take().is_empty());
+    assert!(backing.join(".coherent/secret").exists());
+    // Asked of the tree, statfs answers for the backing filesystem; readlink finds nothing.
+    assert!(fs_.statfs(VFILE).unwrap().blocks > 0);
+    assert_eq!(err(fs_.readlink(VFILE).map(drop)), libc::ENOENT);
 }

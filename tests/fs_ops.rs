@@ -1,4 +1,5 @@
-//! Every operation family of issue 2 through a real mount, with and without passthrough.
+//! Every operation family (docs/design.md#write-routes) through a real mount, with and without
+//! passthrough.
 
 mod common;
 
@@ -561,7 +562,8 @@ fn xattrs(m: &Mount) {
     let mut b = vec![0u8; n as usize];
     let n = unsafe { libc::listxattr(cp.as_ptr(), b.as_mut_ptr().cast(), b.len()) };
     b.truncate(n as usize);
-    // user.coherent.* are computed by the coherence layer (DESIGN.md §7), not stored.
+    // user.coherent.* are computed by the coherence layer (docs/design.md#control-surface), not
+    // stored.
     let mut names: Vec<&[u8]> = b
         .split(|&x| x == 0)
         .filter(|s| !s.is_empty() && !s.starts_with(b"user.coherent."))

@@ -1,5 +1,5 @@
-//! Long-running pressure on a real mount (issue 9): the daemon's descriptors stay bounded
-//! however many files the kernel caches.
+//! Long-running pressure on a real mount (docs/design.md#speed): the daemon's descriptors stay
+//! bounded however many files the kernel caches.
 //!
 //! This test binary lowers its own `RLIMIT_NOFILE` (soft and hard) before it starts a
 //! daemon, so the daemon runs as if started under `ulimit -n 256` and cannot raise it.
@@ -110,8 +110,8 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
 
 const CHURN: u64 = 100_000;
 
-/// Bounded state (issue 9): 100k files created and removed through the engine and its
-/// journal, with the mount's periodic upkeep: memory, state directory and restart stay
+/// Bounded state (docs/design.md#state-log): 100k files created and removed through the engine and
+/// its journal, with the mount's periodic upkeep: memory, state directory and restart stay
 /// within the targets. Runs in a process of its own (RSS is per process).
 #[test]
 fn a_hundred_thousand_files_created_and_removed_stay_bounded() {

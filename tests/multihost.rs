@@ -1,4 +1,4 @@
-//! One fence across hosts (issue 12): two `coherent-mount` daemons, each with its own
+//! One fence across hosts (docs/design.md#hosts): two `coherent-mount` daemons, each with its own
 //! mount point and state directory over one backing directory (two hosts sharing a
 //! workspace), against a real etcd started by `scripts/etcd.sh`.
 

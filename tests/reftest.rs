@@ -2,7 +2,8 @@
 //! sequence of operations is applied to a plain directory and, through the mount, to
 //! another; every operation must give the same result (errno included), and after each
 //! sequence both trees must match (names, types, sizes, modes, link counts, contents,
-//! symlink targets, xattrs).
+//! symlink targets, xattrs). The same runs against the filesystem type [`Fs`] itself, with
+//! no mount: the test then resolves paths (and follows symlinks) as the kernel would.
 //!
 //! `COHERENT_REFTEST_OPS` sets the number of operations per data mode (default 2000),
 //! `COHERENT_REFTEST_SEED` replays one seed (printed on failure).
@@ -10,12 +11,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use coherent::fs::{Entry, Fs, FsOptions, NoPolicy};
+use coherent::store::{Caller, FsError, FsResult, Kind, SetAttr, Store, ROOT_INO};
 use common::Mount;
 
 /// xorshift64*: small, seedable, reproducible.
@@ -263,6 +266,262 @@ fn apply(root: &Path, op: &Op) -> Result<Vec<u8>, i32> {
     }
 }
 
+/// Symlinks followed in one path resolution before `ELOOP` (the kernel's limit).
+const MAX_LINKS: u32 = 40;
+
+/// [`apply`] through [`Fs`] with no mount: the path walk the kernel would do (lookups from
+/// `top`, symlinks followed), then the requests it would send. Every lookup is given back
+/// at the end, as the kernel's forgets would.
+struct Direct<'a> {
+    fs: &'a Fs,
+    top: u64,
+    caller: Caller,
+    looked: std::cell::RefCell<Vec<u64>>,
+}
+
+impl Direct<'_> {
+    fn lookup(&self, dir: u64, name: &OsStr) -> Result<(u64, Kind), i32> {
+        let e = self
+            .fs
+            .lookup(&self.caller, dir, name)
+            .map_err(FsError::errno)?;
+        let a = e.attr.ok_or(libc::ENOENT)?;
+        self.looked.borrow_mut().push(a.ino);
+        Ok((a.ino, a.kind))
+    }
+
+    /// The directory holding the last name of `p` (from `dir`), and that name.
+    fn parent<'p>(&self, dir: u64, p: &'p str, links: &mut u32) -> Result<(u64, &'p str), i32> {
+        let (head, last) = p.rsplit_once('/').unwrap_or(("", p));
+        let mut at = dir;
+        for part in head.split('/').filter(|x| !x.is_empty()) {
+            at = self.follow(at, part, links)?;
+            if self
+                .fs
+                .getattr(&self.caller, at)
+                .map_err(FsError::errno)?
+                .attr
+                .kind
+                != Kind::Dir
+            {
+                return Err(libc::ENOTDIR);
+            }
+        }
+        Ok((at, last))
+    }
+
+    /// `name` in `dir`, following symlinks.
+    fn follow(&self, dir: u64, name: &str, links: &mut u32) -> Result<u64, i32> {
+        let (ino, kind) = self.lookup(dir, OsStr::new(name))?;
+        if kind != Kind::Symlink {
+            return Ok(ino);
+        }
+        *links += 1;
+        if *links > MAX_LINKS {
+            return Err(libc::ELOOP);
+        }
+        let target = self.fs.readlink(ino).map_err(FsError::errno)?;
+        self.resolve(dir, &String::from_utf8(target).unwrap(), links)
+    }
+
+    fn resolve(&self, dir: u64, p: &str, links: &mut u32) -> Result<u64, i32> {
+        let (d, last) = self.parent(dir, p, links)?;
+        self.follow(d, last, links)
+    }
+
+    /// The node `p` names, symlinks followed (`open`, `truncate`, `chmod`, xattrs).
+    fn node(&self, p: &str) -> Result<u64, i32> {
+        self.resolve(self.top, p, &mut 0)
+    }
+
+    /// The parent and last name of `p`, the last not followed (`unlink`, `rename`, ...).
+    fn at<'p>(&self, p: &'p str) -> Result<(u64, &'p str), i32> {
+        self.parent(self.top, p, &mut 0)
+    }
+
+    /// `open(2)`, following a final symlink, creating the name it leads to with
+    /// `O_CREAT`; then `f` with the open handle, which is closed after.
+    fn open<T>(
+        &self,
+        p: &str,
+        flags: i32,
+        mode: u32,
+        f: impl FnOnce(u64, u64) -> Result<T, i32>,
+    ) -> Result<T, i32> {
+        let c = &self.caller;
+        let (mut dir, mut name) = self.at(p).map(|(d, n)| (d, n.to_string()))?;
+        let mut links = 0;
+        let ino = loop {
+            match self.lookup(dir, OsStr::new(&name)) {
+                Err(libc::ENOENT) if flags & libc::O_CREAT != 0 => {
+                    let made = self.fs.create(c, dir, OsStr::new(&name), mode, flags);
+                    let made = made.map_err(FsError::errno)?;
+                    let ino = made.entry.attr.unwrap().ino;
+                    self.looked.borrow_mut().push(ino);
+                    return self.close_after(ino, made.opened.fh, f);
+                }
+                Err(e) => return Err(e),
+                Ok(_) if flags & libc::O_EXCL != 0 => return Err(libc::EEXIST),
+                Ok((ino, Kind::Symlink)) => {
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return Err(libc::ELOOP);
+                    }
+                    let t = String::from_utf8(self.fs.readlink(ino).unwrap()).unwrap();
+                    (dir, name) = self
+                        .parent(dir, &t, &mut links)
+                        .map(|(d, n)| (d, n.to_string()))?;
+                }
+                Ok((ino, _)) => break ino,
+            }
+        };
+        let o = self
+            .fs
+            .open(c, ino, flags & !(libc::O_CREAT | libc::O_EXCL));
+        let o = o.map_err(FsError::errno)?;
+        self.close_after(ino, o.fh, f)
+    }
+
+    fn close_after<T>(
+        &self,
+        ino: u64,
+        fh: u64,
+        f: impl FnOnce(u64, u64) -> Result<T, i32>,
+    ) -> Result<T, i32> {
+        let r = f(ino, fh);
+        self.fs.flush(&self.caller, ino, fh).unwrap();
+        self.fs.release(&self.caller, ino, fh);
+        r
+    }
+
+    fn read_all(&self, ino: u64, fh: u64) -> Result<Vec<u8>, i32> {
+        let mut out = Vec::new();
+        loop {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let done = Box::new(move |r| tx.send(r).unwrap());
+            self.fs
+                .read(&self.caller, ino, fh, out.len() as u64, 1 << 16, done);
+            let chunk = rx.recv().unwrap().map_err(FsError::errno)?;
+            if chunk.is_empty() {
+                return Ok(out);
+            }
+            out.extend(chunk);
+        }
+    }
+
+    fn apply(&self, op: &Op) -> Result<Vec<u8>, i32> {
+        let r = self.apply_op(op);
+        for ino in self.looked.borrow_mut().drain(..) {
+            self.fs.forget(ino, 1);
+        }
+        r
+    }
+
+    /// A name made: its lookup is counted (and given back at the end of the operation).
+    fn made(&self, e: FsResult<Entry>) -> Result<Vec<u8>, i32> {
+        let e = e.map_err(FsError::errno)?;
+        self.looked.borrow_mut().extend(e.attr.map(|a| a.ino));
+        Ok(vec![])
+    }
+
+    /// A setattr of the node `p` names (symlinks followed).
+    fn setattr(&self, p: &str, set: SetAttr) -> Result<Vec<u8>, i32> {
+        let ino = self.node(p)?;
+        let r = self.fs.setattr(&self.caller, ino, &set, None);
+        r.map(|_| vec![]).map_err(FsError::errno)
+    }
+
+    fn apply_op(&self, op: &Op) -> Result<Vec<u8>, i32> {
+        let (fs, c) = (self.fs, &self.caller);
+        let name = |n: &str| OsStr::new(n).to_owned();
+        let errno = FsError::errno;
+        match op {
+            Op::Create { p, excl, mode } => {
+                let fl = libc::O_CREAT | libc::O_WRONLY | if *excl { libc::O_EXCL } else { 0 };
+                self.open(p, fl, *mode, |_, _| Ok(vec![]))
+            }
+            Op::Write {
+                p,
+                off,
+                len,
+                byte,
+                append,
+            } => {
+                let fl = libc::O_WRONLY | if *append { libc::O_APPEND } else { 0 };
+                self.open(p, fl, 0, |ino, fh| {
+                    let at = if *append {
+                        fs.getattr(c, ino).map_err(errno)?.attr.size
+                    } else {
+                        *off
+                    };
+                    let n = fs
+                        .write(c, ino, fh, at, &vec![*byte; *len])
+                        .map_err(errno)?;
+                    Ok((n as u64).to_le_bytes().to_vec())
+                })
+            }
+            Op::Truncate { p, len } => self.setattr(
+                p,
+                SetAttr {
+                    size: Some(*len),
+                    ..SetAttr::default()
+                },
+            ),
+            Op::Read { p } => self.open(p, libc::O_RDONLY, 0, |ino, fh| self.read_all(ino, fh)),
+            Op::Rename { a, b, flags } => {
+                let ((d1, n1), (d2, n2)) = (self.at(a)?, self.at(b)?);
+                let r = fs.rename(c, d1, &name(n1), d2, &name(n2), *flags);
+                r.map(|_| vec![]).map_err(errno)
+            }
+            Op::Link { a, b } => {
+                let (d, n) = self.at(a)?;
+                let (from, _) = self.lookup(d, &name(n))?;
+                let (d2, n2) = self.at(b)?;
+                self.made(fs.link(c, from, d2, &name(n2)))
+            }
+            Op::Unlink { p } => {
+                let (d, n) = self.at(p)?;
+                fs.unlink(c, d, &name(n)).map(|_| vec![]).map_err(errno)
+            }
+            Op::Mkdir { p, mode } => {
+                let (d, n) = self.at(p)?;
+                self.made(fs.mkdir(c, d, &name(n), *mode))
+            }
+            Op::Rmdir { p } => {
+                let (d, n) = self.at(p)?;
+                fs.rmdir(c, d, &name(n)).map(|_| vec![]).map_err(errno)
+            }
+            Op::Symlink { target, p } => {
+                let (d, n) = self.at(p)?;
+                self.made(fs.symlink(c, d, &name(n), Path::new(target)))
+            }
+            Op::Chmod { p, mode } => self.setattr(
+                p,
+                SetAttr {
+                    mode: Some(*mode),
+                    ..SetAttr::default()
+                },
+            ),
+            Op::Setxattr {
+                p,
+                name: x,
+                value,
+                flags,
+            } => {
+                let ino = self.node(p)?;
+                let r = fs.setxattr(c, ino, &name(x), value, *flags);
+                r.map(|_| vec![]).map_err(errno)
+            }
+            Op::Removexattr { p, name: x } => {
+                let ino = self.node(p)?;
+                fs.removexattr(c, ino, &name(x))
+                    .map(|_| vec![])
+                    .map_err(errno)
+            }
+        }
+    }
+}
+
 /// A comparable description of everything under `root`.
 fn snapshot(root: &Path) -> BTreeMap<PathBuf, String> {
     let mut out = BTreeMap::new();
@@ -312,7 +571,8 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
     buf.truncate(n as usize);
     let mut out: Vec<(String, Vec<u8>)> = buf
         .split(|&b| b == 0)
-        // user.coherent.* are computed by the coherence layer (DESIGN.md §7), not stored.
+        // user.coherent.* are computed by the coherence layer (docs/design.md#control-surface), not
+        // stored.
         .filter(|s| s.starts_with(b"user.") && !s.starts_with(b"user.coherent."))
         .map(|name| {
             let cn = CString::new(name).unwrap();
@@ -327,7 +587,15 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-fn run(passthrough: bool) {
+/// Where the operations go: through a mount (with or without FUSE passthrough), or
+/// straight to the filesystem type.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sut {
+    Mount { passthrough: bool },
+    Direct,
+}
+
+fn run(sut: Sut) {
     let total: usize = std::env::var("COHERENT_REFTEST_OPS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -341,21 +609,61 @@ fn run(passthrough: bool) {
     } else {
         total.div_ceil(PER_SEQ)
     };
-    let m = Mount::new(passthrough);
+    // The filesystem type with no mount works on its own backing directory.
+    let direct_dir = tempfile::tempdir().unwrap();
+    let m = match sut {
+        Sut::Mount { passthrough } => Some(Mount::new(passthrough)),
+        Sut::Direct => None,
+    };
+    let fs = Fs::new(
+        Store::open_root(direct_dir.path()).unwrap(),
+        std::sync::Arc::new(NoPolicy),
+        None,
+        FsOptions::default(),
+    )
+    .unwrap();
+    let caller = Caller {
+        pid: std::process::id(),
+        uid: 0,
+        gid: 0,
+    };
     let (mut ok, mut ops, mut entries) = (0usize, 0usize, 0usize);
     for s in 0..seqs {
-        let seed = fixed.unwrap_or(0x5eed_0000 + s as u64 + if passthrough { 0 } else { 1 << 32 });
+        let salt = match sut {
+            Sut::Mount { passthrough: true } => 0,
+            Sut::Mount { passthrough: false } => 1 << 32,
+            Sut::Direct => 2 << 32,
+        };
+        let seed = fixed.unwrap_or(0x5eed_0000 + s as u64 + salt);
         let reference = tempfile::tempdir().unwrap();
         let sub = format!("seq{s}");
-        fs::create_dir(m.path(&sub)).unwrap();
-        let sut = m.path(&sub);
+        let (sut_root, backing) = match &m {
+            Some(m) => (m.path(&sub), m.backing_path(&sub)),
+            None => (direct_dir.path().join(&sub), direct_dir.path().join(&sub)),
+        };
+        fs::create_dir(&sut_root).unwrap();
+        let direct = Direct {
+            fs: &fs,
+            top: match sut {
+                Sut::Direct => {
+                    let e = fs.lookup(&caller, ROOT_INO, OsStr::new(&sub)).unwrap();
+                    e.attr.unwrap().ino
+                }
+                Sut::Mount { .. } => ROOT_INO, // unused
+            },
+            caller,
+            looked: Default::default(),
+        };
         let mut rng = Rng(seed | 1);
         let mut log = Vec::new();
         let mut known: Vec<String> = Vec::new();
         for i in 0..PER_SEQ {
             let op = gen(&mut rng, &known);
             let want = apply(reference.path(), &op);
-            let got = apply(&sut, &op);
+            let got = match sut {
+                Sut::Mount { .. } => apply(&sut_root, &op),
+                Sut::Direct => direct.apply(&op),
+            };
             log.push(format!("{i}: {op:?} -> {want:?}"));
             if want.is_ok() {
                 match &op {
@@ -371,21 +679,21 @@ fn run(passthrough: bool) {
             assert_eq!(
                 got,
                 want,
-                "op {i} {op:?} differs (passthrough={passthrough}); replay with \
+                "op {i} {op:?} differs ({sut:?}); replay with \
                  COHERENT_REFTEST_SEED={seed}\nhistory:\n{}",
                 log.join("\n")
             );
         }
-        let (a, b) = (snapshot(reference.path()), snapshot(&sut));
+        let (a, b) = (snapshot(reference.path()), snapshot(&sut_root));
         assert_eq!(
             b,
             a,
-            "trees differ after seed {seed} (passthrough={passthrough}); replay with \
+            "trees differ after seed {seed} ({sut:?}); replay with \
              COHERENT_REFTEST_SEED={seed}\nhistory:\n{}",
             log.join("\n")
         );
         // The mount shows what is in its backing directory, too.
-        assert_eq!(snapshot(&m.backing_path(&sub)), a);
+        assert_eq!(snapshot(&backing), a);
         entries += a.len();
     }
     // The sequences must exercise real work, not only errors on empty trees.
@@ -396,10 +704,15 @@ fn run(passthrough: bool) {
 
 #[test]
 fn reftest_passthrough() {
-    run(true);
+    run(Sut::Mount { passthrough: true });
 }
 
 #[test]
 fn reftest_daemon() {
-    run(false);
+    run(Sut::Mount { passthrough: false });
+}
+
+#[test]
+fn reftest_filesystem_type() {
+    run(Sut::Direct);
 }

@@ -1,4 +1,4 @@
-//! The volume's policy driven through its `Hooks`, without a FUSE mount: the routes a
+//! The volume's policy driven through its `Policy`, without a FUSE mount: the routes a
 //! fenced giver is refused on (errno and `denied` event with its route), release vs
 //! reclaim, and the in-flight rule of a transfer. Callers are real child processes
 //! (`sleep` with `COHERENT_SESSION`), so the sessions resolve from the real /proc.
@@ -11,8 +11,10 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coherent::fuse::{HandleInfo, Hooks, OpenInfo, WriteRoute};
-use coherent::passthrough::{Caller, FsError, SetAttr, Stamp, Time, ROOT_INO};
+use coherent::fs::{
+    Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Policy, PseudoFs, WriteRoute,
+};
+use coherent::store::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 
 struct Agent {
@@ -63,6 +65,9 @@ struct Fixture {
     _dir: tempfile::TempDir,
     backing: std::path::PathBuf,
     vol: Arc<Volume>,
+    /// The filesystem over the same backing directory, with the volume as its policy and
+    /// its `.coherent/` backend (what a mount serves, without the mount).
+    fs: Fs,
 }
 
 impl Fixture {
@@ -79,10 +84,18 @@ impl Fixture {
         let mut cfg = VolumeConfig::new(state, dir.path().join("mnt"));
         cfg.in_flight_wait = Duration::from_secs(5);
         let vol = Volume::open(cfg, root).unwrap();
+        let fs = Fs::new(
+            Store::open_root(&backing).unwrap(),
+            vol.clone(),
+            Some(vol.clone() as Arc<dyn PseudoFs>),
+            FsOptions::default(),
+        )
+        .unwrap();
         Fixture {
             _dir: dir,
             backing,
             vol,
+            fs,
         }
     }
 
@@ -115,11 +128,11 @@ impl Fixture {
             created: false,
             stamp: self.stamp(p),
         };
-        assert_eq!(self.vol.on_open(&a.caller, &info, None).unwrap(), 0);
+        assert!(self.vol.on_open(&a.caller, &info, None).unwrap().is_none());
     }
 
-    /// An open for write by `a` that succeeds: the token of its write handle.
-    fn open_write(&self, a: &Agent, p: &str) -> u64 {
+    /// An open for write by `a` that succeeds: the state of its write handle.
+    fn open_write(&self, a: &Agent, p: &str) -> HandleState {
         let route = WriteRoute::Open {
             ino: 1,
             path: Some(Path::new(p)),
@@ -133,43 +146,49 @@ impl Fixture {
             created: false,
             stamp: self.stamp(p),
         };
-        let token = self.vol.on_open(&a.caller, &info, permit).unwrap();
-        assert_ne!(token, 0);
-        token
+        let state = self.vol.on_open(&a.caller, &info, permit).unwrap();
+        state.expect("a write handle keeps state")
     }
 
-    fn handle<'a>(&self, p: &'a str, token: u64, before: Stamp) -> HandleInfo<'a> {
+    fn handle<'a>(&self, p: &'a str, state: &'a HandleState, before: Stamp) -> HandleInfo<'a> {
         HandleInfo {
             ino: 1,
             path: Some(Path::new(p)),
             flags: libc::O_WRONLY,
-            token,
+            state: Some(state),
             before,
             now: self.stamp(p),
         }
     }
 
+    /// The inode of `.coherent/NAME`, looked up through the filesystem.
+    fn surface_file(&self, a: &Agent, name: &str) -> u64 {
+        let dir = self.fs.lookup(&a.caller, ROOT_INO, OsStr::new(".coherent"));
+        let dir = dir.unwrap().attr.unwrap().ino;
+        let file = self.fs.lookup(&a.caller, dir, OsStr::new(name)).unwrap();
+        file.attr.unwrap().ino
+    }
+
     /// A request written to `.coherent/ctl` by `a`: Ok, or the errno of the write.
     fn ctl(&self, a: &Agent, req: &str) -> Result<(), i32> {
-        let dir = self
-            .vol
-            .virtual_lookup(&a.caller, ROOT_INO, OsStr::new(".coherent"))
-            .unwrap();
-        let ctl = self
-            .vol
-            .virtual_lookup(&a.caller, dir.ino, OsStr::new("ctl"))
-            .unwrap();
-        let t = self
-            .vol
-            .virtual_open(&a.caller, ctl.ino, libc::O_RDWR)
-            .unwrap();
-        let r = self
-            .vol
-            .virtual_write(&a.caller, ctl.ino, t, 0, req.as_bytes())
-            .map(drop)
-            .map_err(|e| e.errno());
-        self.vol.virtual_release(ctl.ino, t);
-        r
+        let ctl = self.surface_file(a, "ctl");
+        let o = self.fs.open(&a.caller, ctl, libc::O_RDWR).unwrap();
+        let r = self.fs.write(&a.caller, ctl, o.fh, 0, req.as_bytes());
+        self.fs.release(&a.caller, ctl, o.fh);
+        r.map(drop).map_err(|e| e.errno())
+    }
+
+    /// The content of `.coherent/NAME` as `a` reads it.
+    fn read_surface(&self, a: &Agent, name: &str) -> String {
+        let ino = self.surface_file(a, name);
+        let o = self.fs.open(&a.caller, ino, libc::O_RDONLY).unwrap();
+        assert!(o.fopen.direct_io);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let done = Box::new(move |r| tx.send(r).unwrap());
+        self.fs.read(&a.caller, ino, o.fh, 0, 1 << 16, done);
+        let data = rx.recv().unwrap().unwrap();
+        self.fs.release(&a.caller, ino, o.fh);
+        String::from_utf8(data).unwrap()
     }
 
     fn events(&self) -> Vec<serde_json::Value> {
@@ -182,8 +201,8 @@ impl Fixture {
             .collect()
     }
 
-    /// What a reader of the log sees now, without flushing it first (§8: a `denied`
-    /// event is in the log when the call returns).
+    /// What a reader of the log sees now, without flushing it first (docs/design.md#state-log: a
+    /// `denied` event is in the log when the call returns).
     fn events_written(&self, kind: &str, session: &str) -> Vec<serde_json::Value> {
         let log = self.vol.journal().read_log(0, 1 << 24).unwrap();
         String::from_utf8(log)
@@ -375,13 +394,13 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let st = f.stamp("a.md");
     // A deliberate close(2) by a running task, then its process exits before the
     // RELEASE arrives: still a `release`.
-    f.vol.on_flush(&bob.caller, &f.handle("a.md", t, st));
+    f.vol.on_flush(&bob.caller, &f.handle("a.md", &t, st));
     bob.kill();
     let nobody = Caller {
         pid: 0,
         ..bob.caller
     };
-    f.vol.on_release(&nobody, &f.handle("a.md", t, st));
+    f.vol.on_release(&nobody, &f.handle("a.md", &t, st));
     assert_eq!(f.events_of("release", "bob").len(), 1);
     assert!(f.events_of("reclaim", "bob").is_empty());
 
@@ -389,7 +408,7 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let mut carol = Agent::new("carol");
     let t = f.open_write(&carol, "a.md");
     carol.kill();
-    f.vol.on_release(&nobody, &f.handle("a.md", t, st));
+    f.vol.on_release(&nobody, &f.handle("a.md", &t, st));
     let reclaimed = f.await_event("reclaim", "carol", 1);
     assert_eq!(reclaimed.len(), 1, "{:#?}", f.events());
     assert_eq!(reclaimed[0]["path"], "a.md");
@@ -410,10 +429,10 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
     assert_eq!(f.ctl(&alice, "transfer --to bob plan.md"), Err(libc::EBUSY));
     assert!(started.elapsed() < Duration::from_secs(4), "did not wait");
     // Closed (FLUSH) but the RELEASE is still on its way: the transfer waits for it.
-    f.vol.on_flush(&alice.caller, &f.handle("plan.md", t, st));
+    f.vol.on_flush(&alice.caller, &f.handle("plan.md", &t, st));
     std::thread::scope(|sc| {
         let vol = &f.vol;
-        let h = f.handle("plan.md", t, st);
+        let h = f.handle("plan.md", &t, st);
         let releaser = sc.spawn(move || {
             // Release once the transfer is waiting (it logs nothing while waiting; its
             // refusal would already be back, so give it a moment to start).
@@ -433,9 +452,9 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
     assert_eq!(f.events_of("transfer", "alice").len(), 1);
 }
 
-/// §2, fail closed: a caller the volume cannot resolve (here: a pid whose process is gone,
-/// so /proc has no entry for it, and pid 0, what FUSE sends for a caller outside the
-/// daemon's pid namespace) is refused on a path with a live record (`EACCES`, a `denied`
+/// docs/design.md#sessions, fail closed: a caller the volume cannot resolve (here: a pid whose
+/// process is gone, so /proc has no entry for it, and pid 0, what FUSE sends for a caller outside
+/// the daemon's pid namespace) is refused on a path with a live record (`EACCES`, a `denied`
 /// event with reason `unresolved`, the record still `pending`), never admitted as `uid:0`;
 /// its other writes and its reads go on.
 #[test]
@@ -495,7 +514,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             created: false,
             stamp: f.stamp("plan.md"),
         };
-        assert_eq!(f.vol.on_open(&c, &info, None).unwrap(), 0);
+        assert!(f.vol.on_open(&c, &info, None).unwrap().is_none());
     }
     // Nothing overtook the handoff: the record is pending and alice is still fenced.
     let st = f.vol.engine().status(Some("plan.md"));
@@ -592,8 +611,8 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
     assert_eq!(f.events_written("denied", "uid:0").len(), n);
 }
 
-/// §8: `handoff_seen` is in the log when the successor's open returns (written out, not
-/// left for the group commit): read without a flush right after the hook.
+/// docs/design.md#state-log: `handoff_seen` is in the log when the successor's open returns
+/// (written out, not left for the group commit): read without a flush right after the hook.
 #[test]
 fn handoff_seen_is_written_out_before_the_open_returns() {
     let f = Fixture::new();
@@ -604,4 +623,141 @@ fn handoff_seen_is_written_out_before_the_open_returns() {
     let seen = f.events_written("handoff_seen", "bob");
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0]["path"], "plan.md");
+}
+
+/// Every write route of a fenced giver through the filesystem itself (what a mount
+/// would do, without one): refused with `EACCES` before the backing directory changes,
+/// one `denied` event per route, and the refusal readable in `.coherent/why`. The
+/// successor's write-open goes through, and its release commits a new version.
+#[test]
+fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    let c = &alice.caller;
+    let name = OsStr::new;
+    let ino = |p: &str| f.fs.lookup(c, ROOT_INO, name(p)).unwrap().attr.unwrap().ino;
+    let (plan, other) = (ino("plan.md"), ino("other.md"));
+    let trunc = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    let tries: Vec<(&str, Result<(), FsError>)> = vec![
+        ("open_write", {
+            let flags = libc::O_WRONLY | libc::O_TRUNC;
+            f.fs.open(c, plan, flags).map(drop)
+        }),
+        ("open_write", {
+            let flags = libc::O_WRONLY | libc::O_CREAT;
+            f.fs.create(c, ROOT_INO, name("plan.md"), 0o644, flags)
+                .map(drop)
+        }),
+        ("setattr", f.fs.setattr(c, plan, &trunc, None).map(drop)),
+        ("rename_source", {
+            f.fs.rename(c, ROOT_INO, name("plan.md"), ROOT_INO, name("x.md"), 0)
+        }),
+        ("rename_target", {
+            let exchange = libc::RENAME_EXCHANGE;
+            f.fs.rename(
+                c,
+                ROOT_INO,
+                name("other.md"),
+                ROOT_INO,
+                name("plan.md"),
+                exchange,
+            )
+        }),
+        ("unlink", f.fs.unlink(c, ROOT_INO, name("plan.md"))),
+        (
+            "link",
+            f.fs.link(c, plan, ROOT_INO, name("copy.md")).map(drop),
+        ),
+        (
+            "link",
+            f.fs.link(c, other, ROOT_INO, name("plan.md")).map(drop),
+        ),
+        ("symlink", {
+            let target = Path::new("other.md");
+            f.fs.symlink(c, ROOT_INO, name("plan.md"), target).map(drop)
+        }),
+        ("mknod", {
+            let fifo = libc::S_IFIFO | 0o644;
+            f.fs.mknod(c, ROOT_INO, name("plan.md"), fifo, 0).map(drop)
+        }),
+        (
+            "setxattr",
+            f.fs.setxattr(c, plan, name("user.note"), b"x", 0),
+        ),
+        ("removexattr", f.fs.removexattr(c, plan, name("user.note"))),
+    ];
+    let denied = f.events_written("denied", "alice");
+    assert_eq!(denied.len(), tries.len(), "one denied event per refusal");
+    for ((route, r), event) in tries.iter().zip(&denied) {
+        assert_eq!(r.unwrap_err().errno(), libc::EACCES, "{route}");
+        assert_eq!(event["route"], *route);
+        assert_eq!(event["path"], "plan.md");
+    }
+    // Nothing reached the backing directory: not even the truncation of the open.
+    assert_eq!(
+        std::fs::read_to_string(f.backing.join("plan.md")).unwrap(),
+        "v1\n"
+    );
+    for gone in ["x.md", "copy.md"] {
+        assert!(!f.backing.join(gone).exists(), "{gone}");
+    }
+    let why = f.read_surface(&alice, "why");
+    assert!(why.contains("you handed plan.md"), "{why}");
+    assert!(why.contains("\n(at "), "{why}");
+
+    // The successor writes: decided, opened with FLUSH (the volume keeps state for the
+    // handle), and its release commits the next version.
+    let version = |a: &Agent| {
+        let v =
+            f.fs.getxattr(&a.caller, plan, name("user.coherent.version"), 64);
+        match v.unwrap() {
+            XattrReply::Data(d) => String::from_utf8(d).unwrap(),
+            XattrReply::Size(_) => unreachable!(),
+        }
+    };
+    assert_eq!(version(&bob), "1");
+    let o =
+        f.fs.open(&bob.caller, plan, libc::O_WRONLY | libc::O_TRUNC)
+            .unwrap();
+    assert!(!o.fopen.noflush && !o.fopen.direct_io);
+    assert_eq!(f.fs.write(&bob.caller, plan, o.fh, 0, b"v2\n").unwrap(), 3);
+    f.fs.flush(&bob.caller, plan, o.fh).unwrap();
+    assert!(f.fs.release(&bob.caller, plan, o.fh));
+    assert_eq!(version(&bob), "2");
+    assert_eq!(
+        f.read_surface(&bob, "why").split(':').next(),
+        Some("no refusal")
+    );
+}
+
+/// `--stale warn` (the default): a write from an outdated view goes on, and the writer
+/// reads at `.coherent/why` exactly what happened, through the filesystem.
+#[test]
+fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    f.write_file("plan.md", "v1\n");
+    let plan = f.fs.lookup(&alice.caller, ROOT_INO, OsStr::new("plan.md"));
+    let plan = plan.unwrap().attr.unwrap().ino;
+    let append = |a: &Agent| {
+        let o =
+            f.fs.open(&a.caller, plan, libc::O_WRONLY | libc::O_APPEND)
+                .unwrap();
+        f.fs.write(&a.caller, plan, o.fh, 0, b"more\n").unwrap();
+        f.fs.flush(&a.caller, plan, o.fh).unwrap();
+        f.fs.release(&a.caller, plan, o.fh);
+    };
+    f.read(&alice, "plan.md");
+    append(&bob);
+    append(&alice);
+    let why = f.read_surface(&alice, "why");
+    let told = "stale write: plan.md is at v2 but this session last saw v1 (another session \
+                changed it since); the write goes on over that change. Read plan.md again to \
+                see it.\n(at ";
+    assert!(why.starts_with(told), "{why}");
+    assert_eq!(f.events_of("stale_write", "alice").len(), 1);
 }

@@ -355,8 +355,8 @@ fn control_directory_is_read_only_and_xattrs_are_computed() {
     }
     assert!(m.join(".coherent/ctl").exists());
     assert_eq!(version(&m.join("a")), Some(1));
-    // Other xattrs pass through; listxattr does not list the computed names (§7: copies
-    // must not carry them), which stay readable by name.
+    // Other xattrs pass through; listxattr does not list the computed names
+    // (docs/design.md#control-surface: copies must not carry them), which stay readable by name.
     ok(&sh_in(m, Some("eve"), "setfattr -n user.note -v hi a"));
     let list = ok(&sh_in(m, Some("eve"), "getfattr -d -m - a"));
     assert!(

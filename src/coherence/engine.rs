@@ -28,10 +28,10 @@ use std::sync::Arc;
 
 const SHARDS: usize = 64;
 
-/// Largest note a transfer accepts (§5).
+/// Largest note a transfer accepts (docs/design.md#handoff).
 pub const MAX_NOTE: usize = 64 * 1024;
 
-/// The name commits found behind the volume's back are attributed to (§3).
+/// The name commits found behind the volume's back are attributed to (docs/design.md#versions).
 pub const EXTERNAL: &str = "external";
 
 /// Where events go: the journal in the mount, a memory log in tests.
@@ -84,7 +84,7 @@ impl EventSink for MemorySink {
     fn wait_durable(&self, _seq: u64) {}
 }
 
-/// One session's stake in one path: memory only (§8).
+/// One session's stake in one path: memory only (docs/design.md#state-log).
 #[derive(Debug, Clone)]
 pub(super) struct Holder {
     pub(super) session: Session,
@@ -194,7 +194,7 @@ pub struct Engine {
     pub(super) config: Config,
     pub(super) shards: Box<[Mutex<Shard>]>,
     pub(super) sessions: RwLock<HashMap<String, Session, BuildHasherDefault<PathHasher>>>,
-    /// Session name → the uid that owns it (§2).
+    /// Session name → the uid that owns it (docs/design.md#sessions).
     pub(super) owners: RwLock<HashMap<String, u32, BuildHasherDefault<PathHasher>>>,
     /// Per session: its latest refusal or stale write: the path it is about (None: not
     /// about one path), the text, and when the volume told it (None: set by the core
@@ -203,7 +203,7 @@ pub struct Engine {
     pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
     /// Bumped by every event that can change a record (`wait`).
-    pub(super) changes: super::wait::Changes,
+    pub(super) changes: super::changes::Changes,
     /// With a coordinator: the next record id (0: a record's id is its transfer's seq).
     /// Several hosts make records, so ids come from the coordinator's revisions.
     pub(super) record_ids: AtomicU64,
@@ -231,7 +231,7 @@ pub(super) fn bad_path(p: &str) -> Refusal {
     )
 }
 
-/// The deny text of §5 (for an unclaimed offer to anyone, its three ways out).
+/// The deny text of docs/design.md#handoff (for an unclaimed offer to anyone, its three ways out).
 pub fn deny_text(path: &str, successor: &SessionInfo, version: u64) -> String {
     if successor.name == crate::names::ANY {
         return format!(
@@ -327,8 +327,8 @@ impl Engine {
         Some(ev.seq)
     }
 
-    /// Claims session `s` for `uid` (§2: a session name belongs to the first uid that
-    /// shows it): makes it known and owned by `uid` on first sight (`session_seen` with
+    /// Claims session `s` for `uid` (docs/design.md#sessions: a session name belongs to the first
+    /// uid that shows it): makes it known and owned by `uid` on first sight (`session_seen` with
     /// `uid`). `Err(owner)` when another uid owns it. Unattributed sessions (`uid:UID`)
     /// are only made known. A read lock on the warm path.
     pub fn claim(&self, s: &Session, uid: u32, now: Timestamp) -> Result<(), u32> {
@@ -403,32 +403,34 @@ impl Engine {
         self.sink.append(&mut ev);
         self.applied.fetch_max(ev.seq, Ordering::SeqCst);
         self.apply_entry(entry, &ev, true);
-        if super::wait::changes_records(ev.event) {
+        if super::changes::changes_records(ev.event) {
             self.changes.bump();
         }
         ev.seq
     }
 
     /// What `.coherent/why` shows `s` from now on: its latest refusal or stale write
-    /// (about `path`, if one), told at `now` (§5, issue 9: the latest one wins).
+    /// (about `path`, if one), told at `now` (docs/design.md#handoff: the latest one wins).
     pub fn tell(&self, s: &SessionInfo, path: Option<&str>, text: &str, now: Timestamp) {
-        self.why.lock().insert(
-            s.name.clone(),
-            (path.map(str::to_string), text.to_string(), Some(now)),
-        );
+        self.keep_why(s, path.map(str::to_string), text.to_string(), Some(now));
     }
 
+    /// A refusal made by the engine: kept for `why` (without a time: the volume says it
+    /// again, with one, when it reaches the caller).
     pub(super) fn refuse(&self, s: &SessionInfo, r: Refusal) -> Refusal {
-        self.why
-            .lock()
-            .insert(s.name.clone(), (r.path.clone(), r.message.clone(), None));
+        self.keep_why(s, r.path.clone(), r.message.clone(), None);
         r
+    }
+
+    /// The one writer of `why`.
+    fn keep_why(&self, s: &SessionInfo, path: Option<String>, text: String, at: Option<Timestamp>) {
+        self.why.lock().insert(s.name.clone(), (path, text, at));
     }
 
     /// The state change of one logged event on one path: shared by the live path
     /// (`emit`, `live`) and the replay of the log, so both build the same durable state.
-    /// Holds and views are memory only: a replay creates none (§8: after a restart no
-    /// session has a view).
+    /// Holds and views are memory only: a replay creates none (docs/design.md#state-log: after a
+    /// restart no session has a view).
     pub(super) fn apply_entry(&self, e: &mut Entry, ev: &Event, live: bool) {
         let who = ev.session.as_deref().unwrap_or("");
         match ev.event {

@@ -1,8 +1,8 @@
 //! Bounded state: tombstones of removed paths are dropped when nothing refers to them.
 //!
 //! A removed path keeps its entry (a tombstone) so that recreating it continues the
-//! numbering (DESIGN.md §3). The journal drops the tombstones that have no record (live or
-//! ended: ended records go first, by `evict` after `--evict-after`) and no open writer at
+//! numbering (docs/design.md#versions). The journal drops the tombstones that have no record (live
+//! or ended: ended records go first, by `evict` after `--evict-after`) and no open writer at
 //! each compaction, in the same step as the snapshot it writes, so the snapshot and the
 //! engine agree and no event is needed (replaying the log from its start would bring them
 //! back; after a compaction the log does not reach back that far). A path recreated after

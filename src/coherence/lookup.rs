@@ -1,5 +1,5 @@
-//! Finding a known session from a command argument (§2): the session name, the full agent
-//! id, or an unambiguous id prefix of at least 8 hex digits.
+//! Finding a known session from a command argument (docs/design.md#sessions): the session name, the
+//! full agent id, or an unambiguous id prefix of at least 8 hex digits.
 
 use crate::error::{Reason, Refusal};
 use crate::identity::Session;

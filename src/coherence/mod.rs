@@ -1,7 +1,8 @@
-//! The coherence engine (DESIGN.md §3–§5): versions, holds, transfer records, the fence
-//! decision and the verbs. Pure: no I/O, no clock (every call takes `now`); events go to an
-//! [`EventSink`] (the journal).
+//! The coherence engine (docs/design.md#versions to #handoff): versions, holds, transfer records,
+//! the fence decision and the verbs. Pure: no I/O, no clock (every call takes `now`); events go to
+//! an [`EventSink`] (the journal).
 
+mod changes;
 mod engine;
 mod evict;
 mod lookup;

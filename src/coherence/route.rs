@@ -1,7 +1,7 @@
-//! The write decision (§4, §6): every write route of a session is decided by
-//! [`Engine::decide`] in one locked pass: what the backing directory holds now (a change
-//! behind the volume's back is counted first), the per-route rules below, the fence, and
-//! for an open for write the stale guard and the acquire. The mount turns its request into
+//! The write decision (docs/design.md#holds, docs/design.md#write-routes): every write route of a
+//! session is decided by [`Engine::decide`] in one locked pass: what the backing directory holds
+//! now (a change behind the volume's back is counted first), the per-route rules below, the fence,
+//! and for an open for write the stale guard and the acquire. The mount turns its request into
 //! a [`Write`] and keeps the [`Permit`] for the part after the operation.
 
 use parking_lot::MutexGuard;
@@ -12,7 +12,8 @@ use super::types::*;
 use crate::error::{Reason, Refusal};
 use crate::identity::Session;
 
-/// The computed xattrs (§7) live under this prefix: readable, never set or removed.
+/// The computed xattrs (docs/design.md#control-surface) live under this prefix: readable, never set
+/// or removed.
 pub const XATTR_PREFIX: &str = "user.coherent.";
 
 /// The rule for setting or removing xattr `name` on any path, tracked or not: a
@@ -78,9 +79,9 @@ impl<'a> At<'a> {
     }
 }
 
-/// A write route of §6 as the core decides it: the path(s) and the facts the rules need.
-/// `mkdir` and `rmdir` are not among them: §6 fences no directory being made or removed
-/// (a directory rename is).
+/// A write route of docs/design.md#write-routes as the core decides it: the path(s) and the facts
+/// the rules need. `mkdir` and `rmdir` are not among them: docs/design.md#write-routes fences no
+/// directory being made or removed (a directory rename is).
 #[derive(Debug, Clone, Copy)]
 pub enum Write<'a> {
     /// `open`/`create` with `O_WRONLY`, `O_RDWR`, `O_TRUNC` or `O_APPEND`: the fence, the
@@ -232,16 +233,16 @@ impl<'e> Locked<'e> {
 }
 
 impl Engine {
-    /// The decision of a write route by `s` (§4, §6), in one locked pass. Refused: the
-    /// route answers `EACCES`; a fenced route logs `denied` and keeps the deny text for
-    /// `why`. Allowed: the [`Permit`] for the part after the operation (an open for write
-    /// holds `E` from here: pair it with `close_write`).
+    /// The decision of a write route by `s` (docs/design.md#holds, docs/design.md#write-routes), in
+    /// one locked pass. Refused: the route answers `EACCES`; a fenced route logs `denied` and keeps
+    /// the deny text for `why`. Allowed: the [`Permit`] for the part after the operation (an open
+    /// for write holds `E` from here: pair it with `close_write`).
     pub fn decide(&self, s: &Session, w: Write<'_>, now: Timestamp) -> Result<Permit, Refusal> {
         self.decide_as(s, true, w, now)
     }
 
-    /// The decision for a caller whose session could not be resolved (§2: fail closed).
-    /// A route touching a path with a live record is refused (`denied`, reason
+    /// The decision for a caller whose session could not be resolved (docs/design.md#sessions: fail
+    /// closed). A route touching a path with a live record is refused (`denied`, reason
     /// `unresolved`, logged under `fallback`, the caller's `uid:UID`); any other route is
     /// decided as `fallback`'s, in the same locked pass.
     pub fn decide_unresolved(
@@ -268,8 +269,8 @@ impl Engine {
         self.session_seen(s, now);
         let (main, to) = w.main();
         let paths = w.paths();
-        // Every name of a handed inode is fenced for its giver (§6), before the shards of
-        // this route are locked (the other names may live in any shard).
+        // Every name of a handed inode is fenced for its giver (docs/design.md#write-routes),
+        // before the shards of this route are locked (the other names may live in any shard).
         for at in paths.iter().flatten().filter(|a| a.linked) {
             if let Found::File(st) = at.found {
                 let route = match w {

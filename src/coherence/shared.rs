@@ -1,5 +1,5 @@
-//! What several hosts share through a coordinator (issue 12, DESIGN §13): per path its
-//! version, stamp and transfer records; per session its owner. Everything else (holds,
+//! What several hosts share through a coordinator (docs/design.md#hosts, docs/multi-host.md): per
+//! path its version, stamp and transfer records; per session its owner. Everything else (holds,
 //! views, open write handles, `why`) stays on the host that saw it.
 //!
 //! The engine stays the one owner of the rules: a coordinated step runs the same engine

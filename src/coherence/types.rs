@@ -1,5 +1,6 @@
 //! The data of the engine: holds, statuses, records, events and the durable state, all
-//! serde-serializable with the wire names of DESIGN.md §4, §5 and §8.
+//! serde-serializable with the wire names of docs/design.md#holds, docs/design.md#handoff and
+//! docs/design.md#state-log.
 
 use super::time::Timestamp;
 use crate::error::Reason;
@@ -7,7 +8,7 @@ use crate::identity::{Session, SessionInfo, Via};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// A per-(session, path) hold, after MESI (§4).
+/// A per-(session, path) hold, after MESI (docs/design.md#holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Hold {
     S,
@@ -16,29 +17,10 @@ pub enum Hold {
     I,
 }
 
-/// The status of a transfer record (§5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Pending,
-    Completed,
-    Overtaken,
-    Declined,
-    Withdrawn,
-    Superseded,
-}
+/// The status of a transfer record: with the reason codes, since a refusal names it.
+pub use crate::error::Status;
 
-impl Status {
-    /// Statuses under which a record is live while the version has not moved.
-    pub fn may_be_live(self) -> bool {
-        matches!(
-            self,
-            Status::Pending | Status::Completed | Status::Overtaken
-        )
-    }
-}
-
-/// `--stale` (§4).
+/// `--stale` (docs/design.md#holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StaleMode {
@@ -69,7 +51,8 @@ impl Default for Config {
 }
 
 /// What the backing file looked like when the volume last counted it: (ino, ctime, size)
-/// from `fstat` (§3). A different stamp at the next open is a change behind the volume's back.
+/// from `fstat` (docs/design.md#versions). A different stamp at the next open is a change behind
+/// the volume's back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Stamp {
     pub ino: u64,
@@ -77,7 +60,7 @@ pub struct Stamp {
     pub size: u64,
 }
 
-/// The write routes of §6; named in `denied` events.
+/// The write routes of docs/design.md#write-routes; named in `denied` events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Route {
@@ -95,7 +78,7 @@ pub enum Route {
     Removexattr,
 }
 
-/// What made a commit (§3); in `commit` events.
+/// What made a commit (docs/design.md#versions); in `commit` events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CommitOp {
@@ -115,7 +98,7 @@ pub enum CommitOp {
     Mknod,
 }
 
-/// The event names of §8.
+/// The event names of docs/design.md#state-log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
@@ -142,8 +125,9 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// One line of the state log (§8): `seq`, `ts`, `event`, `path`, `session`, `agent` always,
-/// then the fields of that event. Replaying the events in order rebuilds the durable state.
+/// One line of the state log (docs/design.md#state-log): `seq`, `ts`, `event`, `path`, `session`,
+/// `agent` always, then the fields of that event. Replaying the events in order rebuilds the
+/// durable state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub seq: u64,
@@ -155,7 +139,7 @@ pub struct Event {
     /// `session_seen`: how the session was resolved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<Via>,
-    /// `session_seen`: the uid that owns the session name from then on (§2).
+    /// `session_seen`: the uid that owns the session name from then on (docs/design.md#sessions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<u32>,
     /// The path's version after the event (commit, external_change, transfer, ...).
@@ -257,7 +241,7 @@ impl Event {
     }
 }
 
-/// A transfer record (§5). `id` is the `seq` of its `transfer` event.
+/// A transfer record (docs/design.md#handoff). `id` is the `seq` of its `transfer` event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     pub id: u64,
@@ -365,8 +349,8 @@ pub struct PathState {
 }
 
 /// Everything the journal must rebuild: versions and tombstones, records, known sessions
-/// and the seq counter. Holds and views are memory only (§8). Sorted, so two states compare
-/// and serialize identically.
+/// and the seq counter. Holds and views are memory only (docs/design.md#state-log). Sorted, so two
+/// states compare and serialize identically.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DurableState {
     /// The seq of the last event applied.
@@ -375,7 +359,7 @@ pub struct DurableState {
     /// All records (live and ended, not yet evicted), by (path, id).
     pub records: Vec<Record>,
     pub sessions: std::collections::BTreeMap<String, SessionInfo>,
-    /// The uid owning each session name (§2: the first uid that showed it).
+    /// The uid owning each session name (docs/design.md#sessions: the first uid that showed it).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub owners: std::collections::BTreeMap<String, u32>,
 }
@@ -448,12 +432,14 @@ mod arc_session {
     }
 }
 
-/// What `wait PATH [UNTIL]` waits for (§7); wire names `accepted`, `completed`, `ended`.
+/// What `wait PATH [UNTIL]` waits for (docs/design.md#control-surface); wire names `accepted`,
+/// `completed`, `ended`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Until {
     /// The successor took it: `accept` (or the claim of an offer), or its commit. Both
-    /// make the status `completed` (§5), so this is reached exactly when `completed` is.
+    /// make the status `completed` (docs/design.md#handoff), so this is reached exactly when
+    /// `completed` is.
     Accepted,
     /// Status `completed`.
     Completed,

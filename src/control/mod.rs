@@ -1,5 +1,5 @@
-//! The control surface's wire format (DESIGN.md §7), with no FUSE types in it, in three
-//! rooms:
+//! The control surface's wire format (docs/design.md#control-surface), with no FUSE types in it, in
+//! three rooms:
 //!
 //! - `request`: [`parse_request`], the bytes of one `write(2)` to `.coherent/ctl` → a typed
 //!   [`Request`] (a JSON object or a plain line `VERB ARG...`, syntax in that module's
@@ -24,7 +24,8 @@ pub use request::{
 
 /// The largest request accepted in one write (bytes).
 pub const MAX_REQUEST: usize = 1 << 20;
-/// The largest note of a transfer (bytes, DESIGN.md §5): the engine's limit, checked early.
+/// The largest note of a transfer (bytes, docs/design.md#handoff): the engine's limit, checked
+/// early.
 pub use crate::coherence::MAX_NOTE;
 /// The longest path accepted (bytes, after normalisation), as PATH_MAX.
 pub const MAX_PATH: usize = 4096;

@@ -1,11 +1,18 @@
 //! Replies read back from `.coherent/ctl`: always one JSON object with `ok`, `verb` and
-//! `message` (DESIGN.md §7), and [`CtlHandle`], the per-open-handle reply buffer.
+//! `message` (docs/design.md#control-surface), and [`CtlHandle`], the per-open-handle reply buffer.
 
 use super::describe::{describe_records, whoami_text};
-use super::request::{parse_request, Request, Verb};
+use super::request::{parse_request, Request, RequestError, Verb};
 use crate::error::{Reason, Refusal};
 use crate::identity::SessionInfo;
 use serde_json::{json, Map, Value};
+
+impl RequestError {
+    /// The refusal reply for this error.
+    pub fn reply(&self) -> Reply {
+        Reply::refused(self.verb, &self.refusal, self.path.as_deref())
+    }
+}
 
 /// The reply to one request: always one JSON object with `ok`, `verb` and `message`.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,5 +1,5 @@
-//! Requests to `.coherent/ctl` (DESIGN.md §7): the bytes of one `write(2)` → a typed
-//! [`Request`], or a [`RequestError`] to reply with.
+//! Requests to `.coherent/ctl` (docs/design.md#control-surface): the bytes of one `write(2)` → a
+//! typed [`Request`], or a [`RequestError`] to reply with.
 //!
 //! # Plain-line syntax
 //!
@@ -27,14 +27,13 @@
 //! `wait` a `"path"`, an optional `"until"` and an optional `"timeout"` (seconds, a number).
 //! Unknown fields are refused so a misspelt field never silently changes a request.
 
-use super::reply::Reply;
 use super::{CONTROL_DIR, MAX_NAME, MAX_NOTE, MAX_PATH, MAX_REQUEST, USAGE};
 use crate::coherence::Until;
 use crate::error::{Reason, Refusal};
 use crate::names::quote_for_message;
 use serde_json::{json, Map, Value};
 
-/// A control verb (the wire names of DESIGN.md §7).
+/// A control verb (the wire names of docs/design.md#control-surface).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Verb {
     Register,
@@ -234,11 +233,6 @@ impl RequestError {
             path: None,
             refusal: Refusal::new(Reason::BadRequest, format!("bad request: {what}; {hint}")),
         }
-    }
-
-    /// The refusal reply for this error.
-    pub fn reply(&self) -> Reply {
-        Reply::refused(self.verb, &self.refusal, self.path.as_deref())
     }
 }
 

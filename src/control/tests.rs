@@ -826,7 +826,7 @@ fn ctl_handle_serves_stores_and_replaces_replies() {
     assert_eq!(body["reason"], "bad_request");
     assert_eq!(body["verb"], "transfer");
 
-    // each errno of §7 comes through
+    // each errno of docs/design.md#control-surface comes through
     for (reason, want) in [
         (Reason::NoSuchPath, libc::ENOENT),
         (Reason::HandoffSuccessorUnknown, libc::ESRCH),

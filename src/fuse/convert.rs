@@ -3,9 +3,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fuser::{Errno, FileAttr, FileType, INodeNo, ReplyXattr, Request, TimeOrNow};
+use fuser::{Errno, FileAttr, FileType, INodeNo, Request, TimeOrNow};
 
-use crate::passthrough::{Attr, Caller, FsError, FsResult, Kind, SetTime, Time, XattrReply};
+use crate::store::{Attr, Caller, FsError, Kind, SetTime, Time};
 
 /// The one place an [`FsError`] becomes a FUSE errno.
 pub(super) fn errno(e: FsError) -> Errno {
@@ -120,14 +120,6 @@ pub(super) fn negative_attr() -> FileAttr {
         rdev: 0,
         blksize: 0,
         flags: 0,
-    }
-}
-
-pub(super) fn xattr_answer(r: FsResult<XattrReply>, reply: ReplyXattr) {
-    match r {
-        Ok(XattrReply::Size(n)) => reply.size(n),
-        Ok(XattrReply::Data(d)) => reply.data(&d),
-        Err(e) => reply.error(errno(e)),
     }
 }
 

@@ -1,5 +1,6 @@
 //! cgroup v2 helpers: where the hierarchy is mounted, and the `coherent-session-NAME`
-//! cgroup that `coherent run` puts a session's processes in (DESIGN.md §2, §7).
+//! cgroup that `coherent run` puts a session's processes in (docs/design.md#sessions,
+//! docs/design.md#control-surface).
 
 use super::{check_session_name, CGROUP_PREFIX};
 use std::io::{self, ErrorKind};

@@ -1,4 +1,4 @@
-//! pid → session, in the order of DESIGN.md §2, behind the (tid, stamp) cache.
+//! pid → session, in the order of docs/design.md#sessions, behind the (tid, stamp) cache.
 //!
 //! Warm path: a shard lookup, then one read of the task's `stat` to compare its current
 //! [`ProcStamp`] with the cached one. That read cannot be skipped: without it nothing tells
@@ -135,7 +135,7 @@ pub struct Resolver {
 }
 
 /// An environment tag that was present but ignored because its value is not a valid
-/// session name (DESIGN.md §2: ignored loudly, explained by `whoami`).
+/// session name (docs/design.md#sessions: ignored loudly, explained by `whoami`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct IgnoredTag {
     pub var: String,
@@ -292,8 +292,8 @@ impl Resolver {
         })
     }
 
-    /// §2 order: cgroup, then the environment tags, then `uid:UID`. `warn_for`: the tgid
-    /// to log ignored tags for (once per process), None to stay quiet.
+    /// docs/design.md#sessions order: cgroup, then the environment tags, then `uid:UID`.
+    /// `warn_for`: the tgid to log ignored tags for (once per process), None to stay quiet.
     fn classify(
         &self,
         tid: u32,

@@ -1,6 +1,6 @@
-//! The default state directory (DESIGN.md §9): `$XDG_STATE_HOME/coherent/<id>`, else
-//! `~/.local/state/coherent/<id>`, else for root `/var/lib/coherent/<id>`, one folder per
-//! backing directory.
+//! The default state directory (docs/design.md#mounting): `$XDG_STATE_HOME/coherent/<id>`,
+//! else `~/.local/state/coherent/<id>`, else for root `/var/lib/coherent/<id>`, one folder
+//! per backing directory.
 //!
 //! `<id>` is the backing directory's base name (for a human browsing the folder) and 16
 //! hex digits of a hash of its canonical path (two workspaces named `app` never share

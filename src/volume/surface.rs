@@ -1,5 +1,5 @@
-//! The `.coherent/` directory of §7: `ctl` (one request per write, the reply read back
-//! from the same handle), `status`, `events`, `whoami`, `why`, `inbox`.
+//! The `.coherent/` directory of docs/design.md#control-surface: `ctl` (one request per write, the
+//! reply read back from the same handle), `status`, `events`, `whoami`, `why`, `inbox`.
 //!
 //! Content that depends on the reader (`whoami`, `why`, `inbox`) and `status` are computed
 //! once, at open, for the opener's session: a reader sees one consistent snapshot however
@@ -10,19 +10,20 @@
 //! I/O, so readers read until EOF. Only `ctl` is writable (mode 0666, any user may send a
 //! request; the verbs decide who may do what).
 //!
-//! What a reader sees of a path depends on the reader (§7): `status`, `events`, `inbox`
-//! and the ctl verbs show a path, its record and its note only to callers who could look
-//! the path up themselves ([`crate::visibility`]); to anyone else the answer is the one for
-//! a path that does not exist. A path in a request resolves beneath the backing root
+//! What a reader sees of a path depends on the reader (docs/design.md#control-surface): `status`,
+//! `events`, `inbox` and the ctl verbs show a path, its record and its note only to callers who
+//! could look the path up themselves ([`crate::visibility`]); to anyone else the answer is the one
+//! for a path that does not exist. A path in a request resolves beneath the backing root
 //! ([`crate::beneath`]): one that leaves it is `bad_request` "outside the volume", whether
 //! or not the host path exists, and the engine never hears of it.
 //!
-//! [`Surface`] owns the open virtual handles; the volume's `virtual_*` hooks delegate to it
-//! in one line each, and its methods take the [`Volume`] for what they read (engine,
-//! journal, resolver, the backing directory).
+//! [`Surface`] owns the open handles of the tree; the volume's [`PseudoFs`] methods (the
+//! backend [`crate::fs::Fs`] routes `.coherent/` to) delegate to it in one line each, and
+//! its methods take the [`Volume`] for what they read (engine, journal, resolver, the
+//! backing directory).
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,9 +40,9 @@ use crate::coherence::{RecordJson, StatusReport, Timestamp};
 use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
-use crate::fuse::{open_writes, ReadDone};
+use crate::fs::{open_writes, PseudoFs, ReadDone};
 use crate::identity::{Session, Via};
-use crate::passthrough::{
+use crate::store::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
 };
 use crate::visibility::{LogView, Sight};
@@ -256,13 +257,7 @@ impl Surface {
             .ok_or(FsError(libc::EBADF))
     }
 
-    pub(super) fn read(
-        &self,
-        vol: &Volume,
-        token: u64,
-        offset: u64,
-        size: u32,
-    ) -> FsResult<Vec<u8>> {
+    fn read(&self, vol: &Volume, token: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let h = self.handle(token)?;
         let mut h = h.lock();
         match &mut *h {
@@ -413,6 +408,46 @@ impl Surface {
     }
 }
 
+/// The `.coherent/` tree as a backend of [`crate::fs::Fs`]: each request goes to the
+/// [`Surface`] with the volume it reads.
+impl PseudoFs for Volume {
+    fn root_name(&self) -> OsString {
+        crate::control::CONTROL_DIR.into()
+    }
+
+    fn lookup(&self, _caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
+        self.surface.lookup(self, parent, name)
+    }
+
+    /// The nodes are fixed: nothing to forget.
+    fn forget(&self, _ino: u64, _nlookup: u64) {}
+
+    fn getattr(&self, _caller: &Caller, ino: u64) -> FsResult<Attr> {
+        self.surface.attr(self, ino)
+    }
+
+    fn readdir(&self, _caller: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+        self.surface.readdir(ino)
+    }
+
+    fn open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
+        self.surface.open(self, caller, ino, flags)
+    }
+
+    fn read(&self, caller: &Caller, token: u64, offset: u64, size: u32, done: ReadDone) {
+        self.surface
+            .read_deferred(self, caller, token, offset, size, done)
+    }
+
+    fn write(&self, caller: &Caller, token: u64, data: &[u8]) -> FsResult<u32> {
+        self.surface.write(self, caller, token, data)
+    }
+
+    fn release(&self, token: u64) {
+        self.surface.release(token)
+    }
+}
+
 /// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
 /// tags that were ignored because their value is not a valid session name.
 fn whoami_json(vol: &Volume, caller: &Caller) -> Value {
@@ -449,8 +484,7 @@ impl Surface {
             Ok(reply) => reply,
             Err(f) => {
                 // `why` shows the latest refusal, whichever part of the volume made it.
-                vol.engine
-                    .tell(s, f.path.as_deref(), &f.message, Timestamp::now());
+                vol.tell_why(s, super::Told::Refused(&f), Timestamp::now());
                 let paths = req.paths();
                 let path = (paths.len() == 1).then(|| paths[0].as_str());
                 Reply::refused(Some(verb), &f, path)
@@ -468,7 +502,12 @@ impl Surface {
         req: &Request,
     ) -> Result<Reply, Refusal> {
         let verb = req.verb();
-        if vol.coord.host().is_none() || matches!(verb, Verb::Whoami | Verb::Wait) {
+        if vol.coord.host().is_none() {
+            let attempt = || self.serve_verb(vol, s, sight, req);
+            let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
+            return once_more_after_releases(vol, s, req, attempt, refused);
+        }
+        if matches!(verb, Verb::Whoami | Verb::Wait) {
             return self.serve_verb(vol, s, sight, req);
         }
         if verb == Verb::Status {
@@ -477,26 +516,19 @@ impl Surface {
             return self.serve_verb(vol, s, sight, req);
         }
         let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
-        let mut out = None;
-        let mut waited = false;
-        let stepped = loop {
+        // The wait for releases happens outside the step, which their release needs.
+        let attempt = || {
+            let mut out = None;
             let stepped = vol.coord.step(&names, StepKind::Verb, &mut || {
                 let r = self.serve_verb(vol, s, sight, req);
                 let ok = r.is_ok();
                 out = Some(r);
                 ok
-            })?;
-            // A transfer in the way of write handles being released: wait for them
-            // (outside the step, which their release needs), then once more.
-            match (&out, req) {
-                (Some(Err(f)), Request::Transfer { paths, .. })
-                    if !waited && in_flight(f) && vol.wait_for_releases(s, paths) =>
-                {
-                    waited = true;
-                }
-                _ => break stepped,
-            }
+            });
+            stepped.map(|st| (st, out))
         };
+        let refused = |r: &Result<_, Refusal>| matches!(r, Ok((_, Some(Err(f)))) if in_flight(f));
+        let (stepped, out) = once_more_after_releases(vol, s, req, attempt, refused)?;
         if stepped.in_flight.is_empty() {
             return out.expect("the step ran the verb");
         }
@@ -542,8 +574,8 @@ impl Surface {
                 Reply::session(Verb::Register, s)
             }
             Request::Register { name: Some(n) } => {
-                // Only the caller's own session (§2): naming another would let anyone
-                // claim a name ahead of its owner.
+                // Only the caller's own session (docs/design.md#sessions): naming another would let
+                // anyone claim a name ahead of its owner.
                 crate::names::validate_session_name(n)
                     .map_err(|e| Refusal::new(Reason::BadRequest, e))?;
                 if s.is_attributed() && *n != s.name {
@@ -563,20 +595,7 @@ impl Surface {
                 tracked_paths(vol, paths)?;
                 observe_paths(vol, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
-                let r = match vol.engine.transfer(s, paths, to, note.clone(), now) {
-                    // With a coordinator the wait happens outside the step (a release
-                    // of a shared path is a step too): see `serve_agreed`.
-                    Err(f)
-                        if in_flight(&f)
-                            && vol.coord.host().is_none()
-                            && vol.wait_for_releases(s, paths) =>
-                    {
-                        let now = Timestamp::now();
-                        observe_paths(vol, paths, now)?;
-                        vol.engine.transfer(s, paths, to, note.clone(), now)
-                    }
-                    r => r,
-                }?;
+                let r = vol.engine.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
             Request::Accept { paths } => {
@@ -635,7 +654,27 @@ fn in_flight(f: &Refusal) -> bool {
     matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
 }
 
-/// A transfer hands on tracked paths only (§3): each untracked one is refused
+/// The in-flight rule, in one place: FUSE sends RELEASE after `close(2)` returned, so a
+/// transfer `refused` in flight (see [`in_flight`]) by write handles of `s` that are
+/// being released waits for them (see [`Volume::wait_for_releases`]), then is `attempt`ed
+/// once more.
+fn once_more_after_releases<T>(
+    vol: &Volume,
+    s: &Session,
+    req: &Request,
+    mut attempt: impl FnMut() -> T,
+    refused: impl Fn(&T) -> bool,
+) -> T {
+    let first = attempt();
+    match req {
+        Request::Transfer { paths, .. } if refused(&first) && vol.wait_for_releases(s, paths) => {
+            attempt()
+        }
+        _ => first,
+    }
+}
+
+/// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
 /// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
 fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
     let refused: Vec<Refusal> = paths
@@ -689,7 +728,7 @@ fn journal_failed(verb: Verb) -> Reply {
     )
 }
 
-/// A verb of a process carrying another uid's session name (§2): refused.
+/// A verb of a process carrying another uid's session name (docs/design.md#sessions): refused.
 fn not_yours(s: &Session, verb: Verb) -> Option<Refusal> {
     let Via::NotYours { session, owner } = &s.via else {
         return None;
@@ -805,8 +844,9 @@ fn not_there(p: &str) -> Refusal {
     )
 }
 
-/// `transfer` needs that the caller could open each file for writing itself (§5), as the
-/// kernel would decide it for the caller's uid, groups and the file's mode and ACL.
+/// `transfer` needs that the caller could open each file for writing itself
+/// (docs/design.md#handoff), as the kernel would decide it for the caller's uid, groups and the
+/// file's mode and ACL.
 fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusal> {
     for p in paths {
         // Errors (a path that is gone) are the engine's to answer.
@@ -825,8 +865,8 @@ fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusa
 }
 
 /// `accept`/`decline` only by the successor's owner uid, `withdraw` only by the giver's
-/// (§5): a caller of another uid is refused `session_not_yours` (a caller of the same uid
-/// in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
+/// (docs/design.md#handoff): a caller of another uid is refused `session_not_yours` (a caller of
+/// the same uid in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
 fn owner_only(
     vol: &Volume,
     s: &Session,

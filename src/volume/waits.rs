@@ -1,4 +1,5 @@
-//! `wait PATH [UNTIL]` on `ctl` (DESIGN.md §7), answered without parking a FUSE thread.
+//! `wait PATH [UNTIL]` on `ctl` (docs/design.md#control-surface), answered without parking a FUSE
+//! thread.
 //!
 //! The write of a `wait` request is answered at once: refused (with its errno) when there is
 //! no record to wait for, with the reply when the state is already reached, and otherwise
@@ -26,8 +27,8 @@ use serde_json::{json, Map, Value};
 use crate::coherence::{Engine, RecordJson, Until, WaitState};
 use crate::control::{describe_record, Reply, Verb, MAX_WAIT_SECS};
 use crate::error::Refusal;
-use crate::fuse::ReadDone;
-use crate::passthrough::FsError;
+use crate::fs::ReadDone;
+use crate::store::FsError;
 
 /// The longest the wait thread sleeps without a change.
 const IDLE_LOOK: Duration = Duration::from_secs(5);

@@ -19,8 +19,8 @@ use std::time::Duration;
 /// The `coherent` CLI binary.
 pub const CLI: &str = env!("CARGO_BIN_EXE_coherent");
 
-/// The variables that tag a session by default (DESIGN.md §2): cleared from every child so
-/// the test runner's own environment never leaks a session into a test.
+/// The variables that tag a session by default (docs/design.md#sessions): cleared from every child
+/// so the test runner's own environment never leaks a session into a test.
 pub const TAGS: [&str; 2] = ["COHERENT_SESSION", "CLAUDE_CODE_SESSION_ID"];
 
 /// How long any one program may run.
@@ -335,7 +335,8 @@ pub fn unique(base: &str) -> String {
     format!("{base}-{}", std::process::id())
 }
 
-/// The agent id of a session named by a tag other than `CLAUDE_CODE_SESSION_ID` (§2).
+/// The agent id of a session named by a tag other than `CLAUDE_CODE_SESSION_ID`
+/// (docs/design.md#sessions).
 pub fn agent_of(name: &str) -> String {
     uuid::Uuid::new_v5(
         &uuid::Uuid::NAMESPACE_URL,
@@ -349,7 +350,8 @@ pub fn short_of(name: &str) -> String {
     agent_of(name)[..8].to_string()
 }
 
-/// Make `who` known to the volume: it registers itself through the control file (§2).
+/// Make `who` known to the volume: it registers itself through the control file
+/// (docs/design.md#sessions).
 pub fn touch_session(m: &impl Root, who: &str) {
     let r = cli(m, Some(who), &["register"]);
     assert!(r.ok(), "{who} coherent register: {}", r.show());
@@ -388,8 +390,8 @@ pub fn verb_ok(m: &impl Root, who: &str, args: &[&str]) -> Value {
     v
 }
 
-/// Check that `why` read by the giver is the deny text of §5 for `path` handed to
-/// `successor` at `version`; returns what is wrong.
+/// Check that `why` read by the giver is the deny text of docs/design.md#handoff for `path` handed
+/// to `successor` at `version`; returns what is wrong.
 pub fn check_deny_text(why: &str, path: &str, successor: &str, version: u64) -> Option<String> {
     let short = short_of(successor);
     let want = [

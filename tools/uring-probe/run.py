@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Interleave uring-probe runs over transports, thread counts and client counts;
-print the medians as a Markdown table (issue 10).
+print the medians as a Markdown table.
 
 Needs root (mounts; FUSE passthrough; writes /sys/module/fuse/parameters/enable_uring,
 which is set to Y for the duration and restored afterwards).

@@ -1,5 +1,5 @@
-//! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (DESIGN.md §9); also the
-//! mount helper `mount.fuse.coherent-mount` (fstab, `mount -t fuse.coherent-mount`).
+//! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (docs/design.md#mounting);
+//! also the mount helper `mount.fuse.coherent-mount` (fstab, `mount -t fuse.coherent-mount`).
 
 mod daemon;
 mod mount_opts;
@@ -14,12 +14,13 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use coherent::coherence;
 use coherent::coordinator::etcd;
-use coherent::fuse::{CoherentFs, FsOptions, Hooks, NoHooks};
-use coherent::passthrough::Store;
+use coherent::fs::{Fs, FsOptions, NoPolicy, Policy, PseudoFs};
+use coherent::fuse::CoherentFs;
+use coherent::store::Store;
 use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
 use fuser::{Config, MountOption, SessionACL};
 
-/// What `--stale` does with a write from an outdated view (DESIGN.md §4).
+/// What `--stale` does with a write from an outdated view (docs/design.md#holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StaleMode {
     Off,
@@ -324,17 +325,18 @@ fn abort_connection(minor: u32) {
     let _ = std::fs::write(dir.join(minor.to_string()).join("abort"), b"1");
 }
 
-/// The hooks given to the adapter, and the volume behind them (None: no coherence).
-type Layer = (Arc<dyn Hooks>, Option<Arc<Volume>>);
+/// The policy of the filesystem, and the volume behind it (None: no coherence), which is
+/// also the `.coherent/` backend.
+type Layer = (Arc<dyn Policy>, Option<Arc<Volume>>);
 
 /// The enforcement layer plugged into the volume: the coherent [`Volume`] built from
 /// `--state-dir`, `--stale`, `--evict-after` and `--session-env` (a plain passthrough
 /// volume with the hidden `--no-coherence`). Opens (and locks) the state directory, so a
 /// state directory in use fails here, before anything is mounted.
-fn make_hooks(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
+fn make_policy(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
     let Some(state_dir) = plan.state_dir.clone() else {
         tracing::info!("--no-coherence: a plain passthrough volume");
-        return Ok((Arc::new(NoHooks), None));
+        return Ok((Arc::new(NoPolicy), None));
     };
     let limit = raise_nofile_limit();
     tracing::debug!("open file limit: {limit}");
@@ -410,8 +412,8 @@ fn run(args: Args) -> Result<(), Fail> {
     sigs.thread_block()
         .map_err(|e| Fail(format!("sigmask: {e}")))?;
 
-    let (hooks, volume) =
-        daemon::with_progress("loading the state", || make_hooks(&args, &plan, &root))?;
+    let (policy, volume) =
+        daemon::with_progress("loading the state", || make_policy(&args, &plan, &root))?;
     let mut fs_opts = FsOptions::for_mount(plan.in_place);
     fs_opts.passthrough = !args.no_passthrough;
     if let Some(ttl) = args.cache_ttl {
@@ -427,10 +429,12 @@ fn run(args: Args) -> Result<(), Fail> {
             "read at each opendir"
         }
     );
+    let pseudo = volume.clone().map(|v| v as Arc<dyn PseudoFs>);
     let fs = daemon::with_progress("opening the backing directory", || {
-        CoherentFs::new(root, hooks, fs_opts)
+        Fs::new(root, policy, pseudo, fs_opts)
     })
     .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
+    let fs = CoherentFs::new(fs);
 
     let as_root = nix::unistd::geteuid().is_root();
     let (mut mopts, acl) = mount_options(&args.options, as_root, args.private)?;
@@ -459,7 +463,7 @@ fn run(args: Args) -> Result<(), Fail> {
         state_dir = ?args.state_dir,
         "mounting"
     );
-    let inodes = fs.store().inode_gauge();
+    let inodes = fs.fs().store().inode_gauge();
     let counters = fs.counters.clone();
     let mut session = fuser::Session::new(fs, &plan.mountpoint, &config).map_err(|e| {
         Fail(format!(

@@ -1,4 +1,4 @@
-//! `coherent`: the command-line client of a coherent volume (DESIGN.md §7).
+//! `coherent`: the command-line client of a coherent volume (docs/design.md#control-surface).
 //!
 //! A thin client of `.coherent/ctl`: it finds the volume from the given paths (or the current
 //! directory), turns each path into one relative to the mount root, writes one JSON request
@@ -175,7 +175,8 @@ enum Cmd {
         #[arg(long)]
         uninstall: bool,
     },
-    /// Print a shell completion script (e.g. `coherent completions bash > /etc/bash_completion.d/coherent`).
+    /// Print a shell completion script (e.g. `coherent completions bash >
+    /// /etc/bash_completion.d/coherent`).
     Completions {
         /// The shell to complete for.
         #[arg(value_enum, value_name = "SHELL")]
@@ -673,7 +674,7 @@ fn call_bytes(root: &Path, bytes: &[u8]) -> Result<Reply, Fail> {
     }
 }
 
-/// A failed `write(2)` with no reply: the errno says what it can (DESIGN.md §7).
+/// A failed `write(2)` with no reply: the errno says what it can (docs/design.md#control-surface).
 fn errno_failure(root: &Path, e: &io::Error) -> Fail {
     let reason = match e.raw_os_error() {
         Some(libc::ENOTCONN) | Some(libc::ENODEV) | Some(libc::ECONNABORTED) => {

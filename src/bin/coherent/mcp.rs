@@ -1,4 +1,4 @@
-//! `coherent mcp`: the verbs as MCP tools, over stdio (DESIGN.md §7).
+//! `coherent mcp`: the verbs as MCP tools, over stdio (docs/design.md#control-surface).
 //!
 //! The server is started by the agent (from `.mcp.json`), so it is one of the agent's
 //! processes and the volume resolves its requests to the agent's session. Each tool sends

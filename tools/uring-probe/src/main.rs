@@ -1,5 +1,5 @@
 //! uring-probe: one toy filesystem, two FUSE transports, the same metadata
-//! workload against each (issue 10). One run mounts once, measures, unmounts,
+//! workload against each (docs/design.md#speed). One run mounts once, measures, unmounts,
 //! and prints one JSON line; `run.py` interleaves runs and takes medians.
 
 mod model;

@@ -144,7 +144,7 @@ impl Attr {
     }
 }
 
-/// The change stamp of a backing file (DESIGN.md §3): a handle committed a change when
+/// The change stamp of a backing file (docs/design.md#versions): a handle committed a change when
 /// the stamp at flush/release differs from the one at open (or the last flush).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stamp {

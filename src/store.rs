@@ -1,6 +1,6 @@
 //! The backing directory: an inode store of `O_PATH` handles keyed by (dev, ino), open
 //! file and directory handles, and every filesystem operation performed against the
-//! backing directory (DESIGN.md §10–§11).
+//! backing directory (docs/design.md#speed to #layout).
 //!
 //! No FUSE types here: callers pass plain inode numbers, names and libc flags, and get
 //! plain Rust values back or an [`FsError`] carrying the errno.
@@ -33,11 +33,12 @@ pub use types::*;
 
 /// The inode number of the mount root.
 pub const ROOT_INO: u64 = 1;
-/// Inode numbers with this bit set are virtual (not in the backing directory).
+/// Inode numbers with this bit set are never the store's: they are reserved for the
+/// pseudo tree (`.coherent/`), which `fs::router` tells apart.
 pub const VIRTUAL_INO_BIT: u64 = 1 << 63;
 
-/// Is `ino` a virtual node (served by the hooks, not the backing directory)?
-pub fn is_virtual(ino: u64) -> bool {
+/// Not one of the store's inode numbers (the store never allocates these).
+fn reserved(ino: u64) -> bool {
     ino & VIRTUAL_INO_BIT != 0
 }
 
@@ -60,16 +61,23 @@ struct InodeState {
     link: Option<(u64, OsString)>,
 }
 
-/// An open regular file (or anything else opened through `open`).
+/// What a layer above keeps about one open file, in the file's handle.
+pub type HandleState = Arc<dyn std::any::Any + Send + Sync>;
+
+/// An open regular file (or anything else opened through `open`): the one state of an
+/// open file. The layers above keep theirs here too, so it lives and goes with the handle.
 pub struct Handle {
     pub ino: u64,
     pub file: File,
     /// The open flags the kernel sent.
     pub flags: i32,
-    /// Opaque value returned by the `on_open` hook.
-    pub token: AtomicU64,
     /// Stamp at open or the last flush.
     pub stamp: Mutex<Stamp>,
+    /// The policy's state of this open file (set at open; none: it keeps nothing).
+    pub state: std::sync::OnceLock<HandleState>,
+    /// The kernel's registration of the file for FUSE passthrough, if any (set by the
+    /// FUSE glue at open, dropped with the handle).
+    pub kernel: std::sync::OnceLock<HandleState>,
 }
 
 /// An open directory: a snapshot of its entries, refreshed when read from offset 0.
@@ -83,6 +91,28 @@ pub struct DirHandle {
 struct Tables {
     inodes: HashMap<u64, Arc<Inode>>,
     by_key: HashMap<(u64, u64), u64>,
+}
+
+/// What the backing directory holds at a path, a final symlink not followed.
+#[derive(Debug, Clone, Copy)]
+pub struct PathStat {
+    pub stamp: Stamp,
+    pub dir: bool,
+    /// The number of names of the file (`st_nlink`).
+    pub nlink: u64,
+}
+
+/// `fstatat` of the workspace-relative `rel` beneath the backing directory `root` (for
+/// the policy's view of a path, which has no inode of the store): None when nothing is
+/// there (or the name cannot be asked for).
+pub fn lstat_at(root: std::os::fd::BorrowedFd<'_>, rel: &str) -> Option<PathStat> {
+    let c = CString::new(rel).ok()?;
+    let st = fstatat(root.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok()?;
+    Some(PathStat {
+        stamp: Stamp::from_stat(&st),
+        dir: st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+        nlink: st.st_nlink,
+    })
 }
 
 /// The backing directory and everything open in it.
@@ -175,7 +205,7 @@ impl Store {
     }
 
     fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
-        if is_virtual(ino) {
+        if reserved(ino) {
             return Err(FsError(libc::ENOENT));
         }
         self.tables
@@ -367,7 +397,7 @@ impl Store {
 
     /// Drop `n` kernel lookups of `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
-        if ino == ROOT_INO || is_virtual(ino) {
+        if ino == ROOT_INO || reserved(ino) {
             return;
         }
         let mut t = self.tables.write();
@@ -572,7 +602,8 @@ impl Store {
             ino,
             file,
             flags,
-            token: AtomicU64::new(0),
+            state: std::sync::OnceLock::new(),
+            kernel: std::sync::OnceLock::new(),
             stamp: Mutex::new(Stamp::from_stat(&st)),
         });
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -976,7 +1007,7 @@ impl Store {
     }
 
     pub fn statfs(&self, ino: u64) -> FsResult<StatFs> {
-        let (_, node_fd) = self.node_fd(if is_virtual(ino) { ROOT_INO } else { ino })?;
+        let (_, node_fd) = self.node_fd(ino)?;
         let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
         cvt(unsafe { libc::fstatvfs(node_fd.as_raw_fd(), &mut s) })?;
         Ok(StatFs {

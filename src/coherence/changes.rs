@@ -1,0 +1,61 @@
+//! The change counter a waiter sleeps on: bumped by every event that can change a record
+//! (see `wait.rs`), so the mount answers a wait when its record changes, not by polling.
+
+use super::types::EventKind;
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// A counter of record changes that a thread can sleep on.
+#[derive(Default)]
+pub(super) struct Changes {
+    gen: AtomicU64,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Changes {
+    /// The counter now.
+    pub(super) fn now(&self) -> u64 {
+        self.gen.load(Ordering::SeqCst)
+    }
+
+    /// Cheap when nobody sleeps: an atomic add and load.
+    pub(super) fn bump(&self) {
+        self.gen.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = self.lock.lock();
+            self.cv.notify_all();
+        }
+    }
+
+    pub(super) fn wait(&self, seen: u64, deadline: Instant) -> u64 {
+        let mut g = self.lock.lock();
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        while self.gen.load(Ordering::SeqCst) == seen {
+            if self.cv.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        self.gen.load(Ordering::SeqCst)
+    }
+}
+
+/// Does an event of this kind change a record (its status, successor or liveness)?
+pub(super) fn changes_records(k: EventKind) -> bool {
+    matches!(
+        k,
+        EventKind::Transfer
+            | EventKind::Accept
+            | EventKind::Decline
+            | EventKind::Withdraw
+            | EventKind::Completed
+            | EventKind::Overtaken
+            | EventKind::Superseded
+            | EventKind::Evict
+            | EventKind::Commit
+            | EventKind::ExternalChange
+    )
+}

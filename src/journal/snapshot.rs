@@ -1,0 +1,132 @@
+//! Snapshots and compaction: the engine's durable state written beside the log (tmp,
+//! fsync, rename, fsync the directory), the log replaced by its tail past a snapshot, and
+//! the periodic upkeep that decides when.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+
+use super::dir::private_file;
+use super::format::{fnv64, LogHeader, SnapHeader, LOG, SNAPSHOT};
+use super::Journal;
+use crate::coherence::{Engine, Timestamp};
+
+impl Journal {
+    /// Writes a snapshot of `engine` (which must be the engine writing to this journal).
+    pub fn checkpoint(&self, engine: &Engine) -> io::Result<()> {
+        let _one = self.checkpointing.lock();
+        self.checkpoint_locked(engine).map(drop)
+    }
+
+    /// [`Journal::checkpoint`] with `checkpointing` held; returns the snapshot's seq and
+    /// logical log offset.
+    fn checkpoint_locked(&self, engine: &Engine) -> io::Result<(u64, u64)> {
+        let (state, pos) = engine.durable_state_with(|| self.shared.write_pending());
+        let (seq, file_len) = pos?;
+        debug_assert_eq!(seq, state.seq);
+        // Only a compaction moves the base, and it holds `checkpointing` too.
+        let offset = self.shared.written.lock().logical(file_len);
+        self.shared.flush()?;
+        let body = serde_json::to_vec(&state).map_err(io::Error::other)?;
+        let header = SnapHeader {
+            format: 1,
+            seq: state.seq,
+            log_offset: offset,
+            len: body.len() as u64,
+            fnv: fnv64(&body),
+        };
+        let mut head = serde_json::to_vec(&header).map_err(io::Error::other)?;
+        head.push(b'\n');
+        replace_durably(&self.shared.dir, SNAPSHOT, &[&head, &body])?;
+        self.shared.buf.lock().since_snapshot = 0;
+        Ok((state.seq, offset))
+    }
+
+    /// Compacts: drops the tombstones nothing refers to, writes a snapshot, and replaces
+    /// the log with the events after it (under a header giving their logical base).
+    /// Returns the number of tombstones dropped. On an error the old log stays, whole.
+    pub fn compact(&self, engine: &Engine) -> io::Result<usize> {
+        let _one = self.checkpointing.lock();
+        let dropped = engine.evict_tombstones();
+        let (seq, offset) = self.checkpoint_locked(engine)?;
+        let dir = &self.shared.dir;
+        // Appends go on into the buffer meanwhile; writes to the file wait.
+        let mut w = self.shared.written.lock();
+        let from = offset - w.base + w.hdr;
+        let mut tail = vec![0u8; (w.len - from) as usize];
+        w.file.read_exact_at(&mut tail, from)?;
+        let mut header = serde_json::to_vec(&LogHeader {
+            log_base: offset,
+            seq,
+        })
+        .map_err(io::Error::other)?;
+        header.push(b'\n');
+        replace_durably(dir, LOG, &[&header, &tail])?;
+        w.file = self.shared.opts.io.open_log(&dir.join(LOG))?;
+        w.base = offset;
+        w.hdr = header.len() as u64;
+        w.len = w.hdr + tail.len() as u64;
+        // The new file is fsynced whole.
+        w.synced_len = w.len;
+        w.synced_seq = w.seq;
+        w.unsynced.clear();
+        w.compactions += 1;
+        let seq = w.seq;
+        drop(w);
+        let mut d = self.shared.durable.lock();
+        if *d < seq {
+            *d = seq;
+        }
+        self.shared.durable_cv.notify_all();
+        tracing::debug!("compacted the state log at offset {offset}; {dropped} tombstones dropped");
+        // The dropped state was many small allocations: hand the freed pages back to the
+        // system, or the daemon's RSS keeps its high-water mark.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        Ok(dropped)
+    }
+
+    /// Periodic upkeep for the mount (e.g. every few seconds): evicts ended records
+    /// (`evict_after`), compacts once the log holds `compact_bytes` of events, and else
+    /// writes a snapshot once `snapshot_every` events have accumulated. Returns the number
+    /// of records evicted.
+    pub fn maintain(&self, engine: &Engine, now: Timestamp) -> io::Result<usize> {
+        let n = engine.evict(now);
+        let bytes = {
+            let w = self.shared.written.lock();
+            w.len - w.hdr
+        };
+        if bytes >= self.shared.opts.compact_bytes {
+            self.compact(engine)?;
+        } else if self.shared.buf.lock().since_snapshot >= self.shared.opts.snapshot_every {
+            self.checkpoint(engine)?;
+        }
+        Ok(n)
+    }
+}
+
+/// Replaces `dir/name` with `parts` as one step a crash cannot tear: written to
+/// `name.tmp` (removed again on an error, so a partial one cannot keep the disk full),
+/// fsynced, renamed over `name`, and the directory fsynced.
+fn replace_durably(dir: &Path, name: &str, parts: &[&[u8]]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let written = (|| {
+        let mut f = private_file()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        for p in parts {
+            f.write_all(p)?;
+        }
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, dir.join(name))?;
+    File::open(dir)?.sync_all()
+}
