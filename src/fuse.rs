@@ -23,8 +23,8 @@ use std::time::SystemTime;
 use fuser::{
     AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, Filesystem, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use backing::Backings;
@@ -33,7 +33,7 @@ use reply::{answer, attr, empty, empty_dir, entry, fopen_flags, xattr, OpenBacki
 
 pub use crate::fs::{Counters, FsOptions, Op, IN_PLACE_TTL, TTL};
 use crate::fs::{Fs, Opened};
-use crate::store::{Caller, FsResult, SetAttr};
+use crate::store::{Caller, FsError, FsResult, SetAttr};
 
 /// Largest read/write request through the daemon.
 pub const MAX_IO: u32 = 1 << 20;
@@ -571,5 +571,23 @@ impl Filesystem for CoherentFs {
         answer(Op::CopyFileRange, r, reply, |r, n| {
             r.written(n.min(u32::MAX as u64) as u32)
         })
+    }
+
+    /// No file of the volume has ioctls: every one is answered `ENOTTY`, as a regular
+    /// file answers a terminal check (Python's `isatty` at every open asks), without the
+    /// warning per call that `fuser`'s default logs.
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        self.begin(Op::Ioctl, req);
+        answer(Op::Ioctl, Err(FsError(libc::ENOTTY)), reply, |_, ()| {})
     }
 }

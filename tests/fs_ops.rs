@@ -773,3 +773,31 @@ both_modes!(
     open_unlinked_and_fsync,
     lookup_churn,
 );
+
+/// A terminal check on a file (Python's `isatty` at every open) is answered ENOTTY, as on
+/// a native file, and costs no log line: fuser's default logged a warning per call.
+#[test]
+fn ioctls_are_answered_enotty_quietly() {
+    let m = Mount::new(true);
+    fs::write(m.path("f.txt"), b"x").unwrap();
+    let f = fs::File::open(m.path("f.txt")).unwrap();
+    let mut t = std::mem::MaybeUninit::<libc::termios>::uninit();
+    // SAFETY: tcgetattr writes a termios into the buffer given.
+    let rc = unsafe { libc::tcgetattr(std::os::fd::AsRawFd::as_raw_fd(&f), t.as_mut_ptr()) };
+    assert_eq!(rc, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOTTY)
+    );
+    for _ in 0..50 {
+        let f = fs::File::open(m.path("f.txt")).unwrap();
+        unsafe { libc::isatty(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+    }
+    m.signal(libc::SIGUSR1);
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(10),
+        || m.log().contains("ioctl=")
+    ));
+    let log = m.log();
+    assert!(!log.contains("Not Implemented"), "{log}");
+}

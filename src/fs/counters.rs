@@ -50,10 +50,11 @@ pub enum Op {
     Fallocate,
     Lseek,
     CopyFileRange,
+    Ioctl,
 }
 
 impl Op {
-    pub const ALL: [Op; 33] = [
+    pub const ALL: [Op; 34] = [
         Op::Lookup,
         Op::Forget,
         Op::Getattr,
@@ -87,6 +88,7 @@ impl Op {
         Op::Fallocate,
         Op::Lseek,
         Op::CopyFileRange,
+        Op::Ioctl,
     ];
 
     pub fn name(self) -> String {

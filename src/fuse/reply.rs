@@ -3,8 +3,8 @@
 
 use fuser::{
     BackingId, FopenFlags, Generation, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr,
 };
 
 use super::convert::{fail, file_attr, negative_attr};
@@ -33,6 +33,7 @@ error_reply!(
     ReplyDirectoryPlus,
     ReplyEmpty,
     ReplyEntry,
+    ReplyIoctl,
     ReplyLseek,
     ReplyOpen,
     ReplyStatfs,
