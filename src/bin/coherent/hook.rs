@@ -18,7 +18,7 @@ use coherent::control::{shell_word, Request, NO_REFUSAL};
 use coherent::identity::{SessionInfo, Via};
 use serde_json::{json, Value};
 use std::ffi::CString;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -35,7 +35,8 @@ pub fn claude_code() {
         answer(&event)
     });
     if let Ok(Some(out)) = answer {
-        println!("{out}");
+        // a reader that went away is not an error of ours
+        let _ = writeln!(std::io::stdout(), "{out}");
     }
 }
 

@@ -250,6 +250,11 @@ impl Fail {
 }
 
 fn main() -> ExitCode {
+    // A closed stdout (`coherent status | head -3`, `coherent man | less` quit early) ends
+    // the program quietly, as it does `cat` and `ls`: the default SIGPIPE action, not Rust's
+    // "failed printing to stdout" panic. The MCP server and the hook keep SIGPIPE ignored:
+    // they see EPIPE as an error and end (or say nothing) on their own terms.
+    set_sigpipe(libc::SIG_DFL);
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -259,6 +264,9 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
         }
     };
+    if matches!(cli.cmd, Cmd::Mcp | Cmd::Hook { .. }) {
+        set_sigpipe(libc::SIG_IGN);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
@@ -267,6 +275,13 @@ fn main() -> ExitCode {
             }
             ExitCode::from(f.code)
         }
+    }
+}
+
+fn set_sigpipe(action: libc::sighandler_t) {
+    // SAFETY: setting a signal's disposition to SIG_DFL or SIG_IGN, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, action);
     }
 }
 
