@@ -654,6 +654,15 @@ fn call(root: &Path, req: &Request) -> Result<Reply, Fail> {
 
 /// Send one request already in its wire form (a JSON object or a `VERB ARG...` line).
 fn call_bytes(root: &Path, bytes: &[u8]) -> Result<Reply, Fail> {
+    // the volume reads one request of at most MAX_REQUEST bytes: a longer one would arrive
+    // cut and be answered "invalid JSON"; say which limit it is instead
+    if bytes.len() > control::MAX_REQUEST {
+        return Err(Fail::usage(format!(
+            "coherent: bad_request: the request is {} bytes; the limit is {} bytes",
+            bytes.len(),
+            control::MAX_REQUEST
+        )));
+    }
     let ctl = root.join(".coherent/ctl");
     let file = OpenOptions::new()
         .read(true)
