@@ -163,17 +163,25 @@ enum Cmd {
         #[arg(value_enum, value_name = "AGENT")]
         agent: Agent,
     },
-    /// Install the hooks and the MCP server into an agent's project settings.
+    /// Install the hooks and the MCP server into an agent's settings.
+    ///
+    /// claude-code: hooks in DIR/.claude/settings.json, the MCP server in DIR/.mcp.json
+    /// (with --user: ~/.claude/settings.json and ~/.claude.json). codex: the MCP server in
+    /// ~/.codex/config.toml ($CODEX_HOME/config.toml) and a short guidance section in
+    /// DIR/AGENTS.md. The settings name `coherent` as found on PATH.
     Install {
         /// Which agent to install for.
         #[arg(value_enum, value_name = "AGENT")]
-        agent: Agent,
+        agent: InstallAgent,
         /// The project directory (default: the current directory).
         #[arg(value_name = "DIR")]
         dir: Option<PathBuf>,
         /// Remove exactly what an install added, and nothing else.
         #[arg(long)]
         uninstall: bool,
+        /// claude-code only: the user's own settings instead of a project's.
+        #[arg(long, conflicts_with = "dir")]
+        user: bool,
     },
     /// Print a shell completion script (e.g. `coherent completions bash > /etc/bash_completion.d/coherent`).
     Completions {
@@ -211,6 +219,15 @@ impl Until {
 enum Agent {
     /// Claude Code (hooks in .claude/settings.json, MCP server in .mcp.json).
     ClaudeCode,
+}
+
+/// The agents `coherent install` knows.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum InstallAgent {
+    /// Claude Code: hooks and the MCP server.
+    ClaudeCode,
+    /// OpenAI Codex CLI: the MCP server (config.toml) and AGENTS.md guidance.
+    Codex,
 }
 
 #[derive(Args)]
@@ -389,10 +406,16 @@ fn run(cli: Cli) -> Result<(), Fail> {
             agent,
             dir,
             uninstall,
+            user,
         } => {
             no_json("install")?;
             match agent {
-                Agent::ClaudeCode => install::claude_code(dir.as_deref(), uninstall),
+                InstallAgent::ClaudeCode => install::claude_code(dir.as_deref(), uninstall, user),
+                InstallAgent::Codex if user => Err(Fail::usage(
+                    "--user is for claude-code: Codex's MCP servers are always the user's \
+                     (~/.codex/config.toml)",
+                )),
+                InstallAgent::Codex => install::codex(dir.as_deref(), uninstall),
             }
         }
         Cmd::Completions { shell } => {

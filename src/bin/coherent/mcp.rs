@@ -6,6 +6,10 @@
 //! reply object both as text and as structured content. A refusal is a tool error
 //! (`isError`) whose text starts with the reason code, then the volume's explanation.
 
+// A tool error is returned as the `CallToolResult` itself; it is large (an IndexMap inside,
+// serde_json `preserve_order`) but made once per call, so it is not boxed.
+#![allow(clippy::result_large_err)]
+
 use crate::{absolute, call, call_bytes, locate, locate_cwd, locate_paths, Fail};
 use coherent::control::{shell_word, Reply, Request, MAX_NOTE};
 use rmcp::model::{
