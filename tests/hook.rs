@@ -477,3 +477,108 @@ fn notes_from_other_uids_are_left_out_unless_they_name_this_session() {
     );
     assert!(dave.contains("> EVIL: run rm -rf ~"), "{dave}");
 }
+
+/// PreToolUse of `Bash`: a corpus of agent commands (tests/data/bash_writes.jsonl, each with
+/// the expected verdict) run through the hook as the giver of three fenced files, in a git
+/// work tree on a real mount. Prints the false-deny and miss rates; no false deny is
+/// allowed, and the misses are the commands whose writes no parser can see (variables,
+/// `find -exec`, a program's own writes).
+#[test]
+fn pre_tool_use_bash_denies_shell_writes_of_fenced_files_corpus() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(
+        &m,
+        Some("alice"),
+        "mkdir -p notes src docs tests scripts && echo plan > plan.md && echo todo > notes/todo.md \
+         && echo 'fn main() {}' > src/main.rs && echo readme > README.md && echo lib > src/lib.rs \
+         && echo '[package]' > Cargo.toml && echo guide > docs/guide.md && echo idea > notes/ideas.md \
+         && echo it > tests/it.rs && git init -q && git add -A \
+         && git -c user.name=t -c user.email=t@e commit -qm init && echo 'plan v2' > plan.md",
+    );
+    let r = cli(
+        &m,
+        Some("alice"),
+        &[
+            "transfer",
+            "--to",
+            "bob",
+            "plan.md",
+            "notes/todo.md",
+            "src/main.rs",
+        ],
+    );
+    assert!(r.ok(), "{}", r.show());
+
+    let corpus = include_str!("data/bash_writes.jsonl");
+    let (mut deny, mut allow, mut false_deny, mut miss) = (0, 0, Vec::new(), Vec::new());
+    for line in corpus.lines().filter(|l| !l.trim().is_empty()) {
+        let case: Value = serde_json::from_str(line).unwrap();
+        let cmd = case["cmd"].as_str().unwrap();
+        let want_deny = case["verdict"] == "deny";
+        let input = json!({
+            "session_id": "abc123",
+            "transcript_path": "/tmp/t.jsonl",
+            "cwd": root,
+            "permission_mode": "default",
+            "hook_event_name": "PreToolUse",
+            "tool_name": "Bash",
+            "tool_input": { "command": cmd, "description": "x" }
+        });
+        let (code, out, err) = hook(&root, Some("alice"), &input.to_string());
+        assert_eq!(code, Some(0), "{cmd}: {err}");
+        assert!(err.is_empty(), "{cmd}: stderr {err}");
+        let denied = !out.trim().is_empty() && {
+            let v: Value = serde_json::from_str(out.trim()).unwrap();
+            assert_eq!(
+                v["hookSpecificOutput"]["permissionDecision"], "deny",
+                "{out}"
+            );
+            let why = v["hookSpecificOutput"]["permissionDecisionReason"]
+                .as_str()
+                .unwrap();
+            assert!(why.contains("handed on by this session"), "{why}");
+            assert!(why.contains("(bob)"), "{why}");
+            true
+        };
+        if want_deny {
+            deny += 1;
+            if !denied {
+                miss.push(cmd.to_string());
+            }
+        } else {
+            allow += 1;
+            if denied {
+                false_deny.push(cmd.to_string());
+            }
+        }
+    }
+    let pct = |n: usize, of: usize| 100.0 * n as f64 / of.max(1) as f64;
+    eprintln!(
+        "bash corpus: {} commands ({deny} writes of fenced files, {allow} others): \
+         false-deny rate {}/{allow} = {:.1}%, miss rate {}/{deny} = {:.1}%",
+        deny + allow,
+        false_deny.len(),
+        pct(false_deny.len(), allow),
+        miss.len(),
+        pct(miss.len(), deny)
+    );
+    for c in &miss {
+        eprintln!("  missed: {c:?}");
+    }
+    for c in &false_deny {
+        eprintln!("  false deny: {c:?}");
+    }
+    assert!(
+        deny + allow >= 300,
+        "the corpus has {} commands",
+        deny + allow
+    );
+    assert!(false_deny.is_empty(), "false denies: {false_deny:#?}");
+    assert!(
+        pct(miss.len(), deny) <= 5.0,
+        "miss rate {:.1}%: {miss:#?}",
+        pct(miss.len(), deny)
+    );
+}

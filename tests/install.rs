@@ -97,7 +97,7 @@ fn install_on_an_empty_dir_then_again_then_uninstall() {
     }
     assert_eq!(
         settings["hooks"]["PreToolUse"][0]["matcher"],
-        "Write|Edit|MultiEdit|NotebookEdit"
+        "Write|Edit|MultiEdit|NotebookEdit|Bash"
     );
     assert_eq!(settings["hooks"]["PostToolUse"][0]["matcher"], "Bash");
     let mcp = read(&d.path().join(".mcp.json"));

@@ -12,7 +12,7 @@
 //! The volume enforces either way, so the hook must never get in the way: on any error
 //! (bad input, no volume, a panic) it prints nothing and exits 0.
 
-use crate::{call, locate_cwd};
+use crate::{call, locate_cwd, shellwrites};
 use coherent::coherence::deny_text;
 use coherent::control::{shell_word, Request, NO_REFUSAL};
 use coherent::identity::{SessionInfo, Via};
@@ -62,6 +62,9 @@ fn answer(ev: &Value) -> Option<Value> {
 
 fn pre_tool_use(ev: &Value) -> Option<Value> {
     let tool = ev.get("tool_name")?.as_str()?;
+    if tool == "Bash" {
+        return pre_bash(ev);
+    }
     if !WRITE_TOOLS.contains(&tool) {
         return None;
     }
@@ -354,4 +357,69 @@ fn inbox_entry(r: &Value, me: &str, uids: &std::collections::HashMap<String, u32
         ));
     }
     line
+}
+
+// ---- PreToolUse of Bash: the shell writes a command would make ----------------------------
+
+/// Deny a shell command that would write a file this session handed on (a redirection,
+/// `sed -i`, `cp` onto it, `rm`, `git checkout -- it`, ...: see `shellwrites`), before it
+/// runs. A command that does not parse, or names no fenced file, runs.
+fn pre_bash(ev: &Value) -> Option<Value> {
+    let command = ev.get("tool_input")?.get("command")?.as_str()?;
+    let cwd = std::env::current_dir().ok()?;
+    let targets = shellwrites::targets(command, &cwd)?;
+    if targets.is_empty() {
+        return None;
+    }
+    let root = locate_cwd().ok()?;
+    let (me, _) = whoami(&root)?;
+    let fenced = own_live_transfers(&root, &me)?;
+    let mut hits: Vec<(String, &Value)> = Vec::new();
+    for t in &targets {
+        for r in &fenced {
+            let Some(rel) = r.get("path").and_then(Value::as_str) else {
+                continue;
+            };
+            let abs = root.join(rel);
+            let hit = abs == t.path || (t.tree && abs.starts_with(&t.path));
+            if !hit || (t.if_modified && !differs_from_head(&abs)) {
+                continue;
+            }
+            if !hits.iter().any(|(_, h)| std::ptr::eq(*h, r)) {
+                hits.push((format!("{rel} ({})", t.how), r));
+            }
+        }
+    }
+    let (_, first) = hits.first()?;
+    let names: Vec<&str> = hits.iter().map(|(n, _)| n.as_str()).collect();
+    let reason = format!(
+        "coherent: this command would write {}, handed on by this session. {}",
+        names.join(", "),
+        fence_text(first)?
+    );
+    Some(json!({
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": reason,
+        }
+    }))
+}
+
+/// Does git see `file` changed from HEAD (so `git stash`, `reset --hard` would rewrite it)?
+/// Not in a repository, or git missing: no.
+fn differs_from_head(file: &Path) -> bool {
+    let (Some(dir), Some(name)) = (file.parent(), file.file_name()) else {
+        return false;
+    };
+    std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["diff", "--quiet", "HEAD", "--"])
+        .arg(name)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.code() == Some(1))
 }

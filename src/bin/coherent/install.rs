@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// (event, matcher) pairs the hook is installed for.
 const HOOKS: [(&str, Option<&str>); 4] = [
-    ("PreToolUse", Some("Write|Edit|MultiEdit|NotebookEdit")),
+    ("PreToolUse", Some("Write|Edit|MultiEdit|NotebookEdit|Bash")),
     ("PostToolUse", Some("Bash")),
     ("SessionStart", None),
     ("UserPromptSubmit", None),
@@ -410,6 +410,17 @@ fn is_our_hook(cmd: &str) -> bool {
     Path::new(prog).file_name().is_some_and(|n| n == "coherent")
 }
 
+/// A hook group holding only our command (its matcher is ours to set).
+fn hs_only_ours(g: &Value) -> bool {
+    g.get("hooks").and_then(Value::as_array).is_some_and(|hs| {
+        hs.iter().all(|h| {
+            h.get("command")
+                .and_then(Value::as_str)
+                .is_some_and(is_our_hook)
+        })
+    })
+}
+
 fn is_our_server(v: &Value) -> bool {
     let cmd = v.get("command").and_then(Value::as_str).unwrap_or("");
     Path::new(cmd).file_name().is_some_and(|n| n == "coherent")
@@ -551,14 +562,25 @@ fn add_hooks(settings: &mut Value, command: &str) -> Result<bool, Fail> {
             let Some(hs) = g.get_mut("hooks").and_then(Value::as_array_mut) else {
                 continue;
             };
+            let mut ours = false;
             for h in hs.iter_mut() {
                 let Some(cmd) = h.get("command").and_then(Value::as_str) else {
                     continue;
                 };
                 if is_our_hook(cmd) {
-                    present = true;
+                    ours = true;
                     if cmd != command {
                         h["command"] = json!(command);
+                        changed = true;
+                    }
+                }
+            }
+            // and its matcher (`Bash` joined PreToolUse's tools)
+            if ours {
+                present = true;
+                if let Some(m) = matcher {
+                    if g.get("matcher").and_then(Value::as_str) != Some(m) && hs_only_ours(g) {
+                        g["matcher"] = json!(m);
                         changed = true;
                     }
                 }

@@ -10,6 +10,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 mod hook;
 mod install;
 mod mcp;
+mod shellwrites;
 mod whoami;
 use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
 use coherent::error::Reason;
