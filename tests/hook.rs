@@ -582,3 +582,109 @@ fn pre_tool_use_bash_denies_shell_writes_of_fenced_files_corpus() {
         pct(miss.len(), deny)
     );
 }
+
+/// PostToolUse tells the truth about the command that ran: the refusal of each of its
+/// fenced paths (not the session's last refusal, whatever it was about), sed's temporary
+/// file mapped to the file it edits, and what a half-done `git checkout`/`git stash` left.
+/// The commands run for real, as the giver, in a git work tree on the mount.
+#[test]
+fn post_tool_use_explains_each_refused_path_and_half_done_git() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(
+        &m,
+        Some("alice"),
+        "mkdir w && cd w && echo plan > plan.md && echo other > other.md && echo n > notes.md \
+         && git init -q && git add -A && git -c user.name=t -c user.email=t@e commit -qm init \
+         && echo 'plan v2' > plan.md && echo 'other v2' > other.md && cat plan.md notes.md",
+    );
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["transfer", "--to", "bob", "w/plan.md", "w/notes.md"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    let w = root.join("w");
+    let run = |cmd: &str| {
+        let r = sh(&m, Some("alice"), &format!("cd w && {cmd}"));
+        (r.out, r.err)
+    };
+    let post = |cmd: &str, out: &str, err: &str| -> String {
+        let mut ev = bash_result(&w, cmd, err);
+        ev["tool_response"]["stdout"] = json!(out);
+        context(&answer(&w, Some("alice"), &ev), "PostToolUse")
+    };
+
+    // a refusal of notes.md first, so `.coherent/why` is about notes.md
+    let (_, err) = run("echo x >> notes.md");
+    assert!(err.contains("Permission denied"), "{err}");
+    // sed -i: its message names only its temporary file
+    let (out, err) = run("sed -i 's/plan/PLAN/' plan.md");
+    let temp = err
+        .split_whitespace()
+        .find(|w| w.starts_with("./sed"))
+        .unwrap_or_else(|| panic!("sed's message: {err}"))
+        .trim_end_matches(':')
+        .to_string();
+    let c = post("sed -i 's/plan/PLAN/' plan.md", &out, &err);
+    assert!(
+        c.contains("this command was refused writing w/plan.md, handed on by this session"),
+        "{c}"
+    );
+    assert!(c.contains("write denied: you handed w/plan.md"), "{c}");
+    assert!(!c.contains("notes.md"), "the refusal of another path: {c}");
+    assert!(
+        c.contains(&format!(
+            "`{temp}` in sed's message is sed's temporary copy of w/plan.md"
+        )),
+        "{c}"
+    );
+    assert!(!w.join(&temp[2..]).exists(), "sed left {temp}");
+    assert_eq!(
+        std::fs::read_to_string(w.join("plan.md")).unwrap(),
+        "plan v2\n"
+    );
+
+    // git checkout of two paths: one restored, the fenced one not
+    let (out, err) = run("git checkout -- plan.md other.md");
+    assert!(err.contains("unable to unlink old 'plan.md'"), "{err}");
+    let c = post("git checkout -- plan.md other.md", &out, &err);
+    assert!(
+        c.contains("git checkout stopped partway: it restored the other paths, but not w/plan.md"),
+        "{c}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.join("other.md")).unwrap(),
+        "other\n"
+    );
+
+    // git stash: the stash is made, the other files reset, the fenced one keeps its change
+    sh_ok(&m, Some("alice"), "cd w && echo 'other v3' > other.md");
+    let (out, err) = run("git stash");
+    let c = post("git stash", &out, &err);
+    assert!(out.contains("Saved working directory"), "{out} {err}");
+    assert!(
+        c.contains("git stash stopped halfway: it saved your changes as stash@{0}"),
+        "{c}"
+    );
+    assert!(c.contains("could not write w/plan.md"), "{c}");
+    assert!(!c.contains("notes.md"), "{c}");
+    let stashed = sh_ok(
+        &m,
+        Some("alice"),
+        "cd w && git stash show --name-only stash@{0}",
+    );
+    assert!(
+        stashed.contains("other.md") && stashed.contains("plan.md"),
+        "{stashed}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.join("other.md")).unwrap(),
+        "other\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(w.join("plan.md")).unwrap(),
+        "plan v2\n"
+    );
+}

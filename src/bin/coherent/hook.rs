@@ -14,7 +14,7 @@
 
 use crate::{call, locate_cwd, shellwrites};
 use coherent::coherence::deny_text;
-use coherent::control::{shell_word, Request, NO_REFUSAL};
+use coherent::control::{shell_word, Request};
 use coherent::identity::{SessionInfo, Via};
 use serde_json::{json, Value};
 use std::ffi::CString;
@@ -141,27 +141,176 @@ fn post_tool_use(ev: &Value) -> Option<Value> {
     if !output.contains("Permission denied") && !output.contains("EACCES") {
         return None;
     }
+    let command = ev
+        .get("tool_input")
+        .and_then(|i| i.get("command"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let root = locate_cwd().ok()?;
-    let me = whoami(&root)?;
-    // only a permission error naming a file this session is fenced on
-    let fenced = own_live_transfers(&root, &me.0)?;
-    let hit = fenced.iter().find(|r| {
-        r.get("path")
-            .and_then(Value::as_str)
-            .and_then(|p| Path::new(p).file_name())
-            .is_some_and(|name| output.contains(&*name.to_string_lossy()))
-    })?;
-    let why = std::fs::read_to_string(root.join(".coherent/why")).unwrap_or_default();
-    let why = match why.trim() {
-        w if w.is_empty() || w.starts_with(NO_REFUSAL) => fence_text(hit)?,
-        w => w.to_string(),
-    };
+    let (me, _) = whoami(&root)?;
+    let fenced = own_live_transfers(&root, &me)?;
+    let hits = refused_paths(&root, command, &output, &fenced);
+    if hits.is_empty() {
+        return None;
+    }
     Some(json!({
         "hookSpecificOutput": {
             "hookEventName": "PostToolUse",
-            "additionalContext": format!("coherent volume at {}: {why}", root.display()),
+            "additionalContext": post_context(&root, command, &output, &hits)?,
         }
     }))
+}
+
+/// The fenced files this command's permission errors were about: the files the command
+/// writes by its syntax (a `sed -i plan.md` whose error names only sed's temporary file
+/// included), and the fenced files its output names (`unable to unlink old 'plan.md'`). A
+/// tree the command covers (`git stash`, `git checkout .`) counts only for the files the
+/// output names: git touched no others.
+fn refused_paths<'a>(
+    root: &Path,
+    command: &str,
+    output: &str,
+    fenced: &'a [Value],
+) -> Vec<(String, &'a Value)> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| root.to_path_buf());
+    let targets = shellwrites::targets(command, &cwd).unwrap_or_default();
+    let mut hits: Vec<(String, &Value)> = Vec::new();
+    for r in fenced {
+        let Some(rel) = r.get("path").and_then(Value::as_str) else {
+            continue;
+        };
+        let abs = root.join(rel);
+        let named = {
+            let from_cwd = abs
+                .strip_prefix(&cwd)
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            let base = Path::new(rel)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            [rel.to_string(), from_cwd, base]
+                .iter()
+                .filter(|n| !n.is_empty())
+                .any(|n| mentions(output, n))
+        };
+        let by_syntax = targets.iter().any(|t| t.path == abs && !t.tree);
+        if by_syntax || named {
+            hits.push((rel.to_string(), r));
+        }
+    }
+    hits
+}
+
+/// Does `output` name `name` as a whole path (not as part of a longer name)?
+fn mentions(output: &str, name: &str) -> bool {
+    output.match_indices(name).any(|(i, _)| {
+        let before = output[..i].chars().next_back();
+        let after = output[i + name.len()..].chars().next();
+        let edge = |c: Option<char>| {
+            c.is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == '-' || c == '.'))
+        };
+        edge(before)
+            && (edge(after)
+                || after == Some('.') && edge(output[i + name.len() + 1..].chars().next()))
+    })
+}
+
+/// The context for the agent: what was refused and why (the volume's deny text for each
+/// path), which temporary file stood for which file, and what a half-done git command left.
+fn post_context(
+    root: &Path,
+    command: &str,
+    output: &str,
+    hits: &[(String, &Value)],
+) -> Option<String> {
+    let mut out = vec![format!(
+        "coherent volume at {}: this command was refused writing {}, handed on by this \
+         session; those files are unchanged.",
+        root.display(),
+        hits.iter()
+            .map(|(p, _)| p.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )];
+    for (_, r) in hits {
+        out.push(fence_text(r)?);
+    }
+    // sed -i writes a temporary file (./sedXXXXXX) and renames it over the file: its
+    // message names the temporary file, which it removed
+    for temp in sed_temp_files(output) {
+        if let Some((file, _)) = hits.first() {
+            out.push(format!(
+                "`{temp}` in sed's message is sed's temporary copy of {file}: `sed -i` writes \
+                 a new file and renames it over {file}, and that rename was refused; sed \
+                 removed the temporary file."
+            ));
+        }
+    }
+    if let Some(git) = git_explanation(command, output, hits) {
+        out.push(git);
+    }
+    Some(out.join("\n"))
+}
+
+/// `./sedAbC123`-style names in `sed: cannot rename ./sedAbC123: ...`.
+fn sed_temp_files(output: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for line in output.lines().filter(|l| l.starts_with("sed:")) {
+        for word in line.split([' ', ':', '\'', '"']) {
+            let name = Path::new(word)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.len() == 9
+                && name.starts_with("sed")
+                && name[3..].chars().all(|c| c.is_ascii_alphanumeric())
+                && !found.contains(&word.to_string())
+            {
+                found.push(word.to_string());
+            }
+        }
+    }
+    found
+}
+
+/// What a git command that stopped partway left behind.
+fn git_explanation(command: &str, output: &str, hits: &[(String, &Value)]) -> Option<String> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "git")?;
+    let sub = words[at + 1..].iter().find(|w| !w.starts_with('-'))?;
+    let files = hits
+        .iter()
+        .map(|(p, _)| p.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let stopped = output.contains("unable to unlink old")
+        || output.contains("unable to create file")
+        || output.contains("Could not reset index file");
+    if !stopped {
+        return None;
+    }
+    Some(match *sub {
+        "stash" if output.contains("Saved working directory") => format!(
+            "git stash stopped halfway: it saved your changes as stash@{{0}} and put the other \
+             files back to HEAD, but could not write {files}, which still hold your changes. \
+             Nothing is lost: `git stash show --name-only stash@{{0}}` lists what it saved; \
+             `git checkout stash@{{0}} -- FILE...` brings the other files' changes back \
+             without touching {files}; do not `git stash pop` while they are handed on."
+        ),
+        "checkout" | "restore" => format!(
+            "git {sub} stopped partway: it restored the other paths, but not {files}, which \
+             keep their content. Running it again is refused the same way."
+        ),
+        "reset" => format!(
+            "git reset stopped partway: HEAD and the index may have moved, but {files} could \
+             not be written and keep their content; `git status` shows where things stand."
+        ),
+        other => format!(
+            "git {other} stopped partway: it could not write {files}; `git status` shows what \
+             it changed."
+        ),
+    })
 }
 
 /// (session name, attributed) of this process, as the volume resolves it.
