@@ -403,3 +403,96 @@ fn wait_on_a_path_without_a_record_is_refused_promptly() {
     assert_eq!(r.code, Some(2), "{}", r.show());
     assert_eq!(r.json()["ok"], serde_json::json!(false), "{}", r.show());
 }
+
+/// Runs `coherent ARGS` in `dir` with stdout a pipe whose reader is already gone (as after
+/// `| head -1` has read its line): the first write fails with EPIPE.
+fn into_closed_pipe(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid array of two ints.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned here alone.
+    let (read, write) = unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            std::fs::File::from_raw_fd(fds[1]),
+        )
+    };
+    drop(read);
+    let mut cmd = coherent();
+    cmd.args(args)
+        .current_dir(dir)
+        .env_remove("COHERENT_SESSION")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(write)
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn coherent");
+    drop(cmd);
+    let mut stderr = Vec::new();
+    std::io::Read::read_to_end(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = common::wait_child(&mut child, Duration::from_secs(30)).expect("coherent ends");
+    std::process::Output {
+        status,
+        stdout: Vec::new(),
+        stderr,
+    }
+}
+
+/// Quiet: killed by SIGPIPE (the shell's 141, as `yes | head -1`; `run` passes on its
+/// command's 141) or exit 0, and no panic,
+/// no "Broken pipe" message, no backtrace on stderr.
+fn assert_quiet_on_closed_pipe(args: &[&str], out: &std::process::Output) {
+    use std::os::unix::process::ExitStatusExt;
+    let err = text(&out.stderr);
+    assert!(
+        out.status.signal() == Some(libc::SIGPIPE) || matches!(out.status.code(), Some(0 | 141)),
+        "{args:?}: {:?}, stderr {err}",
+        out.status
+    );
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe") && !err.contains("backtrace"),
+        "{args:?}: stderr {err}"
+    );
+}
+
+#[test]
+fn a_closed_pipe_ends_every_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["completions", "bash"][..],
+        &["completions", "zsh"],
+        &["man"],
+        &["--help"],
+        &["status", "--help"],
+        &["--version"],
+    ] {
+        let out = into_closed_pipe(dir.path(), &[], args);
+        assert_quiet_on_closed_pipe(args, &out);
+    }
+    // the same on a volume: a verb's reply, the state log, and `run`'s own command
+    use coherent::{cli, sh_ok, Root};
+    let m = common::Mount::new(true);
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    assert!(cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]).ok());
+    for args in [
+        &["status", "plan.md"][..],
+        &["status"],
+        &["status", "--json"],
+        &["whoami"],
+        &["watch", "--all"],
+        &["watch", "--all", "--json"],
+        &["wait", "plan.md", "--until", "accepted", "--timeout", "0"],
+    ] {
+        let out = into_closed_pipe(m.root(), &[("COHERENT_SESSION", "alice")], args);
+        assert_quiet_on_closed_pipe(args, &out);
+    }
+    // `coherent run` leaves its command the default SIGPIPE action too
+    let out = into_closed_pipe(
+        m.root(),
+        &[],
+        &["run", "--session", "alice", "--", "sh", "-c", "yes"],
+    );
+    assert_quiet_on_closed_pipe(&["run", "yes"], &out);
+}

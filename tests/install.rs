@@ -7,8 +7,41 @@ use std::process::{Command, Output};
 
 const CLI: &str = env!("CARGO_BIN_EXE_coherent");
 
+/// A PATH with `coherent` on it (a link to the built binary), and a HOME of its own.
+struct Env {
+    _tmp: tempfile::TempDir,
+    bin: std::path::PathBuf,
+    home: std::path::PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        let home = tmp.path().join("home");
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::create_dir(&home).unwrap();
+        std::os::unix::fs::symlink(CLI, bin.join("coherent")).unwrap();
+        Env {
+            _tmp: tmp,
+            bin,
+            home,
+        }
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(CLI);
+        c.env("PATH", &self.bin)
+            .env("HOME", &self.home)
+            .env_remove("CODEX_HOME");
+        c
+    }
+}
+
 fn install(dir: &Path, extra: &[&str]) -> Output {
-    let out = Command::new(CLI)
+    let env = Env::new();
+    let out = env
+        .cmd()
         .args(["install", "claude-code"])
         .arg(dir)
         .args(extra)
@@ -48,7 +81,8 @@ fn install_on_an_empty_dir_then_again_then_uninstall() {
         "{said}"
     );
     let settings = read(&d.path().join(".claude/settings.json"));
-    let hook = format!("{CLI} hook claude-code");
+    // `coherent` as found on PATH, not the build directory's binary
+    let hook = "coherent hook claude-code".to_string();
     for event in [
         "PreToolUse",
         "PostToolUse",
@@ -63,13 +97,13 @@ fn install_on_an_empty_dir_then_again_then_uninstall() {
     }
     assert_eq!(
         settings["hooks"]["PreToolUse"][0]["matcher"],
-        "Write|Edit|MultiEdit|NotebookEdit"
+        "Write|Edit|MultiEdit|NotebookEdit|Bash"
     );
     assert_eq!(settings["hooks"]["PostToolUse"][0]["matcher"], "Bash");
     let mcp = read(&d.path().join(".mcp.json"));
     assert_eq!(
         mcp["mcpServers"]["coherent"],
-        json!({"type": "stdio", "command": CLI, "args": ["mcp"]})
+        json!({"type": "stdio", "command": "coherent", "args": ["mcp"]})
     );
 
     // twice: byte-identical files
@@ -179,4 +213,317 @@ fn install_refuses_to_clobber() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(read(&e.path().join(".mcp.json")), theirs);
+}
+
+fn ok(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Never a build directory's path: `coherent` when on PATH, and when not, still `coherent`
+/// with a warning; an older install that named a build directory is brought up to date.
+#[test]
+fn install_names_coherent_never_a_build_directory() {
+    let env = Env::new();
+    let d = tempfile::tempdir().unwrap();
+    let sp = d.path().join(".claude/settings.json");
+    let mp = d.path().join(".mcp.json");
+    // an older install, by the build directory's path
+    std::fs::create_dir(d.path().join(".claude")).unwrap();
+    let old = json!({"hooks": {"PreToolUse": [{"matcher": "Write", "hooks": [
+        {"type": "command", "command": format!("{CLI} hook claude-code")}]}]}});
+    std::fs::write(&sp, serde_json::to_string_pretty(&old).unwrap()).unwrap();
+    std::fs::write(
+        &mp,
+        json!({"mcpServers": {"coherent": {"type": "stdio", "command": CLI, "args": ["mcp"]}}})
+            .to_string(),
+    )
+    .unwrap();
+    // not on PATH: `coherent` and a warning
+    let out = env
+        .cmd()
+        .env("PATH", d.path().join("nowhere"))
+        .args(["install", "claude-code"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("`coherent` is not on PATH"), "{err}");
+    for p in [&sp, &mp] {
+        let t = std::fs::read_to_string(p).unwrap();
+        assert!(!t.contains("target/"), "{}: {t}", p.display());
+        assert!(!t.contains(CLI), "{}: {t}", p.display());
+    }
+    assert_eq!(
+        commands(&read(&sp), "PreToolUse"),
+        ["coherent hook claude-code"]
+    );
+    assert_eq!(read(&mp)["mcpServers"]["coherent"]["command"], "coherent");
+    // on PATH: no warning
+    let out = env
+        .cmd()
+        .args(["install", "claude-code"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert!(ok(&out).contains("already installed"));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `--user`: the user's settings (~/.claude/settings.json, the MCP server in
+/// ~/.claude.json), not the project's; everything else in them kept, byte for byte after
+/// an uninstall.
+#[test]
+fn install_user_writes_the_user_settings() {
+    let env = Env::new();
+    let d = tempfile::tempdir().unwrap();
+    // ~/.claude.json is Claude Code's own state file: keys in its order, other state
+    let state = "{\n  \"numStartups\": 12,\n  \"zeta\": true,\n  \"autoUpdates\": false,\n  \
+                 \"projects\": {\n    \"/w\": {\n      \"allowedTools\": []\n    }\n  }\n}\n";
+    std::fs::write(env.home.join(".claude.json"), state).unwrap();
+    let out = env
+        .cmd()
+        .args(["install", "claude-code", "--user"])
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    ok(&out);
+    let settings = read(&env.home.join(".claude/settings.json"));
+    assert_eq!(
+        commands(&settings, "SessionStart"),
+        ["coherent hook claude-code"]
+    );
+    let text = std::fs::read_to_string(env.home.join(".claude.json")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        v["mcpServers"]["coherent"],
+        json!({"type": "stdio", "command": "coherent", "args": ["mcp"]})
+    );
+    let order: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(
+        order,
+        [
+            "numStartups",
+            "zeta",
+            "autoUpdates",
+            "projects",
+            "mcpServers"
+        ]
+    );
+    assert!(
+        text.starts_with(&state[..state.find("\"projects\"").unwrap()]),
+        "{text}"
+    );
+    // the project was not touched
+    assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+    // `--user` with a DIR is a usage error
+    let out = env
+        .cmd()
+        .args(["install", "claude-code", "--user"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    // uninstall: ~/.claude.json as it was, byte for byte; the settings file made gone
+    let out = env
+        .cmd()
+        .args(["install", "claude-code", "--user", "--uninstall"])
+        .output()
+        .unwrap();
+    ok(&out);
+    assert_eq!(
+        std::fs::read_to_string(env.home.join(".claude.json")).unwrap(),
+        state
+    );
+    assert!(!env.home.join(".claude").exists());
+}
+
+/// The user's key order and formatting (indentation, final newline) are kept; nothing is
+/// sorted; an uninstall gives back the very bytes.
+#[test]
+fn install_keeps_key_order_and_formatting() {
+    let env = Env::new();
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir(d.path().join(".claude")).unwrap();
+    let settings = "{\n    \"permissions\": {\n        \"deny\": [],\n        \"allow\": [\n            \
+                    \"Bash(ls:*)\"\n        ]\n    },\n    \"hooks\": {\n        \"Stop\": [\n            \
+                    {\n                \"hooks\": [\n                    {\n                        \
+                    \"type\": \"command\",\n                        \"command\": \"notify-me\"\n                    \
+                    }\n                ]\n            }\n        ]\n    },\n    \"model\": \"opus\"\n}";
+    let mcp = "{\"mcpServers\":{\"zz\":{\"command\":\"zz-mcp\",\"args\":[]},\"aa\":{\"command\":\"aa\"}}}\n";
+    let sp = d.path().join(".claude/settings.json");
+    let mp = d.path().join(".mcp.json");
+    std::fs::write(&sp, settings).unwrap();
+    std::fs::write(&mp, mcp).unwrap();
+    ok(&env
+        .cmd()
+        .args(["install", "claude-code"])
+        .arg(d.path())
+        .output()
+        .unwrap());
+    let s = std::fs::read_to_string(&sp).unwrap();
+    let at = |k: &str| s.find(k).unwrap_or_else(|| panic!("{k} in {s}"));
+    assert!(
+        at("\"permissions\"") < at("\"hooks\"") && at("\"hooks\"") < at("\"model\""),
+        "{s}"
+    );
+    assert!(at("\"deny\"") < at("\"allow\""), "{s}");
+    assert!(at("\"Stop\"") < at("\"PreToolUse\""), "{s}");
+    assert!(
+        s.starts_with("{\n    \"permissions\": {\n        \"deny\""),
+        "{s}"
+    );
+    assert!(!s.ends_with('\n'), "the file had no final newline");
+    let m = std::fs::read_to_string(&mp).unwrap();
+    assert!(!m.trim_end().contains('\n'), "one line stays one line: {m}");
+    assert!(m.find("\"zz\"").unwrap() < m.find("\"aa\"").unwrap(), "{m}");
+    assert!(
+        m.find("\"aa\"").unwrap() < m.find("\"coherent\"").unwrap(),
+        "{m}"
+    );
+    ok(&env
+        .cmd()
+        .args(["install", "claude-code", "--uninstall"])
+        .arg(d.path())
+        .output()
+        .unwrap());
+    assert_eq!(std::fs::read_to_string(&sp).unwrap(), settings);
+    assert_eq!(std::fs::read_to_string(&mp).unwrap(), mcp);
+}
+
+/// `coherent install codex [DIR]`: `[mcp_servers.coherent]` in Codex's config.toml (the
+/// rest of it, comments included, untouched) and a marked section in DIR/AGENTS.md; twice
+/// changes nothing; `--uninstall` gives back both files byte for byte.
+#[test]
+fn install_codex_registers_the_server_and_the_guidance() {
+    let env = Env::new();
+    let d = tempfile::tempdir().unwrap();
+    let codex = env.home.join(".codex");
+    std::fs::create_dir(&codex).unwrap();
+    let config = "# my codex config\nmodel = \"o3\"  # the default\n\n[mcp_servers.db]\n\
+                  command = \"db-mcp\"\nargs = [ \"--ro\" ]\n\n[profiles.fast]\nmodel = \"mini\"\n";
+    let agents = "# Project rules\n\nRun `make test` before you commit.\n";
+    std::fs::write(codex.join("config.toml"), config).unwrap();
+    std::fs::write(d.path().join("AGENTS.md"), agents).unwrap();
+    let run = |extra: &[&str]| {
+        ok(&env
+            .cmd()
+            .args(["install", "codex"])
+            .arg(d.path())
+            .args(extra)
+            .output()
+            .unwrap())
+    };
+    let said = run(&[]);
+    assert!(
+        said.contains("coherent run --session NAME -- codex"),
+        "{said}"
+    );
+    let text = std::fs::read_to_string(codex.join("config.toml")).unwrap();
+    // the table goes next to its sibling; everything else is as it was
+    assert_eq!(
+        text.replace(
+            "[mcp_servers.coherent]\ncommand = \"coherent\"\nargs = [\"mcp\"]\n\n",
+            ""
+        ),
+        config,
+        "the rest of the file is kept: {text}"
+    );
+    let doc: toml_edit::DocumentMut = text.parse().unwrap();
+    assert_eq!(
+        doc["mcp_servers"]["coherent"]["command"].as_str(),
+        Some("coherent")
+    );
+    let args: Vec<&str> = doc["mcp_servers"]["coherent"]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(args, ["mcp"]);
+    assert!(text.contains("[mcp_servers.coherent]"), "{text}");
+    let md = std::fs::read_to_string(d.path().join("AGENTS.md")).unwrap();
+    assert!(md.starts_with(agents), "{md}");
+    assert!(md.contains("coherent run --session NAME -- codex"), "{md}");
+    assert_eq!(md.matches("<!-- coherent: begin").count(), 1);
+    // twice: the same bytes
+    assert!(run(&[]).contains("already installed"));
+    assert_eq!(
+        std::fs::read_to_string(codex.join("config.toml")).unwrap(),
+        text
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("AGENTS.md")).unwrap(),
+        md
+    );
+    // uninstall: both as they were
+    run(&["--uninstall"]);
+    assert_eq!(
+        std::fs::read_to_string(codex.join("config.toml")).unwrap(),
+        config
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("AGENTS.md")).unwrap(),
+        agents
+    );
+    assert!(run(&["--uninstall"]).contains("nothing to remove"));
+
+    // nothing there before, and $CODEX_HOME: made, then removed again
+    let e = tempfile::tempdir().unwrap();
+    let ch = e.path().join("codex-home");
+    let out = env
+        .cmd()
+        .env("CODEX_HOME", &ch)
+        .args(["install", "codex"])
+        .arg(e.path())
+        .output()
+        .unwrap();
+    ok(&out);
+    let text = std::fs::read_to_string(ch.join("config.toml")).unwrap();
+    assert_eq!(
+        text,
+        "[mcp_servers.coherent]\ncommand = \"coherent\"\nargs = [\"mcp\"]\n"
+    );
+    assert!(e.path().join("AGENTS.md").exists());
+    ok(&env
+        .cmd()
+        .env("CODEX_HOME", &ch)
+        .args(["install", "codex", "--uninstall"])
+        .arg(e.path())
+        .output()
+        .unwrap());
+    assert!(!ch.join("config.toml").exists());
+    assert!(!e.path().join("AGENTS.md").exists());
+
+    // a server of that name that is not ours is left alone; `--user` is claude-code's
+    let theirs = "[mcp_servers.coherent]\ncommand = \"something-else\"\n";
+    std::fs::write(codex.join("config.toml"), theirs).unwrap();
+    let out = env
+        .cmd()
+        .args(["install", "codex"])
+        .arg(d.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not `coherent mcp`"));
+    assert_eq!(
+        std::fs::read_to_string(codex.join("config.toml")).unwrap(),
+        theirs
+    );
+    let out = env
+        .cmd()
+        .args(["install", "codex", "--user"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
 }

@@ -314,3 +314,513 @@ async fn mcp_wait_returns_on_the_accept_and_times_out() {
     assert_eq!(v["record"]["status"], "completed", "{v}");
     alice.cancel().await.unwrap();
 }
+
+// ---- the wire itself: raw JSON-RPC lines on the server's stdin and stdout ----------------
+
+/// `coherent mcp` spoken to line by line, without a client library in between.
+struct Raw {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Raw {
+    /// Started in `dir` as session `who`, initialized.
+    fn start(dir: &Path, who: &str) -> Raw {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(CLI);
+        cmd.arg("mcp")
+            .current_dir(dir)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        for t in TAGS {
+            cmd.env_remove(t);
+        }
+        cmd.env("COHERENT_SESSION", who);
+        let mut child = cmd.spawn().expect("spawn coherent mcp");
+        let stdin = child.stdin.take().unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                let v = serde_json::from_str(&line).unwrap_or_else(|e| {
+                    panic!("the server wrote a line that is not JSON ({e}): {line}")
+                });
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut raw = Raw {
+            child,
+            stdin,
+            lines,
+        };
+        raw.send(
+            json!({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}}),
+        );
+        let r = raw
+            .recv(Duration::from_secs(20))
+            .expect("initialize answered");
+        assert_eq!(r["id"], "init", "{r}");
+        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        raw
+    }
+
+    fn send_bytes(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.stdin
+            .write_all(bytes)
+            .expect("the server reads its stdin");
+        self.stdin.flush().unwrap();
+    }
+
+    fn send(&mut self, v: Value) {
+        let mut line = v.to_string().into_bytes();
+        line.push(b'\n');
+        self.send_bytes(&line);
+    }
+
+    fn recv(&self, within: Duration) -> Option<Value> {
+        self.lines.recv_timeout(within).ok()
+    }
+
+    /// The next message that is not a notification.
+    fn reply(&self, within: Duration) -> Option<Value> {
+        let end = Instant::now() + within;
+        loop {
+            let v = self.recv(end.saturating_duration_since(Instant::now()))?;
+            if v.get("method").is_none() {
+                return Some(v);
+            }
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// A `ping` is answered: the server still serves.
+    fn assert_serving(&mut self, id: &str) {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "ping"}));
+        let r = self.reply(Duration::from_secs(20)).expect("ping answered");
+        assert_eq!(r["id"], id, "{r}");
+        assert!(r.get("result").is_some(), "{r}");
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn error_code(v: &Value) -> Option<i64> {
+    v.get("error")?.get("code")?.as_i64()
+}
+
+#[test]
+fn mcp_answers_every_malformed_frame_with_its_jsonrpc_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Raw::start(dir.path(), "alice");
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n)).into_bytes();
+    let cases: Vec<(Vec<u8>, i64, Value, &str)> = vec![
+        (b"{not json".to_vec(), -32700, Value::Null, "Parse error"),
+        (b"".to_vec(), -32700, Value::Null, "empty line"),
+        (b"   \t".to_vec(), -32700, Value::Null, "empty line"),
+        (
+            b"\xff\xfe{\"a\":1}".to_vec(),
+            -32700,
+            Value::Null,
+            "not UTF-8",
+        ),
+        (deep(100_000), -32700, Value::Null, "recursion limit"),
+        (
+            br#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#.to_vec(),
+            -32600,
+            Value::Null,
+            "`id`",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#.to_vec(),
+            -32600,
+            Value::Null,
+            "`id`",
+        ),
+        (b"[]".to_vec(), -32600, Value::Null, "batches"),
+        (b"42".to_vec(), -32600, Value::Null, "JSON object"),
+        (
+            br#"{"jsonrpc":"1.0","id":7,"method":"ping"}"#.to_vec(),
+            -32600,
+            json!(7),
+            "jsonrpc",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":8}"#.to_vec(),
+            -32600,
+            json!(8),
+            "neither",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":"m","method":5}"#.to_vec(),
+            -32600,
+            json!("m"),
+            "`method`",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":5}"#.to_vec(),
+            -32602,
+            json!(9),
+            "Invalid params",
+        ),
+    ];
+    for (frame, code, id, says) in cases {
+        let mut line = frame.clone();
+        line.push(b'\n');
+        s.send_bytes(&line);
+        let shown = String::from_utf8_lossy(&frame[..frame.len().min(80)]).into_owned();
+        let r = s
+            .reply(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("no reply to {shown:?}"));
+        assert_eq!(r["jsonrpc"], "2.0", "{shown:?}: {r}");
+        assert_eq!(error_code(&r), Some(code), "{shown:?}: {r}");
+        assert_eq!(r["id"], id, "{shown:?}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap_or("");
+        assert!(msg.contains(says), "{shown:?}: {r}");
+    }
+    // a line over the limit is answered, with the limit, and skipped
+    let mut big = br#"{"jsonrpc":"2.0","id":10,"method":"ping","params":{"x":""#.to_vec();
+    big.resize(17 << 20, b'a');
+    big.extend_from_slice(b"\"}}\n");
+    s.send_bytes(&big);
+    let r = s
+        .reply(Duration::from_secs(30))
+        .expect("a reply to the huge line");
+    assert_eq!(error_code(&r), Some(-32600), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("the limit is {} bytes", 16 << 20)),
+        "{r}"
+    );
+    // a notification rmcp cannot read gets no reply (JSON-RPC never answers one)
+    s.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": 5}));
+    s.assert_serving("after");
+    assert!(s.alive());
+}
+
+/// Limits and bad arguments are tool errors with the reason code `bad_request` and say
+/// which limit; no argument panics the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_limits_and_bad_paths_are_bad_requests() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md && ln -s /etc esc");
+    let alice = connect(&root, "alice").await;
+    let says = |r: &CallToolResult, s: &str| {
+        assert!(text(r).contains(s), "expected {s:?} in {}", text(r));
+    };
+
+    let note = "n".repeat(10 << 20);
+    let r = call(
+        &alice,
+        "transfer",
+        json!({"path": "plan.md", "to": "bob", "note": note}),
+    )
+    .await;
+    refused("transfer", &r, "bad_request");
+    says(&r, "the note is 10485760 bytes; the limit is 65536 bytes");
+    let r = call(
+        &alice,
+        "transfer",
+        json!({"path": "x".repeat(2 << 20), "to": "bob"}),
+    )
+    .await;
+    refused("transfer", &r, "bad_request");
+    says(&r, "the limit is 1048576 bytes");
+
+    for (tool, args) in [
+        ("status", json!({"path": ""})),
+        ("accept", json!({"path": ""})),
+        ("transfer", json!({"paths": ["plan.md", ""], "to": "bob"})),
+        ("wait", json!({"path": ""})),
+    ] {
+        let r = call(&alice, tool, args).await;
+        refused(tool, &r, "bad_request");
+        says(&r, "the path is empty");
+    }
+    for p in [
+        "../../etc/passwd",
+        "/etc/passwd",
+        "esc/passwd",
+        "../../no/such/file",
+    ] {
+        for tool in ["status", "accept", "withdraw", "wait"] {
+            let r = call(&alice, tool, json!({ "path": p })).await;
+            refused(tool, &r, "bad_request");
+            says(&r, &format!("{p}: outside the volume"));
+        }
+    }
+    let r = call(&alice, "accept", json!({"paths": []})).await;
+    refused("accept", &r, "bad_request");
+    let r = call(&alice, "transfer", json!({"path": "plan.md", "to": ""})).await;
+    refused("transfer", &r, "bad_request");
+
+    for t in [json!(1e300), json!(-1), json!("soon"), json!(86_401)] {
+        let r = call(&alice, "wait", json!({"path": "plan.md", "timeout_s": t})).await;
+        refused("wait", &r, "bad_request");
+        says(&r, "`timeout_s` is a number of seconds from 0 to 86400");
+    }
+    // still serving after all of it
+    ok("whoami", &call(&alice, "whoami", json!({})).await);
+    alice.cancel().await.unwrap();
+}
+
+/// The tools say what they do (MCP annotations), and their schemas carry no top-level
+/// `oneOf`/`anyOf`/`allOf`, which the Anthropic API refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_are_annotated_and_their_schemas_travel() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = connect(dir.path(), "alice").await;
+    for t in c.list_all_tools().await.unwrap() {
+        let name = t.name.to_string();
+        let a = t
+            .annotations
+            .clone()
+            .unwrap_or_else(|| panic!("{name} has no annotations"));
+        let read_only = ["whoami", "status", "inbox", "wait"].contains(&name.as_str());
+        let idempotent = name != "transfer";
+        assert_eq!(a.read_only_hint, Some(read_only), "{name}");
+        assert_eq!(a.idempotent_hint, Some(idempotent), "{name}");
+        assert_eq!(a.destructive_hint, Some(false), "{name}");
+        assert_eq!(a.open_world_hint, Some(false), "{name}");
+        let schema = Value::Object((*t.input_schema).clone());
+        for k in ["oneOf", "anyOf", "allOf"] {
+            assert!(schema.get(k).is_none(), "{name}: top-level {k}: {schema}");
+        }
+        assert_eq!(schema["type"], "object", "{name}");
+        if ["transfer", "accept", "decline", "withdraw"].contains(&name.as_str()) {
+            assert_eq!(schema["properties"]["paths"]["minItems"], 1, "{name}");
+            assert_eq!(schema["properties"]["path"]["minLength"], 1, "{name}");
+        }
+        if name == "wait" {
+            assert_eq!(
+                schema["properties"]["timeout_s"]["maximum"], 86400.0,
+                "{schema}"
+            );
+            let d = schema["properties"]["timeout_s"]["description"]
+                .as_str()
+                .unwrap();
+            assert!(d.contains("default 50"), "{d}");
+        }
+    }
+    c.cancel().await.unwrap();
+}
+
+/// `wait` sends progress notifications for the caller's progress token while it waits, and
+/// a cancelled call stops waiting: the server goes on answering, and sends no more progress.
+#[test]
+fn mcp_wait_reports_progress_and_honours_cancellation() {
+    let m = Mount::new(true);
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    assert!(cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]).ok());
+    let mut s = Raw::start(m.root(), "alice");
+    let t0 = Instant::now();
+    s.send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "wait", "arguments": {"path": "plan.md", "until": "accepted", "timeout_s": 60},
+        "_meta": {"progressToken": "p1"}}}),
+    );
+    let mut progress = Vec::new();
+    while progress.len() < 2 {
+        let v = s
+            .recv(Duration::from_secs(15))
+            .expect("progress within 15 s");
+        assert_eq!(v["method"], "notifications/progress", "{v}");
+        assert_eq!(v["params"]["progressToken"], "p1", "{v}");
+        assert_eq!(v["params"]["total"], 60.0, "{v}");
+        progress.push(v["params"]["progress"].as_f64().unwrap());
+    }
+    assert!(progress[0] < progress[1], "{progress:?}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    s.send(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 1, "reason": "test"}}),
+    );
+    let cancelled = Instant::now();
+    s.assert_serving("after-cancel");
+    // whatever comes for the cancelled call comes at once; no progress after it
+    let end = Instant::now() + Duration::from_secs(8);
+    while let Some(v) = s.recv(end.saturating_duration_since(Instant::now())) {
+        assert_ne!(
+            v["method"], "notifications/progress",
+            "progress after the cancel: {v}"
+        );
+        assert_eq!(v["id"], 1, "{v}");
+        assert!(v.get("error").is_some(), "{v}");
+        assert!(cancelled.elapsed() < Duration::from_secs(2), "{v}");
+    }
+    // the record is still pending: the cancelled wait did nothing
+    let r = cli(&m, Some("alice"), &["status", "--json", "plan.md"]);
+    assert!(r.out.contains("pending"), "{}", r.show());
+}
+
+/// A bounded, seeded fuzz of the wire: a few hundred frames, valid and malformed, mixed.
+/// Every frame that calls for an answer gets exactly one (with its id when it has a
+/// readable one), notifications get none, and the server never dies.
+#[test]
+fn mcp_fuzz_answers_every_request_shaped_frame_and_never_dies() {
+    let seed: u64 = std::env::var("COHERENT_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_c0de);
+    let frames: usize = 400;
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Raw::start(dir.path(), "alice");
+    let tools = [
+        "whoami", "status", "inbox", "transfer", "accept", "decline", "withdraw", "wait", "nope",
+    ];
+    let junk_values = [
+        json!(null),
+        json!(true),
+        json!(-1),
+        json!(1e300),
+        json!("../../etc/passwd"),
+        json!(""),
+        json!([]),
+        json!(["a", 1]),
+        json!({"x": {}}),
+        json!("plan.md"),
+    ];
+    let keys = ["path", "paths", "to", "note", "until", "timeout_s", "zzz"];
+    let mut want_ids: std::collections::HashSet<String> = Default::default();
+    let mut want_null = 0usize;
+    for i in 0..frames {
+        let id = if next() % 2 == 0 {
+            json!(i)
+        } else {
+            json!(format!("s{i}"))
+        };
+        let pick = |n: u64, r: u64| (r % n) as usize;
+        let kind = next() % 10;
+        let mut line: Vec<u8> = match kind {
+            // a valid request: ping, tools/list, or a tool call with random arguments
+            0..=3 => {
+                let v = match next() % 3 {
+                    0 => json!({"jsonrpc": "2.0", "id": id, "method": "ping"}),
+                    1 => json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}),
+                    _ => {
+                        let mut args = serde_json::Map::new();
+                        for _ in 0..next() % 4 {
+                            let k = keys[pick(keys.len() as u64, next())];
+                            let v = junk_values[pick(junk_values.len() as u64, next())].clone();
+                            args.insert(k.into(), v);
+                        }
+                        let tool = tools[pick(tools.len() as u64, next())];
+                        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                               "params": {"name": tool, "arguments": args}})
+                    }
+                };
+                want_ids.insert(id.to_string());
+                v.to_string().into_bytes()
+            }
+            // an unknown method, a wrong version, params of the wrong type: answered by id
+            4 => {
+                let v = match next() % 3 {
+                    0 => json!({"jsonrpc": "2.0", "id": id, "method": "no/such"}),
+                    1 => json!({"jsonrpc": "3.0", "id": id, "method": "ping"}),
+                    _ => json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": [1]}),
+                };
+                want_ids.insert(id.to_string());
+                v.to_string().into_bytes()
+            }
+            // a notification: no answer
+            5 => json!({"jsonrpc": "2.0", "method": "notifications/whatever", "params": {}})
+                .to_string()
+                .into_bytes(),
+            // a valid frame cut short
+            6 => {
+                let full = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                    "params": {"name": "status", "arguments": {"path": "a"}}})
+                .to_string();
+                want_null += 1;
+                full.as_bytes()[..pick(full.len() as u64 - 1, next())].to_vec()
+            }
+            // random bytes (never a newline, never an object)
+            7 => {
+                want_null += 1;
+                (0..next() % 300)
+                    .map(|_| match (next() % 256) as u8 {
+                        b'\n' | b'{' => b'x',
+                        b => b,
+                    })
+                    .collect()
+            }
+            // deep nesting
+            8 => {
+                want_null += 1;
+                let n = 100 + pick(200_000, next());
+                let (o, c) = if next() % 2 == 0 {
+                    ("[", "]")
+                } else {
+                    ("{\"a\":", "}")
+                };
+                format!("{}1{}", o.repeat(n), c.repeat(n)).into_bytes()
+            }
+            // an id that is not one
+            _ => {
+                want_null += 1;
+                let bad = [json!({}), json!([1]), json!(1.5), json!(true), json!(null)];
+                json!({"jsonrpc": "2.0", "id": bad[pick(5, next())], "method": "ping"})
+                    .to_string()
+                    .into_bytes()
+            }
+        };
+        line.push(b'\n');
+        s.send_bytes(&line);
+    }
+    let (mut got_null, mut got_ids) = (0usize, std::collections::HashSet::new());
+    let end = Instant::now() + Duration::from_secs(120);
+    while got_null < want_null || got_ids.len() < want_ids.len() {
+        let Some(v) = s.reply(end.saturating_duration_since(Instant::now())) else {
+            break;
+        };
+        assert_eq!(v["jsonrpc"], "2.0", "{v}");
+        if v["id"].is_null() {
+            assert!(matches!(error_code(&v), Some(-32700 | -32600)), "{v}");
+            got_null += 1;
+        } else {
+            let id = v["id"].to_string();
+            assert!(want_ids.contains(&id), "a reply to no request: {v}");
+            assert!(got_ids.insert(id), "two replies: {v}");
+        }
+    }
+    let missing: Vec<_> = want_ids.difference(&got_ids).take(10).collect();
+    assert!(
+        missing.is_empty(),
+        "seed {seed}: no reply to ids {missing:?}"
+    );
+    assert_eq!(got_null, want_null, "seed {seed}: id-less error replies");
+    assert!(s.alive(), "seed {seed}: the server died");
+    s.assert_serving("end");
+    eprintln!(
+        "fuzz seed {seed}: {frames} frames, {} replies by id, {} id-less errors",
+        got_ids.len(),
+        got_null
+    );
+}

@@ -671,5 +671,6 @@ pub(super) fn session_json(s: &SessionInfo) -> SessionJson {
         short_id: s.short_id(),
         via: s.via.clone(),
         attributed: s.is_attributed(),
+        uid: None,
     }
 }

@@ -150,7 +150,10 @@ impl Engine {
             .sessions
             .read()
             .values()
-            .map(|s| session_json(s))
+            .map(|s| SessionJson {
+                uid: self.owner(&s.name),
+                ..session_json(s)
+            })
             .collect();
         sessions.sort_by(|a, b| a.name.cmp(&b.name));
         let paths = self

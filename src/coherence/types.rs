@@ -372,6 +372,10 @@ pub struct SessionJson {
     pub short_id: String,
     pub via: Via,
     pub attributed: bool,
+    /// The uid the session belongs to, where known (`status`): a hook uses it to say whose
+    /// note it quotes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
 }
 
 /// Counts in `status`.

@@ -10,6 +10,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 mod hook;
 mod install;
 mod mcp;
+mod shellwrites;
 mod whoami;
 use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
 use coherent::error::Reason;
@@ -163,17 +164,25 @@ enum Cmd {
         #[arg(value_enum, value_name = "AGENT")]
         agent: Agent,
     },
-    /// Install the hooks and the MCP server into an agent's project settings.
+    /// Install the hooks and the MCP server into an agent's settings.
+    ///
+    /// claude-code: hooks in DIR/.claude/settings.json, the MCP server in DIR/.mcp.json
+    /// (with --user: ~/.claude/settings.json and ~/.claude.json). codex: the MCP server in
+    /// ~/.codex/config.toml ($CODEX_HOME/config.toml) and a short guidance section in
+    /// DIR/AGENTS.md. The settings name `coherent` as found on PATH.
     Install {
         /// Which agent to install for.
         #[arg(value_enum, value_name = "AGENT")]
-        agent: Agent,
+        agent: InstallAgent,
         /// The project directory (default: the current directory).
         #[arg(value_name = "DIR")]
         dir: Option<PathBuf>,
         /// Remove exactly what an install added, and nothing else.
         #[arg(long)]
         uninstall: bool,
+        /// claude-code only: the user's own settings instead of a project's.
+        #[arg(long, conflicts_with = "dir")]
+        user: bool,
     },
     /// Print a shell completion script (e.g. `coherent completions bash >
     /// /etc/bash_completion.d/coherent`).
@@ -214,6 +223,15 @@ enum Agent {
     ClaudeCode,
 }
 
+/// The agents `coherent install` knows.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum InstallAgent {
+    /// Claude Code: hooks and the MCP server.
+    ClaudeCode,
+    /// OpenAI Codex CLI: the MCP server (config.toml) and AGENTS.md guidance.
+    Codex,
+}
+
 #[derive(Args)]
 struct PathArgs {
     /// Files on the volume (relative to the current directory or absolute).
@@ -251,6 +269,11 @@ impl Fail {
 }
 
 fn main() -> ExitCode {
+    // A closed stdout (`coherent status | head -3`, `coherent man | less` quit early) ends
+    // the program quietly, as it does `cat` and `ls`: the default SIGPIPE action, not Rust's
+    // "failed printing to stdout" panic. The MCP server and the hook keep SIGPIPE ignored:
+    // they see EPIPE as an error and end (or say nothing) on their own terms.
+    set_sigpipe(libc::SIG_DFL);
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -260,6 +283,9 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { 0 });
         }
     };
+    if matches!(cli.cmd, Cmd::Mcp | Cmd::Hook { .. }) {
+        set_sigpipe(libc::SIG_IGN);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
@@ -268,6 +294,13 @@ fn main() -> ExitCode {
             }
             ExitCode::from(f.code)
         }
+    }
+}
+
+fn set_sigpipe(action: libc::sighandler_t) {
+    // SAFETY: setting a signal's disposition to SIG_DFL or SIG_IGN, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, action);
     }
 }
 
@@ -375,10 +408,16 @@ fn run(cli: Cli) -> Result<(), Fail> {
             agent,
             dir,
             uninstall,
+            user,
         } => {
             no_json("install")?;
             match agent {
-                Agent::ClaudeCode => install::claude_code(dir.as_deref(), uninstall),
+                InstallAgent::ClaudeCode => install::claude_code(dir.as_deref(), uninstall, user),
+                InstallAgent::Codex if user => Err(Fail::usage(
+                    "--user is for claude-code: Codex's MCP servers are always the user's \
+                     (~/.codex/config.toml)",
+                )),
+                InstallAgent::Codex => install::codex(dir.as_deref(), uninstall),
             }
         }
         Cmd::Completions { shell } => {
@@ -640,6 +679,15 @@ fn call(root: &Path, req: &Request) -> Result<Reply, Fail> {
 
 /// Send one request already in its wire form (a JSON object or a `VERB ARG...` line).
 fn call_bytes(root: &Path, bytes: &[u8]) -> Result<Reply, Fail> {
+    // the volume reads one request of at most MAX_REQUEST bytes: a longer one would arrive
+    // cut and be answered "invalid JSON"; say which limit it is instead
+    if bytes.len() > control::MAX_REQUEST {
+        return Err(Fail::usage(format!(
+            "coherent: bad_request: the request is {} bytes; the limit is {} bytes",
+            bytes.len(),
+            control::MAX_REQUEST
+        )));
+    }
     let ctl = root.join(".coherent/ctl");
     let file = OpenOptions::new()
         .read(true)
