@@ -59,7 +59,7 @@ fn an_exact_resend_of_an_ended_transfer_is_handoff_ended_before_the_hold_check()
 
 #[test]
 fn counterparty_is_set_only_on_overtaken_records() {
-    // Overtaken by carol: counterparty carol, and the record stays overtaken.
+    // Overtaken by carol: counterparty carol.
     let (mut h, _, b, c) = handed();
     let t = h.t();
     h.e.acquire(&c, P, t).unwrap();
@@ -68,59 +68,78 @@ fn counterparty_is_set_only_on_overtaken_records() {
     assert_eq!(r.counterparty.as_deref(), Some("carol"));
     let t = h.t();
     h.e.close_write(&c, P, false, t);
-    // bob's commit does not turn it into completed (only a pending record changes).
+    // bob's commit is the latest event on the live record: completed, no counterparty
+    // (§5: while live, the status follows the latest event).
     h.write(&b, P).unwrap();
     let r = records(&h);
     let r = r.iter().find(|r| r.giver == "alice").unwrap();
-    assert_eq!(r.status, Status::Overtaken);
-    assert_eq!(r.counterparty.as_deref(), Some("carol"));
+    assert_eq!(r.status, Status::Completed);
+    assert_eq!(r.counterparty, None);
+    assert!(!r.live);
 
-    // Completed by bob: no counterparty, and a later bystander does not overtake it.
+    // Completed by bob, then a bystander's acquire: overtaken, counterparty carol.
     let (mut h, _, b, c) = handed();
     let t = h.t();
     h.e.accept(&b, &paths(&[P]), t).unwrap();
     let t = h.t();
     h.e.acquire(&c, P, t).unwrap();
     let r = record(&h);
-    assert_eq!(r.status, Status::Completed);
-    assert_eq!(r.counterparty, None);
+    assert_eq!(r.status, Status::Overtaken);
+    assert_eq!(r.counterparty.as_deref(), Some("carol"));
     h.assert_replay_equal();
 }
 
 #[test]
-fn an_ended_record_never_changes_accept_and_decline_answer_handoff_ended() {
-    let (mut h, a, b, c) = handed();
-    let t = h.t();
-    h.e.acquire(&c, P, t).unwrap(); // overtaken, still live (the version has not moved)
-    for verb in ["accept", "decline"] {
+fn a_live_record_of_any_status_answers_every_verb_its_way_out() {
+    // Overtaken (live): bob's accept completes it, his decline and alice's withdraw end it.
+    for verb in ["accept", "decline", "withdraw"] {
+        let (mut h, a, b, c) = handed();
+        let t = h.t();
+        h.e.acquire(&c, P, t).unwrap(); // overtaken, still live (the version has not moved)
         let t = h.t();
         let r = match verb {
             "accept" => h.e.accept(&b, &paths(&[P]), t),
-            _ => h.e.decline(&b, &paths(&[P]), t),
+            "decline" => h.e.decline(&b, &paths(&[P]), t),
+            _ => h.e.withdraw(&a, &paths(&[P]), t),
         };
-        let err = r.unwrap_err();
-        assert_eq!(err.reason, Reason::HandoffEnded, "{verb}");
-        assert_eq!(err.status, Some(Status::Overtaken), "{verb}");
-        assert_eq!(err.path.as_deref(), Some(P), "{verb}");
+        let r = r.unwrap_or_else(|e| panic!("{verb}: {e:?}"));
+        let want = match verb {
+            "accept" => Status::Completed,
+            "decline" => Status::Declined,
+            _ => Status::Withdrawn,
+        };
+        assert_eq!(r.records[0].status, want, "{verb}");
+        assert_eq!(r.records[0].counterparty, None, "{verb}");
+        assert_eq!(h.e.is_fenced(&a, P), verb == "accept", "{verb}");
+        h.assert_replay_equal();
     }
-    let t = h.t();
-    let err = h.e.withdraw(&a, &paths(&[P]), t).unwrap_err();
-    assert_eq!(
-        (err.reason, err.status),
-        (Reason::HandoffEnded, Some(Status::Overtaken))
-    );
-    assert_eq!(record(&h).status, Status::Overtaken);
-    // A second accept of a completed record is not a change either.
+    // A second accept of a completed record answers it unchanged: no second event.
     let (mut h, _, b, _) = handed();
     let t = h.t();
     h.e.accept(&b, &paths(&[P]), t).unwrap();
     let t = h.t();
-    let err = h.e.accept(&b, &paths(&[P]), t).unwrap_err();
-    assert_eq!(
-        (err.reason, err.status),
-        (Reason::HandoffEnded, Some(Status::Completed))
-    );
+    let r = h.e.accept(&b, &paths(&[P]), t).unwrap();
+    assert_eq!(r.records[0].status, Status::Completed);
     assert_eq!(h.count(EventKind::Accept), 1);
+}
+
+#[test]
+fn a_record_no_longer_live_answers_handoff_not_live_with_its_status() {
+    let (mut h, a, b, c) = handed();
+    h.write(&c, P).unwrap(); // overtaken, and the version moved: final
+    for verb in ["accept", "decline", "withdraw"] {
+        let t = h.t();
+        let r = match verb {
+            "accept" => h.e.accept(&b, &paths(&[P]), t),
+            "decline" => h.e.decline(&b, &paths(&[P]), t),
+            _ => h.e.withdraw(&a, &paths(&[P]), t),
+        };
+        let err = r.unwrap_err();
+        assert_eq!(err.reason, Reason::HandoffNotLive, "{verb}");
+        assert_eq!(err.status, Some(Status::Overtaken), "{verb}");
+        assert_eq!(err.path.as_deref(), Some(P), "{verb}");
+    }
+    assert_eq!(record(&h).status, Status::Overtaken);
 }
 
 #[test]

@@ -86,14 +86,10 @@ impl Engine {
     }
 
     /// A live record on `e` touched by `by`, who is neither its giver nor its successor:
-    /// `overtaken` with `counterparty` (unless it already says so).
+    /// `overtaken` with `counterparty` (unless it already says so). While a record is live
+    /// its status follows the latest event (§5): a `completed` record is overtaken too.
     fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
-        // Only a pending record changes status (§5); an overtaken one keeps its status and
-        // names the latest bystander as its counterparty.
-        let Some(r) = e
-            .live()
-            .filter(|r| matches!(r.status, Status::Pending | Status::Overtaken))
-        else {
+        let Some(r) = e.live() else {
             return;
         };
         if r.giver.name == by || r.successor.name == by {
@@ -112,6 +108,26 @@ impl Engine {
         ev.successor = Some(r.successor.name.clone());
         ev.counterparty = Some(by.to_string());
         ev.version = Some(e.version);
+        self.emit(e, ev);
+    }
+
+    /// A live record on `e` acquired or committed by `s` (the commit to `version`, else
+    /// the acquire at the current version): the successor's makes it `completed`
+    /// (`counterparty` cleared; nothing when it already is), anyone else's but the giver's
+    /// `overtaken` (§5).
+    fn touch_live(&self, e: &mut Entry, s: &Session, version: Option<u64>, now: Timestamp) {
+        let Some(r) = e.live() else { return };
+        if r.successor.name != s.name {
+            self.overtake_live(e, &s.name, now);
+            return;
+        }
+        if r.status == Status::Completed {
+            return;
+        }
+        let mut ev = Event::new(EventKind::Completed, now, Some(&r.path), Some(s));
+        ev.record = Some(r.id);
+        ev.giver = Some(r.giver.name.clone());
+        ev.version = Some(version.unwrap_or(e.version));
         self.emit(e, ev);
     }
 
@@ -236,7 +252,7 @@ impl Engine {
                 }
             }
         }
-        self.overtake_live(e, &s.name, now);
+        self.touch_live(e, s, None, now);
         self.mark_seen(e, s, now);
         let mut ev = Event::new(EventKind::Acquire, now, Some(path), Some(s));
         ev.version = Some(version);
@@ -293,19 +309,7 @@ impl Engine {
         now: Timestamp,
     ) -> u64 {
         let version = e.version + 1;
-        if let Some(r) = e.live() {
-            // The successor's commit completes a pending record (an ended one stays as it
-            // is); anyone else's overtakes it.
-            if r.successor.name != s.name {
-                self.overtake_live(e, &s.name, now);
-            } else if r.status == Status::Pending {
-                let mut ev = Event::new(EventKind::Completed, now, Some(path), Some(s));
-                ev.record = Some(r.id);
-                ev.giver = Some(r.giver.name.clone());
-                ev.version = Some(version);
-                self.emit(e, ev);
-            }
-        }
+        self.touch_live(e, s, Some(version), now);
         let mut ev = Event::new(EventKind::Commit, now, Some(path), Some(s));
         ev.version = Some(version);
         ev.op = Some(op);

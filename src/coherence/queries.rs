@@ -94,15 +94,10 @@ impl Engine {
     }
 
     /// `.coherent/inbox`: live records naming `s` as successor and open offers to anyone
-    /// (unclaimed, pending, not its own), notes included, oldest first.
+    /// (unclaimed, live, not its own), notes included, oldest first.
     pub fn inbox(&self, s: &SessionInfo) -> Vec<RecordJson> {
         let mut out = Vec::new();
-        let offered = |r: &Record| {
-            r.unclaimed()
-                && r.status == Status::Pending
-                && r.giver.name != s.name
-                && s.is_attributed()
-        };
+        let offered = |r: &Record| r.unclaimed() && r.giver.name != s.name && s.is_attributed();
         for shard in self.shards.iter() {
             let sh = shard.lock();
             for e in sh.values() {
