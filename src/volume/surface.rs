@@ -35,7 +35,7 @@ use super::waits::{self, Check, Waits};
 use super::Volume;
 use crate::access::{may_write, Who};
 use crate::beneath::{self, Resolved};
-use crate::coherence::{RecordJson, StatusReport, Timestamp};
+use crate::coherence::{RecordJson, Role, StatusReport, Timestamp};
 use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
@@ -563,6 +563,7 @@ impl Surface {
                 tracked_paths(vol, paths)?;
                 observe_paths(vol, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
+                successor_owner_may_write(vol, to, sight.who(), paths)?;
                 let r = match vol.engine.transfer(s, paths, to, note.clone(), now) {
                     // With a coordinator the wait happens outside the step (a release
                     // of a shared path is a step too): see `serve_agreed`.
@@ -582,6 +583,7 @@ impl Surface {
             Request::Accept { paths } => {
                 observe_paths(vol, paths, now)?;
                 owner_only(vol, s, sight.who(), Verb::Accept, paths)?;
+                successor_may_write(vol, s, sight.who(), paths)?;
                 Reply::records(Verb::Accept, records(vol.engine.accept(s, paths, now)?))
             }
             Request::Decline { paths } => {
@@ -819,6 +821,88 @@ fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusa
                     who.uid
                 ),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// `accept` (and the claim of an offer) needs that the caller could open the file for
+/// writing (§5): a session that cannot write a file cannot be its successor. Checked on
+/// the paths whose live record names `s` as successor or is an offer `s` would claim;
+/// the others get the engine's answer. An offer stays open for a session that can.
+fn successor_may_write(
+    vol: &Volume,
+    s: &Session,
+    who: &Who,
+    paths: &[String],
+) -> Result<(), Refusal> {
+    for p in paths {
+        let Some(h) = vol.engine.handoff(s, p) else {
+            continue;
+        };
+        let claim = h.record.offer && h.record.claimed_by.is_none() && h.role == Role::Bystander;
+        if h.role != Role::Successor && !claim {
+            continue;
+        }
+        if let Ok(false) = may_write(vol.root.as_fd(), Path::new(p), who) {
+            let way = if claim {
+                "the offer stays open for a session that can write it".to_string()
+            } else {
+                format!(
+                    "decline it instead (coherent decline {})",
+                    crate::control::shell_word(p)
+                )
+            };
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "you may not write {p} (its mode or ACL does not let uid {} write it), so \
+                     this session cannot {} it: {way}",
+                    who.uid,
+                    if claim { "claim" } else { "accept" }
+                ),
+            )
+            .at(p.as_str())
+            .with_status(h.record.status));
+        }
+    }
+    Ok(())
+}
+
+/// A transfer to a session owned by another uid needs that this uid could open each file
+/// for writing (§5: only a session whose owner could write the file can be its
+/// successor; otherwise "when it writes the file" would be a way out that cannot work).
+/// An owner the user database does not know is not checked here (its `accept` is).
+fn successor_owner_may_write(
+    vol: &Volume,
+    to: &str,
+    who: &Who,
+    paths: &[String],
+) -> Result<(), Refusal> {
+    let Ok(succ) = vol.engine.lookup_session(to) else {
+        return Ok(());
+    };
+    let Some(uid) = vol
+        .engine
+        .owner(&succ.name)
+        .filter(|u| *u != who.uid && *u != 0)
+    else {
+        return Ok(());
+    };
+    let Some(owner) = Who::of_user(uid) else {
+        return Ok(());
+    };
+    for p in paths {
+        if let Ok(false) = may_write(vol.root.as_fd(), Path::new(p), &owner) {
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "session {} belongs to uid {uid}, which may not write {p}, so it cannot be \
+                     its successor: hand it to a session that can write it",
+                    succ.name
+                ),
+            )
+            .at(p.as_str()));
         }
     }
     Ok(())
