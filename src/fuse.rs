@@ -453,8 +453,10 @@ impl CoherentFs {
         }
     }
 
-    /// Directory entries from `offset` (index), with the virtual root entry appended at
-    /// the root. Each is (inode number or 0 if unknown, entry).
+    /// Directory entries from `offset` (index). Each is (inode number or 0 if unknown,
+    /// entry). The virtual root entry (`.coherent`) is not listed (§7: reachable by name
+    /// only, as ZFS hides `.zfs`, so `ls -a`, `find`, `git add -A`, `rg` and `tar` of the
+    /// workspace never see it).
     fn dir_entries(
         &self,
         caller: &Caller,
@@ -484,24 +486,8 @@ impl CoherentFs {
             all.extend(self.hooks.virtual_readdir(caller, ino)?);
             return Ok(all.into_iter().skip(offset as usize).collect());
         }
-        let (entries, total) = self.store.readdir(fh, offset)?;
-        let mut out: Vec<(u64, DirEntry)> = entries.into_iter().map(|e| (0, e)).collect();
-        if ino == ROOT_INO && (offset as usize) <= total {
-            if let Some(name) = &self.virtual_name {
-                if let Ok(a) = self.hooks.virtual_lookup(caller, ROOT_INO, name) {
-                    self.hooks.virtual_forget(a.ino, 1);
-                    out.push((
-                        a.ino,
-                        DirEntry {
-                            name: name.clone(),
-                            kind: a.kind,
-                            backing_ino: a.ino,
-                        },
-                    ));
-                }
-            }
-        }
-        Ok(out)
+        let (entries, _) = self.store.readdir(fh, offset)?;
+        Ok(entries.into_iter().map(|e| (0, e)).collect())
     }
 }
 
