@@ -250,8 +250,11 @@ impl CoherentFs {
         unsafe { libc::umask(0) };
         let virtual_name = hooks.virtual_root_name();
         let hooks_want_flush = hooks.wants_flush();
+        let store = Store::new(root, virtual_name.clone())?;
+        let h = hooks.clone();
+        store.set_name_preference(Box::new(move |p| h.prefers_name(p)));
         Ok(CoherentFs {
-            store: Store::new(root, virtual_name.clone())?,
+            store,
             hooks,
             virtual_name,
             want_passthrough: opts.passthrough,

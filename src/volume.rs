@@ -41,6 +41,7 @@
 //!   handle in the way has been flushed and its opener no longer has the file open, then
 //!   tries once more. A descriptor really held open is refused at once.
 
+mod alias;
 mod handle;
 mod liveness;
 pub mod state_dir;
@@ -521,6 +522,19 @@ impl Volume {
         }
     }
 
+    /// A write handle changed its file's ctime but not its content (`touch -a` is an open
+    /// for write and a `futimens`): not a commit, so the names of the file take the new
+    /// stamp (else the next open would count it as a change behind the volume's back).
+    fn restamp_handle(&self, h: &HandleInfo<'_>) {
+        if !h.changed() || h.content_changed() {
+            return;
+        }
+        let Some(p) = rel(h.path) else { return };
+        let st = stamp(&h.now);
+        self.engine.restamp(p, st);
+        self.restamp_other_names(st.ino, &[p]);
+    }
+
     /// Show the engine what the backing directory holds at `p` now (versions count
     /// regular files, symlinks and special files, not directories), so an untracked
     /// file starts at v1 and a change behind the volume's back is counted.
@@ -708,6 +722,9 @@ impl Volume {
 
     /// What a write route did, counted after it ran (`failed`: it did not).
     fn count_write(&self, route: &WriteRoute<'_>, pm: &Permit, failed: bool, now: Timestamp) {
+        if pm.alias {
+            return self.count_alias(pm, failed);
+        }
         let (s, p) = (&pm.session, pm.path.as_str());
         match *route {
             WriteRoute::Open { .. } | WriteRoute::Create { .. } => {
@@ -730,7 +747,10 @@ impl Volume {
                         self.engine
                             .commit(s, p, CommitOp::Truncate, Some(after), now);
                     }
-                    Some(after) => self.engine.restamp(p, after),
+                    Some(after) => {
+                        self.engine.restamp(p, after);
+                        self.restamp_other_names(after.ino, &[p]);
+                    }
                     None => {}
                 }
             }
@@ -755,7 +775,13 @@ impl Volume {
                     self.restamp_other_names(pre.ino, &[p]);
                 }
             }
-            WriteRoute::Link { .. } if !self.is_tracked(p, false) => {}
+            WriteRoute::Link { .. } if !self.is_tracked(p, false) => {
+                // A new untracked name of a tracked file: not a change of its tracked
+                // names (§3), which take the new stamp.
+                if let Some(after) = self.stamp_now(p) {
+                    self.restamp_other_names(after.ino, &[]);
+                }
+            }
             WriteRoute::Link { .. } | WriteRoute::Symlink { .. } | WriteRoute::Mknod { .. } => {
                 let op = match route {
                     WriteRoute::Link { .. } => CommitOp::Link,
@@ -771,6 +797,7 @@ impl Volume {
             WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
                 if let Some(after) = self.stamp_now(p) {
                     self.engine.restamp(p, after);
+                    self.restamp_other_names(after.ino, &[p]);
                 }
             }
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => {}
@@ -784,6 +811,10 @@ impl Hooks for Volume {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
+        // An untracked name of a tracked file (a hard link): fenced by inode (issue 20).
+        if let Some(permit) = self.alias_write(caller, route)? {
+            return Ok(Some(permit));
+        }
         // Tracking first: an untracked path costs no session lookup and no engine lock.
         let w = match *route {
             WriteRoute::Open { path, .. } | WriteRoute::Create { path, .. } => {
@@ -1001,7 +1032,8 @@ impl Hooks for Volume {
         let Some(w) = self.write_handle(h.token) else {
             return;
         };
-        let unsettled = w.flush(h.changed(), || {
+        self.restamp_handle(h);
+        let unsettled = w.flush(h.content_changed(), || {
             // No path: the file was removed while open; its changes have no name to count.
             let Some(p) = rel(h.path) else { return false };
             let now = Timestamp::now();
@@ -1029,7 +1061,8 @@ impl Hooks for Volume {
             return;
         };
         let now = Timestamp::now();
-        let end = w.release(h.changed(), || {
+        self.restamp_handle(h);
+        let end = w.release(h.content_changed(), || {
             let Some(p) = rel(h.path) else { return false };
             self.counted(&[(p, false)], || {
                 self.engine
@@ -1125,6 +1158,10 @@ impl Hooks for Volume {
 
     fn virtual_root_name(&self) -> Option<OsString> {
         Some(crate::control::CONTROL_DIR.into())
+    }
+
+    fn prefers_name(&self, path: &Path) -> bool {
+        rel(Some(path)).is_some_and(|p| self.is_tracked(p, false))
     }
 
     fn virtual_lookup(&self, _caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {

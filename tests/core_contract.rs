@@ -252,3 +252,40 @@ fn computed_xattrs_are_refused_without_an_event() {
     };
     h.e.decide(&c, w, t).unwrap();
 }
+
+/// Issue 20: a write route through an untracked name of a handed inode is fenced for the
+/// giver only (denied event and deny text of the handed path); an unresolved caller is
+/// refused while the inode has a live record; nothing else is changed.
+#[test]
+fn fence_alias_fences_the_giver_through_an_untracked_name() {
+    let (mut h, a, b, c) = handed();
+    let ino = h.e.stamp(P).expect("stamped").ino;
+    let t = h.t();
+    let err =
+        h.e.fence_alias(&a, true, "build/p.alias", ino, Route::OpenWrite, t)
+            .unwrap_err();
+    assert_eq!(err.reason, Reason::Fenced);
+    assert_eq!(err.path.as_deref(), Some(P));
+    assert_eq!(h.e.why(&a).unwrap(), err.message);
+    for s in [&b, &c] {
+        let t = h.t();
+        h.e.fence_alias(s, true, "build/p.alias", ino, Route::Unlink, t)
+            .unwrap();
+    }
+    let t = h.t();
+    let err =
+        h.e.fence_alias(&uid0(), false, "build/p.alias", ino, Route::Setattr, t)
+            .unwrap_err();
+    assert_eq!(err.reason, Reason::Unresolved);
+    // Another inode is not the handed one.
+    let t = h.t();
+    h.e.fence_alias(&a, true, "build/other", ino + 1, Route::OpenWrite, t)
+        .unwrap();
+    assert_eq!(
+        h.e.path_state("build/p.alias"),
+        None,
+        "no entry for the untracked name"
+    );
+    assert_eq!(record(&h).status, Status::Pending);
+    h.assert_replay_equal();
+}

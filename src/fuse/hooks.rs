@@ -116,6 +116,15 @@ impl HandleInfo<'_> {
     pub fn changed(&self) -> bool {
         self.before != self.now
     }
+
+    /// Did its content change since `before` (a write moves the mtime or the size)? A
+    /// change of the ctime alone (`futimens` of the atime as `touch -a` does, `fchmod`,
+    /// xattrs, another name linked or removed) is not a commit (DESIGN.md §5).
+    pub fn content_changed(&self) -> bool {
+        self.before.ino != self.now.ino
+            || self.before.mtime != self.now.mtime
+            || self.before.size != self.now.size
+    }
 }
 
 /// Does an open with these flags write (a write route of §6)?
@@ -189,6 +198,12 @@ pub trait Hooks: Send + Sync + 'static {
     /// The name at the root served virtually (and hidden from the backing directory).
     fn virtual_root_name(&self) -> Option<OsString> {
         None
+    }
+
+    /// Of the names of a file with several (hard links), is `path` one to attribute a
+    /// request by inode to? (The volume prefers tracked names.)
+    fn prefers_name(&self, path: &Path) -> bool {
+        true
     }
     /// Look `name` up under `parent` (the root, for the root name, or a virtual dir).
     /// Each success counts one kernel lookup, given back through `virtual_forget`.
