@@ -154,8 +154,14 @@ fn a_session_name_belongs_to_the_first_uid_that_shows_it() {
         "{msg}"
     );
 
-    // u1's alice hands plan.md to bob; u2 posing as alice cannot withdraw it.
-    let _ = u_sh_ok(&u1, &m, Some(&alice), "cat plan.md >/dev/null");
+    // u1's alice hands plan.md to bob (u2 may write it: only such a session can be its
+    // successor); u2 posing as alice cannot withdraw it.
+    let _ = u_sh_ok(
+        &u1,
+        &m,
+        Some(&alice),
+        "chmod 666 plan.md && cat plan.md >/dev/null",
+    );
     let (code, v) = u_cli(
         &u1,
         &m,
