@@ -30,8 +30,16 @@
 //! memory buffer. The journal is then *failing* ([`Journal::is_poisoned`]: the volume
 //! answers verbs `io_error`) and the flusher retries every [`RETRY_EVERY`]; the first
 //! write and fsync that succeed write everything buffered meanwhile, in order, and verbs
-//! work again. The buffer is not bounded during an outage (events are ~150 bytes; a
-//! warning is logged past [`BUFFER_WARN`]): nothing appended is ever dropped.
+//! work again.
+//!
+//! The buffer is bounded during an outage ([`JournalOptions::buffer_limit`]). Past the
+//! bound the journal *sheds*: further events still change the engine's state but are not
+//! kept (the log would have a gap there), and the volume fails closed on what needs a
+//! durable record (verbs; writes to paths with live records) while bystanders go on.
+//! Once the disk takes writes again the buffered events are written, then a snapshot of
+//! the whole state (taken at a barrier, with events after it held back until the snapshot
+//! is on disk) covers the events not kept, and the log goes on after it: the log and the
+//! snapshot agree again and nothing of the state is lost.
 //!
 //! Private state: the directory is 0700 and every file in it 0600 whatever the umask;
 //! `open` refuses a directory that another user owns or that group or others can write.
@@ -57,6 +65,16 @@ pub const LOCK: &str = "lock";
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// Buffered bytes during an outage past which a warning is logged (once).
 pub const BUFFER_WARN: usize = 64 << 20;
+/// Default of [`JournalOptions::buffer_limit`].
+pub const BUFFER_LIMIT: usize = 64 << 20;
+
+/// How the journal keeps events (see the module doc).
+const NORMAL: u8 = 0;
+/// Past the bound during an outage: events are not kept until a snapshot covers them.
+const SHED: u8 = 1;
+/// A snapshot covering the events not kept is being written: events after its barrier
+/// are buffered but not written until it is on disk.
+const HOLD: u8 = 2;
 
 /// Tuning.
 #[derive(Debug, Clone)]
@@ -67,6 +85,9 @@ pub struct JournalOptions {
     pub snapshot_every: u64,
     /// Compact (at the next `maintain`) once the log file holds this many bytes of events.
     pub compact_bytes: u64,
+    /// Bytes of events kept in memory while the log cannot be written, past which the
+    /// journal sheds (see the module doc).
+    pub buffer_limit: usize,
 }
 
 impl Default for JournalOptions {
@@ -75,6 +96,7 @@ impl Default for JournalOptions {
             flush_interval: Duration::from_millis(5),
             snapshot_every: 100_000,
             compact_bytes: 8 << 20,
+            buffer_limit: BUFFER_LIMIT,
         }
     }
 }
@@ -141,6 +163,8 @@ struct Buf {
     /// Seq of the last event in `bytes` (or written before).
     last_seq: u64,
     since_snapshot: u64,
+    /// Events not kept since the journal began shedding.
+    shed: u64,
 }
 
 struct Written {
@@ -215,12 +239,18 @@ struct Shared {
     /// A write or fsync failed and has not succeeded since (verbs are refused).
     poisoned: AtomicBool,
     warned_buffer: AtomicBool,
+    /// [`NORMAL`], [`SHED`] or [`HOLD`].
+    mode: std::sync::atomic::AtomicU8,
 }
 
 impl Shared {
     /// Moves the buffer to the file (no fsync). Returns (last seq written, log length).
     fn write_pending(&self) -> io::Result<(u64, u64)> {
         let mut w = self.written.lock();
+        if self.mode.load(Ordering::SeqCst) == HOLD {
+            // Held back until the snapshot covering the events not kept is on disk.
+            return Ok((w.seq, w.len));
+        }
         let (bytes, last) = {
             let mut b = self.buf.lock();
             (std::mem::take(&mut b.bytes), b.last_seq)
@@ -316,10 +346,18 @@ impl Shared {
             Ok(()) => {
                 if self.poisoned.swap(false, Ordering::SeqCst) {
                     self.warned_buffer.store(false, Ordering::SeqCst);
-                    tracing::warn!(
-                        "state log {}: writable again; every buffered event is on disk",
-                        self.dir.display()
-                    );
+                    if self.mode.load(Ordering::SeqCst) == NORMAL {
+                        tracing::warn!(
+                            "state log {}: writable again; every buffered event is on disk",
+                            self.dir.display()
+                        );
+                    } else {
+                        tracing::warn!(
+                            "state log {}: writable again; the buffered events are on disk, \
+                             and a snapshot will cover those not kept",
+                            self.dir.display()
+                        );
+                    }
                 }
             }
             Err(e) => {
@@ -404,8 +442,42 @@ impl Journal {
         ev.seq = b.next_seq;
         b.last_seq = ev.seq;
         b.since_snapshot += 1;
+        let sh = &self.shared;
+        let mode = sh.mode.load(Ordering::SeqCst);
+        if mode == SHED {
+            b.shed += 1;
+            return;
+        }
+        if mode == NORMAL
+            && b.bytes.len() >= sh.opts.buffer_limit
+            && sh.poisoned.load(Ordering::SeqCst)
+        {
+            sh.mode.store(SHED, Ordering::SeqCst);
+            b.shed = 1;
+            tracing::error!(
+                "state log {}: {} KiB of events kept in memory while the log cannot be \
+                 written (the bound): further events are not kept until the disk takes \
+                 writes again and a snapshot covers them; verbs and writes to handed files \
+                 are refused meanwhile, other writes go on",
+                sh.dir.display(),
+                b.bytes.len() >> 10
+            );
+            return;
+        }
         serde_json::to_writer(&mut b.bytes, &*ev).expect("events serialize");
         b.bytes.push(b'\n');
+    }
+
+    /// Whether the journal is past its bound (see the module doc): events are not being
+    /// kept, so nothing that needs a durable record may go on.
+    pub fn is_shedding(&self) -> bool {
+        self.shared.mode.load(Ordering::SeqCst) != NORMAL
+    }
+
+    /// (bytes of events kept in memory, events not kept, the bound): for `status`.
+    pub fn backlog(&self) -> (usize, u64, usize) {
+        let b = self.shared.buf.lock();
+        (b.bytes.len(), b.shed, self.shared.opts.buffer_limit)
     }
 }
 
@@ -767,6 +839,7 @@ impl Journal {
                 bytes: Vec::new(),
                 last_seq: 0,
                 since_snapshot: 0,
+                shed: 0,
             }),
             written: Mutex::new(Written {
                 file: private_file()
@@ -791,6 +864,7 @@ impl Journal {
             stop: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
             warned_buffer: AtomicBool::new(false),
+            mode: std::sync::atomic::AtomicU8::new(NORMAL),
         });
         let journal = Arc::new(Journal {
             shared: shared.clone(),
@@ -980,9 +1054,10 @@ impl Journal {
         *self.shared.durable.lock()
     }
 
-    /// Whether a write or fsync of the log failed (events are no longer durable).
+    /// Whether a write or fsync of the log failed (events are no longer durable), or the
+    /// journal is past its bound and no snapshot covers the events not kept yet.
     pub fn is_poisoned(&self) -> bool {
-        self.shared.poisoned.load(Ordering::SeqCst)
+        self.shared.poisoned.load(Ordering::SeqCst) || self.is_shedding()
     }
 
     /// Writes a snapshot of `engine` (which must be the engine writing to this journal).
@@ -994,7 +1069,63 @@ impl Journal {
     /// [`Journal::checkpoint`] with `checkpointing` held; returns the snapshot's seq and
     /// logical log offset.
     fn checkpoint_locked(&self, engine: &Engine) -> io::Result<(u64, u64)> {
-        let (state, pos) = engine.durable_state_with(|| self.shared.write_pending());
+        let sh = &self.shared;
+        // Shedding: at the barrier (no event can be appended), write what was kept and
+        // hold back what comes after until this snapshot covers the events not kept.
+        let resync = sh.mode.load(Ordering::SeqCst) == SHED;
+        let (state, pos) = engine.durable_state_with(|| {
+            let r = sh.write_pending();
+            if resync && r.is_ok() {
+                sh.mode.store(HOLD, Ordering::SeqCst);
+                let last = sh.buf.lock().last_seq;
+                sh.written.lock().seq = last;
+            }
+            r.map(|(_, len)| (sh.written.lock().seq, len))
+        });
+        let r = self.write_snapshot(&state, pos);
+        if resync && sh.mode.load(Ordering::SeqCst) == HOLD {
+            self.end_hold(&state, r.is_ok());
+        }
+        r
+    }
+
+    /// The end of a snapshot taken while shedding: on success the held events are
+    /// written after it and events are kept again; on failure the journal sheds again
+    /// (the next snapshot covers the held events too).
+    fn end_hold(&self, state: &DurableState, ok: bool) {
+        let sh = &self.shared;
+        let mut b = sh.buf.lock();
+        if ok {
+            let shed = std::mem::take(&mut b.shed);
+            sh.mode.store(NORMAL, Ordering::SeqCst);
+            drop(b);
+            let mut d = sh.durable.lock();
+            if *d < state.seq {
+                *d = state.seq;
+            }
+            sh.durable_cv.notify_all();
+            drop(d);
+            tracing::warn!(
+                "state log {}: a snapshot at seq {} covers the {shed} event(s) not kept while \
+                 the log could not be written; events are kept again",
+                sh.dir.display(),
+                state.seq
+            );
+            sh.wake.notify_all();
+        } else {
+            b.shed += b.bytes.len() as u64 / 150 + 1;
+            b.bytes.clear();
+            sh.mode.store(SHED, Ordering::SeqCst);
+        }
+    }
+
+    /// Writes the snapshot of `state`, taken at log position `pos` (the last seq written
+    /// and the log file's length then).
+    fn write_snapshot(
+        &self,
+        state: &DurableState,
+        pos: io::Result<(u64, u64)>,
+    ) -> io::Result<(u64, u64)> {
         let (seq, file_len) = pos?;
         debug_assert_eq!(seq, state.seq);
         // Only a compaction moves the base, and it holds `checkpointing` too.
@@ -1100,6 +1231,11 @@ impl Journal {
     /// of records evicted.
     pub fn maintain(&self, engine: &Engine, now: Timestamp) -> io::Result<usize> {
         let n = engine.evict(now);
+        engine.prune();
+        if self.shared.mode.load(Ordering::SeqCst) == SHED {
+            // Past the bound: a snapshot covers the events not kept, once the disk takes it.
+            return self.checkpoint(engine).map(|_| n);
+        }
         let bytes = {
             let w = self.shared.written.lock();
             w.len - w.hdr

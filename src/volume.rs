@@ -201,11 +201,16 @@ impl Volume {
     /// Open the state directory (locks it; recovers the journal, logging any repair) and
     /// build the volume over the backing directory `root` (an `O_PATH` descriptor).
     pub fn open(cfg: VolumeConfig, root: OwnedFd) -> Result<Arc<Volume>, JournalError> {
-        let opened = Journal::open(
-            &cfg.state_dir,
-            cfg.engine.clone(),
-            JournalOptions::default(),
-        )?;
+        // COHERENT_JOURNAL_BUFFER (bytes): the bound of what the journal keeps in memory
+        // while its disk is full (a tuning knob; the tests set it small).
+        let mut jopts = JournalOptions::default();
+        if let Some(n) = std::env::var("COHERENT_JOURNAL_BUFFER")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            jopts.buffer_limit = n;
+        }
+        let opened = Journal::open(&cfg.state_dir, cfg.engine.clone(), jopts)?;
         for w in &opened.warnings {
             tracing::warn!("state recovery: {w}");
         }
@@ -520,6 +525,30 @@ impl Volume {
                 self.engine.restamp(&q, now);
             }
         }
+    }
+
+    /// While the journal sheds (its memory bound reached during a disk outage): the
+    /// refusal of a write route touching a path with a live record.
+    fn shedding_refusal(&self, w: &Write<'_>) -> Option<Refusal> {
+        if !self.journal.is_shedding() {
+            return None;
+        }
+        let p = w
+            .names()
+            .into_iter()
+            .map(|x| x.0)
+            .find(|p| self.engine.has_live_record(p))?;
+        Some(
+            Refusal::new(
+                Reason::IoError,
+                format!(
+                    "write denied: {p} is handed on, and the volume cannot record a change of \
+                     it now (its state log cannot be written and the events it keeps in \
+                     memory reached their bound); refused until the disk takes writes again"
+                ),
+            )
+            .at(p),
+        )
     }
 
     /// A write handle changed its file's ctime but not its content (`touch -a` is an open
@@ -907,6 +936,15 @@ impl Hooks for Volume {
         };
         let now = Timestamp::now();
         let who = self.writer(caller);
+        if let Some(r) = self.shedding_refusal(&w) {
+            // Past the journal's bound nothing about a handed file can be recorded: fail
+            // closed on it; other writes go on (issue 20).
+            if let Ok(s) = &who {
+                self.engine.tell(s, r.path.as_deref(), &r.message, now);
+            }
+            tracing::warn!(pid = caller.pid, "{}", r.message);
+            return Err(FsError(libc::EACCES));
+        }
         let decide = || match &who {
             Ok(s) => self.engine.decide(s, w, now).map_err(|r| (s.clone(), r)),
             Err(anyone) => self

@@ -289,3 +289,34 @@ fn fence_alias_fences_the_giver_through_an_untracked_name() {
     assert_eq!(record(&h).status, Status::Pending);
     h.assert_replay_equal();
 }
+
+/// Issue 20: per-path entries nothing refers to are pruned (memory only, no event): never
+/// logged, no record, no hold a rule reads. A file only read keeps its view (a transfer
+/// needs it), a logged path its version, a handed path its record.
+#[test]
+fn prune_drops_only_what_nothing_refers_to() {
+    let (mut h, a, _, c) = handed();
+    for p in ["seen.md", "read.md"] {
+        let st = h.next_stamp();
+        let t = h.t();
+        h.e.observe(p, st, t);
+    }
+    h.read(&c, "read.md");
+    let durable = h.e.durable_state();
+    let events = h.sink.events().len();
+    assert_eq!(h.e.prune(), 1);
+    assert_eq!(h.e.path_state("seen.md"), None);
+    assert_eq!(h.e.version("read.md"), Some(1));
+    assert_eq!(h.e.hold(&c, "read.md").map(|x| x.0), Some(Hold::S));
+    assert!(h.e.is_fenced(&a, P));
+    assert_eq!(h.e.durable_state(), durable);
+    assert_eq!(h.sink.events().len(), events);
+    // carol can still hand on what she read.
+    h.transfer(&c, &["read.md"], "bob").unwrap();
+    // The pruned path starts at v1 again when next seen, as after a restart.
+    let st = h.next_stamp();
+    let t = h.t();
+    assert_eq!(h.e.observe("seen.md", st, t), Some(1));
+    assert_eq!(h.e.prune(), 1);
+    h.assert_replay_equal();
+}

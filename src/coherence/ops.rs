@@ -424,6 +424,26 @@ impl Engine {
         n
     }
 
+    /// Drops the per-path entries nothing refers to (issue 20): never logged (so not part of
+    /// the durable state: a restart would not have them either), no record, and no hold a
+    /// rule reads (no write handle, no view a transfer or the stale guard could use: only
+    /// `I` holds or none). Memory only, no event; the next sight of such a path starts it
+    /// at version 1 again, as after a restart. Returns how many were dropped.
+    pub fn prune(&self) -> usize {
+        let mut n = 0;
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            let before = sh.len();
+            sh.retain(|_, e| {
+                e.logged
+                    || !e.records.is_empty()
+                    || e.holders.iter().any(|h| h.writers > 0 || h.hold != Hold::I)
+            });
+            n += before - sh.len();
+        }
+        n
+    }
+
     /// Evicts ended records whose last change is at least `evict_after` before `now`
     /// (`evict`). The only time-driven change; live records are never touched. Returns
     /// how many were evicted.

@@ -428,7 +428,7 @@ fn whoami_json(vol: &Volume, caller: &Caller) -> Value {
 impl Surface {
     /// Serve one parsed request for `caller`.
     fn serve(&self, vol: &Volume, caller: &Caller, req: &Request) -> Reply {
-        if vol.journal.is_poisoned() {
+        if vol.journal.is_poisoned() && !matches!(req, Request::Status { .. }) {
             return journal_failed(req.verb());
         }
         if let Request::Whoami = req {
@@ -623,6 +623,13 @@ impl Surface {
                 if let Some(c) = vol.coord.describe() {
                     body["coordinator"] = c;
                 }
+                let msg = match journal_json(vol) {
+                    Some((j, line)) => {
+                        body["journal"] = j;
+                        format!("{msg}; {line}")
+                    }
+                    None => msg,
+                };
                 Reply::status(body, msg)
             }
             Request::Whoami => unreachable!("served above, with the ignored tags"),
@@ -676,6 +683,42 @@ fn observe_paths(vol: &Volume, paths: &[String], now: Timestamp) -> Result<(), R
         }
     }
     Ok(())
+}
+
+/// The state log's trouble, for `status` (None while it is written normally): JSON and a
+/// line.
+fn journal_json(vol: &Volume) -> Option<(Value, String)> {
+    if !vol.journal.is_poisoned() {
+        return None;
+    }
+    let (kept, shed, limit) = vol.journal.backlog();
+    let shedding = vol.journal.is_shedding();
+    let line = if shedding {
+        format!(
+            "the state log cannot be written and the events kept in memory reached their \
+             bound ({} KiB): {shed} event(s) not kept; verbs and writes to handed files are \
+             refused until the disk takes writes again",
+            limit >> 10
+        )
+    } else {
+        format!(
+            "the state log cannot be written: {} KiB of events kept in memory (bound {} KiB); \
+             verbs are refused until the disk takes writes again",
+            kept >> 10,
+            limit >> 10
+        )
+    };
+    Some((
+        serde_json::json!({
+            "failing": true,
+            "shedding": shedding,
+            "kept_bytes": kept,
+            "not_kept": shed,
+            "bound_bytes": limit,
+            "message": line,
+        }),
+        line,
+    ))
 }
 
 /// The reply when the state log cannot be written: the write fails with `EIO`.
