@@ -157,7 +157,7 @@ enum Cmd {
         /// A file on the volume with a handoff record.
         #[arg(value_name = "PATH")]
         path: PathBuf,
-        /// The state to wait for: accepted, completed, or ended (any final status).
+        /// The state to wait for: accepted, completed, or ended (any status but pending).
         #[arg(long, value_enum, default_value_t = Until::Ended, value_name = "STATE")]
         until: Until,
         /// Give up after SECS seconds (default: wait as long as it takes).
