@@ -252,3 +252,27 @@ fn the_deny_text_is_byte_identical_across_retries() {
     verb_ok(&m, "bob", &["decline", "plan.md"]);
     writes(&m, "alice");
 }
+
+/// Rows "someone reads it" and "nothing happens": no status changes, the fence stays.
+#[test]
+fn reads_change_no_status_and_the_fence_stays() {
+    let m = handed();
+    for who in ["carol", "bob", "alice"] {
+        sh_ok(&m, Some(who), "cat plan.md >/dev/null");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let r = rec(&m);
+    assert_eq!(
+        (&r["status"], &r["live"]),
+        (&"pending".into(), &true.into())
+    );
+    assert!(fenced(&m));
+    // In any live status.
+    verb_ok(&m, "bob", &["accept", "plan.md"]);
+    sh_ok(&m, Some("carol"), "cat plan.md >/dev/null");
+    assert_eq!(rec(&m)["status"], "completed");
+    acquires(&m, "carol");
+    sh_ok(&m, Some("bob"), "cat plan.md >/dev/null");
+    assert_eq!(rec(&m)["status"], "overtaken");
+    assert!(fenced(&m));
+}
