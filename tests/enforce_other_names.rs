@@ -123,3 +123,23 @@ fn a_bystanders_atime_only_change_is_not_a_commit() {
         fenced(&m, "plan.md");
     }
 }
+
+/// A hard link made in the backing directory, outside the volume, before the transfer:
+/// the giver is fenced through it too.
+#[test]
+fn a_link_made_behind_the_volume_before_the_transfer_is_fenced_too() {
+    let m = mount(true);
+    touch_session(&m, "bob");
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo 'build/' > .gitignore && mkdir -p build && echo plan > plan.md",
+    );
+    std::fs::hard_link(m.backing_path("plan.md"), m.backing_path("build/p.alias")).unwrap();
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
+    transfer(&m, "alice", "bob", &["plan.md"]);
+    fenced(&m, "build/p.alias");
+    fenced(&m, "plan.md");
+    let r = sh(&m, Some("alice"), "rm build/p.alias");
+    assert!(r.denied(), "{}", r.show());
+}

@@ -67,6 +67,11 @@ impl Engine {
         })
     }
 
+    /// Does the engine hold any record (live or ended)? Free.
+    pub fn any_records(&self) -> bool {
+        self.record_count.load(Ordering::SeqCst) > 0
+    }
+
     /// Does `path` have a live record? (The volume keeps such a path in view even when
     /// an ignore file later says it is untracked: a fence cannot be dropped that way.)
     pub fn has_live_record(&self, path: &str) -> bool {

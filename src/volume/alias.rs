@@ -11,16 +11,57 @@ use crate::coherence::Route;
 
 impl Volume {
     /// The stamp of `p` when it is a file with several names of which the engine tracks
-    /// one. Free while no inode with several names was ever seen.
+    /// one. Free while the engine holds no record and no tracked file with several names
+    /// was seen; else one `fstatat`, and a scan of the engine's paths only for a file with
+    /// several names while there are records (a fence to find) or when a tracked name of
+    /// it was seen (names to restamp).
     fn alias_of(&self, p: &str) -> Option<coherence::Stamp> {
-        if self.linked.lock().is_empty() {
+        let records = self.engine.any_records();
+        if !records && self.linked.lock().is_empty() {
             return None;
         }
-        let (st, dir, n) = self.stat_links(p)?;
-        if dir || n < 2 {
+        let (st, n) = self.file_links(p)?;
+        if n < 2 {
+            return None;
+        }
+        if !records && !self.linked.lock().contains(&st.ino) {
             return None;
         }
         (!self.engine.paths_of_inode(st.ino).is_empty()).then_some(st)
+    }
+
+    /// The stamp and number of names of the file (not a directory) at `p`. Unlike
+    /// [`Volume::stat_links`] it does not remember the inode as linked: untracked files
+    /// with several names (a build tree's hard links) must not make every change of a
+    /// tracked file's names scan the engine.
+    fn file_links(&self, p: &str) -> Option<(coherence::Stamp, u64)> {
+        let c = CString::new(p).ok()?;
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: a valid dirfd, a NUL-terminated path and a buffer of the right type.
+        let r = unsafe {
+            libc::fstatat(
+                self.root.as_raw_fd(),
+                c.as_ptr(),
+                st.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if r != 0 {
+            return None;
+        }
+        // SAFETY: fstatat succeeded, so it filled the buffer.
+        let st = unsafe { st.assume_init() };
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return None;
+        }
+        Some((
+            coherence::Stamp {
+                ino: st.st_ino,
+                ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
+                size: st.st_size as u64,
+            },
+            st.st_nlink,
+        ))
     }
 
     /// A write route through untracked names of tracked files: the fence by inode, and a
@@ -31,7 +72,7 @@ impl Volume {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
-        if self.linked.lock().is_empty() {
+        if !self.engine.any_records() && self.linked.lock().is_empty() {
             return Ok(None);
         }
         let untracked = |p: Option<&Path>| -> Option<String> {
@@ -120,8 +161,12 @@ impl Volume {
         if failed {
             return;
         }
-        if let Some(pre) = pm.pre {
-            self.restamp_other_names(pre.ino, &[]);
+        let Some(pre) = pm.pre else { return };
+        // Not gated on `linked`: `alias_of` found tracked names of this inode.
+        for q in self.engine.paths_of_inode(pre.ino) {
+            if let Some(now) = self.stamp_now(&q).filter(|st| st.ino == pre.ino) {
+                self.engine.restamp(&q, now);
+            }
         }
     }
 }
