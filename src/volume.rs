@@ -44,6 +44,7 @@
 mod alias;
 mod handle;
 mod liveness;
+mod prune;
 pub mod state_dir;
 mod surface;
 mod waits;
@@ -310,6 +311,7 @@ impl Volume {
 
     /// Every few seconds: evict ended records past `--evict-after`, snapshot when due.
     fn maintain_loop(&self) {
+        let mut rounds = 0u64;
         loop {
             {
                 let mut stop = self.stop.lock();
@@ -324,6 +326,11 @@ impl Volume {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("evicted {n} ended handoff record(s)"),
                 Err(e) => tracing::warn!("state maintenance failed: {e}"),
+            }
+            // About once a minute: the views of sessions gone (issue 20).
+            rounds += 1;
+            if rounds % 12 == 0 {
+                self.forget_gone_readers();
             }
         }
     }

@@ -320,3 +320,38 @@ fn prune_drops_only_what_nothing_refers_to() {
     assert_eq!(h.e.prune(), 1);
     h.assert_replay_equal();
 }
+
+/// Issue 20: the views of sessions gone are forgotten (memory only) and the entries of
+/// paths only they read go with them; a write handle, a record or a logged path stays.
+#[test]
+fn forget_views_of_gone_sessions_drops_what_only_they_read() {
+    let (mut h, a, b, c) = handed();
+    for p in ["r1.md", "r2.md"] {
+        let st = h.next_stamp();
+        let t = h.t();
+        h.e.observe(p, st, t);
+        h.read(&c, p);
+    }
+    h.read(&b, "r2.md");
+    let t = h.t();
+    h.e.acquire(&c, "w.md", t).unwrap();
+    let names: Vec<String> = h.e.viewers().iter().map(|s| s.name.clone()).collect();
+    assert!(names.contains(&"carol".to_string()), "{names:?}");
+    let durable = h.e.durable_state();
+    assert_eq!(
+        h.e.forget_views(&["carol".to_string()]),
+        1,
+        "only r1.md goes"
+    );
+    assert_eq!(h.e.path_state("r1.md"), None);
+    assert_eq!(h.e.hold(&b, "r2.md").map(|x| x.0), Some(Hold::S));
+    assert_eq!(h.e.hold(&c, "r2.md"), None);
+    assert_eq!(
+        h.e.hold(&c, "w.md").map(|x| x.0),
+        Some(Hold::E),
+        "a write handle stays"
+    );
+    assert!(h.e.is_fenced(&a, P));
+    assert_eq!(h.e.durable_state(), durable);
+    h.assert_replay_equal();
+}

@@ -424,6 +424,41 @@ impl Engine {
         n
     }
 
+    /// The sessions holding a view or a hold on some path without a write handle there
+    /// (memory only): the ones whose views [`Engine::forget_views`] may drop.
+    pub fn viewers(&self) -> Vec<Session> {
+        let mut out: Vec<Session> = Vec::new();
+        for shard in self.shards.iter() {
+            let sh = shard.lock();
+            for e in sh.values() {
+                for h in e.holders.iter().filter(|h| h.writers == 0) {
+                    if !out.iter().any(|s| s.name == h.session.name) {
+                        out.push(h.session.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every process of each session in `gone` has exited: its views and holds without a
+    /// write handle refer to nothing any more (a session that comes back reads again, as
+    /// after a restart), so they go, and with them the entries nothing else refers to
+    /// ([`Engine::prune`]). Memory only, no event. Returns how many entries went.
+    pub fn forget_views(&self, gone: &[String]) -> usize {
+        if gone.is_empty() {
+            return 0;
+        }
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            for e in sh.values_mut() {
+                e.holders
+                    .retain(|h| h.writers > 0 || !gone.contains(&h.session.name));
+            }
+        }
+        self.prune()
+    }
+
     /// Drops the per-path entries nothing refers to (issue 20): never logged (so not part of
     /// the durable state: a restart would not have them either), no record, and no hold a
     /// rule reads (no write handle, no view a transfer or the stale guard could use: only

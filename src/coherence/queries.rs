@@ -67,6 +67,11 @@ impl Engine {
         })
     }
 
+    /// How many per-path entries the engine holds (tombstones and paths only seen too).
+    pub fn path_count(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
     /// Does the engine hold any record (live or ended)? Free.
     pub fn any_records(&self) -> bool {
         self.record_count.load(Ordering::SeqCst) > 0
