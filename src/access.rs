@@ -48,6 +48,27 @@ impl Who {
         }
     }
 
+    /// User `uid` as the user database has it (primary group and supplementary groups,
+    /// as a login would get them); None when the database has no such user.
+    pub fn of_user(uid: u32) -> Option<Who> {
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: getpwuid_r into a zeroed passwd and a buffer of the length given.
+        let r = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+        if r != 0 || out.is_null() {
+            return None;
+        }
+        let gid = pw.pw_gid;
+        let mut groups = vec![0 as libc::gid_t; 256];
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: pw_name is a NUL-terminated string inside `buf`; the group buffer has
+        // `n` entries.
+        let r = unsafe { libc::getgrouplist(pw.pw_name, gid, groups.as_mut_ptr(), &mut n) };
+        groups.truncate(if r < 0 { 0 } else { n.max(0) as usize });
+        Some(Who { uid, gid, groups })
+    }
+
     pub fn is_root(&self) -> bool {
         self.uid == 0
     }

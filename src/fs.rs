@@ -138,8 +138,11 @@ impl Fs {
     ) -> FsResult<Self> {
         unsafe { libc::umask(0) };
         let name = pseudo.as_ref().map(|p| p.root_name());
+        let store = Store::new(root, name.clone())?;
+        let p = policy.clone();
+        store.set_name_preference(Box::new(move |path| p.prefers_name(path)));
         Ok(Fs {
-            store: Store::new(root, name.clone())?,
+            store,
             noflush: !policy.wants_flush(),
             policy,
             pseudo,
@@ -634,8 +637,8 @@ impl Fs {
         }
     }
 
-    /// Directory entries from `offset` (index), with the pseudo tree's root entry
-    /// appended at the root. Each is (inode number or 0 if unknown, entry).
+    /// Directory entries from `offset` (index); the pseudo tree's root is not among them.
+    /// Each is (inode number or 0 if unknown, entry).
     pub fn readdir(
         &self,
         caller: &Caller,
@@ -643,45 +646,25 @@ impl Fs {
         fh: u64,
         offset: u64,
     ) -> FsResult<Vec<(u64, DirEntry)>> {
-        let dir = match self.router.node(ino) {
-            Node::Pseudo(ino) => {
-                let dot = |name: &str, ino: u64| {
-                    (
-                        ino,
-                        DirEntry {
-                            name: name.into(),
-                            kind: Kind::Dir,
-                            backing_ino: ino,
-                        },
-                    )
-                };
-                let mut all = vec![dot(".", ino), dot("..", ROOT_INO)];
-                all.extend(self.pseudo()?.readdir(caller, ino)?);
-                return Ok(all.into_iter().skip(offset as usize).collect());
-            }
-            Node::Backing(ino) => ino,
-        };
-        let (entries, total) = self.store.readdir(fh, offset)?;
-        let mut out: Vec<(u64, DirEntry)> = entries.into_iter().map(|e| (0, e)).collect();
-        if let (ROOT_INO, true, Some(name), Some(p)) = (
-            dir,
-            (offset as usize) <= total,
-            self.router.pseudo_name(),
-            &self.pseudo,
-        ) {
-            if let Ok(a) = p.lookup(caller, ROOT_INO, name) {
-                p.forget(a.ino, 1);
-                out.push((
-                    a.ino,
+        if let Node::Pseudo(ino) = self.router.node(ino) {
+            let dot = |name: &str, ino: u64| {
+                (
+                    ino,
                     DirEntry {
-                        name: name.to_owned(),
-                        kind: a.kind,
-                        backing_ino: a.ino,
+                        name: name.into(),
+                        kind: Kind::Dir,
+                        backing_ino: ino,
                     },
-                ));
-            }
+                )
+            };
+            let mut all = vec![dot(".", ino), dot("..", ROOT_INO)];
+            all.extend(self.pseudo()?.readdir(caller, ino)?);
+            return Ok(all.into_iter().skip(offset as usize).collect());
         }
-        Ok(out)
+        // The pseudo tree's root is reachable by name but never listed (as `.zfs` with
+        // snapdir=hidden): `ls -a`, `find`, `git add -A`, `rg` and `tar` never see it.
+        let (entries, _total) = self.store.readdir(fh, offset)?;
+        Ok(entries.into_iter().map(|e| (0, e)).collect())
     }
 
     /// [`Fs::readdir`] with each entry's attributes, given to `add` with the offset of

@@ -30,8 +30,16 @@
 //! memory buffer. The journal is then *failing* ([`Journal::is_poisoned`]: the volume
 //! answers verbs `io_error`) and the flusher retries every [`RETRY_EVERY`]; the first
 //! write and fsync that succeed write everything buffered meanwhile, in order, and verbs
-//! work again. The buffer is not bounded during an outage (events are ~150 bytes; a
-//! warning is logged past [`BUFFER_WARN`]): nothing appended is ever dropped.
+//! work again.
+//!
+//! The buffer is bounded during an outage ([`JournalOptions::buffer_limit`]). Past the
+//! bound the journal *sheds*: further events still change the engine's state but are not
+//! kept (the log would have a gap there), and the volume fails closed on what needs a
+//! durable record (verbs; writes to paths with live records) while bystanders go on.
+//! Once the disk takes writes again the buffered events are written, then a snapshot of
+//! the whole state (taken at a barrier, with events after it held back until the snapshot
+//! is on disk) covers the events not kept, and the log goes on after it: the log and the
+//! snapshot agree again and nothing of the state is lost.
 //!
 //! Private state: the directory is 0700 and every file in it 0600 whatever the umask;
 //! `open` refuses a directory that another user owns or that group or others can write.
@@ -65,7 +73,7 @@ pub use file::{DiskIo, LogFile, LogIo};
 use format::read_log_header;
 pub use format::{LOCK, LOG, SNAPSHOT};
 use log::{flusher, Buf, Shared, Written};
-pub use log::{BUFFER_WARN, RETRY_EVERY};
+pub use log::{BUFFER_LIMIT, BUFFER_WARN, RETRY_EVERY};
 use replay::read_snapshot;
 pub use replay::{replay_log, Damage};
 
@@ -78,6 +86,9 @@ pub struct JournalOptions {
     pub snapshot_every: u64,
     /// Compact (at the next `maintain`) once the log file holds this many bytes of events.
     pub compact_bytes: u64,
+    /// Bytes of events kept in memory while the log cannot be written, past which the
+    /// journal sheds (see the module doc).
+    pub buffer_limit: usize,
     /// How the log file is opened and written (tests make it fail).
     pub io: Arc<dyn LogIo>,
 }
@@ -88,6 +99,7 @@ impl Default for JournalOptions {
             flush_interval: Duration::from_millis(5),
             snapshot_every: 100_000,
             compact_bytes: 8 << 20,
+            buffer_limit: BUFFER_LIMIT,
             io: Arc::new(DiskIo),
         }
     }
@@ -259,6 +271,7 @@ impl Journal {
                 bytes: Vec::new(),
                 last_seq: 0,
                 since_snapshot: 0,
+                shed: 0,
             }),
             written: Mutex::new(Written {
                 file: opts
@@ -281,6 +294,7 @@ impl Journal {
             stop: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
             warned_buffer: AtomicBool::new(false),
+            mode: std::sync::atomic::AtomicU8::new(log::NORMAL),
         });
         let journal = Arc::new(Journal {
             shared: shared.clone(),
@@ -467,7 +481,19 @@ impl Journal {
 
     /// Whether a write or fsync of the log failed (events are no longer durable).
     pub fn is_poisoned(&self) -> bool {
-        self.shared.poisoned.load(Ordering::SeqCst)
+        self.shared.poisoned.load(Ordering::SeqCst) || self.is_shedding()
+    }
+
+    /// Whether the journal is past its bound (see the module doc): events are not being
+    /// kept, so nothing that needs a durable record may go on.
+    pub fn is_shedding(&self) -> bool {
+        self.shared.mode.load(Ordering::SeqCst) != log::NORMAL
+    }
+
+    /// (bytes of events kept in memory, events not kept, the bound): for `status`.
+    pub fn backlog(&self) -> (usize, u64, usize) {
+        let b = self.shared.buf.lock();
+        (b.bytes.len(), b.shed, self.shared.opts.buffer_limit)
     }
 }
 

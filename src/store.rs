@@ -59,6 +59,34 @@ struct InodeState {
     refs: u64,
     /// The (parent, name) this inode was last seen under; None for the root.
     link: Option<(u64, OsString)>,
+    /// Other (parent, name)s it was seen under before (hard links; some may be gone):
+    /// when `link` is removed while the file keeps a name, one of these that still
+    /// names it takes over, so the path of an open through another name is never the
+    /// removed one.
+    others: Vec<(u64, OsString)>,
+}
+
+/// At most this many earlier names are remembered per inode.
+const OTHER_NAMES: usize = 16;
+
+impl InodeState {
+    /// Point the inode to (parent, name), remembering the name it had.
+    fn set_link(&mut self, parent: u64, name: &OsStr) {
+        if self
+            .link
+            .as_ref()
+            .is_some_and(|(p, n)| *p == parent && n == name)
+        {
+            return;
+        }
+        self.others.retain(|(p, n)| !(*p == parent && n == name));
+        if let Some(old) = self.link.replace((parent, name.to_owned())) {
+            if self.others.len() >= OTHER_NAMES {
+                self.others.remove(0);
+            }
+            self.others.push(old);
+        }
+    }
 }
 
 /// What a layer above keeps about one open file, in the file's handle.
@@ -132,7 +160,13 @@ pub struct Store {
     /// A name at the root that is never shown from the backing directory (the virtual
     /// `.coherent`): lookups, readdir and creations of it are answered elsewhere.
     hidden: Option<OsString>,
+    /// Of several names of one file, the kind a request by inode is attributed to (the
+    /// volume prefers a tracked name to an ignored one): see [`Store::path_of`].
+    prefer: std::sync::OnceLock<NamePreference>,
 }
+
+/// Which names of a file with several [`Store::path_of`] prefers.
+pub type NamePreference = Box<dyn Fn(&Path) -> bool + Send + Sync>;
 
 impl Store {
     /// Open the backing directory (already opened by the caller, e.g. before mounting over
@@ -175,6 +209,7 @@ impl Store {
                 state: Mutex::new(InodeState {
                     refs: u64::MAX / 2,
                     link: None,
+                    others: Vec::new(),
                 }),
             }),
         );
@@ -189,6 +224,7 @@ impl Store {
             fds: FdCache::new(handles::default_capacity()),
             mount,
             hidden,
+            prefer: std::sync::OnceLock::new(),
         })
     }
 
@@ -231,8 +267,56 @@ impl Store {
         self.live.clone()
     }
 
-    /// The workspace-relative path `ino` was last seen under ("" for the root).
+    /// Set once which names [`Store::path_of`] prefers.
+    pub fn set_name_preference(&self, f: NamePreference) {
+        let _ = self.prefer.set(f);
+    }
+
+    /// The workspace-relative path of `ino` ("" for the root): the name it was last seen
+    /// under, unless that name is not preferred (see [`Store::set_name_preference`]) and
+    /// another name it was seen under, still its name, is.
     pub fn path_of(&self, ino: u64) -> Option<PathBuf> {
+        let p = self.last_path_of(ino)?;
+        let Some(prefer) = self.prefer.get() else {
+            return Some(p);
+        };
+        let (key, others) = {
+            let t = self.tables.read();
+            let node = t.inodes.get(&ino)?;
+            let st = node.state.lock();
+            if st.others.is_empty() {
+                return Some(p);
+            }
+            (node.key, st.others.clone())
+        };
+        if prefer(&p) {
+            return Some(p);
+        }
+        for (parent, name) in others.iter().rev() {
+            if !self.names(*parent, name, key) {
+                continue;
+            }
+            if let Some(q) = self.last_path_of(*parent).map(|d| d.join(name)) {
+                if prefer(&q) {
+                    return Some(q);
+                }
+            }
+        }
+        Some(p)
+    }
+
+    /// Does (parent, name) name the file at `key` in the backing directory now?
+    fn names(&self, parent: u64, name: &OsStr, key: (u64, u64)) -> bool {
+        let Ok((_, dir)) = self.node_fd(parent) else {
+            return false;
+        };
+        let Ok(c) = cstr(name) else { return false };
+        fstatat(dir.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == key)
+    }
+
+    /// The workspace-relative path `ino` was last seen under ("" for the root).
+    fn last_path_of(&self, ino: u64) -> Option<PathBuf> {
         let t = self.tables.read();
         let mut names: Vec<OsString> = Vec::new();
         let mut cur = ino;
@@ -328,6 +412,7 @@ impl Store {
                 state: Mutex::new(InodeState {
                     refs: 1,
                     link: Some((parent, name.to_owned())),
+                    others: Vec::new(),
                 }),
             }),
         );
@@ -355,7 +440,7 @@ impl Store {
         let mut s = node.state.lock();
         s.refs += 1;
         if ino != ROOT_INO {
-            s.link = Some((parent, name.to_owned()));
+            s.set_link(parent, name);
         }
         Some(Attr::from_stat(ino, st))
     }
@@ -764,8 +849,41 @@ impl Store {
         cvt(unsafe { libc::unlinkat(dir_fd.as_raw_fd(), c.as_ptr(), flags) })?;
         if let Some(st) = victim {
             self.orphan((st.st_dev, st.st_ino), held);
+            self.unname((st.st_dev, st.st_ino), parent, name);
         }
         Ok(())
+    }
+
+    /// The node at `key` lost the name (parent, name) but may have others: if that was
+    /// its current name, an earlier name that still names it (checked in the backing
+    /// directory) takes over. Without one it keeps the old name.
+    fn unname(&self, key: (u64, u64), parent: u64, name: &OsStr) {
+        let Some(ino) = self.tables.read().by_key.get(&key).copied() else {
+            return;
+        };
+        let Ok(node) = self.inode(ino) else { return };
+        let others = {
+            let mut st = node.state.lock();
+            st.others.retain(|(p, n)| !(*p == parent && n == name));
+            match &st.link {
+                Some((p, n)) if *p == parent && n == name => st.others.clone(),
+                _ => return,
+            }
+        };
+        for (p, n) in others.iter().rev() {
+            if self.names(*p, n, key) {
+                let mut st = node.state.lock();
+                if st
+                    .link
+                    .as_ref()
+                    .is_some_and(|(lp, ln)| *lp == parent && ln == name)
+                {
+                    st.others.retain(|(q, m)| !(q == p && m == n));
+                    st.link = Some((*p, n.clone()));
+                }
+                return;
+            }
+        }
     }
 
     /// A node lost a name: once it has no name left (a removed file still open, a file
@@ -822,7 +940,7 @@ impl Store {
         let t = self.tables.read();
         if let Some(ino) = t.by_key.get(&(st.st_dev, st.st_ino)) {
             if *ino != ROOT_INO {
-                t.inodes[ino].state.lock().link = Some((parent, name.to_owned()));
+                t.inodes[ino].state.lock().set_link(parent, name);
             }
         }
     }
@@ -860,6 +978,7 @@ impl Store {
         })?;
         if let Some(st) = replaced {
             self.orphan((st.st_dev, st.st_ino), held);
+            self.unname((st.st_dev, st.st_ino), newparent, newname);
         }
         self.relink(newparent, newname);
         if flags & libc::RENAME_EXCHANGE != 0 {
@@ -1166,6 +1285,17 @@ mod tests {
         std::fs::hard_link(d.path().join("b"), d.path().join("b3")).unwrap();
         s.unlink(ROOT_INO, OsStr::new("c2")).unwrap();
         assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
+        // ... and when that one is removed, another name it was seen under takes over.
+        s.lookup(ROOT_INO, OsStr::new("b3")).unwrap();
+        assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b3"));
+        s.lookup(ROOT_INO, OsStr::new("b")).unwrap();
+        assert_eq!(s.path_of(c.ino).unwrap(), Path::new("b"));
+        s.unlink(ROOT_INO, OsStr::new("b")).unwrap();
+        assert_eq!(
+            s.path_of(c.ino).unwrap(),
+            Path::new("b3"),
+            "not the removed name"
+        );
     }
 
     /// A store holding at most 8 descriptors; `handles` false: re-resolution by name.
@@ -1262,6 +1392,7 @@ mod tests {
                     state: Mutex::new(InodeState {
                         refs: 1,
                         link: Some((ROOT_INO, "old".into())),
+                        others: Vec::new(),
                     }),
                 }),
             );

@@ -43,8 +43,10 @@
 //!   handle in the way has been flushed and its opener no longer has the file open, then
 //!   tries once more. A descriptor really held open is refused at once.
 
+mod alias;
 mod handle;
 mod liveness;
+mod prune;
 pub mod state_dir;
 mod surface;
 mod waits;
@@ -220,11 +222,16 @@ impl Volume {
     /// Open the state directory (locks it; recovers the journal, logging any repair) and
     /// build the volume over the backing directory `root` (an `O_PATH` descriptor).
     pub fn open(cfg: VolumeConfig, root: OwnedFd) -> Result<Arc<Volume>, JournalError> {
-        let opened = Journal::open(
-            &cfg.state_dir,
-            cfg.engine.clone(),
-            JournalOptions::default(),
-        )?;
+        // COHERENT_JOURNAL_BUFFER (bytes): the bound of what the journal keeps in memory
+        // while its disk is full (a tuning knob; the tests set it small).
+        let mut jopts = JournalOptions::default();
+        if let Some(n) = std::env::var("COHERENT_JOURNAL_BUFFER")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            jopts.buffer_limit = n;
+        }
+        let opened = Journal::open(&cfg.state_dir, cfg.engine.clone(), jopts)?;
         for w in &opened.warnings {
             tracing::warn!("state recovery: {w}");
         }
@@ -323,6 +330,7 @@ impl Volume {
 
     /// Every few seconds: evict ended records past `--evict-after`, snapshot when due.
     fn maintain_loop(&self) {
+        let mut rounds = 0u64;
         loop {
             {
                 let mut stop = self.stop.lock();
@@ -337,6 +345,11 @@ impl Volume {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("evicted {n} ended handoff record(s)"),
                 Err(e) => tracing::warn!("state maintenance failed: {e}"),
+            }
+            // About once a minute: the views of sessions gone (issue 20).
+            rounds += 1;
+            if rounds % 12 == 0 {
+                self.forget_gone_readers();
             }
         }
     }
@@ -516,6 +529,43 @@ impl Volume {
                 self.engine.restamp(&q, now);
             }
         }
+    }
+
+    /// While the journal sheds (its memory bound reached during a disk outage): the
+    /// refusal of a write route touching a path with a live record.
+    fn shedding_refusal(&self, w: &Write<'_>) -> Option<Refusal> {
+        if !self.journal.is_shedding() {
+            return None;
+        }
+        let p = w
+            .names()
+            .into_iter()
+            .map(|x| x.0)
+            .find(|p| self.engine.has_live_record(p))?;
+        Some(
+            Refusal::new(
+                Reason::IoError,
+                format!(
+                    "write denied: {p} is handed on, and the volume cannot record a change of \
+                     it now (its state log cannot be written and the events it keeps in \
+                     memory reached their bound); refused until the disk takes writes again"
+                ),
+            )
+            .at(p),
+        )
+    }
+
+    /// A write handle changed its file's ctime but not its content (`touch -a` is an open
+    /// for write and a `futimens`): not a commit, so the names of the file take the new
+    /// stamp (else the next open would count it as a change behind the volume's back).
+    fn restamp_handle(&self, h: &HandleInfo<'_>) {
+        if !h.changed() || h.content_changed() {
+            return;
+        }
+        let Some(p) = rel(h.path) else { return };
+        let st = stamp(&h.now);
+        self.engine.restamp(p, st);
+        self.restamp_other_names(st.ino, &[p]);
     }
 
     /// Show the engine what the backing directory holds at `p` now (versions count
@@ -717,6 +767,9 @@ impl Volume {
 
     /// What a write route did, counted after it ran (`failed`: it did not).
     fn count_write(&self, route: &WriteRoute<'_>, pm: &Permit, failed: bool, now: Timestamp) {
+        if pm.alias {
+            return self.count_alias(pm, failed);
+        }
         let (s, p) = (&pm.session, pm.path.as_str());
         match *route {
             WriteRoute::Open { .. } | WriteRoute::Create { .. } => {
@@ -739,7 +792,10 @@ impl Volume {
                         self.engine
                             .commit(s, p, CommitOp::Truncate, Some(after), now);
                     }
-                    Some(after) => self.engine.restamp(p, after),
+                    Some(after) => {
+                        self.engine.restamp(p, after);
+                        self.restamp_other_names(after.ino, &[p]);
+                    }
                     None => {}
                 }
             }
@@ -764,7 +820,13 @@ impl Volume {
                     self.restamp_other_names(pre.ino, &[p]);
                 }
             }
-            WriteRoute::Link { .. } if !self.is_tracked(p, false) => {}
+            WriteRoute::Link { .. } if !self.is_tracked(p, false) => {
+                // A new untracked name of a tracked file: not a change of its tracked
+                // names (§3), which take the new stamp.
+                if let Some(after) = self.stamp_now(p) {
+                    self.restamp_other_names(after.ino, &[]);
+                }
+            }
             WriteRoute::Link { .. } | WriteRoute::Symlink { .. } | WriteRoute::Mknod { .. } => {
                 let op = match route {
                     WriteRoute::Link { .. } => CommitOp::Link,
@@ -780,6 +842,7 @@ impl Volume {
             WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
                 if let Some(after) = self.stamp_now(p) {
                     self.engine.restamp(p, after);
+                    self.restamp_other_names(after.ino, &[p]);
                 }
             }
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => {}
@@ -793,6 +856,10 @@ impl Policy for Volume {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
+        // An untracked name of a tracked file (a hard link): fenced by inode (issue 20).
+        if let Some(permit) = self.alias_write(caller, route)? {
+            return Ok(Some(permit));
+        }
         // Tracking first: an untracked path costs no session lookup and no engine lock.
         let w = match *route {
             WriteRoute::Open { path, .. } | WriteRoute::Create { path, .. } => {
@@ -886,6 +953,15 @@ impl Policy for Volume {
         };
         let now = Timestamp::now();
         let who = self.writer(caller);
+        if let Some(r) = self.shedding_refusal(&w) {
+            // Past the journal's bound nothing about a handed file can be recorded: fail
+            // closed on it; other writes go on (issue 20).
+            if let Ok(s) = &who {
+                self.engine.tell(s, r.path.as_deref(), &r.message, now);
+            }
+            tracing::warn!(pid = caller.pid, "{}", r.message);
+            return Err(FsError(libc::EACCES));
+        }
         let decide = || match &who {
             Ok(s) => self.engine.decide(s, w, now).map_err(|r| (s.clone(), r)),
             Err(anyone) => self
@@ -1009,7 +1085,8 @@ impl Policy for Volume {
         let Some(w) = write_handle(h) else {
             return;
         };
-        let unsettled = w.flush(h.changed(), || {
+        self.restamp_handle(h);
+        let unsettled = w.flush(h.content_changed(), || {
             // No path: the file was removed while open; its changes have no name to count.
             let Some(p) = rel(h.path) else { return false };
             let now = Timestamp::now();
@@ -1037,7 +1114,8 @@ impl Policy for Volume {
             return;
         };
         let now = Timestamp::now();
-        let end = w.release(h.changed(), || {
+        self.restamp_handle(h);
+        let end = w.release(h.content_changed(), || {
             let Some(p) = rel(h.path) else { return false };
             self.counted(&[(p, false)], || {
                 self.engine
@@ -1131,4 +1209,8 @@ impl Policy for Volume {
     // listxattr: the default (nothing added). The computed `user.coherent.*` attributes
     // are readable by name but not listed, so copies (`cp -a`, `shutil.copy2`, `tar
     // --xattrs`, `rsync -X`) neither try to set them nor carry a stale version out.
+
+    fn prefers_name(&self, path: &Path) -> bool {
+        rel(Some(path)).is_some_and(|p| self.is_tracked(p, false))
+    }
 }

@@ -59,7 +59,7 @@ fn an_exact_resend_of_an_ended_transfer_is_handoff_ended_before_the_hold_check()
 
 #[test]
 fn counterparty_is_set_only_on_overtaken_records() {
-    // Overtaken by carol: counterparty carol, and the record stays overtaken.
+    // Overtaken by carol: counterparty carol.
     let (mut h, _, b, c) = handed();
     let t = h.t();
     h.e.acquire(&c, P, t).unwrap();
@@ -68,59 +68,78 @@ fn counterparty_is_set_only_on_overtaken_records() {
     assert_eq!(r.counterparty.as_deref(), Some("carol"));
     let t = h.t();
     h.e.close_write(&c, P, false, t);
-    // bob's commit does not turn it into completed (only a pending record changes).
+    // bob's commit is the latest event on the live record: completed, no counterparty
+    // (§5: while live, the status follows the latest event).
     h.write(&b, P).unwrap();
     let r = records(&h);
     let r = r.iter().find(|r| r.giver == "alice").unwrap();
-    assert_eq!(r.status, Status::Overtaken);
-    assert_eq!(r.counterparty.as_deref(), Some("carol"));
+    assert_eq!(r.status, Status::Completed);
+    assert_eq!(r.counterparty, None);
+    assert!(!r.live);
 
-    // Completed by bob: no counterparty, and a later bystander does not overtake it.
+    // Completed by bob, then a bystander's acquire: overtaken, counterparty carol.
     let (mut h, _, b, c) = handed();
     let t = h.t();
     h.e.accept(&b, &paths(&[P]), t).unwrap();
     let t = h.t();
     h.e.acquire(&c, P, t).unwrap();
     let r = record(&h);
-    assert_eq!(r.status, Status::Completed);
-    assert_eq!(r.counterparty, None);
+    assert_eq!(r.status, Status::Overtaken);
+    assert_eq!(r.counterparty.as_deref(), Some("carol"));
     h.assert_replay_equal();
 }
 
 #[test]
-fn an_ended_record_never_changes_accept_and_decline_answer_handoff_ended() {
-    let (mut h, a, b, c) = handed();
-    let t = h.t();
-    h.e.acquire(&c, P, t).unwrap(); // overtaken, still live (the version has not moved)
-    for verb in ["accept", "decline"] {
+fn a_live_record_of_any_status_answers_every_verb_its_way_out() {
+    // Overtaken (live): bob's accept completes it, his decline and alice's withdraw end it.
+    for verb in ["accept", "decline", "withdraw"] {
+        let (mut h, a, b, c) = handed();
+        let t = h.t();
+        h.e.acquire(&c, P, t).unwrap(); // overtaken, still live (the version has not moved)
         let t = h.t();
         let r = match verb {
             "accept" => h.e.accept(&b, &paths(&[P]), t),
-            _ => h.e.decline(&b, &paths(&[P]), t),
+            "decline" => h.e.decline(&b, &paths(&[P]), t),
+            _ => h.e.withdraw(&a, &paths(&[P]), t),
         };
-        let err = r.unwrap_err();
-        assert_eq!(err.reason, Reason::HandoffEnded, "{verb}");
-        assert_eq!(err.status, Some(Status::Overtaken), "{verb}");
-        assert_eq!(err.path.as_deref(), Some(P), "{verb}");
+        let r = r.unwrap_or_else(|e| panic!("{verb}: {e:?}"));
+        let want = match verb {
+            "accept" => Status::Completed,
+            "decline" => Status::Declined,
+            _ => Status::Withdrawn,
+        };
+        assert_eq!(r.records[0].status, want, "{verb}");
+        assert_eq!(r.records[0].counterparty, None, "{verb}");
+        assert_eq!(h.e.is_fenced(&a, P), verb == "accept", "{verb}");
+        h.assert_replay_equal();
     }
-    let t = h.t();
-    let err = h.e.withdraw(&a, &paths(&[P]), t).unwrap_err();
-    assert_eq!(
-        (err.reason, err.status),
-        (Reason::HandoffEnded, Some(Status::Overtaken))
-    );
-    assert_eq!(record(&h).status, Status::Overtaken);
-    // A second accept of a completed record is not a change either.
+    // A second accept of a completed record answers it unchanged: no second event.
     let (mut h, _, b, _) = handed();
     let t = h.t();
     h.e.accept(&b, &paths(&[P]), t).unwrap();
     let t = h.t();
-    let err = h.e.accept(&b, &paths(&[P]), t).unwrap_err();
-    assert_eq!(
-        (err.reason, err.status),
-        (Reason::HandoffEnded, Some(Status::Completed))
-    );
+    let r = h.e.accept(&b, &paths(&[P]), t).unwrap();
+    assert_eq!(r.records[0].status, Status::Completed);
     assert_eq!(h.count(EventKind::Accept), 1);
+}
+
+#[test]
+fn a_record_no_longer_live_answers_handoff_not_live_with_its_status() {
+    let (mut h, a, b, c) = handed();
+    h.write(&c, P).unwrap(); // overtaken, and the version moved: final
+    for verb in ["accept", "decline", "withdraw"] {
+        let t = h.t();
+        let r = match verb {
+            "accept" => h.e.accept(&b, &paths(&[P]), t),
+            "decline" => h.e.decline(&b, &paths(&[P]), t),
+            _ => h.e.withdraw(&a, &paths(&[P]), t),
+        };
+        let err = r.unwrap_err();
+        assert_eq!(err.reason, Reason::HandoffNotLive, "{verb}");
+        assert_eq!(err.status, Some(Status::Overtaken), "{verb}");
+        assert_eq!(err.path.as_deref(), Some(P), "{verb}");
+    }
+    assert_eq!(record(&h).status, Status::Overtaken);
 }
 
 #[test]
@@ -232,4 +251,107 @@ fn computed_xattrs_are_refused_without_an_event() {
         name: b"user.note",
     };
     h.e.decide(&c, w, t).unwrap();
+}
+
+/// Issue 20: a write route through an untracked name of a handed inode is fenced for the
+/// giver only (denied event and deny text of the handed path); an unresolved caller is
+/// refused while the inode has a live record; nothing else is changed.
+#[test]
+fn fence_alias_fences_the_giver_through_an_untracked_name() {
+    let (mut h, a, b, c) = handed();
+    let ino = h.e.stamp(P).expect("stamped").ino;
+    let t = h.t();
+    let err =
+        h.e.fence_alias(&a, true, "build/p.alias", ino, Route::OpenWrite, t)
+            .unwrap_err();
+    assert_eq!(err.reason, Reason::Fenced);
+    assert_eq!(err.path.as_deref(), Some(P));
+    assert_eq!(h.e.why(&a).unwrap(), err.message);
+    for s in [&b, &c] {
+        let t = h.t();
+        h.e.fence_alias(s, true, "build/p.alias", ino, Route::Unlink, t)
+            .unwrap();
+    }
+    let t = h.t();
+    let err =
+        h.e.fence_alias(&uid0(), false, "build/p.alias", ino, Route::Setattr, t)
+            .unwrap_err();
+    assert_eq!(err.reason, Reason::Unresolved);
+    // Another inode is not the handed one.
+    let t = h.t();
+    h.e.fence_alias(&a, true, "build/other", ino + 1, Route::OpenWrite, t)
+        .unwrap();
+    assert_eq!(
+        h.e.path_state("build/p.alias"),
+        None,
+        "no entry for the untracked name"
+    );
+    assert_eq!(record(&h).status, Status::Pending);
+    h.assert_replay_equal();
+}
+
+/// Issue 20: per-path entries nothing refers to are pruned (memory only, no event): never
+/// logged, no record, no hold a rule reads. A file only read keeps its view (a transfer
+/// needs it), a logged path its version, a handed path its record.
+#[test]
+fn prune_drops_only_what_nothing_refers_to() {
+    let (mut h, a, _, c) = handed();
+    for p in ["seen.md", "read.md"] {
+        let st = h.next_stamp();
+        let t = h.t();
+        h.e.observe(p, st, t);
+    }
+    h.read(&c, "read.md");
+    let durable = h.e.durable_state();
+    let events = h.sink.events().len();
+    assert_eq!(h.e.prune(), 1);
+    assert_eq!(h.e.path_state("seen.md"), None);
+    assert_eq!(h.e.version("read.md"), Some(1));
+    assert_eq!(h.e.hold(&c, "read.md").map(|x| x.0), Some(Hold::S));
+    assert!(h.e.is_fenced(&a, P));
+    assert_eq!(h.e.durable_state(), durable);
+    assert_eq!(h.sink.events().len(), events);
+    // carol can still hand on what she read.
+    h.transfer(&c, &["read.md"], "bob").unwrap();
+    // The pruned path starts at v1 again when next seen, as after a restart.
+    let st = h.next_stamp();
+    let t = h.t();
+    assert_eq!(h.e.observe("seen.md", st, t), Some(1));
+    assert_eq!(h.e.prune(), 1);
+    h.assert_replay_equal();
+}
+
+/// Issue 20: the views of sessions gone are forgotten (memory only) and the entries of
+/// paths only they read go with them; a write handle, a record or a logged path stays.
+#[test]
+fn forget_views_of_gone_sessions_drops_what_only_they_read() {
+    let (mut h, a, b, c) = handed();
+    for p in ["r1.md", "r2.md"] {
+        let st = h.next_stamp();
+        let t = h.t();
+        h.e.observe(p, st, t);
+        h.read(&c, p);
+    }
+    h.read(&b, "r2.md");
+    let t = h.t();
+    h.e.acquire(&c, "w.md", t).unwrap();
+    let names: Vec<String> = h.e.viewers().iter().map(|s| s.name.clone()).collect();
+    assert!(names.contains(&"carol".to_string()), "{names:?}");
+    let durable = h.e.durable_state();
+    assert_eq!(
+        h.e.forget_views(&["carol".to_string()]),
+        1,
+        "only r1.md goes"
+    );
+    assert_eq!(h.e.path_state("r1.md"), None);
+    assert_eq!(h.e.hold(&b, "r2.md").map(|x| x.0), Some(Hold::S));
+    assert_eq!(h.e.hold(&c, "r2.md"), None);
+    assert_eq!(
+        h.e.hold(&c, "w.md").map(|x| x.0),
+        Some(Hold::E),
+        "a write handle stays"
+    );
+    assert!(h.e.is_fenced(&a, P));
+    assert_eq!(h.e.durable_state(), durable);
+    h.assert_replay_equal();
 }

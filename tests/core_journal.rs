@@ -14,9 +14,14 @@ use std::time::Duration;
 /// locked for an instant: another test's child process holds a copy of the lock's
 /// descriptor between its fork and exec (seen once in a full run).
 fn open(dir: &Path) -> Opened {
+    open_with(dir, JournalOptions::default())
+}
+
+/// [`open`] with these options.
+fn open_with(dir: &Path, opts: JournalOptions) -> Opened {
     let end = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        match Journal::open(dir, Config::default(), JournalOptions::default()) {
+        match Journal::open(dir, Config::default(), opts.clone()) {
             Ok(o) => return o,
             Err(JournalError::Locked { pid: Some(p), .. })
                 if p == std::process::id() && std::time::Instant::now() < end =>
@@ -722,4 +727,85 @@ fn compaction_bounds_the_log_and_followers_keep_following() {
     let o = open(dir.path());
     assert!(o.warnings.is_empty(), "{:?}", o.warnings);
     assert_eq!(o.engine.durable_state(), before);
+}
+
+/// Issue 20: the memory kept while the disk is full is bounded. Past the bound the journal
+/// sheds (events change the state but are not kept, verbs fail); once the disk takes
+/// writes again a snapshot covers what was not kept, events are kept again, and a
+/// restart rebuilds exactly the state: nothing lost, memory bounded meanwhile.
+#[test]
+fn past_its_bound_the_journal_sheds_and_a_snapshot_covers_it_after_the_outage() {
+    let disk = SmallDisk::new("256k");
+    let state = disk.path().join("state");
+    let opts = JournalOptions {
+        buffer_limit: 8 << 10,
+        ..Default::default()
+    };
+    let o = open_with(&state, opts.clone());
+    let (a, b) = (sess("alice"), sess("bob"));
+    o.engine.register(&b, Timestamp(T0)).unwrap();
+    o.engine
+        .commit(&a, "p", CommitOp::Write, stamp(1), Timestamp(T0));
+    assert!(!o.journal.is_shedding());
+
+    disk.fill("filler");
+    for i in 0..2000 {
+        o.engine.commit(
+            &a,
+            &format!("busy/f{i}"),
+            CommitOp::Write,
+            stamp(i + 10),
+            Timestamp(T0 + 1),
+        );
+        if i % 100 == 0 {
+            // Let the flusher find the disk full.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    wait_for("the journal to fail", || o.journal.is_poisoned());
+    assert!(
+        o.journal.is_shedding(),
+        "2000 events are past an 8 KiB bound"
+    );
+    let (bytes, shed, limit) = o.journal.backlog();
+    // What was buffered when the failure was found, at most one flush's worth past it.
+    assert!(
+        bytes < limit + (64 << 10),
+        "kept {bytes} bytes, bound {limit}"
+    );
+    assert!(shed > 1000, "{shed} events not kept");
+    // From here on the memory kept does not grow, however many events come.
+    for i in 0..500 {
+        o.engine.commit(
+            &b,
+            &format!("more/f{i}"),
+            CommitOp::Write,
+            stamp(i + 3000),
+            Timestamp(T0 + 1),
+        );
+    }
+    assert_eq!(o.journal.backlog(), (bytes, shed + 500, limit));
+    // A verb needs a durable record: refused while shedding (the volume checks this).
+    assert!(o.journal.is_poisoned());
+    // Maintenance cannot snapshot on a full disk; it stays shedding.
+    let _ = o.journal.maintain(&o.engine, Timestamp(T0 + 2));
+    assert!(o.journal.is_shedding());
+
+    std::fs::remove_file(disk.path().join("filler")).unwrap();
+    wait_for("the snapshot covering the shed events", || {
+        let _ = o.journal.maintain(&o.engine, Timestamp(T0 + 3));
+        !o.journal.is_shedding() && !o.journal.is_poisoned()
+    });
+    // Events are kept again.
+    o.engine
+        .commit(&a, "after", CommitOp::Write, stamp(5000), Timestamp(T0 + 4));
+    o.journal.flush().unwrap();
+    assert_eq!(o.journal.durable_seq(), o.engine.last_seq());
+    let before = o.engine.durable_state();
+    drop(o);
+    let o = open_with(&state, opts);
+    assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    assert_eq!(o.engine.durable_state(), before);
+    assert_eq!(o.engine.version("busy/f1999"), Some(1));
+    assert_eq!(o.engine.version("after"), Some(1));
 }

@@ -14,14 +14,17 @@ use core_common::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
-// Contract points of DESIGN.md §5 the model holds the engine to (issue 13):
+// Contract points of DESIGN.md §5 the model holds the engine to (issues 13 and 20):
 // - an exact re-send of a transfer whose record ended answers `handoff_ended`, even
 //   before the giver has read the file again (the ended check comes first);
-// - only a `pending` record changes status: a commit or acquire never changes a
-//   `completed` or `overtaken` record (`counterparty` is on `overtaken` only, and names
-//   the latest bystander);
-// - `accept`/`decline`/`withdraw` on a live record that is not `pending` answer
-//   `handoff_ended` and change nothing.
+// - while a record is live its status follows the latest event: the successor's acquire,
+//   commit or `accept` make it `completed` (counterparty cleared), a bystander's acquire
+//   or commit `overtaken` (`counterparty` names the latest bystander);
+// - `decline` and `withdraw` end a live record whatever its status; `accept` of a
+//   `completed` record answers it unchanged;
+// - a verb on a path with no live record answers `handoff_not_live`;
+// - an offer to anyone (`transfer --to any`) is claimed by the first `accept` of anyone
+//   but its giver; until then `decline` is `handoff_not_successor`.
 
 const PATHS: [&str; 4] = ["a.md", "b.md", "d/c.md", "new.md"];
 /// The paths that exist when the volume starts (the others are created through it, or
@@ -30,6 +33,8 @@ const EXISTING: usize = 3;
 const NAMES: [&str; 4] = ["alice", "bob", "carol", "uid:0"];
 /// Index of the unattributed session in `NAMES`.
 const UNATTRIBUTED: usize = 3;
+/// A transfer's successor index meaning `--to any` (an offer to anyone).
+const ANY: usize = 4;
 /// What the model calls a change behind the volume's back (§3).
 const EXTERNAL: &str = "external";
 const HOUR_MS: i64 = 3_600_000;
@@ -78,7 +83,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (s.clone(), p.clone(), any::<bool>()).prop_map(|(s, p, c)| Op::Close(s, p, c)),
         1 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Unlink(s, p)),
         1 => (s.clone(), p.clone(), p.clone()).prop_map(|(s, a, b)| Op::Rename(s, a, b)),
-        4 => (s.clone(), prop::collection::vec(p.clone(), 1..3), 0usize..4)
+        4 => (s.clone(), prop::collection::vec(p.clone(), 1..3), 0usize..5)
             .prop_map(|(s, ps, to)| Op::Transfer(s, ps, to)),
         2 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Accept(s, p)),
         2 => (s.clone(), p.clone()).prop_map(|(s, p)| Op::Decline(s, p)),
@@ -134,24 +139,37 @@ enum REvent {
     Withdraw,
     /// A bystander acquires or commits.
     Bystander,
+    /// The successor opens the path for writing.
+    SuccessorAcquires,
     /// The same giver hands the path to another successor.
     Supersede,
 }
 
-/// The status a record moves to, or None when the event leaves it as it is. Only a
-/// `pending` record changes status (§5), except that a live record is superseded by its
-/// giver's transfer elsewhere.
+/// The status a live record moves to, or None when the event leaves it as it is (§5:
+/// while live, the status follows the latest event; decline and withdraw end it whatever
+/// its status). A record that is not live never changes (the callers only apply events to
+/// live records).
 fn transition(from: MStatus, ev: REvent) -> Option<MStatus> {
     use MStatus::*;
+    use REvent::*;
     const TABLE: &[(MStatus, REvent, MStatus)] = &[
-        (Pending, REvent::SuccessorCommits, Completed),
-        (Pending, REvent::Accept, Completed),
-        (Pending, REvent::Decline, Declined),
-        (Pending, REvent::Withdraw, Withdrawn),
-        (Pending, REvent::Bystander, Overtaken),
-        (Pending, REvent::Supersede, Superseded),
-        (Completed, REvent::Supersede, Superseded),
-        (Overtaken, REvent::Supersede, Superseded),
+        (Pending, SuccessorCommits, Completed),
+        (Overtaken, SuccessorCommits, Completed),
+        (Pending, SuccessorAcquires, Completed),
+        (Overtaken, SuccessorAcquires, Completed),
+        (Pending, Accept, Completed),
+        (Overtaken, Accept, Completed),
+        (Pending, Decline, Declined),
+        (Completed, Decline, Declined),
+        (Overtaken, Decline, Declined),
+        (Pending, Withdraw, Withdrawn),
+        (Completed, Withdraw, Withdrawn),
+        (Overtaken, Withdraw, Withdrawn),
+        (Pending, Bystander, Overtaken),
+        (Completed, Bystander, Overtaken),
+        (Pending, Supersede, Superseded),
+        (Completed, Supersede, Superseded),
+        (Overtaken, Supersede, Superseded),
     ];
     if let Some((_, _, to)) = TABLE.iter().find(|(f, e, _)| *f == from && *e == ev) {
         return Some(*to);
@@ -178,7 +196,8 @@ struct MHolder {
 struct MRecord {
     path: usize,
     giver: usize,
-    successor: usize,
+    /// None: an offer to anyone nobody has claimed yet.
+    successor: Option<usize>,
     version_at_transfer: u64,
     hold: MHold,
     status: MStatus,
@@ -267,7 +286,7 @@ impl Model {
     fn bystander(&mut self, by: &str, p: usize) {
         let Some(i) = self.live(p) else { return };
         let r = &self.records[i];
-        if NAMES[r.giver] == by || NAMES[r.successor] == by {
+        if NAMES[r.giver] == by || r.successor.is_some_and(|x| NAMES[x] == by) {
             return;
         }
         if r.status == MStatus::Overtaken {
@@ -297,7 +316,12 @@ impl Model {
         if self.strict && view.is_some_and(|w| w < v) {
             return refuse(Reason::StaleView);
         }
-        self.bystander(NAMES[s], p);
+        match self.live(p) {
+            Some(i) if self.records[i].successor == Some(s) => {
+                self.apply(i, REvent::SuccessorAcquires)
+            }
+            _ => self.bystander(NAMES[s], p),
+        }
         let h = self.holder(s, p);
         h.writers += 1;
         h.hold = Some(MHold::E);
@@ -307,7 +331,7 @@ impl Model {
     /// A commit of `p` by `s` (§3): `removed` for unlink and rename away.
     fn commit(&mut self, s: usize, p: usize, removed: bool) {
         if let Some(i) = self.live(p) {
-            if self.records[i].successor == s {
+            if self.records[i].successor == Some(s) {
                 self.apply(i, REvent::SuccessorCommits);
             } else {
                 self.bystander(NAMES[s], p);
@@ -439,10 +463,11 @@ impl Model {
         if s == UNATTRIBUTED {
             return refuse(Reason::Unattributed);
         }
-        if to == UNATTRIBUTED {
+        let to = (to != ANY).then_some(to);
+        if to == Some(UNATTRIBUTED) {
             return refuse(Reason::HandoffSuccessorUnknown);
         }
-        if to == s {
+        if to == Some(s) {
             return refuse(Reason::HandoffToSelf);
         }
         let mut uniq: Vec<usize> = Vec::new();
@@ -537,26 +562,22 @@ impl Model {
             return refuse(Reason::NoSuchPath);
         }
         let Some(i) = self.live(p) else {
-            // No live record. §5 names `handoff_not_live`; an ended record there may
-            // answer `handoff_ended` instead. Nothing changes either way.
-            let mut ok = vec![Reason::HandoffNotLive];
-            if self.records.iter().any(|r| r.path == p) {
-                ok.push(Reason::HandoffEnded);
-            }
-            return Err(ok);
+            // No live record: final (§5), whatever the verb.
+            return refuse(Reason::HandoffNotLive);
         };
         let r = &self.records[i];
-        let role = if ev == REvent::Withdraw {
-            (r.giver != s).then_some(Reason::HandoffNotGiver)
-        } else {
-            (r.successor != s).then_some(Reason::HandoffNotSuccessor)
-        };
-        let ended = r.status != MStatus::Pending;
-        match (role, ended) {
-            (Some(x), true) => return Err(vec![x, Reason::HandoffEnded]),
-            (Some(x), false) => return refuse(x),
-            (None, true) => return refuse(Reason::HandoffEnded),
-            (None, false) => {}
+        if ev == REvent::Withdraw {
+            if r.giver != s {
+                return refuse(Reason::HandoffNotGiver);
+            }
+        } else if r.successor.is_none() {
+            // An unclaimed offer: the first accept of anyone but its giver claims it.
+            if ev != REvent::Accept || r.giver == s {
+                return refuse(Reason::HandoffNotSuccessor);
+            }
+            self.records[i].successor = Some(s);
+        } else if r.successor != Some(s) {
+            return refuse(Reason::HandoffNotSuccessor);
         }
         self.apply(i, ev);
         Ok(())
@@ -621,7 +642,7 @@ fn model_records(m: &Model) -> Vec<RecKey> {
             (
                 PATHS[r.path].to_string(),
                 NAMES[r.giver].to_string(),
-                NAMES[r.successor].to_string(),
+                r.successor.map_or("any", |x| NAMES[x]).to_string(),
                 r.version_at_transfer,
                 match r.hold {
                     MHold::M => Hold::M,
@@ -775,7 +796,8 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
             Op::Transfer(s, ref ps, to) => {
                 let want = m.transfer(s, ps, to);
                 let names: Vec<&str> = ps.iter().map(|p| PATHS[*p]).collect();
-                let r = got(h.transfer(&ss[s], &names, NAMES[to]));
+                let to = if to == ANY { "any" } else { NAMES[to] };
+                let r = got(h.transfer(&ss[s], &names, to));
                 check(&want, r, &what)?;
             }
             Op::Accept(s, p) | Op::Decline(s, p) | Op::Withdraw(s, p) => {
@@ -957,24 +979,100 @@ mod contract {
         ]);
     }
 
-    /// An ended record never changes; accept/decline on a record that is not pending.
+    /// A record that is no longer live never changes; every verb on it answers
+    /// `handoff_not_live`.
     #[test]
     fn ended_records_do_not_change() {
         use Op::*;
         history(vec![
             Read(0, 0),
             Transfer(0, vec![0], 1),
-            Accept(1, 0),
             Decline(1, 0),
+            Write(1, 0),
+            Accept(1, 0),
             Withdraw(0, 0),
-            Write(2, 0),
         ]);
         history(vec![
             Read(0, 0),
             Transfer(0, vec![0], 1),
-            Decline(1, 0),
-            Write(1, 0),
+            Write(2, 0),
             Accept(1, 0),
+            Decline(1, 0),
+            Withdraw(0, 0),
+        ]);
+    }
+
+    /// Issue 20: after a bystander's acquire (`overtaken`, live) the giver's withdraw and
+    /// the successor's decline still end the record.
+    #[test]
+    fn the_ways_out_of_an_overtaken_record() {
+        use Op::*;
+        history(vec![
+            Read(0, 0),
+            Transfer(0, vec![0], 1),
+            OpenClose(2, 0),
+            Withdraw(0, 0),
+            Write(0, 0),
+        ]);
+        history(vec![
+            Read(0, 0),
+            Transfer(0, vec![0], 1),
+            OpenClose(2, 0),
+            Decline(1, 0),
+            Write(0, 0),
+        ]);
+    }
+
+    /// Issue 20: a completed live record: accept again changes nothing, decline and
+    /// withdraw end it, a bystander's acquire overtakes it, the successor's acquire
+    /// completes it again.
+    #[test]
+    fn the_ways_out_of_a_completed_record() {
+        use Op::*;
+        history(vec![
+            Read(0, 0),
+            Transfer(0, vec![0], 1),
+            Accept(1, 0),
+            Accept(1, 0),
+            Decline(1, 0),
+        ]);
+        history(vec![
+            Read(0, 0),
+            Transfer(0, vec![0], 1),
+            Accept(1, 0),
+            Withdraw(0, 0),
+        ]);
+        history(vec![
+            Read(0, 0),
+            Transfer(0, vec![0], 1),
+            Accept(1, 0),
+            OpenClose(2, 0),
+            OpenClose(1, 0),
+            Write(2, 0),
+        ]);
+    }
+
+    /// Issue 20: an offer to anyone: claimed by the first accept, declinable once claimed,
+    /// claimable while overtaken.
+    #[test]
+    fn offers() {
+        use Op::*;
+        history(vec![
+            Read(0, 0),
+            Transfer(0, vec![0], ANY),
+            Decline(1, 0),
+            Accept(0, 0),
+            OpenClose(2, 0),
+            Accept(1, 0),
+            Accept(2, 0),
+            Decline(1, 0),
+        ]);
+        history(vec![
+            Read(0, 0),
+            Transfer(0, vec![0], ANY),
+            Accept(1, 0),
+            Withdraw(0, 0),
+            Transfer(0, vec![0], ANY),
         ]);
     }
 }

@@ -199,15 +199,11 @@ fn accept_keeps_the_fence_until_the_version_moves() {
     assert_eq!(r.records[0].status, Status::Completed);
     assert!(r.records[0].live);
     assert!(h.e.is_fenced(&a, P));
-    // Accepting again changes nothing: the record is no longer pending (§5: handoff_ended
-    // with its status).
+    // Accepting again answers the record unchanged (§5: no second event).
     let n = h.sink.events().len();
     let t = h.t();
-    let err = h.e.accept(&b, &paths(&[P]), t).unwrap_err();
-    assert_eq!(
-        (err.reason, err.status),
-        (Reason::HandoffEnded, Some(Status::Completed))
-    );
+    let again = h.e.accept(&b, &paths(&[P]), t).unwrap();
+    assert_eq!(again.records[0].status, Status::Completed);
     assert_eq!(h.sink.events().len(), n);
     assert_eq!(h.write(&b, P).unwrap(), 3);
     assert!(!h.e.is_fenced(&a, P));

@@ -328,7 +328,9 @@ fn others_may_write(who: &str) {
         let rec = record(&m, &t);
         let (want_status, want_live) = match (who, r.commits > 0, r.acquires) {
             ("bob", true, _) => ("completed", false),
-            ("bob", false, _) => ("pending", true),
+            // The successor's acquire completes the record (§5); the fence stays.
+            ("bob", false, true) => ("completed", true),
+            ("bob", false, false) => ("pending", true),
             (_, true, _) => ("overtaken", false),
             (_, false, true) => ("overtaken", true),
             (_, false, false) => ("pending", true),

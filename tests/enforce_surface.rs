@@ -32,6 +32,49 @@ fn the_control_directory_lists_its_files() {
     assert!(!m.backing_path(".coherent").exists());
 }
 
+/// Issue 20 (§7): `.coherent` is not listed by `readdir` of the root, so tools that walk
+/// the workspace (`ls -a`, `find`, `git add -A`, `tar`, `rg`) never see it; it stays
+/// reachable by name.
+#[test]
+fn the_control_directory_is_hidden_from_listings_of_the_root() {
+    let m = mount(true);
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && mkdir sub && echo x > sub/x",
+    );
+    let ls = sh_ok(&m, Some("alice"), "ls -a");
+    assert!(ls.lines().any(|l| l == "plan.md"), "{ls}");
+    assert!(!ls.contains(".coherent"), "ls -a lists it: {ls}");
+    let find = sh_ok(&m, Some("alice"), "find .");
+    assert!(find.contains("./sub/x"), "{find}");
+    assert!(!find.contains(".coherent"), "find lists it: {find}");
+    let tar = sh_ok(&m, Some("alice"), "tar cf - . | tar tf -");
+    assert!(
+        tar.contains("plan.md") && !tar.contains(".coherent"),
+        "{tar}"
+    );
+    let git = sh_ok(
+        &m,
+        Some("alice"),
+        "git init -q . && git add -A && git status --porcelain",
+    );
+    assert!(git.contains("plan.md"), "{git}");
+    assert!(!git.contains(".coherent"), "git add -A staged it: {git}");
+    if sh(&m, None, "command -v rg").ok() {
+        let rg = sh_ok(&m, Some("alice"), "rg --files --hidden --no-ignore");
+        assert!(!rg.contains(".coherent"), "{rg}");
+    }
+    // reachable by name, as before
+    let who = sh_ok(&m, Some("alice"), "cat .coherent/whoami");
+    assert!(who.contains("alice"), "{who}");
+    sh_ok(
+        &m,
+        Some("alice"),
+        "test -d .coherent && ls .coherent/ctl >/dev/null",
+    );
+}
+
 #[test]
 fn status_lists_sessions_records_and_counts() {
     let m = handed();

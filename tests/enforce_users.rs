@@ -154,8 +154,14 @@ fn a_session_name_belongs_to_the_first_uid_that_shows_it() {
         "{msg}"
     );
 
-    // u1's alice hands plan.md to bob; u2 posing as alice cannot withdraw it.
-    let _ = u_sh_ok(&u1, &m, Some(&alice), "cat plan.md >/dev/null");
+    // u1's alice hands plan.md to bob (u2 may write it: only such a session can be its
+    // successor); u2 posing as alice cannot withdraw it.
+    let _ = u_sh_ok(
+        &u1,
+        &m,
+        Some(&alice),
+        "chmod 666 plan.md && cat plan.md >/dev/null",
+    );
     let (code, v) = u_cli(
         &u1,
         &m,
@@ -307,6 +313,93 @@ fn a_reader_cannot_transfer_a_file_it_cannot_write() {
         &["transfer", "--to", &bob, "team.md"],
     );
     assert_eq!(code, Some(0), "{v}");
+}
+
+/// Issue 20: only a session whose owner could open the file for writing can be, or
+/// become by claiming an offer, its successor (`session_not_yours`); an offer stays open
+/// for a session that can, and a successor that cannot write declines instead.
+#[test]
+fn a_reader_cannot_claim_accept_or_be_handed_a_file_it_cannot_write() {
+    let (u1, u2) = (users::u1(), users::u2());
+    let m = open_mount(Mount::builder());
+    let (alice, bob, carol) = (unique("alice"), unique("bob"), unique("carol"));
+    u_sh_ok(
+        &u1,
+        &m,
+        Some(&alice),
+        "echo plan > plan.md && chmod 644 plan.md && echo t > t.md && chmod 666 t.md",
+    );
+    u_touch(&u1, &m, &bob);
+    u_touch(&u2, &m, &carol);
+    u_sh_ok(&u1, &m, Some(&alice), "cat plan.md t.md >/dev/null");
+    let (code, v) = u_cli(
+        &u1,
+        &m,
+        Some(&alice),
+        &["transfer", "--to", "any", "plan.md"],
+    );
+    assert_eq!(code, Some(0), "{v}");
+    // carol (u2) can read plan.md but not write it: she cannot claim the offer.
+    assert!(u_read(&u2, &m, Some(&carol), "inbox").contains("plan.md"));
+    let (errno, v) = u_ctl(&u2, &m, Some(&carol), "accept plan.md");
+    assert_eq!(errno, libc::EACCES, "{v}");
+    assert!(refused(&v, "session_not_yours"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap_or("").contains("stays open"),
+        "{v}"
+    );
+    let r = live_record(&m, "plan.md").expect("still live");
+    assert_eq!(r["successor"], "any", "{r}");
+    // The offer stays open: bob (u1, who can write it) claims it.
+    let (code, v) = u_cli(&u1, &m, Some(&bob), &["accept", "plan.md"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["records"][0]["claimed_by"], bob.as_str(), "{v}");
+
+    // A transfer to a session whose uid cannot write the file: refused.
+    let (code, v) = u_cli(&u1, &m, Some(&alice), &["transfer", "--to", &carol, "t.md"]);
+    assert_eq!(code, Some(0), "t.md is 0666: carol can write it: {v}");
+    let (code, v) = u_cli(&u1, &m, Some(&alice), &["withdraw", "t.md"]);
+    assert_eq!(code, Some(0), "{v}");
+    u_sh_ok(
+        &u1,
+        &m,
+        Some(&alice),
+        "echo more >> t.md && chmod 644 t.md && cat t.md >/dev/null",
+    );
+    let (errno, v) = u_ctl(
+        &u1,
+        &m,
+        Some(&alice),
+        &format!("transfer --to {carol} t.md"),
+    );
+    assert_eq!(errno, libc::EACCES, "{v}");
+    assert!(refused(&v, "session_not_yours"), "{v}");
+    assert!(live_record(&m, "t.md").is_none());
+
+    // A successor who lost the right to write after the transfer: accept is refused and
+    // names decline, which works.
+    u_sh_ok(
+        &u1,
+        &m,
+        Some(&alice),
+        "chmod 666 t.md && cat t.md >/dev/null",
+    );
+    let (code, v) = u_cli(&u1, &m, Some(&alice), &["transfer", "--to", &carol, "t.md"]);
+    assert_eq!(code, Some(0), "{v}");
+    std::fs::set_permissions(m.at("t.md"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (errno, v) = u_ctl(&u2, &m, Some(&carol), "accept t.md");
+    assert_eq!(errno, libc::EACCES, "{v}");
+    assert!(refused(&v, "session_not_yours"), "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("coherent decline t.md"),
+        "{v}"
+    );
+    let (errno, v) = u_ctl(&u2, &m, Some(&carol), "decline t.md");
+    assert_eq!(errno, 0, "{v}");
+    assert!(live_record(&m, "t.md").is_none());
 }
 
 // ---- what a caller may see ------------------------------------------------------------

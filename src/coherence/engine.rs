@@ -207,6 +207,8 @@ pub struct Engine {
     /// With a coordinator: the next record id (0: a record's id is its transfer's seq).
     /// Several hosts make records, so ids come from the coordinator's revisions.
     pub(super) record_ids: AtomicU64,
+    /// How many records (live or ended) the engine holds: a free "are there any?".
+    pub(super) record_count: AtomicU64,
 }
 
 pub(super) fn shard_of(path: &str) -> usize {
@@ -264,6 +266,7 @@ impl Engine {
             applied: AtomicU64::new(0),
             changes: Default::default(),
             record_ids: AtomicU64::new(0),
+            record_count: AtomicU64::new(0),
         }
     }
 
@@ -292,6 +295,8 @@ impl Engine {
                 .lock()
                 .insert(path.into_boxed_str(), entry);
         }
+        e.record_count
+            .store(state.records.len() as u64, Ordering::SeqCst);
         for r in state.records {
             let mut sh = e.shards[shard_of(&r.path)].lock();
             let entry = entry_mut(&mut sh, &r.path);
@@ -507,6 +512,7 @@ impl Engine {
                 if let Some(h) = e.holders.iter_mut().find(|h| h.session.name == who) {
                     h.hold = Hold::I;
                 }
+                self.record_count.fetch_add(1, Ordering::SeqCst);
                 e.records.push(Record {
                     // A coordinated transfer carries the id it was given (`record`).
                     id: ev.record.unwrap_or(ev.seq),
@@ -561,7 +567,10 @@ impl Engine {
             }
             EventKind::Evict => {
                 if let Some(id) = ev.record {
+                    let before = e.records.len();
                     e.records.retain(|r| r.id != id);
+                    let gone = (before - e.records.len()) as u64;
+                    self.record_count.fetch_sub(gone, Ordering::SeqCst);
                 }
             }
         }

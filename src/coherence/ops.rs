@@ -86,14 +86,10 @@ impl Engine {
     }
 
     /// A live record on `e` touched by `by`, who is neither its giver nor its successor:
-    /// `overtaken` with `counterparty` (unless it already says so).
+    /// `overtaken` with `counterparty` (unless it already says so). While a record is live
+    /// its status follows the latest event (§5): a `completed` record is overtaken too.
     fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
-        // Only a pending record changes status (§5); an overtaken one keeps its status and
-        // names the latest bystander as its counterparty.
-        let Some(r) = e
-            .live()
-            .filter(|r| matches!(r.status, Status::Pending | Status::Overtaken))
-        else {
+        let Some(r) = e.live() else {
             return;
         };
         if r.giver.name == by || r.successor.name == by {
@@ -112,6 +108,26 @@ impl Engine {
         ev.successor = Some(r.successor.name.clone());
         ev.counterparty = Some(by.to_string());
         ev.version = Some(e.version);
+        self.emit(e, ev);
+    }
+
+    /// A live record on `e` acquired or committed by `s` (the commit to `version`, else
+    /// the acquire at the current version): the successor's makes it `completed`
+    /// (`counterparty` cleared; nothing when it already is), anyone else's but the giver's
+    /// `overtaken` (§5).
+    fn touch_live(&self, e: &mut Entry, s: &Session, version: Option<u64>, now: Timestamp) {
+        let Some(r) = e.live() else { return };
+        if r.successor.name != s.name {
+            self.overtake_live(e, &s.name, now);
+            return;
+        }
+        if r.status == Status::Completed {
+            return;
+        }
+        let mut ev = Event::new(EventKind::Completed, now, Some(&r.path), Some(s));
+        ev.record = Some(r.id);
+        ev.giver = Some(r.giver.name.clone());
+        ev.version = Some(version.unwrap_or(e.version));
         self.emit(e, ev);
     }
 
@@ -236,7 +252,7 @@ impl Engine {
                 }
             }
         }
-        self.overtake_live(e, &s.name, now);
+        self.touch_live(e, s, None, now);
         self.mark_seen(e, s, now);
         let mut ev = Event::new(EventKind::Acquire, now, Some(path), Some(s));
         ev.version = Some(version);
@@ -293,19 +309,7 @@ impl Engine {
         now: Timestamp,
     ) -> u64 {
         let version = e.version + 1;
-        if let Some(r) = e.live() {
-            // The successor's commit completes a pending record (an ended one stays as it
-            // is); anyone else's overtakes it.
-            if r.successor.name != s.name {
-                self.overtake_live(e, &s.name, now);
-            } else if r.status == Status::Pending {
-                let mut ev = Event::new(EventKind::Completed, now, Some(path), Some(s));
-                ev.record = Some(r.id);
-                ev.giver = Some(r.giver.name.clone());
-                ev.version = Some(version);
-                self.emit(e, ev);
-            }
-        }
+        self.touch_live(e, s, Some(version), now);
         let mut ev = Event::new(EventKind::Commit, now, Some(path), Some(s));
         ev.version = Some(version);
         ev.op = Some(op);
@@ -416,6 +420,61 @@ impl Engine {
                     n += 1;
                 }
             }
+        }
+        n
+    }
+
+    /// The sessions holding a view or a hold on some path without a write handle there
+    /// (memory only): the ones whose views [`Engine::forget_views`] may drop.
+    pub fn viewers(&self) -> Vec<Session> {
+        let mut out: Vec<Session> = Vec::new();
+        for shard in self.shards.iter() {
+            let sh = shard.lock();
+            for e in sh.values() {
+                for h in e.holders.iter().filter(|h| h.writers == 0) {
+                    if !out.iter().any(|s| s.name == h.session.name) {
+                        out.push(h.session.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every process of each session in `gone` has exited: its views and holds without a
+    /// write handle refer to nothing any more (a session that comes back reads again, as
+    /// after a restart), so they go, and with them the entries nothing else refers to
+    /// ([`Engine::prune`]). Memory only, no event. Returns how many entries went.
+    pub fn forget_views(&self, gone: &[String]) -> usize {
+        if gone.is_empty() {
+            return 0;
+        }
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            for e in sh.values_mut() {
+                e.holders
+                    .retain(|h| h.writers > 0 || !gone.contains(&h.session.name));
+            }
+        }
+        self.prune()
+    }
+
+    /// Drops the per-path entries nothing refers to (issue 20): never logged (so not part of
+    /// the durable state: a restart would not have them either), no record, and no hold a
+    /// rule reads (no write handle, no view a transfer or the stale guard could use: only
+    /// `I` holds or none). Memory only, no event; the next sight of such a path starts it
+    /// at version 1 again, as after a restart. Returns how many were dropped.
+    pub fn prune(&self) -> usize {
+        let mut n = 0;
+        for shard in self.shards.iter() {
+            let mut sh = shard.lock();
+            let before = sh.len();
+            sh.retain(|_, e| {
+                e.logged
+                    || !e.records.is_empty()
+                    || e.holders.iter().any(|h| h.writers > 0 || h.hold != Hold::I)
+            });
+            n += before - sh.len();
         }
         n
     }

@@ -67,6 +67,16 @@ impl Engine {
         })
     }
 
+    /// How many per-path entries the engine holds (tombstones and paths only seen too).
+    pub fn path_count(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Does the engine hold any record (live or ended)? Free.
+    pub fn any_records(&self) -> bool {
+        self.record_count.load(Ordering::SeqCst) > 0
+    }
+
     /// Does `path` have a live record? (The volume keeps such a path in view even when
     /// an ignore file later says it is untracked: a fence cannot be dropped that way.)
     pub fn has_live_record(&self, path: &str) -> bool {
@@ -94,15 +104,10 @@ impl Engine {
     }
 
     /// `.coherent/inbox`: live records naming `s` as successor and open offers to anyone
-    /// (unclaimed, pending, not its own), notes included, oldest first.
+    /// (unclaimed, live, not its own), notes included, oldest first.
     pub fn inbox(&self, s: &SessionInfo) -> Vec<RecordJson> {
         let mut out = Vec::new();
-        let offered = |r: &Record| {
-            r.unclaimed()
-                && r.status == Status::Pending
-                && r.giver.name != s.name
-                && s.is_attributed()
-        };
+        let offered = |r: &Record| r.unclaimed() && r.giver.name != s.name && s.is_attributed();
         for shard in self.shards.iter() {
             let sh = shard.lock();
             for e in sh.values() {

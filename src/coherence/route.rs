@@ -185,6 +185,25 @@ pub struct Permit {
     pub is_dir: bool,
     /// An open for write of a file: the `E` hold taken (give it back with `close_write`).
     pub acquired: Option<Acquired>,
+    /// `path` is an untracked name of a file with tracked names (see
+    /// [`Engine::fence_alias`]): nothing is counted after the operation but the new
+    /// stamp of those names (`pre` holds the file's stamp).
+    pub alias: bool,
+}
+
+impl Permit {
+    /// The permit of a write route through an untracked name of a tracked file.
+    pub fn alias(session: Session, path: &str, pre: Stamp) -> Permit {
+        Permit {
+            session,
+            path: path.to_string(),
+            to: None,
+            pre: Some(pre),
+            is_dir: false,
+            acquired: None,
+            alias: true,
+        }
+    }
 }
 
 /// The shards a decision holds: those of its one or two paths (in shard order, so two
@@ -331,6 +350,7 @@ impl Engine {
             pre: main.stamp(),
             is_dir: main.found == Found::Dir,
             acquired: None,
+            alias: false,
         };
         match w {
             Write::Open(at) => {
@@ -373,6 +393,42 @@ impl Engine {
             _ => self.fence_at(locked.shard(main.path), main.path, s, w.route(), now)?,
         }
         Ok(permit)
+    }
+
+    /// A write route by `s` through `path`, an untracked name (ignored, or under `.git/`)
+    /// of inode `ino` whose other names may be tracked (§6: every name of a handed inode
+    /// is fenced for its giver, tracked or not). The giver of a live record on a tracked
+    /// name of that inode is fenced (`denied`, the deny text of the handed path); a caller
+    /// whose session could not be resolved (`resolved` false) is refused when the inode
+    /// has a live record (`unresolved`). Nothing else is looked at or changed.
+    pub fn fence_alias(
+        &self,
+        s: &Session,
+        resolved: bool,
+        path: &str,
+        ino: u64,
+        route: Route,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        if resolved {
+            return self.fence_inode(s, path, ino, route, now);
+        }
+        let handed = self.shards.iter().find_map(|shard| {
+            shard
+                .lock()
+                .iter()
+                .find(|(_, e)| {
+                    e.exists && e.stamp.is_some_and(|st| st.ino == ino) && e.live().is_some()
+                })
+                .map(|(k, _)| k.to_string())
+        });
+        match handed {
+            Some(q) => match self.lock_one(&q).get_mut(q.as_str()) {
+                Some(e) => self.unresolved(e, &q, s, route, now),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
     }
 
     /// The fence by inode: if `s` gave a live record on another tracked name of inode `ino`

@@ -447,7 +447,7 @@ pub enum Until {
     Accepted,
     /// Status `completed`.
     Completed,
-    /// Any status but `pending` (every other status is final).
+    /// Any status but `pending`.
     #[default]
     Ended,
 }
@@ -469,13 +469,15 @@ impl Until {
             .find(|u| u.as_str().eq_ignore_ascii_case(s))
     }
 
-    /// Is a record with this status there? (`Some(false)`: never will be, the status is
-    /// final; `None`: not yet.)
-    pub fn reached(self, st: Status) -> Option<bool> {
+    /// Is a record with this status (`live`: and still live) there? (`Some(false)`:
+    /// never will be; `None`: not yet.) A live `overtaken` record can still become
+    /// `completed` (its status follows the latest event while it is live, §5).
+    pub fn reached(self, st: Status, live: bool) -> Option<bool> {
         match (self, st) {
             (_, Status::Pending) => None,
             (Until::Ended, _) => Some(true),
             (_, Status::Completed) => Some(true),
+            (_, Status::Overtaken) if live => None,
             _ => Some(false),
         }
     }

@@ -307,64 +307,7 @@ impl Engine {
                 .expect("locked")
                 .1;
             let plan = match sh.get(p.as_str()) {
-                Some(e) if e.exists && e.version > 0 => match e.live() {
-                    None => Err(Refusal::new(
-                        Reason::HandoffNotLive,
-                        format!("{p} has no live handoff at v{}", e.version),
-                    )),
-                    Some(r) if kind == EventKind::Withdraw && r.giver.name != s.name => {
-                        Err(Refusal::new(
-                            Reason::HandoffNotGiver,
-                            format!(
-                                "{p} was handed on by {}, not by this session",
-                                r.giver.display()
-                            ),
-                        )
-                        .with_status(r.status))
-                    }
-                    // The first accept of an unclaimed offer by anyone but its giver
-                    // claims it; decline has nothing to decline yet.
-                    Some(r)
-                        if kind == EventKind::Accept
-                            && r.unclaimed()
-                            && r.status == Status::Pending
-                            && r.giver.name != s.name =>
-                    {
-                        Ok(Plan::Status(kind))
-                    }
-                    Some(r) if kind != EventKind::Withdraw && r.unclaimed() => Err(Refusal::new(
-                        Reason::HandoffNotSuccessor,
-                        if r.giver.name == s.name {
-                            format!("{p} is this session's own offer to anyone: withdraw it instead")
-                        } else {
-                            format!(
-                                "{p} is offered to any session and nobody has claimed it: accept it to claim it"
-                            )
-                        },
-                    )
-                    .with_status(r.status)),
-                    Some(r) if kind != EventKind::Withdraw && r.successor.name != s.name => {
-                        Err(Refusal::new(
-                            Reason::HandoffNotSuccessor,
-                            format!(
-                                "{p} was handed to {}, not to this session",
-                                r.successor.display()
-                            ),
-                        )
-                        .with_status(r.status))
-                    }
-                    // Only a pending record changes status: every other status is final.
-                    Some(r) if r.status != Status::Pending => Err(Refusal::new(
-                        Reason::HandoffEnded,
-                        format!(
-                            "the handoff of {p} to {} already ended ({}); nothing to {verb}",
-                            r.successor.display(),
-                            status_name(r.status)
-                        ),
-                    )
-                    .with_status(r.status)),
-                    Some(_) => Ok(Plan::Status(kind)),
-                },
+                Some(e) if e.exists && e.version > 0 => plan_answer(e, p, s, kind),
                 _ => Err(no_such_path(p)),
             };
             plans.push(plan);
@@ -438,4 +381,94 @@ fn no_such_path(p: &str) -> Refusal {
         format!("{p} does not exist in this volume (or the volume has not seen it yet)"),
     )
     .at(p)
+}
+
+/// What `accept`, `decline` (by the successor) or `withdraw` (by the giver) does to the
+/// record of `p` (§5). While a record is live its status follows the latest event:
+/// `decline` and `withdraw` end it whatever its live status (the ways out the deny text
+/// names always work), `accept` makes it `completed` (an `accept` of a record already
+/// `completed` answers it unchanged, no second event), and the first `accept` of an
+/// unclaimed offer claims it. A record that is not live is final: `handoff_not_live`,
+/// with its status.
+fn plan_answer(e: &Entry, p: &str, s: &Session, kind: EventKind) -> Result<Plan, Refusal> {
+    let verb = match kind {
+        EventKind::Accept => "accept",
+        EventKind::Decline => "decline",
+        _ => "withdraw",
+    };
+    let Some(r) = e.live() else {
+        return Err(not_live(e, p, verb));
+    };
+    let refuse = |reason: Reason, msg: String| Err(Refusal::new(reason, msg).with_status(r.status));
+    if kind == EventKind::Withdraw {
+        if r.giver.name != s.name {
+            return refuse(
+                Reason::HandoffNotGiver,
+                format!(
+                    "{p} was handed on by {}, not by this session",
+                    r.giver.display()
+                ),
+            );
+        }
+        return Ok(Plan::Status(kind));
+    }
+    if r.unclaimed() {
+        // The first accept of an offer to anyone by anyone but its giver claims it;
+        // decline has nothing to decline yet.
+        if kind == EventKind::Accept && r.giver.name != s.name {
+            return Ok(Plan::Status(kind));
+        }
+        return refuse(
+            Reason::HandoffNotSuccessor,
+            if r.giver.name == s.name {
+                format!("{p} is this session's own offer to anyone: withdraw it instead")
+            } else {
+                format!(
+                    "{p} is offered to any session and nobody has claimed it: accept it to claim it"
+                )
+            },
+        );
+    }
+    if r.successor.name != s.name {
+        return refuse(
+            Reason::HandoffNotSuccessor,
+            format!(
+                "{p} was handed to {}, not to this session",
+                r.successor.display()
+            ),
+        );
+    }
+    if kind == EventKind::Accept && r.status == Status::Completed {
+        return Ok(Plan::Nothing);
+    }
+    Ok(Plan::Status(kind))
+}
+
+/// `handoff_not_live`: `p` has no live record; the reply names the status of its latest
+/// record, if it has one.
+fn not_live(e: &Entry, p: &str, verb: &str) -> Refusal {
+    let last = e.records.iter().max_by_key(|r| r.id);
+    let msg = match last {
+        Some(r) if r.status.may_be_live() => format!(
+            "the handoff of {p} to {} ({}) ended when {p} changed (v{} -> v{}); nothing to {verb}",
+            r.successor.display(),
+            status_name(r.status),
+            r.version_at_transfer,
+            e.version
+        ),
+        Some(r) => format!(
+            "the handoff of {p} to {} already ended ({}); nothing to {verb}",
+            r.successor.display(),
+            status_name(r.status)
+        ),
+        None => format!(
+            "{p} has no live handoff at v{}; nothing to {verb}",
+            e.version
+        ),
+    };
+    let r = Refusal::new(Reason::HandoffNotLive, msg);
+    match last {
+        Some(l) => r.with_status(l.status),
+        None => r,
+    }
 }

@@ -63,7 +63,7 @@ impl Engine {
             .at(path));
         };
         let json = r.to_json(e.version);
-        match until.reached(r.status) {
+        match until.reached(r.status, json.live) {
             None => Ok(WaitState::Pending(json)),
             Some(true) => Ok(WaitState::Reached(json)),
             Some(false) => Err(Refusal::new(

@@ -107,6 +107,15 @@ impl HandleInfo<'_> {
     pub fn changed(&self) -> bool {
         self.before != self.now
     }
+
+    /// Did its content change since `before` (a write moves the mtime or the size)? A
+    /// change of the ctime alone (`futimens` of the atime as `touch -a` does, `fchmod`,
+    /// xattrs, another name linked or removed) is not a commit (DESIGN.md §5).
+    pub fn content_changed(&self) -> bool {
+        self.before.ino != self.now.ino
+            || self.before.mtime != self.now.mtime
+            || self.before.size != self.now.size
+    }
 }
 
 /// Does an open with these flags write (a write route)?
@@ -175,6 +184,12 @@ pub trait Policy: Send + Sync + 'static {
     /// Extra names listed by listxattr (computed xattrs).
     fn listxattr(&self, caller: &Caller, ino: u64, path: Option<&Path>) -> Vec<OsString> {
         Vec::new()
+    }
+
+    /// Of the names of a file with several (hard links), is `path` one to attribute a
+    /// request by inode to? (The volume prefers tracked names.)
+    fn prefers_name(&self, path: &Path) -> bool {
+        true
     }
 }
 

@@ -32,10 +32,6 @@ impl Router {
         Router { pseudo_name }
     }
 
-    pub(super) fn pseudo_name(&self) -> Option<&OsStr> {
-        self.pseudo_name.as_deref()
-    }
-
     /// The backend of inode `ino`.
     pub(super) fn node(&self, ino: u64) -> Node {
         if is_virtual(ino) {

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +18,16 @@ use crate::coherence::Event;
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// Buffered bytes during an outage past which a warning is logged (once).
 pub const BUFFER_WARN: usize = 64 << 20;
+/// Default of [`JournalOptions::buffer_limit`].
+pub const BUFFER_LIMIT: usize = 64 << 20;
+
+/// How the journal keeps events (see the journal's module doc).
+pub(super) const NORMAL: u8 = 0;
+/// Past the bound during an outage: events are not kept until a snapshot covers them.
+pub(super) const SHED: u8 = 1;
+/// A snapshot covering the events not kept is being written: events after its barrier
+/// are buffered but not written until it is on disk.
+pub(super) const HOLD: u8 = 2;
 
 pub(super) struct Buf {
     pub(super) next_seq: u64,
@@ -25,6 +35,8 @@ pub(super) struct Buf {
     /// Seq of the last event in `bytes` (or written before).
     pub(super) last_seq: u64,
     pub(super) since_snapshot: u64,
+    /// Events not kept since the journal began shedding.
+    pub(super) shed: u64,
 }
 
 pub(super) struct Written {
@@ -65,12 +77,18 @@ pub(super) struct Shared {
     /// A write or fsync failed and has not succeeded since (verbs are refused).
     pub(super) poisoned: AtomicBool,
     pub(super) warned_buffer: AtomicBool,
+    /// [`NORMAL`], [`SHED`] or [`HOLD`].
+    pub(super) mode: AtomicU8,
 }
 
 impl Shared {
     /// Moves the buffer to the file (no fsync). Returns (last seq written, log length).
     pub(super) fn write_pending(&self) -> io::Result<(u64, u64)> {
         let mut w = self.written.lock();
+        if self.mode.load(Ordering::SeqCst) == HOLD {
+            // Held back until the snapshot covering the events not kept is on disk.
+            return Ok((w.seq, w.len));
+        }
         let (bytes, last) = {
             let mut b = self.buf.lock();
             (std::mem::take(&mut b.bytes), b.last_seq)
@@ -166,10 +184,18 @@ impl Shared {
             Ok(()) => {
                 if self.poisoned.swap(false, Ordering::SeqCst) {
                     self.warned_buffer.store(false, Ordering::SeqCst);
-                    tracing::warn!(
-                        "state log {}: writable again; every buffered event is on disk",
-                        self.dir.display()
-                    );
+                    if self.mode.load(Ordering::SeqCst) == NORMAL {
+                        tracing::warn!(
+                            "state log {}: writable again; every buffered event is on disk",
+                            self.dir.display()
+                        );
+                    } else {
+                        tracing::warn!(
+                            "state log {}: writable again; the buffered events are on disk, \
+                             and a snapshot will cover those not kept",
+                            self.dir.display()
+                        );
+                    }
                 }
             }
             Err(e) => {
@@ -200,6 +226,27 @@ impl Shared {
         ev.seq = b.next_seq;
         b.last_seq = ev.seq;
         b.since_snapshot += 1;
+        let mode = self.mode.load(Ordering::SeqCst);
+        if mode == SHED {
+            b.shed += 1;
+            return;
+        }
+        if mode == NORMAL
+            && b.bytes.len() >= self.opts.buffer_limit
+            && self.poisoned.load(Ordering::SeqCst)
+        {
+            self.mode.store(SHED, Ordering::SeqCst);
+            b.shed = 1;
+            tracing::error!(
+                "state log {}: {} KiB of events kept in memory while the log cannot be \
+                 written (the bound): further events are not kept until the disk takes \
+                 writes again and a snapshot covers them; verbs and writes to handed files \
+                 are refused meanwhile, other writes go on",
+                self.dir.display(),
+                b.bytes.len() >> 10
+            );
+            return;
+        }
         serde_json::to_writer(&mut b.bytes, &*ev).expect("events serialize");
         b.bytes.push(b'\n');
     }

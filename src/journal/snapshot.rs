@@ -6,10 +6,13 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 
+use std::sync::atomic::Ordering;
+
 use super::dir::private_file;
 use super::format::{fnv64, LogHeader, SnapHeader, LOG, SNAPSHOT};
+use super::log::{HOLD, NORMAL, SHED};
 use super::Journal;
-use crate::coherence::{Engine, Timestamp};
+use crate::coherence::{DurableState, Engine, Timestamp};
 
 impl Journal {
     /// Writes a snapshot of `engine` (which must be the engine writing to this journal).
@@ -21,7 +24,63 @@ impl Journal {
     /// [`Journal::checkpoint`] with `checkpointing` held; returns the snapshot's seq and
     /// logical log offset.
     fn checkpoint_locked(&self, engine: &Engine) -> io::Result<(u64, u64)> {
-        let (state, pos) = engine.durable_state_with(|| self.shared.write_pending());
+        let sh = &self.shared;
+        // Shedding: at the barrier (no event can be appended), write what was kept and
+        // hold back what comes after until this snapshot covers the events not kept.
+        let resync = sh.mode.load(Ordering::SeqCst) == SHED;
+        let (state, pos) = engine.durable_state_with(|| {
+            let r = sh.write_pending();
+            if resync && r.is_ok() {
+                sh.mode.store(HOLD, Ordering::SeqCst);
+                let last = sh.buf.lock().last_seq;
+                sh.written.lock().seq = last;
+            }
+            r.map(|(_, len)| (sh.written.lock().seq, len))
+        });
+        let r = self.write_snapshot(&state, pos);
+        if resync && sh.mode.load(Ordering::SeqCst) == HOLD {
+            self.end_hold(&state, r.is_ok());
+        }
+        r
+    }
+
+    /// The end of a snapshot taken while shedding: on success the held events are
+    /// written after it and events are kept again; on failure the journal sheds again
+    /// (the next snapshot covers the held events too).
+    fn end_hold(&self, state: &DurableState, ok: bool) {
+        let sh = &self.shared;
+        let mut b = sh.buf.lock();
+        if ok {
+            let shed = std::mem::take(&mut b.shed);
+            sh.mode.store(NORMAL, Ordering::SeqCst);
+            drop(b);
+            let mut d = sh.durable.lock();
+            if *d < state.seq {
+                *d = state.seq;
+            }
+            sh.durable_cv.notify_all();
+            drop(d);
+            tracing::warn!(
+                "state log {}: a snapshot at seq {} covers the {shed} event(s) not kept while \
+                 the log could not be written; events are kept again",
+                sh.dir.display(),
+                state.seq
+            );
+            sh.wake.notify_all();
+        } else {
+            b.shed += b.bytes.len() as u64 / 150 + 1;
+            b.bytes.clear();
+            sh.mode.store(SHED, Ordering::SeqCst);
+        }
+    }
+
+    /// Writes the snapshot of `state`, taken at log position `pos` (the last seq written
+    /// and the log file's length then).
+    fn write_snapshot(
+        &self,
+        state: &DurableState,
+        pos: io::Result<(u64, u64)>,
+    ) -> io::Result<(u64, u64)> {
         let (seq, file_len) = pos?;
         debug_assert_eq!(seq, state.seq);
         // Only a compaction moves the base, and it holds `checkpointing` too.
@@ -94,6 +153,11 @@ impl Journal {
     /// of records evicted.
     pub fn maintain(&self, engine: &Engine, now: Timestamp) -> io::Result<usize> {
         let n = engine.evict(now);
+        engine.prune();
+        if self.shared.mode.load(Ordering::SeqCst) == SHED {
+            // Past the bound: a snapshot covers the events not kept, once the disk takes it.
+            return self.checkpoint(engine).map(|_| n);
+        }
         let bytes = {
             let w = self.shared.written.lock();
             w.len - w.hdr

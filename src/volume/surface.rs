@@ -36,7 +36,7 @@ use super::waits::{self, Check, Waits};
 use super::Volume;
 use crate::access::{may_write, Who};
 use crate::beneath::{self, Resolved};
-use crate::coherence::{RecordJson, StatusReport, Timestamp};
+use crate::coherence::{RecordJson, Role, StatusReport, Timestamp};
 use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
@@ -463,7 +463,7 @@ fn whoami_json(vol: &Volume, caller: &Caller) -> Value {
 impl Surface {
     /// Serve one parsed request for `caller`.
     fn serve(&self, vol: &Volume, caller: &Caller, req: &Request) -> Reply {
-        if vol.journal.is_poisoned() {
+        if vol.journal.is_poisoned() && !matches!(req, Request::Status { .. }) {
             return journal_failed(req.verb());
         }
         if let Request::Whoami = req {
@@ -595,12 +595,14 @@ impl Surface {
                 tracked_paths(vol, paths)?;
                 observe_paths(vol, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
+                successor_owner_may_write(vol, to, sight.who(), paths)?;
                 let r = vol.engine.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
             Request::Accept { paths } => {
                 observe_paths(vol, paths, now)?;
                 owner_only(vol, s, sight.who(), Verb::Accept, paths)?;
+                successor_may_write(vol, s, sight.who(), paths)?;
                 Reply::records(Verb::Accept, records(vol.engine.accept(s, paths, now)?))
             }
             Request::Decline { paths } => {
@@ -640,6 +642,13 @@ impl Surface {
                 if let Some(c) = vol.coord.describe() {
                     body["coordinator"] = c;
                 }
+                let msg = match journal_json(vol) {
+                    Some((j, line)) => {
+                        body["journal"] = j;
+                        format!("{msg}; {line}")
+                    }
+                    None => msg,
+                };
                 Reply::status(body, msg)
             }
             Request::Whoami => unreachable!("served above, with the ignored tags"),
@@ -713,6 +722,42 @@ fn observe_paths(vol: &Volume, paths: &[String], now: Timestamp) -> Result<(), R
         }
     }
     Ok(())
+}
+
+/// The state log's trouble, for `status` (None while it is written normally): JSON and a
+/// line.
+fn journal_json(vol: &Volume) -> Option<(Value, String)> {
+    if !vol.journal.is_poisoned() {
+        return None;
+    }
+    let (kept, shed, limit) = vol.journal.backlog();
+    let shedding = vol.journal.is_shedding();
+    let line = if shedding {
+        format!(
+            "the state log cannot be written and the events kept in memory reached their \
+             bound ({} KiB): {shed} event(s) not kept; verbs and writes to handed files are \
+             refused until the disk takes writes again",
+            limit >> 10
+        )
+    } else {
+        format!(
+            "the state log cannot be written: {} KiB of events kept in memory (bound {} KiB); \
+             verbs are refused until the disk takes writes again",
+            kept >> 10,
+            limit >> 10
+        )
+    };
+    Some((
+        serde_json::json!({
+            "failing": true,
+            "shedding": shedding,
+            "kept_bytes": kept,
+            "not_kept": shed,
+            "bound_bytes": limit,
+            "message": line,
+        }),
+        line,
+    ))
 }
 
 /// The reply when the state log cannot be written: the write fails with `EIO`.
@@ -859,6 +904,88 @@ fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusa
                     who.uid
                 ),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// `accept` (and the claim of an offer) needs that the caller could open the file for
+/// writing (§5): a session that cannot write a file cannot be its successor. Checked on
+/// the paths whose live record names `s` as successor or is an offer `s` would claim;
+/// the others get the engine's answer. An offer stays open for a session that can.
+fn successor_may_write(
+    vol: &Volume,
+    s: &Session,
+    who: &Who,
+    paths: &[String],
+) -> Result<(), Refusal> {
+    for p in paths {
+        let Some(h) = vol.engine.handoff(s, p) else {
+            continue;
+        };
+        let claim = h.record.offer && h.record.claimed_by.is_none() && h.role == Role::Bystander;
+        if h.role != Role::Successor && !claim {
+            continue;
+        }
+        if let Ok(false) = may_write(vol.root.as_fd(), Path::new(p), who) {
+            let way = if claim {
+                "the offer stays open for a session that can write it".to_string()
+            } else {
+                format!(
+                    "decline it instead (coherent decline {})",
+                    crate::control::shell_word(p)
+                )
+            };
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "you may not write {p} (its mode or ACL does not let uid {} write it), so \
+                     this session cannot {} it: {way}",
+                    who.uid,
+                    if claim { "claim" } else { "accept" }
+                ),
+            )
+            .at(p.as_str())
+            .with_status(h.record.status));
+        }
+    }
+    Ok(())
+}
+
+/// A transfer to a session owned by another uid needs that this uid could open each file
+/// for writing (§5: only a session whose owner could write the file can be its
+/// successor; otherwise "when it writes the file" would be a way out that cannot work).
+/// An owner the user database does not know is not checked here (its `accept` is).
+fn successor_owner_may_write(
+    vol: &Volume,
+    to: &str,
+    who: &Who,
+    paths: &[String],
+) -> Result<(), Refusal> {
+    let Ok(succ) = vol.engine.lookup_session(to) else {
+        return Ok(());
+    };
+    let Some(uid) = vol
+        .engine
+        .owner(&succ.name)
+        .filter(|u| *u != who.uid && *u != 0)
+    else {
+        return Ok(());
+    };
+    let Some(owner) = Who::of_user(uid) else {
+        return Ok(());
+    };
+    for p in paths {
+        if let Ok(false) = may_write(vol.root.as_fd(), Path::new(p), &owner) {
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "session {} belongs to uid {uid}, which may not write {p}, so it cannot be \
+                     its successor: hand it to a session that can write it",
+                    succ.name
+                ),
+            )
+            .at(p.as_str()));
         }
     }
     Ok(())

@@ -70,6 +70,9 @@ pub fn run_in(dir: &Path, env: &[(&str, &str)], cmd: &mut Command) -> Run {
     for t in TAGS {
         cmd.env_remove(t);
     }
+    // Test mounts live under /tmp, which `coherent run`'s default writable places include:
+    // it would refuse to start there (issue 20). A scratch list without /tmp instead.
+    cmd.env("COHERENT_RUN_WRITABLE", "/var/tmp");
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -370,11 +370,25 @@ fn session_context(start: bool) -> Option<String> {
         for r in &inbox {
             out.push(inbox_entry(r, &me, &uids));
         }
-        out.push(
-            "Writing such a file completes its handoff; `coherent accept PATH` or \
-             `coherent decline PATH` (or the MCP tools) answer it without writing."
-                .into(),
-        );
+        // Name only the ways that work: an open offer is claimed by `accept` (declining
+        // it, or writing it unclaimed, does not answer it).
+        let offered = |r: &Value| {
+            r.get("offer").and_then(Value::as_bool) == Some(true) && r.get("claimed_by").is_none()
+        };
+        if inbox.iter().any(|r| !offered(r)) {
+            out.push(
+                "Writing a file handed to you completes its handoff; `coherent accept PATH` \
+                 or `coherent decline PATH` (or the MCP tools) answer it without writing."
+                    .into(),
+            );
+        }
+        if inbox.iter().any(offered) {
+            out.push(
+                "A file offered to any session is yours once you claim it: `coherent accept \
+                 PATH` (then write it, or decline it)."
+                    .into(),
+            );
+        }
     }
     let mine = own_live_transfers(&root, &me).unwrap_or_default();
     if !mine.is_empty() {
@@ -408,7 +422,7 @@ fn session_context(start: bool) -> Option<String> {
 
 fn inbox_line(r: &Value) -> String {
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("?");
-    let line = format!(
+    let mut line = format!(
         "- {} from {} (v{}, {})",
         s("path"),
         s("giver"),
@@ -417,6 +431,9 @@ fn inbox_line(r: &Value) -> String {
             .unwrap_or(0),
         s("status")
     );
+    if r.get("offer").and_then(Value::as_bool) == Some(true) && r.get("claimed_by").is_none() {
+        line.push_str(", offered to any session");
+    }
     line
 }
 

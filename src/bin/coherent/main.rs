@@ -10,6 +10,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 mod hook;
 mod install;
 mod mcp;
+mod sandbox;
 mod shellwrites;
 mod whoami;
 use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
@@ -125,13 +126,26 @@ enum Cmd {
     /// which). Without CMD it starts your login shell ($SHELL, else /bin/sh), so an
     /// interactive shell and everything it starts is that session. Exits with CMD's exit
     /// code (127 if it cannot be found).
+    ///
+    /// Started inside a coherent volume, CMD and everything it starts may write only under
+    /// the volume's mount and scratch places (Landlock): /tmp, /var/tmp, /dev, $TMPDIR,
+    /// the cache, config and data directories, ~/.claude and ~/.claude.json, or the
+    /// `:`-separated list in COHERENT_RUN_WRITABLE, plus --allow-write; never under the
+    /// volume's backing directory. It refuses to start when a writable place contains the
+    /// backing directory.
     Run {
         /// The session name (no `/`, no control characters, at most 200 bytes).
         #[arg(long, value_name = "NAME")]
         session: String,
-        /// Say on stderr whether the cgroup could be used.
+        /// Say on stderr whether the cgroup and the Landlock ruleset could be used.
         #[arg(short, long)]
         verbose: bool,
+        /// Also allow writes under PATH (repeatable).
+        #[arg(long, value_name = "PATH")]
+        allow_write: Vec<PathBuf>,
+        /// Do not restrict where CMD may write (no Landlock ruleset).
+        #[arg(long)]
+        no_landlock: bool,
         /// The command and its arguments (put them after `--`).
         #[arg(trailing_var_arg = true, value_name = "CMD")]
         cmd: Vec<OsString>,
@@ -144,7 +158,7 @@ enum Cmd {
         /// A file on the volume with a handoff record.
         #[arg(value_name = "PATH")]
         path: PathBuf,
-        /// The state to wait for: accepted, completed, or ended (any final status).
+        /// The state to wait for: accepted, completed, or ended (any status but pending).
         #[arg(long, value_enum, default_value_t = Until::Ended, value_name = "STATE")]
         until: Until,
         /// Give up after SECS seconds (default: wait as long as it takes).
@@ -379,10 +393,13 @@ fn run(cli: Cli) -> Result<(), Fail> {
         Cmd::Run {
             session,
             verbose,
+            allow_write,
+            no_landlock,
             cmd,
         } => {
             no_json("run")?;
-            run_in_session(&session, &cmd, verbose)
+            let sandbox = (!no_landlock).then_some(allow_write.as_slice());
+            run_in_session(&session, &cmd, verbose, sandbox)
         }
         Cmd::Wait {
             path,
@@ -1087,7 +1104,71 @@ fn shorten(s: &str, max: usize) -> String {
 
 // ---- run --------------------------------------------------------------------------------
 
-fn run_in_session(name: &str, cmd: &[OsString], verbose: bool) -> Result<(), Fail> {
+/// Restricts this process, before it execs the session's command, to writing under the
+/// mount of the volume around the current directory and the scratch places (see
+/// [`sandbox`]). Outside a volume nothing is restricted (said on stderr).
+fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<(), Fail> {
+    let root = match locate_cwd() {
+        Ok(r) => r,
+        Err(f) => {
+            if verbose {
+                eprintln!(
+                    "coherent: run: not inside a coherent volume ({}): where it may write is \
+                     not restricted",
+                    f.message
+                );
+            }
+            return Ok(());
+        }
+    };
+    let refuse = |message: String| Fail {
+        code: EXIT_REFUSED,
+        message: format!("coherent: run: {message}; or run with --no-landlock"),
+    };
+    let backing = sandbox::backing_of(&root).map_err(refuse)?;
+    let writable = sandbox::writable(extra);
+    if let Some(w) = sandbox::conflict(&root, &backing, &writable) {
+        return Err(refuse(format!(
+            "the writable place {} contains or lies inside the backing directory {} of the \
+             volume at {}, so the session could write its files behind the volume's back; \
+             leave it out (COHERENT_RUN_WRITABLE, --allow-write)",
+            w.display(),
+            backing.display(),
+            root.display()
+        )));
+    }
+    match sandbox::restrict(&root, &writable).map_err(refuse)? {
+        sandbox::Outcome::Enforced { partial: false } if verbose => eprintln!(
+            "coherent: run: writes only under {} and {} (Landlock)",
+            root.display(),
+            writable
+                .iter()
+                .filter(|p| p.exists())
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        sandbox::Outcome::Enforced { partial: false } => {}
+        sandbox::Outcome::Enforced { partial: true } => eprintln!(
+            "coherent: run: warning: this kernel's Landlock lacks part of the ruleset (ABI < 3: \
+             truncate is not restricted); writes elsewhere than under {} are partly restricted",
+            root.display()
+        ),
+        sandbox::Outcome::Unsupported => eprintln!(
+            "coherent: run: warning: this kernel has no Landlock, so the session can still \
+             write the backing directory {} directly (behind the volume's back)",
+            backing.display()
+        ),
+    }
+    Ok(())
+}
+
+fn run_in_session(
+    name: &str,
+    cmd: &[OsString],
+    verbose: bool,
+    sandbox: Option<&[PathBuf]>,
+) -> Result<(), Fail> {
     // The volume's own rule and message, so a name the volume would ignore (running the
     // command as `uid:UID`) is refused here exactly as `coherent register NAME` is.
     names::validate_session_name(name).map_err(|e| Fail {
@@ -1104,6 +1185,9 @@ fn run_in_session(name: &str, cmd: &[OsString], verbose: bool) -> Result<(), Fai
              using COHERENT_SESSION only"
         ),
         Err(_) => {}
+    }
+    if let Some(extra) = sandbox {
+        sandbox_run(extra, verbose)?;
     }
     // no command: the user's shell, so an interactive shell is the session from its start
     // (an `export COHERENT_SESSION=...` inside a running shell cannot do that)

@@ -1,0 +1,207 @@
+//! `coherent run` closes the way around the mount (issue 20): the command it starts, and
+//! everything that command starts, runs under a Landlock ruleset (unprivileged, inherited,
+//! enforced by the kernel) that allows writes only under the volume's mount and a few
+//! scratch places, never under the backing directory. Reads and execution stay as they
+//! were. A giver whose writes all go through the mount cannot go around its fence by
+//! writing the backing files directly, through an old working directory inside an
+//! in-place mount's directory, or by any other name of the backing directory.
+
+use landlock::{
+    path_beneath_rules, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, ABI,
+};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// The variable that replaces the default scratch list: paths separated by `:` (empty:
+/// only the mount).
+pub const WRITABLE_ENV: &str = "COHERENT_RUN_WRITABLE";
+
+/// The write rights the ruleset handles (ABI 3: `truncate` included). Reads, execution
+/// and device ioctls are not restricted.
+fn write_access() -> landlock::BitFlags<AccessFs> {
+    AccessFs::from_write(ABI::V3)
+}
+
+/// Always writable: `/dev` (null, tty, pts, shm).
+const ALWAYS: &[&str] = &["/dev"];
+
+/// The scratch places writable by default: temporary directories, the user's config,
+/// cache and data directories and Claude Code's files. Missing ones are left out. Not
+/// `~/.local/state`: a volume's state directory lives there.
+pub fn default_writable() -> Vec<PathBuf> {
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from);
+    let xdg = |var: &str, rel: &str| -> Option<PathBuf> {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(rel)))
+    };
+    let mut out: Vec<PathBuf> = ["/tmp", "/var/tmp"].iter().map(PathBuf::from).collect();
+    out.extend(
+        std::env::var_os("TMPDIR")
+            .filter(|t| !t.is_empty())
+            .map(PathBuf::from),
+    );
+    out.extend(xdg("XDG_CACHE_HOME", ".cache"));
+    out.extend(xdg("XDG_CONFIG_HOME", ".config"));
+    out.extend(xdg("XDG_DATA_HOME", ".local/share"));
+    if let Some(h) = &home {
+        out.push(h.join(".claude"));
+        out.push(h.join(".claude.json"));
+    }
+    out
+}
+
+/// What may be written besides the mount: `/dev`; the scratch list,
+/// `COHERENT_RUN_WRITABLE` when set (replacing the defaults), else [`default_writable`];
+/// then the `--allow-write` paths.
+pub fn writable(extra: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = ALWAYS.iter().map(PathBuf::from).collect();
+    out.extend(match std::env::var_os(WRITABLE_ENV) {
+        Some(v) => std::env::split_paths(&v)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect::<Vec<_>>(),
+        None => default_writable(),
+    });
+    out.extend(extra.iter().cloned());
+    out
+}
+
+/// The backing directory of the coherent volume mounted at `root`, from
+/// `/proc/self/mountinfo` (`coherent-mount` names its mounts `coherent:BACKING`).
+pub fn backing_of(root: &Path) -> Result<PathBuf, String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    let mut found = None;
+    for line in info.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let Some(dash) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        if f.len() < dash + 3 || unescape(f[4]) != root.as_os_str() {
+            continue;
+        }
+        // The last mount on that point is the one seen there.
+        found = Some((f[dash + 1].to_string(), unescape(f[dash + 2])));
+    }
+    match found {
+        Some((fstype, src)) if fstype.starts_with("fuse") => {
+            let src = src.to_string_lossy().into_owned();
+            match src.strip_prefix("coherent:") {
+                Some(b) if b.starts_with('/') => Ok(PathBuf::from(b)),
+                _ => Err(format!(
+                    "the volume at {} does not name its backing directory (mount source \
+                     {src:?}; was it mounted with -o fsname=...?)",
+                    root.display()
+                )),
+            }
+        }
+        _ => Err(format!(
+            "{} is not a mounted coherent volume",
+            root.display()
+        )),
+    }
+}
+
+/// A mountinfo field: `\ooo` octal escapes (space, tab, newline, backslash) decoded.
+fn unescape(s: &str) -> OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    OsString::from_vec(out)
+}
+
+/// The allowed entry that would let writes reach the backing directory `backing`: one
+/// that contains it, or (for a mount that is not in place) lies inside it. Paths are
+/// compared as the kernel resolves them (`canonicalize`).
+pub fn conflict(root: &Path, backing: &Path, writable: &[PathBuf]) -> Option<PathBuf> {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let in_place = canon(root) == canon(backing);
+    // The backing directory as its own path names it: for an in-place mount that path
+    // resolves through the mount now, so compare the path as given.
+    let b = if in_place {
+        backing.to_path_buf()
+    } else {
+        canon(backing)
+    };
+    writable.iter().find_map(|w| {
+        let c = canon(w);
+        let inside = !in_place && c.starts_with(&b);
+        (b.starts_with(&c) || inside).then(|| w.clone())
+    })
+}
+
+/// What [`restrict`] did.
+pub enum Outcome {
+    /// Enforced (`partial`: the kernel lacks part of it, e.g. ABI < 3: no `truncate`).
+    Enforced { partial: bool },
+    /// The kernel has no Landlock: nothing restricted.
+    Unsupported,
+}
+
+/// Restricts this process (and what it execs) to writing under `root` and `writable`.
+pub fn restrict(root: &Path, writable: &[PathBuf]) -> Result<Outcome, String> {
+    let access = write_access();
+    let mut paths: Vec<PathBuf> = vec![root.to_path_buf()];
+    paths.extend(writable.iter().filter(|p| p.exists()).cloned());
+    let status = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(access)
+        .and_then(|r| r.create())
+        .and_then(|r| r.add_rules(path_beneath_rules(&paths, access)))
+        .and_then(|r| r.restrict_self())
+        .map_err(|e| format!("cannot set up the Landlock ruleset: {e}"))?;
+    Ok(match status.ruleset {
+        RulesetStatus::FullyEnforced => Outcome::Enforced { partial: false },
+        RulesetStatus::PartiallyEnforced => Outcome::Enforced { partial: true },
+        RulesetStatus::NotEnforced => Outcome::Unsupported,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_fields_are_unescaped() {
+        assert_eq!(unescape(r"/a\040b\134c"), OsString::from(r"/a b\c"));
+        assert_eq!(unescape("/plain"), OsString::from("/plain"));
+    }
+
+    #[test]
+    fn an_entry_containing_the_backing_directory_conflicts() {
+        let d = tempfile::tempdir().unwrap();
+        let (b, m, s) = (d.path().join("b"), d.path().join("m"), d.path().join("s"));
+        for p in [&b, &m, &s] {
+            std::fs::create_dir(p).unwrap();
+        }
+        assert_eq!(conflict(&m, &b, std::slice::from_ref(&s)), None);
+        assert_eq!(
+            conflict(&m, &b, &[s.clone(), d.path().to_path_buf()]),
+            Some(d.path().to_path_buf())
+        );
+        assert_eq!(conflict(&m, &b, &[b.join("x")]), Some(b.join("x")));
+        // In place: the mount itself is the way in; what contains it is not.
+        assert_eq!(conflict(&m, &m, &[m.join("cache")]), None);
+        assert_eq!(
+            conflict(&m, &m, &[d.path().to_path_buf()]),
+            Some(d.path().to_path_buf())
+        );
+    }
+}
