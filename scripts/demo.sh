@@ -78,7 +78,10 @@ BIN=${COHERENT_BIN_DIR:-$ROOT/target/release}
     fail "no binaries in $BIN (run without --no-build)"
 export PATH="$BIN:$PATH"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/coherent-demo.XXXXXX")
+# Not under /tmp: `coherent run` lets its agents write the scratch places (/tmp, ...)
+# and refuses to start when one of them holds the backing directory (docs/sessions.md).
+mkdir -p "$ROOT/target"
+WORK=$(mktemp -d "$ROOT/target/coherent-demo.XXXXXX")
 BACKING=$WORK/backing
 MNT=$WORK/workspace
 STATE=$WORK/state
