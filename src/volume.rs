@@ -649,6 +649,39 @@ impl Volume {
     /// of them is about to be released (flushed, and its opener no longer has the file
     /// open), wait until they are, at most `in_flight_wait`. True: there was something to
     /// wait for and it is gone (try again).
+    /// Is `p` open for writing by something other than this volume's own write handles?
+    /// `Some(false)` also when the volume has a write handle on any name of the file
+    /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
+    /// filesystem cannot tell.
+    fn unseen_writer(&self, p: &str) -> Option<bool> {
+        if !crate::store::open_for_writing(self.root.as_fd(), p)? {
+            return Some(false);
+        }
+        let mut names = vec![p.to_string()];
+        if let Some((st, _)) = self.stat(p) {
+            names.extend(self.engine.paths_of_inode(st.ino));
+        }
+        let ours = self
+            .handles
+            .lock()
+            .values()
+            .any(|w| names.contains(&w.path));
+        Some(!ours)
+    }
+
+    /// Says once per daemon that writers outside the volume cannot be seen on this backing
+    /// filesystem, so a transfer cannot check for them.
+    fn warn_no_leases(&self, p: &str) {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            tracing::warn!(
+                "cannot tell whether {p} is open for writing outside the volume (the backing \
+                 filesystem grants no file leases): a transfer cannot check for descriptors \
+                 from before a restart"
+            )
+        });
+    }
+
     fn wait_for_releases(&self, s: &Session, paths: &[String]) -> bool {
         let mine = |w: &WriteHandle| w.session.name == s.name && paths.contains(&w.path);
         let pending: Vec<Arc<WriteHandle>> = self

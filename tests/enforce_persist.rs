@@ -208,3 +208,75 @@ fn ended_records_and_the_log_survive_a_restart() {
     assert!(after.iter().any(|e| e["seq"] == last_before));
     assert!(after.last().unwrap()["seq"].as_u64().unwrap() > last_before);
 }
+
+/// A write descriptor opened through the volume before its daemon was killed keeps
+/// writing the backing file (FUSE passthrough holds it open in the kernel). After the
+/// remount no transfer of that file is acknowledged while it is open (`handoff_in_flight`,
+/// EBUSY on ctl), and one is once it is closed.
+#[test]
+fn a_descriptor_from_before_a_kill_9_keeps_a_transfer_in_flight() {
+    let dir = tempfile::Builder::new()
+        .prefix("coherent-stale-fd-")
+        .tempdir()
+        .unwrap();
+    let base = dir.path().canonicalize().unwrap();
+    let mut m = Remount::start(&base, &[]);
+    assert!(m.log().contains("data mode: passthrough"), "{}", m.log());
+    let alice = unique("alice-fd");
+    sh_ok(&m, Some(&alice), "echo plan > plan.md");
+    const PY: &str = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+print('ready', flush=True)
+for line in sys.stdin:
+    try:
+        n = os.write(fd, line.encode())
+        print('wrote', n, flush=True)
+    except OSError as e:
+        print('errno', e.errno, flush=True)
+"#;
+    let mut holder = python()
+        .arg("-c")
+        .arg(PY)
+        .arg(m.mnt.join("plan.md"))
+        .env_remove("CLAUDE_CODE_SESSION_ID")
+        .env("COHERENT_SESSION", &alice)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut input = holder.stdin.take().unwrap();
+    let mut line = String::new();
+    use std::io::{BufRead, Write};
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    m.stop_with(libc::SIGKILL);
+    drop(m);
+    let m = Remount::start(&base, &[]);
+    assert!(cli(&m, Some("bob-fd"), &["register"]).ok());
+    sh_ok(&m, Some(&alice), "cat plan.md >/dev/null");
+    let (code, v) = cli_json(&m, Some(&alice), &["transfer", "--to", "bob-fd", "plan.md"]);
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (Some(2), Some("handoff_in_flight")),
+        "{v}"
+    );
+    assert!(v.to_string().contains("does not see"), "{v}");
+    assert!(live_record(&m, "plan.md").is_none(), "no record was made");
+    // The hazard is real: the old descriptor still writes the file.
+    writeln!(input, "late").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "wrote 5");
+    assert_eq!(
+        std::fs::read_to_string(m.backing.join("plan.md")).unwrap(),
+        "plan\nlate\n"
+    );
+    // Closed: the transfer goes through.
+    drop(input);
+    assert!(holder.wait().unwrap().success());
+    sh_ok(&m, Some(&alice), "cat plan.md >/dev/null");
+    transfer(&m, &alice, "bob-fd", &["plan.md"]);
+    assert!(live_record(&m, "plan.md").is_some());
+}

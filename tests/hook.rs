@@ -436,7 +436,9 @@ fn notes_from_other_uids_are_left_out_unless_they_name_this_session() {
     as_u(
         &u1,
         "alice",
-        "echo a > offered.md && echo b > named.md && chmod 644 offered.md named.md",
+        // named.md is writable by carol's uid: only a session whose owner could write a
+        // file can be its successor.
+        "echo a > offered.md && echo b > named.md && chmod 644 offered.md && chmod 666 named.md",
     );
     as_u(
         &u1,

@@ -596,6 +596,7 @@ impl Surface {
                 observe_paths(vol, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
                 successor_owner_may_write(vol, to, sight.who(), paths)?;
+                no_unseen_writer(vol, paths)?;
                 let r = vol.engine.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
@@ -681,6 +682,35 @@ fn once_more_after_releases<T>(
         }
         _ => first,
     }
+}
+
+/// A transfer is not acknowledged while a process holds the file open for writing where
+/// the volume does not see it (docs/handoff.md#in-flight): a descriptor opened through
+/// this volume before its daemon was killed (with FUSE passthrough it writes straight to
+/// the backing file), or one opened in the backing directory itself. The kernel tells
+/// whether the inode is open for writing at all ([`crate::store::open_for_writing`]);
+/// when the volume has a write handle of its own on it, the two cannot be told apart and
+/// the engine's rules decide (the giver's own handle is in flight there, a bystander's
+/// reserves nothing).
+fn no_unseen_writer(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
+    for p in paths {
+        match vol.unseen_writer(p) {
+            Some(true) => {
+                return Err(Refusal::new(
+                    Reason::HandoffInFlight,
+                    format!(
+                        "{p} is open for writing by a process this volume does not see (a \
+                         descriptor opened before the volume was last restarted, or one in \
+                         the backing directory): close it first, then transfer"
+                    ),
+                )
+                .at(p.as_str()))
+            }
+            Some(false) => {}
+            None => vol.warn_no_leases(p),
+        }
+    }
+    Ok(())
 }
 
 /// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
