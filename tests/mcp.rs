@@ -5,11 +5,16 @@
 mod coherent;
 mod common;
 
-use coherent::{cli, sh, sh_ok, Root, CLI, TAGS};
+use coherent::{cli, inbox, read_ctl_file, sh, sh_ok, wait_event, Root, CLI, TAGS};
 use common::Mount;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::{RoleClient, RunningService};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ReadResourceRequestParams, ReadResourceResult,
+    ResourceContents, ResourceUpdatedNotificationParam, SubscribeRequestParams,
+    UnsubscribeRequestParams,
+};
+use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
+use rmcp::ClientHandler;
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -19,6 +24,15 @@ type Client = RunningService<RoleClient, ()>;
 
 /// `coherent mcp` started in `dir` as session `who`, with an initialized client.
 async fn connect(dir: &Path, who: &str) -> Client {
+    connect_with(dir, who, ()).await
+}
+
+/// [`connect`] with a client handler of its own (to hear notifications).
+async fn connect_with<H: ClientHandler>(
+    dir: &Path,
+    who: &str,
+    handler: H,
+) -> RunningService<RoleClient, H> {
     let mut cmd = tokio::process::Command::new(CLI);
     cmd.arg("mcp").current_dir(dir);
     for t in TAGS {
@@ -26,7 +40,7 @@ async fn connect(dir: &Path, who: &str) -> Client {
     }
     cmd.env("COHERENT_SESSION", who);
     let transport = TokioChildProcess::new(cmd).expect("spawn coherent mcp");
-    tokio::time::timeout(Duration::from_secs(20), ().serve(transport))
+    tokio::time::timeout(Duration::from_secs(20), handler.serve(transport))
         .await
         .expect("initialize within 20 s")
         .expect("initialize")
@@ -823,4 +837,230 @@ fn mcp_fuzz_answers_every_request_shaped_frame_and_never_dies() {
         got_ids.len(),
         got_null
     );
+}
+
+// ---- resources: the live records and the inbox --------------------------------------------
+
+const RECORDS: &str = "coherent://records";
+const INBOX: &str = "coherent://inbox";
+
+/// A client that passes on the URI of every `notifications/resources/updated` it hears.
+struct Updates(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl ClientHandler for Updates {
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(params.uri);
+    }
+}
+
+async fn read_resource<H: ClientHandler>(
+    c: &RunningService<RoleClient, H>,
+    uri: &str,
+) -> Result<ReadResourceResult, ServiceError> {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        c.read_resource(ReadResourceRequestParams::new(uri)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("read {uri} answered within 30 s"))
+}
+
+/// A resource's one content: JSON text, of type application/json, for its URI.
+async fn resource_json<H: ClientHandler>(c: &RunningService<RoleClient, H>, uri: &str) -> Value {
+    let r = read_resource(c, uri)
+        .await
+        .unwrap_or_else(|e| panic!("read {uri}: {e}"));
+    assert_eq!(r.contents.len(), 1, "{uri}: {r:?}");
+    let ResourceContents::TextResourceContents {
+        uri: got,
+        mime_type,
+        text,
+        ..
+    } = &r.contents[0]
+    else {
+        panic!("{uri}: not text: {r:?}")
+    };
+    assert_eq!(got, uri);
+    assert_eq!(mime_type.as_deref(), Some("application/json"), "{uri}");
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{uri} is not JSON ({e}): {text}"))
+}
+
+fn json_of(text: &str) -> Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// `resources/list` names both resources; `resources/read` gives what `.coherent/inbox` and
+/// the `live` records of `.coherent/status` say to the server's session; an unknown URI is
+/// JSON-RPC error -32002 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_resources_list_and_read_the_records_and_the_inbox() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && echo x > other.md",
+    );
+    let r = cli(
+        &m,
+        Some("alice"),
+        &[
+            "transfer",
+            "--to",
+            "bob",
+            "--note",
+            "over to you",
+            "plan.md",
+        ],
+    );
+    assert!(r.ok(), "{}", r.show());
+
+    let bob = connect(&root, "bob").await;
+    let caps = bob.peer_info().expect("server info").capabilities.clone();
+    let res = caps.resources.expect("the resources capability");
+    assert_eq!(res.subscribe, Some(true));
+    assert_eq!(res.list_changed, Some(false));
+    let mut listed = bob.list_all_resources().await.unwrap();
+    listed.sort_by(|a, b| a.uri.cmp(&b.uri));
+    let uris: Vec<&str> = listed.iter().map(|r| r.uri.as_str()).collect();
+    assert_eq!(uris, [INBOX, RECORDS]);
+    for r in &listed {
+        assert!(!r.name.is_empty(), "{r:?}");
+        assert!(
+            r.description.as_deref().is_some_and(|d| !d.is_empty()),
+            "{r:?}"
+        );
+        assert_eq!(r.mime_type.as_deref(), Some("application/json"), "{r:?}");
+    }
+
+    // bob's inbox: the handoff with its note, as .coherent/inbox shows it to bob
+    let got = resource_json(&bob, INBOX).await;
+    assert_eq!(got, json_of(&inbox(&m, Some("bob"))));
+    assert_eq!(got[0]["path"], "plan.md", "{got}");
+    assert_eq!(got[0]["note"], "over to you", "{got}");
+    let got = resource_json(&bob, RECORDS).await;
+    let live = json_of(&read_ctl_file(&m, Some("bob"), "status"))["live"].clone();
+    assert_eq!(got, live);
+    assert_eq!(got.as_array().map(Vec::len), Some(1), "{got}");
+    assert_eq!(got[0]["successor"], "bob", "{got}");
+
+    // alice (the giver): the same live record, and an empty inbox
+    let alice = connect(&root, "alice").await;
+    let got = resource_json(&alice, INBOX).await;
+    assert_eq!(got, json_of(&inbox(&m, Some("alice"))));
+    assert_eq!(got, json!([]));
+    assert_eq!(resource_json(&alice, RECORDS).await, live);
+
+    for uri in ["coherent://nope", "file:///etc/passwd", ""] {
+        let e = read_resource(&bob, uri).await.expect_err(uri);
+        let ServiceError::McpError(e) = e else {
+            panic!("{uri}: not a JSON-RPC error: {e}")
+        };
+        assert_eq!(e.code.0, -32002, "{uri}: {e:?}");
+        assert!(e.message.contains(uri), "{uri}: {e:?}");
+        assert_eq!(e.data, Some(json!({ "uri": uri })), "{uri}: {e:?}");
+    }
+    // a subscription to an unknown URI is refused the same way
+    let e = bob
+        .subscribe(SubscribeRequestParams::new("coherent://nope"))
+        .await
+        .expect_err("subscribe to an unknown URI");
+    assert!(
+        matches!(&e, ServiceError::McpError(e) if e.code.0 == -32002),
+        "{e}"
+    );
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+}
+
+/// The next URI heard, within `within`.
+async fn next_update(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    within: Duration,
+) -> Option<String> {
+    tokio::time::timeout(within, rx.recv()).await.ok().flatten()
+}
+
+/// After `resources/subscribe` of the inbox, a transfer to this session by another (through
+/// the CLI) is heard as `notifications/resources/updated` for the inbox, whose content then
+/// has the record; nothing is heard for the records, not subscribed. After
+/// `resources/unsubscribe`, a later transfer is heard of no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_inbox_subscription_hears_a_transfer_until_unsubscribed() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && echo notes > notes.md && echo x > other.md",
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let bob = connect_with(&root, "bob", Updates(tx)).await;
+    assert_eq!(resource_json(&bob, INBOX).await, json!([]));
+    bob.subscribe(SubscribeRequestParams::new(INBOX))
+        .await
+        .expect("subscribe to the inbox");
+
+    // a change that is not bob's inbox's: another file written, a record for alice's own
+    assert!(cli(&m, Some("carol"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo y >> other.md");
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["transfer", "--to", "carol", "other.md"],
+    );
+    assert!(r.ok(), "{}", r.show());
+
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["transfer", "--to", "bob", "--note", "plan it", "plan.md"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    let t0 = Instant::now();
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("notifications/resources/updated within 20 s of the transfer");
+    assert_eq!(uri, INBOX);
+    eprintln!("heard the transfer after {:?}", t0.elapsed());
+    let got = resource_json(&bob, INBOX).await;
+    assert_eq!(got[0]["path"], "plan.md", "{got}");
+    assert_eq!(got[0]["note"], "plan it", "{got}");
+    assert_eq!(got[0]["giver"], "alice", "{got}");
+    // one burst, one notification: nothing else queued for it (and never the records)
+    if let Some(u) = next_update(&mut rx, Duration::from_millis(800)).await {
+        panic!("a second notification for the same transfer: {u}");
+    }
+
+    // bob declines: the inbox changes again, and is heard again
+    let r = cli(&m, Some("bob"), &["decline", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after the decline");
+    assert_eq!(uri, INBOX);
+    assert_eq!(resource_json(&bob, INBOX).await, json!([]));
+
+    bob.unsubscribe(UnsubscribeRequestParams::new(INBOX))
+        .await
+        .expect("unsubscribe");
+    let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", "notes.md"]);
+    assert!(r.ok(), "{}", r.show());
+    // the transfer is in the log; then a grace of several poll periods of the server
+    let seen = wait_event(&m, Duration::from_secs(10), |e| {
+        e["event"] == "transfer" && e["path"] == "notes.md"
+    });
+    assert!(seen.is_some(), "the second transfer is not in the log");
+    if let Some(u) = next_update(&mut rx, Duration::from_millis(1500)).await {
+        panic!("a notification after the unsubscribe: {u}");
+    }
+    let got = resource_json(&bob, INBOX).await;
+    assert_eq!(got[0]["path"], "notes.md", "{got}");
+    bob.cancel().await.unwrap();
 }

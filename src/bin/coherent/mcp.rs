@@ -14,8 +14,9 @@ use crate::{absolute, call, call_bytes, locate, locate_cwd, locate_paths, Fail};
 use coherent::control::{shell_word, Reply, Request, MAX_NOTE};
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ContentBlock, ErrorCode, Implementation,
-    InitializeResult, JsonObject, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ServerCapabilities, Tool, ToolAnnotations,
+    InitializeResult, JsonObject, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResult, ServerCapabilities,
+    SubscribeRequestParams, Tool, ToolAnnotations, UnsubscribeRequestParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -23,6 +24,8 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod resources;
 
 const INSTRUCTIONS: &str = "This workspace is a coherent volume: files are handed between \
 agent sessions. After you transfer a file you can no longer write it (EACCES) until the \
@@ -97,7 +100,7 @@ pub fn serve() -> Result<(), String> {
             let _ = to_rmcp.shutdown().await;
         });
         let result = async {
-            let service = Coherent
+            let service = Coherent::default()
                 .serve(theirs)
                 .await
                 .map_err(|e| format!("initialize failed: {e}"))?;
@@ -120,7 +123,11 @@ pub fn serve() -> Result<(), String> {
 /// skipped). A tool's own arguments have smaller limits of their own (a note: 64 KiB).
 const MAX_FRAME: usize = 16 << 20;
 
-struct Coherent;
+#[derive(Default)]
+struct Coherent {
+    /// The client's resource subscriptions ([`resources`]).
+    subs: resources::Shared,
+}
 
 fn schema(properties: Value, required: &[&str]) -> Arc<JsonObject> {
     let mut s = json!({ "type": "object", "properties": properties });
@@ -507,7 +514,15 @@ fn inbox() -> Result<CallToolResult, CallToolResult> {
 
 impl ServerHandler for Coherent {
     fn get_info(&self) -> InitializeResult {
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+        let mut caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .enable_resources_subscribe()
+            .build();
+        if let Some(r) = caps.resources.as_mut() {
+            r.list_changed = Some(false);
+        }
+        InitializeResult::new(caps)
             .with_server_info(Implementation::new("coherent", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
     }
@@ -533,6 +548,40 @@ impl ServerHandler for Coherent {
         tokio::task::spawn_blocking(move || run_tool(&name, &args))
             .await
             .map_err(|e| McpError::internal_error(e.to_string(), None))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(resources::list())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResult, McpError> {
+        tokio::task::spawn_blocking(move || resources::read(&request.uri))
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        resources::subscribe(&self.subs, &request.uri, &context.peer).await
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        resources::unsubscribe(&self.subs, &request.uri).await
     }
 }
 
