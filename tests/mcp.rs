@@ -1007,7 +1007,8 @@ async fn mcp_inbox_subscription_hears_a_transfer_until_unsubscribed() {
         .await
         .expect("subscribe to the inbox");
 
-    // a change that is not bob's inbox's: another file written, a record for alice's own
+    // changes that are not bob's inbox's (another file written, a handoff to carol) are
+    // heard of not at all: not for the inbox, and not for the records (not subscribed)
     assert!(cli(&m, Some("carol"), &["register"]).ok());
     sh_ok(&m, Some("alice"), "echo y >> other.md");
     let r = cli(
@@ -1016,6 +1017,13 @@ async fn mcp_inbox_subscription_hears_a_transfer_until_unsubscribed() {
         &["transfer", "--to", "carol", "other.md"],
     );
     assert!(r.ok(), "{}", r.show());
+    let seen = wait_event(&m, Duration::from_secs(10), |e| {
+        e["event"] == "transfer" && e["path"] == "other.md"
+    });
+    assert!(seen.is_some(), "the transfer to carol is not in the log");
+    if let Some(u) = next_update(&mut rx, Duration::from_millis(1000)).await {
+        panic!("a notification for a change that is not bob's inbox: {u}");
+    }
 
     let r = cli(
         &m,
