@@ -1072,3 +1072,51 @@ async fn mcp_inbox_subscription_hears_a_transfer_until_unsubscribed() {
     assert_eq!(got[0]["path"], "notes.md", "{got}");
     bob.cancel().await.unwrap();
 }
+
+/// A subscription to the records hears a record change status (an accept) and end by a
+/// commit of its path (no record event: the version moves), each as one update, and the
+/// read after each shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_records_subscription_hears_an_accept_and_the_commit_that_ends_it() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let alice = connect_with(&root, "alice", Updates(tx)).await;
+    alice
+        .subscribe(SubscribeRequestParams::new(RECORDS))
+        .await
+        .expect("subscribe to the records");
+    assert_eq!(resource_json(&alice, RECORDS).await[0]["status"], "pending");
+    // bob's first open (a read) is logged, `handoff_seen`, before the accept: the commit
+    // below then comes with no record event at all
+    sh_ok(&m, Some("bob"), "cat plan.md");
+    let seen = wait_event(&m, Duration::from_secs(10), |e| {
+        e["event"] == "handoff_seen" && e["path"] == "plan.md"
+    });
+    assert!(seen.is_some(), "no handoff_seen for bob's read");
+
+    let r = cli(&m, Some("bob"), &["accept", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after the accept");
+    assert_eq!(uri, RECORDS);
+    let got = resource_json(&alice, RECORDS).await;
+    assert_eq!(got[0]["status"], "completed", "{got}");
+    // whatever the read and the accept still bring is heard now, not after the commit
+    while let Some(u) = next_update(&mut rx, Duration::from_millis(500)).await {
+        assert_eq!(u, RECORDS);
+    }
+
+    sh_ok(&m, Some("bob"), "echo done >> plan.md");
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after bob's commit");
+    assert_eq!(uri, RECORDS);
+    assert_eq!(resource_json(&alice, RECORDS).await, json!([]));
+    alice.cancel().await.unwrap();
+}
