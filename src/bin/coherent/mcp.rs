@@ -5,6 +5,9 @@
 //! one request on `.coherent/ctl` through the CLI's own client code; the result carries the
 //! reply object both as text and as structured content. A refusal is a tool error
 //! (`isError`) whose text starts with the reason code, then the volume's explanation.
+//!
+//! The live records and the session's inbox are also MCP resources, with subscriptions
+//! ([`resources`]).
 
 // A tool error is returned as the `CallToolResult` itself; it is large (an IndexMap inside,
 // serde_json `preserve_order`) but made once per call, so it is not boxed.
