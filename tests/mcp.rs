@@ -334,8 +334,10 @@ async fn mcp_wait_returns_on_the_accept_and_times_out() {
 /// `coherent mcp` spoken to line by line, without a client library in between.
 struct Raw {
     child: std::process::Child,
-    stdin: std::process::ChildStdin,
+    stdin: Option<std::process::ChildStdin>,
     lines: std::sync::mpsc::Receiver<Value>,
+    /// The answer to `initialize`.
+    init: Value,
 }
 
 impl Raw {
@@ -369,8 +371,9 @@ impl Raw {
         });
         let mut raw = Raw {
             child,
-            stdin,
+            stdin: Some(stdin),
             lines,
+            init: Value::Null,
         };
         raw.send(
             json!({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
@@ -381,16 +384,16 @@ impl Raw {
             .recv(Duration::from_secs(20))
             .expect("initialize answered");
         assert_eq!(r["id"], "init", "{r}");
+        raw.init = r;
         raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
         raw
     }
 
     fn send_bytes(&mut self, bytes: &[u8]) {
         use std::io::Write;
-        self.stdin
-            .write_all(bytes)
-            .expect("the server reads its stdin");
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().expect("stdin is open");
+        stdin.write_all(bytes).expect("the server reads its stdin");
+        stdin.flush().unwrap();
     }
 
     fn send(&mut self, v: Value) {
@@ -412,6 +415,11 @@ impl Raw {
                 return Some(v);
             }
         }
+    }
+
+    /// Close the server's stdin: the client is gone.
+    fn close_input(&mut self) {
+        self.stdin = None;
     }
 
     fn alive(&mut self) -> bool {
@@ -1119,4 +1127,30 @@ async fn mcp_records_subscription_hears_an_accept_and_the_commit_that_ends_it() 
     assert_eq!(uri, RECORDS);
     assert_eq!(resource_json(&alice, RECORDS).await, json!([]));
     alice.cancel().await.unwrap();
+}
+
+/// On the wire: the capability is `resources: {subscribe: true, listChanged: false}`, and a
+/// server with a subscription (its follower running) still ends when its input does.
+#[test]
+fn mcp_with_a_subscription_ends_with_its_input() {
+    let m = Mount::new(true);
+    let mut s = Raw::start(m.root(), "alice");
+    assert_eq!(
+        s.init["result"]["capabilities"]["resources"],
+        json!({"subscribe": true, "listChanged": false}),
+        "{}",
+        s.init
+    );
+    s.send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "resources/subscribe",
+        "params": {"uri": "coherent://records"}}),
+    );
+    let r = s
+        .reply(Duration::from_secs(20))
+        .expect("subscribe answered");
+    assert_eq!(r["id"], 2, "{r}");
+    assert_eq!(r["result"], json!({}), "{r}");
+    s.close_input();
+    let ended = common::wait_child(&mut s.child, Duration::from_secs(10));
+    assert!(ended.is_some(), "the server did not end with its input");
 }
