@@ -1078,6 +1078,18 @@ async fn mcp_inbox_subscription_hears_a_transfer_until_unsubscribed() {
     }
     let got = resource_json(&bob, INBOX).await;
     assert_eq!(got[0]["path"], "notes.md", "{got}");
+
+    // subscribed again (the follower stopped with the last subscription: it starts again)
+    bob.subscribe(SubscribeRequestParams::new(INBOX))
+        .await
+        .expect("subscribe again");
+    let r = cli(&m, Some("alice"), &["withdraw", "notes.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after the withdraw");
+    assert_eq!(uri, INBOX);
+    assert_eq!(resource_json(&bob, INBOX).await, json!([]));
     bob.cancel().await.unwrap();
 }
 

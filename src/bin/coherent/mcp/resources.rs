@@ -185,12 +185,17 @@ pub async fn subscribe(subs: &Shared, uri: &str, peer: &Peer<RoleServer>) -> Res
         }
     };
     if let Some((root, log)) = start {
-        g.following = true;
-        let subs = subs.clone();
-        std::thread::Builder::new()
+        // the thread takes the lock only once this subscribe has let it go
+        let shared = subs.clone();
+        let spawned = std::thread::Builder::new()
             .name("mcp-follow".into())
-            .spawn(move || follow(root, log, subs, tx))
-            .map_err(|e| McpError::internal_error(format!("cannot follow the log: {e}"), None))?;
+            .spawn(move || follow(root, log, shared, tx));
+        if let Err(e) = spawned {
+            g.known.remove(&res);
+            let msg = format!("cannot follow the log: {e}");
+            return Err(McpError::internal_error(msg, None));
+        }
+        g.following = true;
     }
     Ok(())
 }
