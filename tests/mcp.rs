@@ -1138,6 +1138,32 @@ async fn mcp_records_subscription_hears_an_accept_and_the_commit_that_ends_it() 
         .expect("an update after bob's commit");
     assert_eq!(uri, RECORDS);
     assert_eq!(resource_json(&alice, RECORDS).await, json!([]));
+
+    // a transfer of three files at once: a burst of three events, one update
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo a > a.md && echo b > b.md && echo c > c.md",
+    );
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["transfer", "--to", "bob", "a.md", "b.md", "c.md"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after the transfer of three files");
+    assert_eq!(uri, RECORDS);
+    let seen = wait_event(&m, Duration::from_secs(10), |e| {
+        e["event"] == "transfer" && e["path"] == "c.md"
+    });
+    assert!(seen.is_some(), "the transfer of c.md is not in the log");
+    if let Some(u) = next_update(&mut rx, Duration::from_millis(800)).await {
+        panic!("a second update for one transfer of three files: {u}");
+    }
+    let got = resource_json(&alice, RECORDS).await;
+    assert_eq!(got.as_array().map(Vec::len), Some(3), "{got}");
     alice.cancel().await.unwrap();
 }
 
