@@ -275,6 +275,19 @@ async fn mcp_outside_a_volume_is_a_tool_error_not_a_crash() {
     // the server is still there
     let r = call(&c, "status", json!({})).await;
     assert_eq!(r.is_error, Some(true));
+    // the resources are listed, but reading or subscribing says there is no volume
+    assert_eq!(c.list_all_resources().await.unwrap().len(), 2);
+    let e = read_resource(&c, "coherent://inbox")
+        .await
+        .expect_err("no volume");
+    assert!(e.to_string().contains("no coherent volume here"), "{e}");
+    let e = c
+        .subscribe(SubscribeRequestParams::new("coherent://records"))
+        .await
+        .expect_err("no volume");
+    assert!(e.to_string().contains("no coherent volume here"), "{e}");
+    let r = call(&c, "whoami", json!({})).await;
+    assert!(text(&r).contains("no coherent volume here"), "{}", text(&r));
     c.cancel().await.unwrap();
 }
 
