@@ -5,11 +5,16 @@
 mod coherent;
 mod common;
 
-use coherent::{cli, sh, sh_ok, Root, CLI, TAGS};
+use coherent::{cli, inbox, read_ctl_file, sh, sh_ok, wait_event, Root, CLI, TAGS};
 use common::Mount;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::{RoleClient, RunningService};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ReadResourceRequestParams, ReadResourceResult,
+    ResourceContents, ResourceUpdatedNotificationParam, SubscribeRequestParams,
+    UnsubscribeRequestParams,
+};
+use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
+use rmcp::ClientHandler;
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -19,6 +24,15 @@ type Client = RunningService<RoleClient, ()>;
 
 /// `coherent mcp` started in `dir` as session `who`, with an initialized client.
 async fn connect(dir: &Path, who: &str) -> Client {
+    connect_with(dir, who, ()).await
+}
+
+/// [`connect`] with a client handler of its own (to hear notifications).
+async fn connect_with<H: ClientHandler>(
+    dir: &Path,
+    who: &str,
+    handler: H,
+) -> RunningService<RoleClient, H> {
     let mut cmd = tokio::process::Command::new(CLI);
     cmd.arg("mcp").current_dir(dir);
     for t in TAGS {
@@ -26,7 +40,7 @@ async fn connect(dir: &Path, who: &str) -> Client {
     }
     cmd.env("COHERENT_SESSION", who);
     let transport = TokioChildProcess::new(cmd).expect("spawn coherent mcp");
-    tokio::time::timeout(Duration::from_secs(20), ().serve(transport))
+    tokio::time::timeout(Duration::from_secs(20), handler.serve(transport))
         .await
         .expect("initialize within 20 s")
         .expect("initialize")
@@ -257,6 +271,19 @@ async fn mcp_outside_a_volume_is_a_tool_error_not_a_crash() {
     // the server is still there
     let r = call(&c, "status", json!({})).await;
     assert_eq!(r.is_error, Some(true));
+    // the resources are listed, but reading or subscribing says there is no volume
+    assert_eq!(c.list_all_resources().await.unwrap().len(), 2);
+    let e = read_resource(&c, "coherent://inbox")
+        .await
+        .expect_err("no volume");
+    assert!(e.to_string().contains("no coherent volume here"), "{e}");
+    let e = c
+        .subscribe(SubscribeRequestParams::new("coherent://records"))
+        .await
+        .expect_err("no volume");
+    assert!(e.to_string().contains("no coherent volume here"), "{e}");
+    let r = call(&c, "whoami", json!({})).await;
+    assert!(text(&r).contains("no coherent volume here"), "{}", text(&r));
     c.cancel().await.unwrap();
 }
 
@@ -316,8 +343,10 @@ async fn mcp_wait_returns_on_the_accept_and_times_out() {
 /// `coherent mcp` spoken to line by line, without a client library in between.
 struct Raw {
     child: std::process::Child,
-    stdin: std::process::ChildStdin,
+    stdin: Option<std::process::ChildStdin>,
     lines: std::sync::mpsc::Receiver<Value>,
+    /// The answer to `initialize`.
+    init: Value,
 }
 
 impl Raw {
@@ -351,8 +380,9 @@ impl Raw {
         });
         let mut raw = Raw {
             child,
-            stdin,
+            stdin: Some(stdin),
             lines,
+            init: Value::Null,
         };
         raw.send(
             json!({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
@@ -363,16 +393,16 @@ impl Raw {
             .recv(Duration::from_secs(20))
             .expect("initialize answered");
         assert_eq!(r["id"], "init", "{r}");
+        raw.init = r;
         raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
         raw
     }
 
     fn send_bytes(&mut self, bytes: &[u8]) {
         use std::io::Write;
-        self.stdin
-            .write_all(bytes)
-            .expect("the server reads its stdin");
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().expect("stdin is open");
+        stdin.write_all(bytes).expect("the server reads its stdin");
+        stdin.flush().unwrap();
     }
 
     fn send(&mut self, v: Value) {
@@ -394,6 +424,11 @@ impl Raw {
                 return Some(v);
             }
         }
+    }
+
+    /// Close the server's stdin: the client is gone.
+    fn close_input(&mut self) {
+        self.stdin = None;
     }
 
     fn alive(&mut self) -> bool {
@@ -819,4 +854,350 @@ fn mcp_fuzz_answers_every_request_shaped_frame_and_never_dies() {
         got_ids.len(),
         got_null
     );
+}
+
+// ---- resources: the live records and the inbox --------------------------------------------
+
+const RECORDS: &str = "coherent://records";
+const INBOX: &str = "coherent://inbox";
+
+/// A client that passes on the URI of every `notifications/resources/updated` it hears.
+struct Updates(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl ClientHandler for Updates {
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(params.uri);
+    }
+}
+
+async fn read_resource<H: ClientHandler>(
+    c: &RunningService<RoleClient, H>,
+    uri: &str,
+) -> Result<ReadResourceResult, ServiceError> {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        c.read_resource(ReadResourceRequestParams::new(uri)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("read {uri} answered within 30 s"))
+}
+
+/// A resource's one content: JSON text, of type application/json, for its URI.
+async fn resource_json<H: ClientHandler>(c: &RunningService<RoleClient, H>, uri: &str) -> Value {
+    let r = read_resource(c, uri)
+        .await
+        .unwrap_or_else(|e| panic!("read {uri}: {e}"));
+    assert_eq!(r.contents.len(), 1, "{uri}: {r:?}");
+    let ResourceContents::TextResourceContents {
+        uri: got,
+        mime_type,
+        text,
+        ..
+    } = &r.contents[0]
+    else {
+        panic!("{uri}: not text: {r:?}")
+    };
+    assert_eq!(got, uri);
+    assert_eq!(mime_type.as_deref(), Some("application/json"), "{uri}");
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{uri} is not JSON ({e}): {text}"))
+}
+
+fn json_of(text: &str) -> Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// `resources/list` names both resources; `resources/read` gives what `.coherent/inbox` and
+/// the `live` records of `.coherent/status` say to the server's session; an unknown URI is
+/// JSON-RPC error -32002 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_resources_list_and_read_the_records_and_the_inbox() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && echo x > other.md",
+    );
+    let r = cli(
+        &m,
+        Some("alice"),
+        &[
+            "transfer",
+            "--to",
+            "bob",
+            "--note",
+            "over to you",
+            "plan.md",
+        ],
+    );
+    assert!(r.ok(), "{}", r.show());
+
+    let bob = connect(&root, "bob").await;
+    let caps = bob.peer_info().expect("server info").capabilities.clone();
+    let res = caps.resources.expect("the resources capability");
+    assert_eq!(res.subscribe, Some(true));
+    assert_eq!(res.list_changed, Some(false));
+    let mut listed = bob.list_all_resources().await.unwrap();
+    listed.sort_by(|a, b| a.uri.cmp(&b.uri));
+    let uris: Vec<&str> = listed.iter().map(|r| r.uri.as_str()).collect();
+    assert_eq!(uris, [INBOX, RECORDS]);
+    for r in &listed {
+        assert!(!r.name.is_empty(), "{r:?}");
+        assert!(
+            r.description.as_deref().is_some_and(|d| !d.is_empty()),
+            "{r:?}"
+        );
+        assert_eq!(r.mime_type.as_deref(), Some("application/json"), "{r:?}");
+    }
+
+    // bob's inbox: the handoff with its note, as .coherent/inbox shows it to bob
+    let got = resource_json(&bob, INBOX).await;
+    assert_eq!(got, json_of(&inbox(&m, Some("bob"))));
+    assert_eq!(got[0]["path"], "plan.md", "{got}");
+    assert_eq!(got[0]["note"], "over to you", "{got}");
+    let got = resource_json(&bob, RECORDS).await;
+    let live = json_of(&read_ctl_file(&m, Some("bob"), "status"))["live"].clone();
+    assert_eq!(got, live);
+    assert_eq!(got.as_array().map(Vec::len), Some(1), "{got}");
+    assert_eq!(got[0]["successor"], "bob", "{got}");
+
+    // alice (the giver): the same live record, and an empty inbox
+    let alice = connect(&root, "alice").await;
+    let got = resource_json(&alice, INBOX).await;
+    assert_eq!(got, json_of(&inbox(&m, Some("alice"))));
+    assert_eq!(got, json!([]));
+    assert_eq!(resource_json(&alice, RECORDS).await, live);
+
+    for uri in ["coherent://nope", "file:///etc/passwd", ""] {
+        let e = read_resource(&bob, uri).await.expect_err(uri);
+        let ServiceError::McpError(e) = e else {
+            panic!("{uri}: not a JSON-RPC error: {e}")
+        };
+        assert_eq!(e.code.0, -32002, "{uri}: {e:?}");
+        assert!(e.message.contains(uri), "{uri}: {e:?}");
+        assert_eq!(e.data, Some(json!({ "uri": uri })), "{uri}: {e:?}");
+    }
+    // a subscription to an unknown URI is refused the same way
+    let e = bob
+        .subscribe(SubscribeRequestParams::new("coherent://nope"))
+        .await
+        .expect_err("subscribe to an unknown URI");
+    assert!(
+        matches!(&e, ServiceError::McpError(e) if e.code.0 == -32002),
+        "{e}"
+    );
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+}
+
+/// The next URI heard, within `within`.
+async fn next_update(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    within: Duration,
+) -> Option<String> {
+    tokio::time::timeout(within, rx.recv()).await.ok().flatten()
+}
+
+/// After `resources/subscribe` of the inbox, a transfer to this session by another (through
+/// the CLI) is heard as `notifications/resources/updated` for the inbox, whose content then
+/// has the record; nothing is heard for the records, not subscribed. After
+/// `resources/unsubscribe`, a later transfer is heard of no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_inbox_subscription_hears_a_transfer_until_unsubscribed() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && echo notes > notes.md && echo x > other.md",
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let bob = connect_with(&root, "bob", Updates(tx)).await;
+    assert_eq!(resource_json(&bob, INBOX).await, json!([]));
+    bob.subscribe(SubscribeRequestParams::new(INBOX))
+        .await
+        .expect("subscribe to the inbox");
+
+    // changes that are not bob's inbox's (another file written, a handoff to carol) are
+    // heard of not at all: not for the inbox, and not for the records (not subscribed)
+    assert!(cli(&m, Some("carol"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo y >> other.md");
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["transfer", "--to", "carol", "other.md"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    let seen = wait_event(&m, Duration::from_secs(10), |e| {
+        e["event"] == "transfer" && e["path"] == "other.md"
+    });
+    assert!(seen.is_some(), "the transfer to carol is not in the log");
+    if let Some(u) = next_update(&mut rx, Duration::from_millis(1000)).await {
+        panic!("a notification for a change that is not bob's inbox: {u}");
+    }
+
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["transfer", "--to", "bob", "--note", "plan it", "plan.md"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    let t0 = Instant::now();
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("notifications/resources/updated within 20 s of the transfer");
+    assert_eq!(uri, INBOX);
+    eprintln!("heard the transfer after {:?}", t0.elapsed());
+    let got = resource_json(&bob, INBOX).await;
+    assert_eq!(got[0]["path"], "plan.md", "{got}");
+    assert_eq!(got[0]["note"], "plan it", "{got}");
+    assert_eq!(got[0]["giver"], "alice", "{got}");
+    // one burst, one notification: nothing else queued for it (and never the records)
+    if let Some(u) = next_update(&mut rx, Duration::from_millis(800)).await {
+        panic!("a second notification for the same transfer: {u}");
+    }
+
+    // bob declines: the inbox changes again, and is heard again
+    let r = cli(&m, Some("bob"), &["decline", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after the decline");
+    assert_eq!(uri, INBOX);
+    assert_eq!(resource_json(&bob, INBOX).await, json!([]));
+
+    bob.unsubscribe(UnsubscribeRequestParams::new(INBOX))
+        .await
+        .expect("unsubscribe");
+    let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", "notes.md"]);
+    assert!(r.ok(), "{}", r.show());
+    // the transfer is in the log; then a grace of several poll periods of the server
+    let seen = wait_event(&m, Duration::from_secs(10), |e| {
+        e["event"] == "transfer" && e["path"] == "notes.md"
+    });
+    assert!(seen.is_some(), "the second transfer is not in the log");
+    if let Some(u) = next_update(&mut rx, Duration::from_millis(1500)).await {
+        panic!("a notification after the unsubscribe: {u}");
+    }
+    let got = resource_json(&bob, INBOX).await;
+    assert_eq!(got[0]["path"], "notes.md", "{got}");
+
+    // subscribed again (the follower stopped with the last subscription: it starts again)
+    bob.subscribe(SubscribeRequestParams::new(INBOX))
+        .await
+        .expect("subscribe again");
+    let r = cli(&m, Some("alice"), &["withdraw", "notes.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after the withdraw");
+    assert_eq!(uri, INBOX);
+    assert_eq!(resource_json(&bob, INBOX).await, json!([]));
+    bob.cancel().await.unwrap();
+}
+
+/// A subscription to the records hears a record change status (an accept) and end by a
+/// commit of its path (no record event: the version moves), each as one update, and the
+/// read after each shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_records_subscription_hears_an_accept_and_the_commit_that_ends_it() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let alice = connect_with(&root, "alice", Updates(tx)).await;
+    alice
+        .subscribe(SubscribeRequestParams::new(RECORDS))
+        .await
+        .expect("subscribe to the records");
+    assert_eq!(resource_json(&alice, RECORDS).await[0]["status"], "pending");
+    // bob's first open (a read) is logged, `handoff_seen`, before the accept: the commit
+    // below then comes with no record event at all
+    sh_ok(&m, Some("bob"), "cat plan.md");
+    let seen = wait_event(&m, Duration::from_secs(10), |e| {
+        e["event"] == "handoff_seen" && e["path"] == "plan.md"
+    });
+    assert!(seen.is_some(), "no handoff_seen for bob's read");
+
+    let r = cli(&m, Some("bob"), &["accept", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after the accept");
+    assert_eq!(uri, RECORDS);
+    let got = resource_json(&alice, RECORDS).await;
+    assert_eq!(got[0]["status"], "completed", "{got}");
+    // whatever the read and the accept still bring is heard now, not after the commit
+    while let Some(u) = next_update(&mut rx, Duration::from_millis(500)).await {
+        assert_eq!(u, RECORDS);
+    }
+
+    sh_ok(&m, Some("bob"), "echo done >> plan.md");
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after bob's commit");
+    assert_eq!(uri, RECORDS);
+    assert_eq!(resource_json(&alice, RECORDS).await, json!([]));
+
+    // a transfer of three files at once: a burst of three events, one update
+    sh_ok(
+        &m,
+        Some("alice"),
+        "echo a > a.md && echo b > b.md && echo c > c.md",
+    );
+    let r = cli(
+        &m,
+        Some("alice"),
+        &["transfer", "--to", "bob", "a.md", "b.md", "c.md"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    let uri = next_update(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("an update after the transfer of three files");
+    assert_eq!(uri, RECORDS);
+    let seen = wait_event(&m, Duration::from_secs(10), |e| {
+        e["event"] == "transfer" && e["path"] == "c.md"
+    });
+    assert!(seen.is_some(), "the transfer of c.md is not in the log");
+    if let Some(u) = next_update(&mut rx, Duration::from_millis(800)).await {
+        panic!("a second update for one transfer of three files: {u}");
+    }
+    let got = resource_json(&alice, RECORDS).await;
+    assert_eq!(got.as_array().map(Vec::len), Some(3), "{got}");
+    alice.cancel().await.unwrap();
+}
+
+/// On the wire: the capability is `resources: {subscribe: true, listChanged: false}`, and a
+/// server with a subscription (its follower running) still ends when its input does.
+#[test]
+fn mcp_with_a_subscription_ends_with_its_input() {
+    let m = Mount::new(true);
+    let mut s = Raw::start(m.root(), "alice");
+    assert_eq!(
+        s.init["result"]["capabilities"]["resources"],
+        json!({"subscribe": true, "listChanged": false}),
+        "{}",
+        s.init
+    );
+    s.send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "resources/subscribe",
+        "params": {"uri": "coherent://records"}}),
+    );
+    let r = s
+        .reply(Duration::from_secs(20))
+        .expect("subscribe answered");
+    assert_eq!(r["id"], 2, "{r}");
+    assert_eq!(r["result"], json!({}), "{r}");
+    s.close_input();
+    let ended = common::wait_child(&mut s.child, Duration::from_secs(10));
+    assert!(ended.is_some(), "the server did not end with its input");
 }
