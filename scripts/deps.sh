@@ -2,7 +2,7 @@
 # Installs what the tests, scripts/conformance.sh and scripts/bench.sh need on a fresh
 # Debian machine (run as root). Idempotent and quiet: does nothing slow when all is there.
 #   apt:   fuse3 (fusermount3), bindfs (the FUSE peer), fio, attr (getfattr/setfattr),
-#          rsync and git (the copy and tracking tests),
+#          rsync, git and ripgrep (the copy, tracking and listing tests),
 #          acl + libacl1-dev (pjdfstest links libacl); gcc, python3 and nodejs if missing;
 #          etcd-server + etcd-client (etcd and etcdctl: scripts/etcd.sh, the etcd coordinator's
 #          tests; if the package's own etcd service starts on port 2379 it is left alone,
@@ -14,7 +14,7 @@
 #   /dev/fuse (loads the fuse module if needed)
 set -euo pipefail
 
-APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git etcd-server etcd-client protobuf-compiler libprotobuf-dev)
+APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git ripgrep etcd-server etcd-client protobuf-compiler libprotobuf-dev)
 CARGO_CRATES=(pjdfstest@0.2.2 fsx@0.3.2)
 
 die() {

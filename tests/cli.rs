@@ -352,10 +352,10 @@ fn whoami_warns_about_the_export_trap() {
 #[test]
 fn a_node_process_under_coherent_run_is_fenced_like_a_shell() {
     use coherent::{cli, sh_ok, Root};
-    if Command::new("node").arg("--version").output().is_err() {
-        eprintln!("NOT RUN: node is not installed (apt-get install nodejs)");
-        return;
-    }
+    assert!(
+        Command::new("node").arg("--version").output().is_ok(),
+        "node is not installed (bash scripts/deps.sh installs nodejs)"
+    );
     let m = common::Mount::new(true);
     assert!(cli(&m, Some("bob"), &["register"]).ok());
     sh_ok(&m, Some("alice"), "echo plan > plan.md");

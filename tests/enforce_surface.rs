@@ -61,10 +61,12 @@ fn the_control_directory_is_hidden_from_listings_of_the_root() {
     );
     assert!(git.contains("plan.md"), "{git}");
     assert!(!git.contains(".coherent"), "git add -A staged it: {git}");
-    if sh(&m, None, "command -v rg").ok() {
-        let rg = sh_ok(&m, Some("alice"), "rg --files --hidden --no-ignore");
-        assert!(!rg.contains(".coherent"), "{rg}");
-    }
+    assert!(
+        sh(&m, None, "command -v rg").ok(),
+        "rg is not installed (bash scripts/deps.sh installs ripgrep)"
+    );
+    let rg = sh_ok(&m, Some("alice"), "rg --files --hidden --no-ignore");
+    assert!(rg.contains("plan.md") && !rg.contains(".coherent"), "{rg}");
     // reachable by name, as before
     let who = sh_ok(&m, Some("alice"), "cat .coherent/whoami");
     assert!(who.contains("alice"), "{who}");
