@@ -188,6 +188,10 @@ enum Told<'a> {
     Stale(&'a str, u64, u64),
 }
 
+/// How long a transfer asks again whether a file is still open for writing where the
+/// volume does not see it, before refusing (see [`Volume::unseen_writer`]).
+const UNSEEN_WRITER_SETTLE: Duration = Duration::from_millis(100);
+
 /// The coherent volume: the [`Policy`] and the `.coherent/` backend of [`crate::fs::Fs`].
 pub struct Volume {
     engine: Arc<Engine>,
@@ -654,19 +658,31 @@ impl Volume {
     /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
     /// filesystem cannot tell.
     fn unseen_writer(&self, p: &str) -> Option<bool> {
-        if !crate::store::open_for_writing(self.root.as_fd(), p)? {
-            return Some(false);
-        }
         let mut names = vec![p.to_string()];
         if let Some((st, _)) = self.stat(p) {
             names.extend(self.engine.paths_of_inode(st.ino));
         }
-        let ours = self
-            .handles
-            .lock()
-            .values()
-            .any(|w| names.contains(&w.path));
-        Some(!ours)
+        // A write handle the volume has just released closes its backing file (and the
+        // kernel drops its passthrough reference, a deferred close) a moment after the
+        // volume hears of it: ask again for a short while before calling a writer unseen.
+        let settle = Instant::now() + UNSEEN_WRITER_SETTLE;
+        loop {
+            if !crate::store::open_for_writing(self.root.as_fd(), p)? {
+                return Some(false);
+            }
+            if self
+                .handles
+                .lock()
+                .values()
+                .any(|w| names.contains(&w.path))
+            {
+                return Some(false);
+            }
+            if Instant::now() >= settle {
+                return Some(true);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Says once per daemon that writers outside the volume cannot be seen on this backing

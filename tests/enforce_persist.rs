@@ -280,3 +280,44 @@ for line in sys.stdin:
     transfer(&m, &alice, "bob-fd", &["plan.md"]);
     assert!(live_record(&m, "plan.md").is_some());
 }
+
+/// A giver that writes and hands on at once, the way agents do: the write handle's close
+/// reaches the daemon, and the backing file is closed, a moment after the shell goes on.
+/// The transfer waits for that close and is never taken for an unseen writer.
+#[test]
+fn write_then_transfer_at_once_is_never_an_unseen_writer() {
+    let m = mount(true);
+    let giver = unique("quick-giver");
+    assert!(cli(&m, Some("quick-taker"), &["register"]).ok());
+    for i in 0..60 {
+        let r = sh(
+            &m,
+            Some(&giver),
+            &format!(
+                "echo {i} >> q.md && {CLI} transfer --to quick-taker q.md && {CLI} withdraw q.md"
+            ),
+        );
+        assert!(r.ok(), "round {i}: {}", r.show());
+    }
+}
+
+/// The kernel says the file is open for writing while a bystander holds it open through
+/// the volume: that is a handle the volume sees, and it reserves nothing, so the giver's
+/// transfer is acknowledged all the same.
+#[test]
+fn a_bystanders_open_write_handle_does_not_hold_up_a_transfer() {
+    let m = mount(true);
+    let (giver, by) = (unique("by-giver"), unique("by-stander"));
+    assert!(cli(&m, Some("by-taker"), &["register"]).ok());
+    sh_ok(&m, Some(&giver), "echo plan > b.md");
+    let mut h = hold_open(&m, Some(&by), "b.md", true).expect("the bystander opens b.md");
+    assert!(
+        wait_event(&m, SETTLE, |e| e["event"] == "acquire"
+            && e["session"] == by.as_str())
+        .is_some(),
+        "no acquire by the bystander"
+    );
+    let (code, v) = cli_json(&m, Some(&giver), &["transfer", "--to", "by-taker", "b.md"]);
+    assert_eq!(code, Some(0), "{v}");
+    h.close();
+}
