@@ -75,6 +75,13 @@ fn exec_start(mnt: &Path, env: &[(&str, &str)]) -> Vec<String> {
     out
 }
 
+/// A notice in the test run's own output, passed or not (the test harness keeps what
+/// `eprintln!` prints for failures only): what could not be run here is said plainly.
+fn say(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "systemd_unit: NOTE: {what}");
+}
+
 #[test]
 fn unit_declares_notify_readiness_and_a_clean_stop() {
     assert_eq!(service_key("Type").as_deref(), Some("notify"));
@@ -172,16 +179,16 @@ fn systemd_tools_accept_and_run_the_unit_where_present() {
             .collect();
         assert!(problems.is_empty(), "systemd-analyze verify: {err}");
     } else {
-        eprintln!("systemd-analyze is not installed here: the unit was not verified by systemd");
+        say("systemd-analyze is not installed here: the unit was not verified by systemd");
     }
     if !Path::new("/run/systemd/system").is_dir() {
-        eprintln!(
+        say(&format!(
             "systemd is not PID 1 here ({}): systemctl start/stop of the unit not run; \
              its ExecStart was run under the test's own NOTIFY_SOCKET instead",
             std::fs::read_to_string("/proc/1/comm")
                 .unwrap_or_default()
                 .trim()
-        );
+        ));
         return;
     }
     // systemd is PID 1: the real thing, as a runtime unit.
