@@ -591,7 +591,7 @@ impl Fs {
     }
 
     /// When the last reference to the handle goes away. True when it was a backing
-    /// file's (whose passthrough registration, if any, can go).
+    /// file's (whatever it kept, its passthrough registration too, goes with it).
     pub fn release(&self, caller: &Caller, ino: u64, fh: u64) -> bool {
         match self.router.node(ino) {
             Node::Pseudo(_) => {
