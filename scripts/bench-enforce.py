@@ -93,10 +93,10 @@ def main():
         h.write("plan\n")
     ctl = os.path.join(mnt, ".coherent/ctl")
     N = 200
+    # each successor registers itself (a process registers only its own session)
     for i in range(N):
-        fd = os.open(ctl, os.O_RDWR)
-        os.write(fd, f"register s{i}".encode())
-        os.close(fd)
+        subprocess.run([CLI, "register"], check=True, stdout=subprocess.DEVNULL, cwd=mnt,
+                       env=dict(os.environ, COHERENT_SESSION=f"s{i}"))
     cli, raw = [], []
     for i in range(N):
         open(f).read()  # a view (S hold) at the current version
