@@ -51,10 +51,70 @@ async fn call(c: &Client, tool: &str, args: Value) -> CallToolResult {
         panic!("arguments are an object")
     };
     let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args);
-    tokio::time::timeout(Duration::from_secs(30), c.call_tool(params))
+    let r = tokio::time::timeout(Duration::from_secs(30), c.call_tool(params))
         .await
         .unwrap_or_else(|_| panic!("{tool} answered within 30 s"))
-        .unwrap_or_else(|e| panic!("{tool}: protocol error {e}"))
+        .unwrap_or_else(|e| panic!("{tool}: protocol error {e}"));
+    // Every structured result, refusals included, follows the tool's declared output
+    // schema (the MCP spec: a server that declares one MUST conform to it).
+    if let Some(got) = &r.structured_content {
+        let tools = c.list_all_tools().await.expect("tools/list");
+        let t = tools
+            .iter()
+            .find(|t| t.name == tool)
+            .expect("the tool is listed");
+        let schema = Value::Object((**t.output_schema.as_ref().expect("an output schema")).clone());
+        if let Err(e) = conforms(got, &schema, "$") {
+            panic!("{tool}: structured content does not follow its output schema: {e}\n{got}");
+        }
+    }
+    r
+}
+
+/// The subset of JSON Schema the output schemas use: `type` (one or a list), `properties`,
+/// `required`, `items`, `enum`.
+fn conforms(v: &Value, schema: &Value, at: &str) -> Result<(), String> {
+    let type_ok = |t: &str| match t {
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        "string" => v.is_string(),
+        "boolean" => v.is_boolean(),
+        "integer" => v.is_i64() || v.is_u64(),
+        "number" => v.is_number(),
+        "null" => v.is_null(),
+        other => panic!("{at}: a schema type this checker does not know: {other}"),
+    };
+    match &schema["type"] {
+        Value::String(t) if !type_ok(t) => return Err(format!("{at}: not a {t}: {v}")),
+        Value::Array(ts) if !ts.iter().any(|t| type_ok(t.as_str().unwrap())) => {
+            return Err(format!("{at}: none of {ts:?}: {v}"))
+        }
+        _ => {}
+    }
+    if let Some(allowed) = schema["enum"].as_array() {
+        if !allowed.contains(v) {
+            return Err(format!("{at}: {v} is not one of {allowed:?}"));
+        }
+    }
+    if let (Some(obj), Some(props)) = (v.as_object(), schema["properties"].as_object()) {
+        for k in schema["required"].as_array().into_iter().flatten() {
+            let k = k.as_str().unwrap();
+            if !obj.contains_key(k) {
+                return Err(format!("{at}: `{k}` is required"));
+            }
+        }
+        for (k, sub) in props {
+            if let Some(x) = obj.get(k) {
+                conforms(x, sub, &format!("{at}.{k}"))?;
+            }
+        }
+    }
+    if let (Some(items), Some(sub)) = (v.as_array(), schema.get("items")) {
+        for (i, x) in items.iter().enumerate() {
+            conforms(x, sub, &format!("{at}[{i}]"))?;
+        }
+    }
+    Ok(())
 }
 
 fn text(r: &CallToolResult) -> String {
@@ -632,6 +692,13 @@ async fn mcp_tools_are_annotated_and_their_schemas_travel() {
         assert_eq!(a.idempotent_hint, Some(idempotent), "{name}");
         assert_eq!(a.destructive_hint, Some(false), "{name}");
         assert_eq!(a.open_world_hint, Some(false), "{name}");
+        let out = Value::Object((**t.output_schema.as_ref().expect("an output schema")).clone());
+        assert_eq!(out["type"], "object", "{name}: {out}");
+        assert_eq!(
+            out["required"],
+            json!(["ok", "verb", "message"]),
+            "{name}: {out}"
+        );
         let schema = Value::Object((*t.input_schema).clone());
         for k in ["oneOf", "anyOf", "allOf"] {
             assert!(schema.get(k).is_none(), "{name}: top-level {k}: {schema}");

@@ -151,6 +151,48 @@ fn paths_props() -> Value {
     })
 }
 
+/// A handoff record in a reply (docs/handoff.md): the fields a client reads; the rest are
+/// described there.
+fn record_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "path": { "type": "string" },
+            "giver": { "type": "string" },
+            "successor": { "type": ["string", "null"] },
+            "status": { "type": "string", "enum": ["pending", "completed", "overtaken", "declined", "withdrawn", "superseded"] },
+            "version_at_transfer": { "type": "integer" },
+            "note": { "type": ["string", "null"] },
+            "live": { "type": "boolean" }
+        },
+        "required": ["path", "status"]
+    })
+}
+
+/// The output schema of a tool: the volume's reply object (docs/control.md). `ok`, `verb`
+/// and `message` are always there; a refusal adds `reason`, `errno` and, where it names
+/// them, `path` and the record's `status`; a success adds what its verb answers
+/// (`extra`). The structured content of every result, refusals included, follows it.
+fn output_schema(extra: Value) -> Arc<JsonObject> {
+    let mut props = json!({
+        "ok": { "type": "boolean", "description": "true: done; false: refused (see reason)" },
+        "verb": { "type": "string" },
+        "message": { "type": "string", "description": "one human line" },
+        "reason": { "type": "string", "description": "the refusal's reason code (docs/handoff.md)" },
+        "errno": { "type": "integer" },
+        "path": { "type": "string" },
+        "status": { "type": ["string", "object"], "description": "a refusal: the status of the path's record; the status tool: the report" }
+    });
+    if let (Value::Object(p), Value::Object(x)) = (&mut props, extra) {
+        p.extend(x);
+    }
+    schema(props, &["ok", "verb", "message"])
+}
+
+fn records_out() -> Arc<JsonObject> {
+    output_schema(json!({ "records": { "type": "array", "items": record_schema() } }))
+}
+
 /// What a tool does to the world, for the client (MCP `ToolAnnotations`). No tool deletes
 /// or overwrites data, and none reaches outside the volume.
 fn hints(read_only: bool, idempotent: bool) -> ToolAnnotations {
@@ -182,6 +224,7 @@ fn tools() -> Vec<Tool> {
             "Which session this agent is on the volume, its agent id, and how it was resolved.",
             schema(json!({}), &[]),
         )
+        .with_raw_output_schema(output_schema(json!({ "session": { "type": "string" }, "agent": { "type": "string" }, "via": { "type": "object" } })))
         .annotate(hints(true, true)),
         Tool::new(
             "status",
@@ -191,12 +234,14 @@ fn tools() -> Vec<Tool> {
                 &[],
             ),
         )
+        .with_raw_output_schema(output_schema(json!({})))
         .annotate(hints(true, true)),
         Tool::new(
             "inbox",
             "Files handed to this session that are still live, with the giver's notes.",
             schema(json!({}), &[]),
         )
+        .with_raw_output_schema(records_out())
         .annotate(hints(true, true)),
         Tool::new(
             "transfer",
@@ -205,6 +250,7 @@ fn tools() -> Vec<Tool> {
              withdraw them. Give `path` or `paths`.",
             schema(transfer_props, &["to"]),
         )
+        .with_raw_output_schema(records_out())
         .annotate(hints(false, false)),
         Tool::new(
             "accept",
@@ -212,6 +258,7 @@ fn tools() -> Vec<Tool> {
              changes). Give `path` or `paths`.",
             schema(paths_props(), &[]),
         )
+        .with_raw_output_schema(records_out())
         .annotate(hints(false, true)),
         Tool::new(
             "decline",
@@ -219,6 +266,7 @@ fn tools() -> Vec<Tool> {
              `path` or `paths`.",
             schema(paths_props(), &[]),
         )
+        .with_raw_output_schema(records_out())
         .annotate(hints(false, true)),
         Tool::new(
             "withdraw",
@@ -226,6 +274,7 @@ fn tools() -> Vec<Tool> {
              or `paths`.",
             schema(paths_props(), &[]),
         )
+        .with_raw_output_schema(records_out())
         .annotate(hints(false, true)),
         Tool::new(
             "wait",
@@ -241,6 +290,7 @@ fn tools() -> Vec<Tool> {
                 &["path"],
             ),
         )
+        .with_raw_output_schema(output_schema(json!({ "reached": { "type": "boolean", "description": "false: the time ran out first" } })))
         .annotate(hints(true, true)),
     ]
 }
