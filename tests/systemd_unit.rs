@@ -118,7 +118,7 @@ fn exec_start_tells_ready_once_usable_and_stops_cleanly_on_the_kill_signal() {
         ],
     );
     let log = d.join("log");
-    let mut child = Command::new(&argv[0])
+    let child = Command::new(&argv[0])
         .args(&argv[1..])
         .env("NOTIFY_SOCKET", &sock_path)
         .stdin(Stdio::null())
@@ -126,6 +126,20 @@ fn exec_start_tells_ready_once_usable_and_stops_cleanly_on_the_kill_signal() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
+    // A failed assertion below must not leave the daemon and its mount behind.
+    struct Daemon(std::process::Child, PathBuf);
+    impl Drop for Daemon {
+        fn drop(&mut self) {
+            if self.0.try_wait().ok().flatten().is_none() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+            if is_mounted(&self.1) {
+                lazy_umount(&self.1);
+            }
+        }
+    }
+    let mut child = Daemon(child, mnt.clone());
     let mut buf = [0u8; 256];
     let got = sock.recv(&mut buf);
     // At the moment of READY=1 the mount must already answer: no waiting here.
@@ -146,8 +160,8 @@ fn exec_start_tells_ready_once_usable_and_stops_cleanly_on_the_kill_signal() {
     );
     assert_eq!(std::fs::read(mnt.join("plan.md")).unwrap(), b"plan\n");
     assert!(logtext().contains("stale=Strict"), "{}", logtext());
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let st = wait_child(&mut child, TIMEOUT).expect("stopped on SIGTERM");
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let st = wait_child(&mut child.0, TIMEOUT).expect("stopped on SIGTERM");
     assert!(st.success(), "{st:?}\n{}", logtext());
     assert!(!is_mounted(&mnt));
     assert!(logtext().contains("unmounted, exiting"), "{}", logtext());
