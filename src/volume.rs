@@ -658,6 +658,10 @@ impl Volume {
     /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
     /// filesystem cannot tell.
     fn unseen_writer(&self, p: &str) -> Option<bool> {
+        if !crate::store::open_for_writing(self.root.as_fd(), p)? {
+            return Some(false);
+        }
+        // Only now: the names of the file (a scan of the engine's paths).
         let mut names = vec![p.to_string()];
         if let Some((st, _)) = self.stat(p) {
             names.extend(self.engine.paths_of_inode(st.ino));

@@ -166,42 +166,18 @@ fn mount_options(
     Ok((out, acl))
 }
 
+/// The `-o` FUSE options (already checked by [`mount_opts::rewrite`]) as fuser's options
+/// and who may enter.
 fn given_options(opts: &[String]) -> (Vec<MountOption>, SessionACL) {
     let mut out = Vec::new();
     let mut acl = SessionACL::Owner;
-    for o in opts
-        .iter()
-        .flat_map(|s| s.split(','))
-        .filter(|s| !s.is_empty())
-    {
-        out.push(match o {
-            "allow_other" => {
-                acl = SessionACL::All;
-                continue;
-            }
-            "allow_root" => {
-                acl = SessionACL::RootAndOwner;
-                continue;
-            }
-            "default_permissions" => MountOption::DefaultPermissions,
-            "auto_unmount" => MountOption::AutoUnmount,
-            "ro" => MountOption::RO,
-            "rw" => MountOption::RW,
-            "dev" => MountOption::Dev,
-            "nodev" => MountOption::NoDev,
-            "suid" => MountOption::Suid,
-            "nosuid" => MountOption::NoSuid,
-            "exec" => MountOption::Exec,
-            "noexec" => MountOption::NoExec,
-            "atime" => MountOption::Atime,
-            "noatime" => MountOption::NoAtime,
-            "sync" => MountOption::Sync,
-            "async" => MountOption::Async,
-            "dirsync" => MountOption::DirSync,
-            x if x.starts_with("fsname=") => MountOption::FSName(x[7..].into()),
-            x if x.starts_with("subtype=") => MountOption::Subtype(x[8..].into()),
-            x => MountOption::CUSTOM(x.into()),
-        });
+    for o in opts.iter().flat_map(|s| mount_opts::split_options(s)) {
+        match mount_opts::fuse_option(&o) {
+            Some(mount_opts::Fuse::Acl(a)) => acl = a,
+            Some(mount_opts::Fuse::Opt(m)) => out.push(m),
+            // Refused before this (rewrite); kept out rather than passed on unchecked.
+            None => tracing::warn!("ignoring unknown mount option {o}"),
+        }
     }
     (out, acl)
 }

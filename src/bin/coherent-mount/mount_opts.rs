@@ -14,8 +14,10 @@
 use std::ffi::OsString;
 
 use clap::CommandFactory;
+use fuser::{MountOption, SessionACL};
 
-/// The options passed on to the kernel as FUSE mount options (or read by fuser).
+/// The FUSE/kernel options by name, for the refusal's list; each is read by
+/// [`fuse_option`] (a name ending in `=` takes a value).
 pub const FUSE_OPTIONS: &[&str] = &[
     "allow_other",
     "allow_root",
@@ -37,6 +39,41 @@ pub const FUSE_OPTIONS: &[&str] = &[
     "fsname=",
     "subtype=",
 ];
+
+/// What a FUSE option does: who may enter the mount, or a mount option for fuser.
+pub enum Fuse {
+    Acl(SessionACL),
+    Opt(MountOption),
+}
+
+/// The one reading of a FUSE option; `None`: not one.
+pub fn fuse_option(o: &str) -> Option<Fuse> {
+    use MountOption as M;
+    Some(Fuse::Opt(match o {
+        "allow_other" => return Some(Fuse::Acl(SessionACL::All)),
+        "allow_root" => return Some(Fuse::Acl(SessionACL::RootAndOwner)),
+        "default_permissions" => M::DefaultPermissions,
+        "auto_unmount" => M::AutoUnmount,
+        "ro" => M::RO,
+        "rw" => M::RW,
+        "dev" => M::Dev,
+        "nodev" => M::NoDev,
+        "suid" => M::Suid,
+        "nosuid" => M::NoSuid,
+        "exec" => M::Exec,
+        "noexec" => M::NoExec,
+        "atime" => M::Atime,
+        "noatime" => M::NoAtime,
+        "sync" => M::Sync,
+        "async" => M::Async,
+        "dirsync" => M::DirSync,
+        x => match x.split_once('=') {
+            Some(("fsname", v)) => M::FSName(v.into()),
+            Some(("subtype", v)) => M::Subtype(v.into()),
+            _ => return None,
+        },
+    }))
+}
 
 /// Options that belong to fstab, mount(8) or systemd, not to the filesystem.
 fn ignored(opt: &str) -> bool {
@@ -192,10 +229,7 @@ pub fn rewrite<C: CommandFactory>(argv: Vec<OsString>) -> Result<Invocation, Str
                         return Err(format!("option {name} takes no value (write just {name})"))
                     }
                 }
-            } else if FUSE_OPTIONS
-                .iter()
-                .any(|f| *f == opt || (f.ends_with('=') && opt.starts_with(f)))
-            {
+            } else if fuse_option(&opt).is_some() {
                 fuse.push(opt);
             } else if ignored(&opt) {
                 continue;
@@ -295,6 +329,21 @@ mod tests {
         let e = run(&["coherent-mount", "/b", "-o", "no_passthrough=1"]).unwrap_err();
         assert!(e.contains("takes no value"), "{e}");
         assert!(run(&["coherent-mount", "/b", "-o"]).is_err());
+    }
+
+    #[test]
+    fn every_listed_fuse_option_is_read_and_nothing_else() {
+        for name in FUSE_OPTIONS {
+            let o = if name.ends_with('=') {
+                format!("{name}x")
+            } else {
+                name.to_string()
+            };
+            assert!(fuse_option(&o).is_some(), "{o}");
+        }
+        for o in ["nonsense", "fsname", "ro=1", "allow_others"] {
+            assert!(fuse_option(o).is_none(), "{o}");
+        }
     }
 
     #[test]
