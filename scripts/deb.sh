@@ -81,7 +81,6 @@ Depends: fuse3, libc6
 Installed-Size: $size
 Section: utils
 Priority: optional
-Homepage: https://example.invalid/coherent
 Description: FUSE-mounted coherent volume for AI coding agents
  coherent-mount mounts a workspace through FUSE, maps every process to its agent
  session, counts a version per file and refuses (EACCES) every write of an agent
@@ -95,7 +94,8 @@ EOF
 # check: the package as a user gets it, on this machine.
 check_deb() {
     [[ $EUID -eq 0 ]] || die "check needs root (dpkg -i, mount)"
-    [[ -s $deb ]] || build_deb
+    # Always the package of this tree (an older .deb may be lying in target/deb).
+    build_deb
     say "dpkg -i $deb"
     dpkg -i "$deb" >/tmp/deb-check-dpkg.log 2>&1 || { cat /tmp/deb-check-dpkg.log >&2; die "dpkg -i failed"; }
     local work
