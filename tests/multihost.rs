@@ -456,6 +456,9 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
     }
     // The model: per file, the live handoff (giver, successor) the test was told of.
     let mut fenced: std::collections::HashMap<&str, (&str, &str)> = Default::default();
+    // Handoffs (file, giver, successor) declined or withdrawn at the file's current
+    // version: an exact re-send answers `handoff_ended`, before any other check (§5).
+    let mut ended: std::collections::HashSet<(&str, &str, &str)> = Default::default();
     let mut admitted_after_ack = Vec::new();
     for step in 0..70 {
         let h = if rng.below(2) == 0 { &p.a } else { &p.b };
@@ -466,6 +469,10 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
         match what {
             0..=3 => {
                 let r = write(h, Some(who), f);
+                if r.ok() {
+                    // The version moved: what ended at the old one may be sent again.
+                    ended.retain(|e| e.0 != f);
+                }
                 match fenced.get(f) {
                     Some(&(g, _)) if g == who => {
                         if !r.denied() {
@@ -496,6 +503,10 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
                     last = cli_json(h, Some(who), &["transfer", "--to", to, f]);
                     last.1["reason"] != "handoff_in_flight"
                 });
+                if ended.contains(&(f, who, to)) {
+                    assert_eq!(last.1["reason"], "handoff_ended", "{ctx}: {}", last.1);
+                    continue;
+                }
                 match fenced.get(f) {
                     Some(&(g, _)) if g != who => {
                         assert_eq!(
@@ -526,14 +537,18 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
                 let (code, _) = cli_json(h, Some(who), &["decline", f]);
                 if code == Some(0) {
                     assert_eq!(fenced.get(f).map(|x| x.1), Some(who), "{ctx}: declined {f}");
-                    fenced.remove(f);
+                    if let Some((g, t)) = fenced.remove(f) {
+                        ended.insert((f, g, t));
+                    }
                 }
             }
             8 => {
                 let (code, _) = cli_json(h, Some(who), &["withdraw", f]);
                 if code == Some(0) {
                     assert_eq!(fenced.get(f).map(|x| x.0), Some(who), "{ctx}: withdrew {f}");
-                    fenced.remove(f);
+                    if let Some((g, t)) = fenced.remove(f) {
+                        ended.insert((f, g, t));
+                    }
                 }
             }
             _ => {
