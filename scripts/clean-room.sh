@@ -73,11 +73,16 @@ ca=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 # --- the cached minimal root ----------------------------------------------------------
 mkdir -p "$CACHE"
 tarball=$CACHE/$suite-minbase.tar
+# A cache that is not a tar file (an older script's directory) is made again.
+[[ -e $tarball && ! -f $tarball ]] && rm -rf --one-file-system "$tarball"
 if ((refresh)) || [[ ! -s $tarball ]] || [[ -n $(find "$tarball" -mtime +7 2>/dev/null) ]]; then
     say "making a minimal $suite root with mmdebstrap (cached in $tarball)"
     start=$SECONDS
-    mmdebstrap --variant=minbase --quiet "$suite" "$tarball.tmp" >/tmp/clean-room-mmdebstrap.log 2>&1 ||
-        { tail -20 /tmp/clean-room-mmdebstrap.log >&2; rm -f "$tarball.tmp"; die "mmdebstrap failed"; }
+    # The format is named: mmdebstrap reads it from the file name otherwise, and a
+    # `.tmp` name makes a directory.
+    rm -rf --one-file-system "$tarball.tmp"
+    mmdebstrap --variant=minbase --format=tar --quiet "$suite" "$tarball.tmp" >/tmp/clean-room-mmdebstrap.log 2>&1 ||
+        { tail -20 /tmp/clean-room-mmdebstrap.log >&2; rm -rf "$tarball.tmp"; die "mmdebstrap failed"; }
     mv "$tarball.tmp" "$tarball"
     say "root made in $((SECONDS - start)) s"
 fi
