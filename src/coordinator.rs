@@ -51,12 +51,15 @@ pub trait Coordinator: Send + Sync {
     fn shared(&self, engine: &Engine, path: &str) -> bool;
 
     /// Runs `op` (engine calls changing `paths`, or paths under them when a name is a
-    /// directory) as one agreed step of `kind`.
+    /// directory) as one agreed step of `kind`. `op` makes its changes through the engine
+    /// it is handed: `engine` itself on one host, a view of it whose events the step keeps
+    /// (as values) until the hosts agree on them.
     fn step(
         &self,
+        engine: &Engine,
         paths: &[(&str, bool)],
         kind: StepKind,
-        op: &mut dyn FnMut() -> bool,
+        op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Result<Stepped, Refusal>;
 
     /// Claims session `s` for `uid` on every host (docs/design.md#sessions: the first uid that
@@ -95,12 +98,13 @@ impl Coordinator for Embedded {
 
     fn step(
         &self,
+        engine: &Engine,
         _paths: &[(&str, bool)],
         _kind: StepKind,
-        op: &mut dyn FnMut() -> bool,
+        op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Result<Stepped, Refusal> {
         Ok(Stepped {
-            ok: op(),
+            ok: op(engine),
             in_flight: Vec::new(),
         })
     }

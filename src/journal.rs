@@ -177,20 +177,18 @@ pub struct Opened {
     pub replayed: u64,
 }
 
-/// Sees each event before the journal writes it (the coordinator: it names the host,
-/// feeds other hosts, and keeps back the events of a step until the step is published).
+/// Sees each event the engine appends before the journal writes it (the coordinator: it
+/// names the host and feeds other hosts). A step's events never pass here: the step keeps
+/// them and writes them with [`Journal::append_kept`] once they are agreed.
 pub trait Tap: Send + Sync {
-    /// `false`: the tap keeps the event; it is written later with [`Journal::append_kept`].
     /// Called with engine locks held: must not block.
-    fn on_append(&self, ev: &mut Event) -> bool;
+    fn on_append(&self, ev: &mut Event);
 }
 
 impl EventSink for Journal {
     fn append(&self, ev: &mut Event) {
         if let Some(t) = self.tap.get() {
-            if !t.on_append(ev) {
-                return;
-            }
+            t.on_append(ev);
         }
         self.append_kept(ev);
     }
@@ -210,7 +208,7 @@ impl Journal {
         let _ = self.tap.set(tap);
     }
 
-    /// Writes `ev` (assigning its seq) past the tap: an event a tap kept, or another
+    /// Writes `ev` (assigning its seq) past the tap: an event a step kept, or another
     /// host's.
     pub fn append_kept(&self, ev: &mut Event) {
         self.shared.append(ev);

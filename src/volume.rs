@@ -576,14 +576,19 @@ impl Volume {
     /// regular files, symlinks and special files, not directories), so an untracked
     /// file starts at v1 and a change behind the volume's back is counted.
     fn observe(&self, p: &str, now: Timestamp) -> Option<(coherence::Stamp, bool)> {
+        self.observe_in(&self.engine, p, now)
+    }
+
+    /// [`Volume::observe`] through `e` (a step's view of the engine keeps the events).
+    fn observe_in(&self, e: &Engine, p: &str, now: Timestamp) -> Option<(coherence::Stamp, bool)> {
         let st = self.stat(p);
         match st {
             Some((_, true)) => {}
             Some((s, false)) => {
-                self.engine.observe(p, Some(s), now);
+                e.observe(p, Some(s), now);
             }
             None => {
-                self.engine.observe(p, None, now);
+                e.observe(p, None, now);
             }
         }
         st
@@ -606,28 +611,26 @@ impl Volume {
     /// `RENAME_EXCHANGE` of `f` and `t` (after it succeeded): two files each take the
     /// other's content (a commit of both); a directory side moves through a temporary
     /// name so the versions under both trees swap.
-    fn exchange(&self, s: &Session, f: &str, t: &str, now: Timestamp) {
+    fn exchange(&self, e: &Engine, s: &Session, f: &str, t: &str, now: Timestamp) {
         let f_dir = self.stat(f).is_some_and(|x| x.1); // now holds the old t
         let t_dir = self.stat(t).is_some_and(|x| x.1); // now holds the old f
         if !f_dir && !t_dir {
             // An untracked side of the swap is not counted (docs/design.md#versions).
             for p in [f, t].into_iter().filter(|p| self.is_tracked(p, false)) {
-                self.engine
-                    .commit(s, p, CommitOp::Rename, self.stamp_now(p), now);
+                e.commit(s, p, CommitOp::Rename, self.stamp_now(p), now);
             }
             return;
         }
-        let tmp = format!("{f}.coherent-exchange-{}", self.engine.last_seq());
+        let tmp = format!("{f}.coherent-exchange-{}", e.last_seq());
         let (old_f_dir, old_t_dir) = (t_dir, f_dir);
         if old_f_dir {
-            self.engine.rename(s, f, &tmp, true, None, now);
-            self.engine
-                .rename(s, t, f, old_t_dir, self.stamp_now(f), now);
-            self.engine.rename(s, &tmp, t, true, None, now);
+            e.rename(s, f, &tmp, true, None, now);
+            e.rename(s, t, f, old_t_dir, self.stamp_now(f), now);
+            e.rename(s, &tmp, t, true, None, now);
         } else {
-            self.engine.rename(s, t, &tmp, true, None, now);
-            self.engine.rename(s, f, t, false, self.stamp_now(t), now);
-            self.engine.rename(s, &tmp, f, true, None, now);
+            e.rename(s, t, &tmp, true, None, now);
+            e.rename(s, f, t, false, self.stamp_now(t), now);
+            e.rename(s, &tmp, f, true, None, now);
         }
     }
 
@@ -757,15 +760,17 @@ impl Volume {
         who: &Result<Session, Session>,
         names: &[(&str, bool)],
         w: Write<'_>,
-        decide: impl Fn() -> Result<Permit, (Session, Refusal)>,
+        decide: impl Fn(&Engine) -> Result<Permit, (Session, Refusal)>,
     ) -> Result<Permit, (Session, Refusal)> {
         let mut out = None;
-        let stepped = self.coord.step(names, StepKind::Admit, &mut || {
-            let d = decide();
-            let ok = d.is_ok();
-            out = Some(d);
-            ok
-        });
+        let stepped = self
+            .coord
+            .step(&self.engine, names, StepKind::Admit, &mut |e| {
+                let d = decide(e);
+                let ok = d.is_ok();
+                out = Some(d);
+                ok
+            });
         let s = match who {
             Ok(s) | Err(s) => s.clone(),
         };
@@ -784,18 +789,20 @@ impl Volume {
         }
     }
 
-    /// Runs `f` (engine calls counting what a write route or handle did to `names`) as an
-    /// agreed step when a name is shared.
-    fn counted(&self, names: &[(&str, bool)], f: impl Fn()) {
+    /// Runs `f` (engine calls counting what a write route or handle did to `names`, made
+    /// through the engine it is given) as an agreed step when a name is shared.
+    fn counted(&self, names: &[(&str, bool)], f: impl Fn(&Engine)) {
         if !self.involves_shared(names) {
-            f();
+            f(&self.engine);
             return;
         }
         // A conflict undoes `f` and runs it again on the newer state.
-        let r = self.coord.step(names, StepKind::Commit, &mut || {
-            f();
-            true
-        });
+        let r = self
+            .coord
+            .step(&self.engine, names, StepKind::Commit, &mut |e| {
+                f(e);
+                true
+            });
         if let Err(r) = r {
             tracing::warn!("a change of {:?} was not agreed: {}", names[0].0, r.message);
         }
@@ -819,7 +826,14 @@ impl Volume {
     }
 
     /// What a write route did, counted after it ran (`failed`: it did not).
-    fn count_write(&self, route: &WriteRoute<'_>, pm: &Permit, failed: bool, now: Timestamp) {
+    fn count_write(
+        &self,
+        e: &Engine,
+        route: &WriteRoute<'_>,
+        pm: &Permit,
+        failed: bool,
+        now: Timestamp,
+    ) {
         if pm.alias {
             return self.count_alias(pm, failed);
         }
@@ -828,7 +842,7 @@ impl Volume {
             WriteRoute::Open { .. } | WriteRoute::Create { .. } => {
                 // The open failed after the acquire: give the hold back.
                 if pm.acquired.is_some() {
-                    self.engine.close_write(s, p, false, now);
+                    e.close_write(s, p, false, now);
                 }
             }
             _ if failed => {}
@@ -836,17 +850,16 @@ impl Volume {
                 if pm.is_dir {
                     return;
                 }
-                let holds_e = matches!(self.engine.hold(s, p), Some((coherence::Hold::E, _)));
+                let holds_e = matches!(e.hold(s, p), Some((coherence::Hold::E, _)));
                 match self.stamp_now(p) {
                     // A truncate by a session writing the file through a handle (coreutils
                     // `truncate` is open + ftruncate + close) is part of that handle's
                     // commit; any other change of size is a commit of its own.
                     Some(after) if set.size.is_some() && !holds_e => {
-                        self.engine
-                            .commit(s, p, CommitOp::Truncate, Some(after), now);
+                        e.commit(s, p, CommitOp::Truncate, Some(after), now);
                     }
                     Some(after) => {
-                        self.engine.restamp(p, after);
+                        e.restamp(p, after);
                         self.restamp_other_names(after.ino, &[p]);
                     }
                     None => {}
@@ -855,20 +868,20 @@ impl Volume {
             WriteRoute::Rename { flags, .. } => {
                 let Some(t) = pm.to.as_deref() else { return };
                 if flags & RENAME_EXCHANGE != 0 {
-                    self.exchange(s, p, t, now);
+                    self.exchange(e, s, p, t, now);
                 } else if !pm.is_dir && !self.is_tracked(t, false) {
                     // Moved out of what the volume tracks: the source is removed.
-                    self.engine.commit(s, p, CommitOp::RenameAway, None, now);
+                    e.commit(s, p, CommitOp::RenameAway, None, now);
                 } else {
                     let after = if pm.is_dir { None } else { self.stamp_now(t) };
-                    self.engine.rename(s, p, t, pm.is_dir, after, now);
+                    e.rename(s, p, t, pm.is_dir, after, now);
                     if let Some(moved) = after {
                         self.restamp_other_names(moved.ino, &[p, t]);
                     }
                 }
             }
             WriteRoute::Unlink { .. } => {
-                self.engine.commit(s, p, CommitOp::Unlink, None, now);
+                e.commit(s, p, CommitOp::Unlink, None, now);
                 if let Some(pre) = pm.pre {
                     self.restamp_other_names(pre.ino, &[p]);
                 }
@@ -887,14 +900,14 @@ impl Volume {
                     _ => CommitOp::Mknod,
                 };
                 let after = self.stamp_now(p);
-                self.engine.commit(s, p, op, after, now);
+                e.commit(s, p, op, after, now);
                 if let (WriteRoute::Link { .. }, Some(after)) = (route, after) {
                     self.restamp_other_names(after.ino, &[p]);
                 }
             }
             WriteRoute::Setxattr { .. } | WriteRoute::Removexattr { .. } => {
                 if let Some(after) = self.stamp_now(p) {
-                    self.engine.restamp(p, after);
+                    e.restamp(p, after);
                     self.restamp_other_names(after.ino, &[p]);
                 }
             }
@@ -1015,16 +1028,15 @@ impl Policy for Volume {
             tracing::warn!(pid = caller.pid, "{}", r.message);
             return Err(FsError(libc::EACCES));
         }
-        let decide = || match &who {
-            Ok(s) => self.engine.decide(s, w, now).map_err(|r| (s.clone(), r)),
-            Err(anyone) => self
-                .engine
+        let decide = |e: &Engine| match &who {
+            Ok(s) => e.decide(s, w, now).map_err(|r| (s.clone(), r)),
+            Err(anyone) => e
                 .decide_unresolved(anyone, w, now)
                 .map_err(|r| (anyone.clone(), r)),
         };
         let decided = match (self.unconfirmed(&who, &w), self.coordinated(&w)) {
             (Some(refused), _) => Err(refused),
-            (None, None) => decide(),
+            (None, None) => decide(&self.engine),
             (None, Some(names)) => self.admit(&who, &names, w, decide),
         };
         if let Err((s, r)) = &decided {
@@ -1075,7 +1087,7 @@ impl Policy for Volume {
         ];
         let names = &names[..if pm.to.is_some() { 2 } else { 1 }];
         let failed = outcome.is_err();
-        self.counted(names, || self.count_write(route, &pm, failed, now));
+        self.counted(names, |e| self.count_write(e, route, &pm, failed, now));
     }
 
     fn on_open(
@@ -1143,9 +1155,8 @@ impl Policy for Volume {
             // No path: the file was removed while open; its changes have no name to count.
             let Some(p) = rel(h.path) else { return false };
             let now = Timestamp::now();
-            self.counted(&[(p, false)], || {
-                self.engine
-                    .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+            self.counted(&[(p, false)], |e| {
+                e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
             });
             true
         });
@@ -1170,17 +1181,16 @@ impl Policy for Volume {
         self.restamp_handle(h);
         let end = w.release(h.content_changed(), || {
             let Some(p) = rel(h.path) else { return false };
-            self.counted(&[(p, false)], || {
-                self.engine
-                    .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+            self.counted(&[(p, false)], |e| {
+                e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
             });
             true
         });
         // On a shared path, also the hold's end is one step: a step undone meanwhile on
         // this host cannot put back a write handle that is gone.
         let close = |changed: bool| {
-            self.counted(&[(w.path.as_str(), false)], || {
-                self.engine.close_write(&w.session, &w.path, changed, now);
+            self.counted(&[(w.path.as_str(), false)], |e| {
+                e.close_write(&w.session, &w.path, changed, now);
             })
         };
         match end {

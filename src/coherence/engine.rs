@@ -190,7 +190,22 @@ pub(super) fn entry_mut<'a>(sh: &'a mut Shard, path: &str) -> &'a mut Entry {
 pub type WhyEntry = (Option<String>, String, Option<Timestamp>);
 
 /// The coherence engine. Cheap to share (`Arc<Engine>`); every method takes `&self`.
+/// Its state is shared by every view of it ([`Engine::with_sink`]); a view differs only in
+/// where its events go.
 pub struct Engine {
+    state: Arc<EngineState>,
+    pub(super) sink: Arc<dyn EventSink>,
+}
+
+impl std::ops::Deref for Engine {
+    type Target = EngineState;
+    fn deref(&self) -> &EngineState {
+        &self.state
+    }
+}
+
+/// What every view of one engine shares.
+pub struct EngineState {
     pub(super) config: Config,
     pub(super) shards: Box<[Mutex<Shard>]>,
     pub(super) sessions: RwLock<HashMap<String, Session, BuildHasherDefault<PathHasher>>>,
@@ -200,7 +215,6 @@ pub struct Engine {
     /// about one path), the text, and when the volume told it (None: set by the core
     /// alone, which has no clock of its own here).
     pub(super) why: Mutex<HashMap<String, WhyEntry>>,
-    pub(super) sink: Arc<dyn EventSink>,
     pub(super) applied: AtomicU64,
     /// Bumped by every event that can change a record (`wait`).
     pub(super) changes: super::changes::Changes,
@@ -256,17 +270,30 @@ pub fn deny_text(path: &str, successor: &SessionInfo, version: u64) -> String {
 
 impl Engine {
     pub fn new(config: Config, sink: Arc<dyn EventSink>) -> Self {
-        Engine {
+        let state = EngineState {
             config,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             sessions: RwLock::new(HashMap::default()),
             owners: RwLock::new(HashMap::default()),
             why: Mutex::new(HashMap::new()),
-            sink,
             applied: AtomicU64::new(0),
             changes: Default::default(),
             record_ids: AtomicU64::new(0),
             record_count: AtomicU64::new(0),
+        };
+        Engine {
+            state: Arc::new(state),
+            sink,
+        }
+    }
+
+    /// The same engine (one state, the same locks) with its events going to `sink`
+    /// instead: a coordinator's step keeps the events its operation made, as values,
+    /// until the hosts have agreed on them.
+    pub fn with_sink(&self, sink: Arc<dyn EventSink>) -> Engine {
+        Engine {
+            state: self.state.clone(),
+            sink,
         }
     }
 

@@ -14,7 +14,9 @@
 //! changed while etcd could not be reached.
 
 use super::{unavailable, Coordinator, StepKind, Stepped};
-use crate::coherence::{Engine, Event, EventKind, Saved, SharedPath, SharedSession, Timestamp};
+use crate::coherence::{
+    Engine, Event, EventKind, EventSink, Saved, SharedPath, SharedSession, Timestamp,
+};
 use crate::error::Refusal;
 use crate::identity::Session;
 use crate::journal::{Journal, Tap};
@@ -24,7 +26,6 @@ use etcd_client::{
 };
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
-use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -163,9 +164,22 @@ struct Link {
     down_since: Option<Instant>,
 }
 
-thread_local! {
-    /// The events of the step running on this thread (kept back until it is published).
-    static CAPTURE: RefCell<Option<Vec<Event>>> = const { RefCell::new(None) };
+/// Where the events of a step wait, in order and not yet numbered, while the hosts agree
+/// on it: the journal numbers them once it is agreed; an undone step drops them.
+struct Held {
+    host: String,
+    events: Mutex<Vec<Event>>,
+}
+
+impl EventSink for Held {
+    fn append(&self, ev: &mut Event) {
+        // Named before the engine applies it, as the tap names every other event.
+        ev.host = Some(self.host.clone());
+        self.events.lock().push(ev.clone());
+    }
+
+    /// A step's events are durable once the step is published (or written here).
+    fn wait_durable(&self, _seq: u64) {}
 }
 
 /// What etcd holds for a path now: its state and mod revision (`None`: no key).
@@ -209,21 +223,11 @@ pub struct Etcd {
 struct EtcdTap(Weak<Etcd>);
 
 impl Tap for EtcdTap {
-    fn on_append(&self, ev: &mut Event) -> bool {
+    fn on_append(&self, ev: &mut Event) {
         let Some(c) = self.0.upgrade() else {
-            return true;
+            return;
         };
         ev.host = Some(c.spec.host.clone());
-        let kept = CAPTURE.with(|cap| match cap.borrow_mut().as_mut() {
-            Some(v) => {
-                v.push(ev.clone());
-                true
-            }
-            None => false,
-        });
-        if kept {
-            return false;
-        }
         // A shared path changed outside a step (a change behind the volume's back found
         // at a read, an eviction): published by the publisher thread.
         if changes_shared(ev.event) {
@@ -234,7 +238,6 @@ impl Tap for EtcdTap {
             }
         }
         c.feed.lock().push(ev.clone());
-        true
     }
 }
 
@@ -619,11 +622,18 @@ impl Etcd {
     }
 }
 
-/// Runs `op` with the events it makes kept back on this thread.
-fn captured(op: &mut dyn FnMut() -> bool) -> (bool, Vec<Event>) {
-    CAPTURE.with(|c| *c.borrow_mut() = Some(Vec::new()));
-    let ok = op();
-    let evs = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+/// Runs `op` on a view of `engine` that keeps its events; returns them with its answer.
+fn captured(
+    engine: &Engine,
+    host: &str,
+    op: &mut dyn FnMut(&Engine) -> bool,
+) -> (bool, Vec<Event>) {
+    let held = Arc::new(Held {
+        host: host.to_string(),
+        events: Mutex::new(Vec::new()),
+    });
+    let ok = op(&engine.with_sink(held.clone()));
+    let evs = std::mem::take(&mut *held.events.lock());
     (ok, evs)
 }
 
@@ -654,9 +664,11 @@ impl Coordinator for Etcd {
 
     fn step(
         &self,
+        // The same state as `self.engine`, which the step saves and restores.
+        _engine: &Engine,
         paths: &[(&str, bool)],
         kind: StepKind,
-        op: &mut dyn FnMut() -> bool,
+        op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Result<Stepped, Refusal> {
         let guard = self.steps.lock();
         let deadline = Instant::now() + STEP_TIMEOUT;
@@ -678,7 +690,7 @@ impl Coordinator for Etcd {
                 .iter()
                 .map(|p| (p.clone(), self.engine.shared_state(p)))
                 .collect();
-            let (ok, evs) = captured(op);
+            let (ok, evs) = captured(&self.engine, &self.spec.host, op);
             let mut after_names = self.expand(paths);
             after_names.retain(|p| !before.contains_key(p));
             let changed: Vec<(String, Option<SharedPath>)> = names

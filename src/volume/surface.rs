@@ -36,7 +36,7 @@ use super::waits::{self, Check, Waits};
 use super::Volume;
 use crate::access::{may_write, Who};
 use crate::beneath::{self, Resolved};
-use crate::coherence::{RecordJson, Role, StatusReport, Timestamp};
+use crate::coherence::{Engine, RecordJson, Role, StatusReport, Timestamp};
 use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
 use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
@@ -503,28 +503,30 @@ impl Surface {
     ) -> Result<Reply, Refusal> {
         let verb = req.verb();
         if vol.coord.host().is_none() {
-            let attempt = || self.serve_verb(vol, s, sight, req);
+            let attempt = || self.serve_verb(vol, &vol.engine, s, sight, req);
             let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
             return once_more_after_releases(vol, s, req, attempt, refused);
         }
         if matches!(verb, Verb::Whoami | Verb::Wait) {
-            return self.serve_verb(vol, s, sight, req);
+            return self.serve_verb(vol, &vol.engine, s, sight, req);
         }
         if verb == Verb::Status {
             // Best effort: a host cut off answers with what it has (and says so).
             vol.coord.catch_up();
-            return self.serve_verb(vol, s, sight, req);
+            return self.serve_verb(vol, &vol.engine, s, sight, req);
         }
         let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
         // The wait for releases happens outside the step, which their release needs.
         let attempt = || {
             let mut out = None;
-            let stepped = vol.coord.step(&names, StepKind::Verb, &mut || {
-                let r = self.serve_verb(vol, s, sight, req);
-                let ok = r.is_ok();
-                out = Some(r);
-                ok
-            });
+            let stepped = vol
+                .coord
+                .step(&vol.engine, &names, StepKind::Verb, &mut |e| {
+                    let r = self.serve_verb(vol, e, s, sight, req);
+                    let ok = r.is_ok();
+                    out = Some(r);
+                    ok
+                });
             stepped.map(|st| (st, out))
         };
         let refused = |r: &Result<_, Refusal>| matches!(r, Ok((_, Some(Err(f)))) if in_flight(f));
@@ -535,13 +537,15 @@ impl Surface {
         // Another host has the file open for writing by this giver: the transfer is
         // undone (withdrawn), as one host refuses it (`handoff_in_flight`).
         let paths: Vec<String> = stepped.in_flight.iter().map(|x| x.0.clone()).collect();
-        let undo = vol.coord.step(&names, StepKind::Verb, &mut || {
-            let now = Timestamp::now();
-            for (p, id) in &stepped.in_flight {
-                vol.engine.undo_transfer(p, *id, now);
-            }
-            true
-        });
+        let undo = vol
+            .coord
+            .step(&vol.engine, &names, StepKind::Verb, &mut |e| {
+                let now = Timestamp::now();
+                for (p, id) in &stepped.in_flight {
+                    e.undo_transfer(p, *id, now);
+                }
+                true
+            });
         if let Err(r) = undo {
             tracing::warn!("undoing a transfer found in flight: {}", r.message);
         }
@@ -556,9 +560,11 @@ impl Surface {
         .at(paths[0].clone()))
     }
 
+    /// Runs a verb's changes through `e`: the volume's engine, or a step's view of it.
     fn serve_verb(
         &self,
         vol: &Volume,
+        e: &Engine,
         s: &Session,
         sight: &mut Sight,
         req: &Request,
@@ -570,7 +576,7 @@ impl Surface {
         };
         Ok(match req {
             Request::Register { name: None } => {
-                vol.engine.register(s, now)?;
+                e.register(s, now)?;
                 Reply::session(Verb::Register, s)
             }
             Request::Register { name: Some(n) } => {
@@ -588,33 +594,33 @@ impl Surface {
                         ),
                     ));
                 }
-                vol.engine.register(s, now)?;
+                e.register(s, now)?;
                 Reply::session(Verb::Register, s)
             }
             Request::Transfer { paths, to, note } => {
                 tracked_paths(vol, paths)?;
-                observe_paths(vol, paths, now)?;
+                observe_paths(vol, e, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
                 successor_owner_may_write(vol, to, sight.who(), paths)?;
                 no_unseen_writer(vol, paths)?;
-                let r = vol.engine.transfer(s, paths, to, note.clone(), now)?;
+                let r = e.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
             Request::Accept { paths } => {
-                observe_paths(vol, paths, now)?;
+                observe_paths(vol, e, paths, now)?;
                 owner_only(vol, s, sight.who(), Verb::Accept, paths)?;
                 successor_may_write(vol, s, sight.who(), paths)?;
-                Reply::records(Verb::Accept, records(vol.engine.accept(s, paths, now)?))
+                Reply::records(Verb::Accept, records(e.accept(s, paths, now)?))
             }
             Request::Decline { paths } => {
-                observe_paths(vol, paths, now)?;
+                observe_paths(vol, e, paths, now)?;
                 owner_only(vol, s, sight.who(), Verb::Decline, paths)?;
-                Reply::records(Verb::Decline, records(vol.engine.decline(s, paths, now)?))
+                Reply::records(Verb::Decline, records(e.decline(s, paths, now)?))
             }
             Request::Withdraw { paths } => {
-                observe_paths(vol, paths, now)?;
+                observe_paths(vol, e, paths, now)?;
                 owner_only(vol, s, sight.who(), Verb::Withdraw, paths)?;
-                Reply::records(Verb::Withdraw, records(vol.engine.withdraw(s, paths, now)?))
+                Reply::records(Verb::Withdraw, records(e.withdraw(s, paths, now)?))
             }
             Request::Status { path } => {
                 if let Some(p) = path
@@ -742,9 +748,14 @@ fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
 
 /// Count what the backing directory holds at each path before a verb decides on it.
 /// Directories are not handed on.
-fn observe_paths(vol: &Volume, paths: &[String], now: Timestamp) -> Result<(), Refusal> {
+fn observe_paths(
+    vol: &Volume,
+    e: &Engine,
+    paths: &[String],
+    now: Timestamp,
+) -> Result<(), Refusal> {
     for p in paths {
-        if vol.observe(p, now).is_some_and(|x| x.1) {
+        if vol.observe_in(e, p, now).is_some_and(|x| x.1) {
             return Err(Refusal::new(
                 Reason::BadRequest,
                 format!("bad request: {p} is a directory; hand on the files in it"),
