@@ -365,6 +365,37 @@ fn with_etcd_stopped_verbs_fail_fences_hold_and_bystanders_write() {
 }
 
 #[test]
+fn a_successors_next_open_is_decided_on_its_host_without_etcd() {
+    // A long lease: this test is about the time before it ends.
+    let p = Pair::new(1, "60s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "plan.md");
+    // bob's first write ends the record: a change the hosts agree on.
+    assert!(write(&p.b, Some("bob"), "plan.md").ok());
+    let agreed = version(&p.b, "plan.md").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || version(&p.a, "plan.md")
+            == Some(agreed)),
+        "host A took in bob's commit"
+    );
+    p.etcd.stop();
+    // His next open changes nothing the hosts share: it is decided on host B alone (its
+    // lease still runs), not refused for want of etcd; the commit after it is counted here
+    // and published once etcd is back.
+    let r = write(&p.b, Some("bob"), "plan.md");
+    assert!(r.ok(), "bob's next write while etcd is away: {}", r.show());
+    assert_eq!(version(&p.b, "plan.md"), Some(agreed + 1));
+    p.etcd.restart();
+    assert!(
+        wait_until(Duration::from_secs(30), || version(&p.a, "plan.md")
+            == Some(agreed + 1)),
+        "host A converges on bob's commit once etcd is back: A at {:?}, B at {:?}",
+        version(&p.a, "plan.md"),
+        version(&p.b, "plan.md")
+    );
+}
+
+#[test]
 fn a_host_that_lost_its_lease_refuses_agent_writes_until_it_is_back() {
     let p = Pair::new(1, "2s");
     sh_ok(&p.a, Some("carol"), "echo x >> other.md");
