@@ -481,14 +481,15 @@ impl Etcd {
         out.into_iter().collect()
     }
 
-    /// An admission that changes nothing the hosts share (the successor's next open of a
-    /// file it has completed, a bystander's open of one already overtaken) is decided on
-    /// this host's state alone, with no round trip to etcd: while this host's lease is
-    /// confirmed, every transfer another host had acknowledged is applied here (the
-    /// acknowledgement waits for it), so the fence is as exact as after a catch-up. `None`
-    /// (and nothing changed): the step must be agreed, or the decision refused the write
-    /// (a refusal is decided again on the newest state, so it is never a stale one).
-    fn admitted_here(
+    /// A write route or a count that changes nothing the hosts share (the successor's next
+    /// open of a file it has completed, a bystander's open of one already overtaken, the
+    /// release of a hold) is decided on this host's state alone, with no round trip to
+    /// etcd: while this host's lease is confirmed, every transfer another host had
+    /// acknowledged is applied here (the acknowledgement waits for it), so the fence is as
+    /// exact as after a catch-up. `None` (and nothing changed): the step must be agreed, or
+    /// the decision refused the write (a refusal is decided again on the newest state, so
+    /// it is never a stale one).
+    fn decided_here(
         &self,
         paths: &[(&str, bool)],
         op: &mut dyn FnMut(&Engine) -> bool,
@@ -708,8 +709,8 @@ impl Coordinator for Etcd {
         op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Result<Stepped, Refusal> {
         let guard = self.steps.lock();
-        if kind == StepKind::Admit {
-            if let Some(st) = self.admitted_here(paths, op) {
+        if kind != StepKind::Verb {
+            if let Some(st) = self.decided_here(paths, op) {
                 return Ok(st);
             }
         }
