@@ -13,7 +13,7 @@
 //! with `block_on` and bounded timeouts; one thread publishes the event feed and paths
 //! changed while etcd could not be reached.
 
-use super::{unavailable, Coordinator, StepKind, Stepped};
+use super::{unavailable, Coordinator, StepKind, Stepped, Ticket};
 use crate::coherence::{Engine, Event, EventKind, Saved, SharedPath, SharedSession, Timestamp};
 use crate::error::Refusal;
 use crate::identity::Session;
@@ -645,6 +645,35 @@ impl Coordinator for Etcd {
              write",
             self.spec.host,
             self.spec.endpoints.join(",")
+        )))
+    }
+
+    fn ticket(&self, path: &str) -> Option<Ticket> {
+        let l = self.link.lock();
+        let confirmed = l.caught_up && l.confirmed_until.is_some_and(|t| Instant::now() < t);
+        Some(Ticket {
+            lease: if confirmed { l.lease } else { 0 },
+            epoch: l.revs.get(path).copied().unwrap_or(0),
+        })
+    }
+
+    fn admits(&self, t: &Ticket, path: &str) -> Result<(), Refusal> {
+        self.confirmed()?;
+        let l = self.link.lock();
+        // Under the same lease this host applied every change of the path in order, and a
+        // transfer while the handle was open here was refused `handoff_in_flight`. Under a
+        // later lease the other hosts may have stopped waiting for this one in between:
+        // only a path whose shared state did not move since is known not to be handed on.
+        let epoch = l.revs.get(path).copied().unwrap_or(0);
+        if t.lease != 0 && (l.lease == t.lease || epoch == t.epoch) {
+            return Ok(());
+        }
+        Err(unavailable(format!(
+            "write refused: {path} was opened for writing on this host ({}) before it lost \
+             its lease with the coordinator, and {path} has changed on the other hosts since \
+             (it may have been handed on meanwhile). This descriptor can no longer write: \
+             close it, then open {path} again (the open is decided on the current state)",
+            self.spec.host
         )))
     }
 

@@ -1,8 +1,11 @@
 //! One open write handle of the volume and its state (see the module doc of
 //! [`crate::volume`]: commits, release or reclaim, the in-flight race).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use parking_lot::Mutex;
 
+use crate::coordinator::Ticket;
 use crate::identity::Session;
 
 /// Where a write handle stands between its open and its release.
@@ -42,6 +45,11 @@ pub(super) struct WriteHandle {
     pub pid: u32,
     /// The handle created its file: it commits at release even if nothing was written.
     pub created: bool,
+    /// Multi-host, an agent session's handle: what it was admitted under, checked at each
+    /// of its writes (`None`: its writes need no check).
+    pub ticket: Option<Ticket>,
+    /// A write through it was refused and logged (later refusals are not logged again).
+    refused: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -52,8 +60,19 @@ impl WriteHandle {
             path,
             pid,
             created,
+            ticket: None,
+            refused: AtomicBool::new(false),
             state: Mutex::new(State::Open { dirty }),
         }
+    }
+
+    pub fn with_ticket(self, ticket: Option<Ticket>) -> Self {
+        WriteHandle { ticket, ..self }
+    }
+
+    /// Notes a refused write; true the first time (log it then).
+    pub fn first_refusal(&self) -> bool {
+        !self.refused.swap(true, Ordering::Relaxed)
     }
 
     #[cfg(test)]
