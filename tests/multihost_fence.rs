@@ -311,3 +311,44 @@ fn a_killed_host_leaves_no_descriptor_that_writes() {
     drop(w);
     assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
 }
+
+/// Is A's lease confirmed again (`coherent status`: `coordinator.confirmed`)?
+fn confirmed(h: &Host) -> bool {
+    let (_, v) = cli_json(h, None, &["status"]);
+    v["status"]["coordinator"]["confirmed"] == true
+}
+
+/// The epoch half of the check: while A was paused past its lease, the file was handed on
+/// and the successor's write ended the record (nothing fences alice any more). Back under
+/// a new lease, A must still refuse the descriptor alice opened before: the file moved on
+/// without A, and its write would land on the successor's work.
+#[test]
+fn a_descriptor_from_an_earlier_lease_cannot_write_over_the_successors_work() {
+    let p = Pair::new(true);
+    touch_session(&p.a, "alice");
+    let mut w = Writer::open(&p.a, "alice", FILE);
+    p.a.signal(libc::SIGSTOP);
+    hand_on_from_b(&p);
+    sh_ok(&p.b, Some("bob"), &format!("echo bob >> {FILE}"));
+    p.a.signal(libc::SIGCONT);
+    // A is back: a new lease, and the record's end taken in.
+    let back = wait_until(TIMEOUT, || {
+        confirmed(&p.a)
+            && record(&p.a, FILE).is_some_and(|r| r["status"] == "completed" && r["live"] == false)
+    });
+    assert!(back, "A did not come back:\n{}", p.a.log());
+    assert_eq!(
+        w.write("alice writes over bob"),
+        Err(libc::EACCES),
+        "a descriptor from before A lost its lease"
+    );
+    assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
+    let denied = await_events(&p.a, "denied", FILE, Some("alice"), 1);
+    assert_eq!(
+        denied.last().map(|d| d["reason"].clone()),
+        Some("coordinator_unavailable".into()),
+        "{denied:?}"
+    );
+    let why = why(&p.a, Some("alice"));
+    assert!(why.contains("open") && why.contains(FILE), "why: {why}");
+}
