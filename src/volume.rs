@@ -1175,7 +1175,8 @@ impl Policy for Volume {
             return Ok(());
         };
         self.handle_write(w, ticket).map_err(|r| {
-            if w.first_refusal() {
+            if w.new_refusal(&r.message) {
+                // Logged under the route of the handle's open: the write carries it on.
                 let now = Timestamp::now();
                 self.engine
                     .denied(&w.session, &w.path, r.reason, Route::OpenWrite, now);

@@ -658,7 +658,15 @@ impl Coordinator for Etcd {
     }
 
     fn admits(&self, t: &Ticket, path: &str) -> Result<(), Refusal> {
-        self.confirmed()?;
+        let again = format!(
+            "A descriptor opened before writes again only under the lease it was opened \
+             under, or if {path} did not change on the other hosts meanwhile; otherwise close \
+             it and open {path} again (the open is decided on the current state)"
+        );
+        if let Err(r) = self.confirmed() {
+            let message = format!("{}. {again}", r.message);
+            return Err(Refusal { message, ..r });
+        }
         let l = self.link.lock();
         // Under the same lease this host applied every change of the path in order, and a
         // transfer while the handle was open here was refused `handoff_in_flight`. Under a
@@ -669,10 +677,10 @@ impl Coordinator for Etcd {
             return Ok(());
         }
         Err(unavailable(format!(
-            "write refused: {path} was opened for writing on this host ({}) before it lost \
-             its lease with the coordinator, and {path} has changed on the other hosts since \
-             (it may have been handed on meanwhile). This descriptor can no longer write: \
-             close it, then open {path} again (the open is decided on the current state)",
+            "write refused: {path} was opened for writing on this host ({}) under an earlier \
+             lease with the coordinator, and {path} changed on the other hosts since (it may \
+             have been handed on while this host was away), so this descriptor can no longer \
+             write. {again}",
             self.spec.host
         )))
     }

@@ -1,8 +1,6 @@
 //! One open write handle of the volume and its state (see the module doc of
 //! [`crate::volume`]: commits, release or reclaim, the in-flight race).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use parking_lot::Mutex;
 
 use crate::coordinator::Ticket;
@@ -48,8 +46,9 @@ pub(super) struct WriteHandle {
     /// Multi-host, an agent session's handle: what it was admitted under, checked at each
     /// of its writes (`None`: its writes need no check).
     pub ticket: Option<Ticket>,
-    /// A write through it was refused and logged (later refusals are not logged again).
-    refused: AtomicBool,
+    /// The last refusal of a write through it that was logged (the same one again is
+    /// not logged again: a program may retry in a loop).
+    refused: Mutex<Option<String>>,
     state: Mutex<State>,
 }
 
@@ -61,7 +60,7 @@ impl WriteHandle {
             pid,
             created,
             ticket: None,
-            refused: AtomicBool::new(false),
+            refused: Mutex::new(None),
             state: Mutex::new(State::Open { dirty }),
         }
     }
@@ -70,9 +69,14 @@ impl WriteHandle {
         WriteHandle { ticket, ..self }
     }
 
-    /// Notes a refused write; true the first time (log it then).
-    pub fn first_refusal(&self) -> bool {
-        !self.refused.swap(true, Ordering::Relaxed)
+    /// Notes a refused write; true when it is not the one logged last (log it then).
+    pub fn new_refusal(&self, message: &str) -> bool {
+        let mut last = self.refused.lock();
+        if last.as_deref() == Some(message) {
+            return false;
+        }
+        *last = Some(message.to_string());
+        true
     }
 
     #[cfg(test)]
