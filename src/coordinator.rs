@@ -38,11 +38,12 @@ pub struct Stepped {
 }
 
 /// What a write handle was admitted under on a multi-host volume: this host's lease and
-/// the path's epoch (the etcd mod revision of its shared state, 0: none). Checked at each
-/// write through the handle ([`Coordinator::admits`]).
+/// the path's epoch (the etcd mod revision of its shared state, 0: none) when the handle
+/// was last known good. Checked at each write through the handle
+/// ([`Coordinator::admits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
-    /// The lease this host held, confirmed, when the handle was admitted (0: none).
+    /// The lease this host held (-1: a link being made again, so an earlier lease).
     pub lease: i64,
     /// The path's epoch then.
     pub epoch: i64,
@@ -65,10 +66,11 @@ pub trait Coordinator: Send + Sync {
     }
 
     /// May a handle admitted under `t` write `path` now? Only while this host's lease is
-    /// confirmed, and, if that lease is not the one the handle was admitted under, only if
-    /// the path's epoch has not moved since (another host may have handed it on while this
-    /// host was away). `Err`: `coordinator_unavailable`, saying what to do.
-    fn admits(&self, _t: &Ticket, _path: &str) -> Result<(), Refusal> {
+    /// confirmed, and, if that lease is not the ticket's, only if the path's epoch has not
+    /// moved since (another host may have handed it on while this host was away). When it
+    /// may, `t` moves to the current lease and epoch (the handle is known good as of now).
+    /// `Err`: `coordinator_unavailable`, saying what to do.
+    fn admits(&self, _t: &mut Ticket, _path: &str) -> Result<(), Refusal> {
         Ok(())
     }
 

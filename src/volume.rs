@@ -803,7 +803,7 @@ impl Volume {
 
     /// May write handle `w` (admitted under `ticket`) write now? This host's lease and the
     /// path's epoch ([`Coordinator::admits`]), then the fence as this host knows it now.
-    fn handle_write(&self, w: &WriteHandle, ticket: &Ticket) -> Result<(), Refusal> {
+    fn handle_write(&self, w: &WriteHandle, ticket: &mut Ticket) -> Result<(), Refusal> {
         self.coord
             .admits(ticket, &w.path)
             .map_err(|r| r.at(w.path.clone()))?;
@@ -1171,7 +1171,8 @@ impl Policy for Volume {
         let Some(w) = state.and_then(|st| st.downcast_ref::<WriteHandle>()) else {
             return Ok(());
         };
-        let Some(ticket) = &w.ticket else {
+        let mut ticket = w.ticket.lock();
+        let Some(ticket) = ticket.as_mut() else {
             return Ok(());
         };
         self.handle_write(w, ticket).map_err(|r| {
@@ -1203,6 +1204,11 @@ impl Policy for Volume {
                 self.engine
                     .commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
             });
+            // The handle's own commit moved the path's epoch: still known good (under
+            // the same lease), so a later lease compares with the epoch it made.
+            if let Some(t) = w.ticket.lock().as_mut() {
+                let _ = self.coord.admits(t, &w.path);
+            }
             true
         });
         // A FLUSH of an unchanged handle may be its last close: note whether the closer

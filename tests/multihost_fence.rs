@@ -122,7 +122,7 @@ impl Drop for Host {
 struct Pair {
     a: Host,
     b: Host,
-    _etcd: Etcd,
+    etcd: Etcd,
     _dir: tempfile::TempDir,
 }
 
@@ -139,7 +139,7 @@ impl Pair {
         Pair {
             a,
             b,
-            _etcd: etcd,
+            etcd,
             _dir: dir,
         }
     }
@@ -147,7 +147,7 @@ impl Pair {
 
 /// A process of a session holding a file of a mount open for writing (`O_WRONLY|O_APPEND`)
 /// that writes through that one descriptor when told: each `write TEXT` line answers
-/// `ok N` or `err ERRNO`.
+/// `ok N` or `err ERRNO`; `flush` closes a duplicate of it (a FLUSH: the volume commits).
 struct Writer {
     child: Child,
     stdin: ChildStdin,
@@ -167,6 +167,9 @@ for line in sys.stdin:
             print('ok', os.write(fd, (text + '\n').encode()), flush=True)
         except OSError as e:
             print('err', e.errno, flush=True)
+    elif cmd == 'flush':
+        os.close(os.dup(fd))
+        print('flushed', flush=True)
 "#;
         let mut c = python();
         c.arg("-c")
@@ -219,6 +222,15 @@ for line in sys.stdin:
             Some(("err", e)) => Err(e.parse().unwrap()),
             _ => panic!("the writer said {a:?}"),
         }
+    }
+}
+
+impl Writer {
+    fn flush(&mut self) {
+        writeln!(self.stdin, "flush")
+            .and_then(|_| self.stdin.flush())
+            .expect("writer stdin");
+        assert_eq!(self.answer(), "flushed");
     }
 }
 
@@ -351,4 +363,42 @@ fn a_descriptor_from_an_earlier_lease_cannot_write_over_the_successors_work() {
     );
     let why = why(&p.a, Some("alice"));
     assert!(why.contains("open") && why.contains(FILE), "why: {why}");
+}
+
+/// The check refuses only what may have been handed on: a descriptor that lives across a
+/// new lease of its host (etcd went away and came back) writes on when the path did not
+/// change elsewhere meanwhile, its own commits included.
+#[test]
+fn a_descriptor_writes_on_across_a_new_lease_when_only_it_changed_the_file() {
+    let p = Pair::new(true);
+    touch_session(&p.a, "bob");
+    sh_ok(&p.a, Some("alice"), &format!("cat {FILE} >/dev/null"));
+    transfer(&p.a, "alice", "bob", &[FILE]);
+    // The successor writes through one descriptor and commits (the path's epoch moves).
+    let mut w = Writer::open(&p.a, "bob", FILE);
+    assert!(w.write("bob 1").is_ok());
+    w.flush();
+    assert_eq!(
+        record(&p.a, FILE).map(|r| r["status"].clone()),
+        Some("completed".into())
+    );
+    // A new lease: the link breaks and is made again.
+    p.etcd.stop();
+    let down = wait_until(TIMEOUT, || {
+        let (_, v) = cli_json(&p.a, None, &["status"]);
+        v["status"]["coordinator"]["connected"] == false
+    });
+    assert!(down, "A still connected with etcd stopped");
+    p.etcd.restart();
+    assert!(
+        wait_until(TIMEOUT, || confirmed(&p.a)),
+        "A did not come back:\n{}",
+        p.a.log()
+    );
+    assert_eq!(
+        w.write("bob 2"),
+        Ok(6),
+        "bob's descriptor after A's new lease:\n{}",
+        p.a.log()
+    );
 }

@@ -650,14 +650,13 @@ impl Coordinator for Etcd {
 
     fn ticket(&self, path: &str) -> Option<Ticket> {
         let l = self.link.lock();
-        let confirmed = l.caught_up && l.confirmed_until.is_some_and(|t| Instant::now() < t);
         Some(Ticket {
-            lease: if confirmed { l.lease } else { 0 },
+            lease: if l.caught_up { l.lease } else { -1 },
             epoch: l.revs.get(path).copied().unwrap_or(0),
         })
     }
 
-    fn admits(&self, t: &Ticket, path: &str) -> Result<(), Refusal> {
+    fn admits(&self, t: &mut Ticket, path: &str) -> Result<(), Refusal> {
         let again = format!(
             "A descriptor opened before writes again only under the lease it was opened \
              under, or if {path} did not change on the other hosts meanwhile; otherwise close \
@@ -673,7 +672,13 @@ impl Coordinator for Etcd {
         // later lease the other hosts may have stopped waiting for this one in between:
         // only a path whose shared state did not move since is known not to be handed on.
         let epoch = l.revs.get(path).copied().unwrap_or(0);
-        if t.lease != 0 && (l.lease == t.lease || epoch == t.epoch) {
+        if l.lease == t.lease || epoch == t.epoch {
+            if l.caught_up {
+                *t = Ticket {
+                    lease: l.lease,
+                    epoch,
+                };
+            }
             return Ok(());
         }
         Err(unavailable(format!(

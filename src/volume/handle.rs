@@ -45,7 +45,7 @@ pub(super) struct WriteHandle {
     pub created: bool,
     /// Multi-host, an agent session's handle: what it was admitted under, checked at each
     /// of its writes (`None`: its writes need no check).
-    pub ticket: Option<Ticket>,
+    pub ticket: Mutex<Option<Ticket>>,
     /// The last refusal of a write through it that was logged (the same one again is
     /// not logged again: a program may retry in a loop).
     refused: Mutex<Option<String>>,
@@ -59,14 +59,17 @@ impl WriteHandle {
             path,
             pid,
             created,
-            ticket: None,
+            ticket: Mutex::new(None),
             refused: Mutex::new(None),
             state: Mutex::new(State::Open { dirty }),
         }
     }
 
     pub fn with_ticket(self, ticket: Option<Ticket>) -> Self {
-        WriteHandle { ticket, ..self }
+        WriteHandle {
+            ticket: Mutex::new(ticket),
+            ..self
+        }
     }
 
     /// Notes a refused write; true when it is not the one logged last (log it then).
