@@ -147,7 +147,7 @@ impl Pair {
 
 /// A process of a session holding a file of a mount open for writing (`O_WRONLY|O_APPEND`)
 /// that writes through that one descriptor when told: each `write TEXT` line answers
-/// `ok N` or `err ERRNO`; `flush` closes a duplicate of it (a FLUSH: the volume commits).
+/// `ok N` or `err ERRNO` (as does `truncate N`, an `ftruncate`); `flush` closes a duplicate of it (a FLUSH: the volume commits).
 struct Writer {
     child: Child,
     stdin: ChildStdin,
@@ -165,6 +165,12 @@ for line in sys.stdin:
     if cmd == 'write':
         try:
             print('ok', os.write(fd, (text + '\n').encode()), flush=True)
+        except OSError as e:
+            print('err', e.errno, flush=True)
+    elif cmd == 'truncate':
+        try:
+            os.ftruncate(fd, int(text))
+            print('ok 0', flush=True)
         except OSError as e:
             print('err', e.errno, flush=True)
     elif cmd == 'flush':
@@ -213,7 +219,16 @@ for line in sys.stdin:
 
     /// One `write(2)` through the held descriptor: `Ok(bytes)` or `Err(errno)`.
     fn write(&mut self, text: &str) -> Result<usize, i32> {
-        writeln!(self.stdin, "write {text}")
+        self.ask(&format!("write {text}"))
+    }
+
+    /// One `ftruncate(2)` of the held descriptor: `Ok(0)` or `Err(errno)`.
+    fn truncate(&mut self, len: u64) -> Result<usize, i32> {
+        self.ask(&format!("truncate {len}"))
+    }
+
+    fn ask(&mut self, line: &str) -> Result<usize, i32> {
+        writeln!(self.stdin, "{line}")
             .and_then(|_| self.stdin.flush())
             .expect("writer stdin");
         let a = self.answer();
@@ -354,6 +369,7 @@ fn a_descriptor_from_an_earlier_lease_cannot_write_over_the_successors_work() {
         Err(libc::EACCES),
         "a descriptor from before A lost its lease"
     );
+    assert_eq!(w.truncate(0), Err(libc::EACCES), "ftruncate through it");
     assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
     let denied = await_events(&p.a, "denied", FILE, Some("alice"), 1);
     assert_eq!(
