@@ -37,6 +37,18 @@ pub struct Stepped {
     pub in_flight: Vec<(String, u64)>,
 }
 
+/// What a write handle was admitted under on a multi-host volume: this host's lease and
+/// the path's epoch (the etcd mod revision of its shared state, 0: none) when the handle
+/// was last known good. Checked at each write through the handle
+/// ([`Coordinator::admits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    /// The lease this host held (-1: a link being made again, so an earlier lease).
+    pub lease: i64,
+    /// The path's epoch then.
+    pub epoch: i64,
+}
+
 /// The coordinator interface.
 pub trait Coordinator: Send + Sync {
     /// This host's name in events (`None`: one host, no name).
@@ -46,6 +58,21 @@ pub trait Coordinator: Send + Sync {
     /// acknowledged. Otherwise writes by agent sessions to tracked files are refused
     /// (`coordinator_unavailable`): a giver's write could be one.
     fn confirmed(&self) -> Result<(), Refusal>;
+
+    /// The ticket a write handle of `path` opened now is admitted under (`None`: one
+    /// host, its writes need no check).
+    fn ticket(&self, _path: &str) -> Option<Ticket> {
+        None
+    }
+
+    /// May a handle admitted under `t` write `path` now? Only while this host's lease is
+    /// confirmed, and, if that lease is not the ticket's, only if the path's epoch has not
+    /// moved since (another host may have handed it on while this host was away). When it
+    /// may, `t` moves to the current lease and epoch (the handle is known good as of now).
+    /// `Err`: `coordinator_unavailable`, saying what to do.
+    fn admits(&self, _t: &mut Ticket, _path: &str) -> Result<(), Refusal> {
+        Ok(())
+    }
 
     /// Is `path` shared (its changes need the coordinator)?
     fn shared(&self, engine: &Engine, path: &str) -> bool;

@@ -123,6 +123,8 @@ pub struct Fs {
     cache_dirs: bool,
     ttl: Duration,
     passthrough: bool,
+    /// The policy checks every write through a handle (and so no passthrough).
+    sees_writes: bool,
     counters: Arc<Counters>,
 }
 
@@ -144,6 +146,7 @@ impl Fs {
         Ok(Fs {
             store,
             noflush: !policy.wants_flush(),
+            sees_writes: policy.sees_every_write(),
             policy,
             pseudo,
             router: Router::new(name),
@@ -165,6 +168,21 @@ impl Fs {
     /// Were FUSE passthrough opens asked for?
     pub fn wants_passthrough(&self) -> bool {
         self.passthrough
+    }
+
+    /// Must the daemon see every write through a handle (the policy checks each one, so
+    /// nothing may go through FUSE passthrough)?
+    pub fn sees_every_write(&self) -> bool {
+        self.sees_writes
+    }
+
+    /// A write through handle `fh`, asked of the policy first when it checks each one.
+    fn handle_write_allowed(&self, fh: u64) -> FsResult<()> {
+        if !self.sees_writes {
+            return Ok(());
+        }
+        let h = self.store.handle(fh)?;
+        self.policy.before_handle_write(h.state.get())
     }
 
     /// The pseudo backend of a node the router sent there (`ENOENT` if there is none).
@@ -354,6 +372,10 @@ impl Fs {
                     path: path.as_deref(),
                     set,
                 };
+                // A truncate through a handle (ftruncate) is also a write of that handle.
+                if let (Some(fh), Some(_)) = (fh, set.size) {
+                    self.handle_write_allowed(fh)?;
+                }
                 self.guarded(caller, &route, || self.store.setattr(ino, set, fh))
             }
         })
@@ -573,6 +595,7 @@ impl Fs {
             Node::Pseudo(_) => self.pseudo()?.write(caller, fh, data),
             Node::Backing(_) => {
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                self.handle_write_allowed(fh)?;
                 self.store.write(fh, offset, data)
             }
         }
@@ -803,6 +826,7 @@ impl Fs {
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+        self.handle_write_allowed(fh)?;
         self.store.fallocate(fh, offset, length, mode)
     }
 
@@ -819,6 +843,7 @@ impl Fs {
         len: u64,
         flags: u32,
     ) -> FsResult<u64> {
+        self.handle_write_allowed(fh_out)?;
         self.store
             .copy_file_range(fh_in, offset_in, fh_out, offset_out, len, flags)
     }

@@ -61,9 +61,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::access::Who;
-use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Timestamp, Write};
+use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Route, Timestamp, Write};
 use crate::coordinator::etcd::{Etcd, EtcdSpec};
-use crate::coordinator::{Coordinator, Embedded, StepKind};
+use crate::coordinator::{Coordinator, Embedded, StepKind, Ticket};
 use crate::error::{Reason, Refusal};
 use crate::fs::{open_writes, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
 use crate::identity::{Resolver, ResolverConfig, Session, SessionInfo, Via, DEFAULT_SESSION_ENV};
@@ -808,6 +808,32 @@ impl Volume {
         }
     }
 
+    /// May write handle `w` (admitted under `ticket`) write now? This host's lease and the
+    /// path's epoch ([`Coordinator::admits`]), then the fence as this host knows it now.
+    fn handle_write(&self, w: &WriteHandle, ticket: &mut Ticket) -> Result<(), Refusal> {
+        self.coord
+            .admits(ticket, &w.path)
+            .map_err(|r| r.at(w.path.clone()))?;
+        if !self.engine.is_fenced(&w.session, &w.path) {
+            return Ok(());
+        }
+        // The deny text of the contract, from the record that fences this session.
+        let text = self
+            .engine
+            .shared_state(&w.path)
+            .and_then(|st| {
+                let v = st.version;
+                st.records
+                    .into_iter()
+                    .find(|r| r.is_live(v) && r.giver.name == w.session.name)
+            })
+            .map_or_else(
+                || format!("write denied: {} was handed on by this session", w.path),
+                |r| coherence::deny_text(&w.path, &r.successor, r.version_at_transfer),
+            );
+        Err(Refusal::new(Reason::Fenced, text).at(w.path.clone()))
+    }
+
     /// Refuses an agent write while this host cannot confirm its lease (see
     /// [`Coordinator::confirmed`]): `None` when the write may go on.
     fn unconfirmed(
@@ -1134,15 +1160,46 @@ impl Policy for Volume {
         // An O_TRUNC open that emptied the file changed it before the handle's first stamp.
         let dirty =
             open.flags & libc::O_TRUNC != 0 && pm.pre.is_some_and(|pre| pre != stamp(&open.stamp));
-        let w = Arc::new(WriteHandle::new(
-            pm.session,
-            pm.path,
-            caller.pid,
-            open.created,
-            dirty,
-        ));
+        // Multi-host: an agent's handle is checked at each write against what it was
+        // admitted under (unattributed processes are never givers).
+        let ticket = if pm.session.is_attributed() {
+            self.coord.ticket(&pm.path)
+        } else {
+            None
+        };
+        let w = Arc::new(
+            WriteHandle::new(pm.session, pm.path, caller.pid, open.created, dirty)
+                .with_ticket(ticket),
+        );
         self.handles.lock().insert(key(&w), w.clone());
         Ok(Some(w))
+    }
+
+    fn sees_every_write(&self) -> bool {
+        self.coord.host().is_some()
+    }
+
+    fn before_handle_write(&self, state: Option<&HandleState>) -> Result<(), FsError> {
+        let Some(w) = state.and_then(|st| st.downcast_ref::<WriteHandle>()) else {
+            return Ok(());
+        };
+        let mut ticket = w.ticket.lock();
+        let Some(ticket) = ticket.as_mut() else {
+            return Ok(());
+        };
+        self.handle_write(w, ticket).map_err(|r| {
+            if w.new_refusal(&r.message) {
+                // Logged under the route of the handle's open: the write carries it on.
+                let now = Timestamp::now();
+                self.engine
+                    .denied(&w.session, &w.path, r.reason, Route::OpenWrite, now);
+                self.tell_why(&w.session, Told::Refused(&r), now);
+                if let Err(e) = self.journal.write_out() {
+                    tracing::warn!("writing a denied event to the state log: {e}");
+                }
+            }
+            refused(r)
+        })
     }
 
     fn on_flush(&self, caller: &Caller, h: &HandleInfo<'_>) {
@@ -1158,6 +1215,11 @@ impl Policy for Volume {
             self.counted(&[(p, false)], |e| {
                 e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
             });
+            // The handle's own commit moved the path's epoch: still known good (under
+            // the same lease), so a later lease compares with the epoch it made.
+            if let Some(t) = w.ticket.lock().as_mut() {
+                let _ = self.coord.admits(t, &w.path);
+            }
             true
         });
         // A FLUSH of an unchanged handle may be its last close: note whether the closer

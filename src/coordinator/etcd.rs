@@ -13,7 +13,7 @@
 //! with `block_on` and bounded timeouts; one thread publishes the event feed and paths
 //! changed while etcd could not be reached.
 
-use super::{unavailable, Coordinator, StepKind, Stepped};
+use super::{unavailable, Coordinator, StepKind, Stepped, Ticket};
 use crate::coherence::{
     Engine, Event, EventKind, EventSink, Saved, SharedPath, SharedSession, Timestamp,
 };
@@ -693,6 +693,48 @@ impl Coordinator for Etcd {
              write",
             self.spec.host,
             self.spec.endpoints.join(",")
+        )))
+    }
+
+    fn ticket(&self, path: &str) -> Option<Ticket> {
+        let l = self.link.lock();
+        Some(Ticket {
+            lease: if l.caught_up { l.lease } else { -1 },
+            epoch: l.revs.get(path).copied().unwrap_or(0),
+        })
+    }
+
+    fn admits(&self, t: &mut Ticket, path: &str) -> Result<(), Refusal> {
+        let again = format!(
+            "A descriptor opened before writes again only under the lease it was opened \
+             under, or if {path} did not change on the other hosts meanwhile; otherwise close \
+             it and open {path} again (the open is decided on the current state)"
+        );
+        if let Err(r) = self.confirmed() {
+            let message = format!("{}. {again}", r.message);
+            return Err(Refusal { message, ..r });
+        }
+        let l = self.link.lock();
+        // Under the same lease this host applied every change of the path in order, and a
+        // transfer while the handle was open here was refused `handoff_in_flight`. Under a
+        // later lease the other hosts may have stopped waiting for this one in between:
+        // only a path whose shared state did not move since is known not to be handed on.
+        let epoch = l.revs.get(path).copied().unwrap_or(0);
+        if l.lease == t.lease || epoch == t.epoch {
+            if l.caught_up {
+                *t = Ticket {
+                    lease: l.lease,
+                    epoch,
+                };
+            }
+            return Ok(());
+        }
+        Err(unavailable(format!(
+            "write refused: {path} was opened for writing on this host ({}) under an earlier \
+             lease with the coordinator, and {path} changed on the other hosts since (it may \
+             have been handed on while this host was away), so this descriptor can no longer \
+             write. {again}",
+            self.spec.host
         )))
     }
 

@@ -168,6 +168,19 @@ pub trait Policy: Send + Sync + 'static {
     fn wants_flush(&self) -> bool {
         true
     }
+    /// Must every write through an open handle reach [`Policy::before_handle_write`]?
+    /// When true, no open goes through FUSE passthrough (the kernel would write the
+    /// backing file without asking the daemon).
+    fn sees_every_write(&self) -> bool {
+        false
+    }
+    /// Before data or a size change reaches the backing file through an open handle
+    /// (`write`, `fallocate`, `copy_file_range` into it, a truncate naming it), with the
+    /// state `on_open` returned; `Err` refuses it with that errno. Called only when
+    /// [`Policy::sees_every_write`].
+    fn before_handle_write(&self, state: Option<&HandleState>) -> Result<(), FsError> {
+        Ok(())
+    }
     /// When the last reference to the handle goes away (`caller.pid` may be 0).
     fn on_release(&self, caller: &Caller, handle: &HandleInfo<'_>) {}
 

@@ -3,6 +3,7 @@
 
 use parking_lot::Mutex;
 
+use crate::coordinator::Ticket;
 use crate::identity::Session;
 
 /// Where a write handle stands between its open and its release.
@@ -42,6 +43,12 @@ pub(super) struct WriteHandle {
     pub pid: u32,
     /// The handle created its file: it commits at release even if nothing was written.
     pub created: bool,
+    /// Multi-host, an agent session's handle: what it was admitted under, checked at each
+    /// of its writes (`None`: its writes need no check).
+    pub ticket: Mutex<Option<Ticket>>,
+    /// The last refusal of a write through it that was logged (the same one again is
+    /// not logged again: a program may retry in a loop).
+    refused: Mutex<Option<String>>,
     state: Mutex<State>,
 }
 
@@ -52,8 +59,27 @@ impl WriteHandle {
             path,
             pid,
             created,
+            ticket: Mutex::new(None),
+            refused: Mutex::new(None),
             state: Mutex::new(State::Open { dirty }),
         }
+    }
+
+    pub fn with_ticket(self, ticket: Option<Ticket>) -> Self {
+        WriteHandle {
+            ticket: Mutex::new(ticket),
+            ..self
+        }
+    }
+
+    /// Notes a refused write; true when it is not the one logged last (log it then).
+    pub fn new_refusal(&self, message: &str) -> bool {
+        let mut last = self.refused.lock();
+        if last.as_deref() == Some(message) {
+            return false;
+        }
+        *last = Some(message.to_string());
+        true
     }
 
     #[cfg(test)]

@@ -1,0 +1,420 @@
+//! The fence across hosts when a host is paused or killed past its lease (issue 22, items
+//! 1 and 2; docs/multi-host.md "The safety argument"): a descriptor the giver opened for
+//! writing on host A before B's transfer was acknowledged must never write afterwards.
+//!
+//! Two hosts on one machine share one kernel: B's transfer would see A's descriptor through
+//! the kernel (the backing file is open for writing: `handoff_in_flight`), which two
+//! machines cannot. So each host here has its own copy of the workspace (as two machines
+//! sharing a synced directory would), and the tests read A's copy to see whether A's
+//! descriptor wrote.
+
+#[path = "common/coherent.rs"]
+mod coherent;
+mod common;
+
+use coherent::*;
+use common::etcd::Etcd;
+use common::{lazy_umount, mount_fstype, spawn_mounted, wait_child, wait_until, BIN, TIMEOUT};
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::Receiver;
+
+/// The lease of both hosts (`--coordinator-ttl`).
+const TTL: &str = "3s";
+const FILE: &str = "h.md";
+const ORIGINAL: &str = "original text\n";
+
+/// One host: a daemon with its own workspace copy, mount point and state directory.
+struct Host {
+    mnt: PathBuf,
+    backing: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Host {
+    fn start(base: &Path, name: &str, url: &str, passthrough: bool) -> Host {
+        let (mnt, state, backing) = (
+            base.join(format!("mnt-{name}")),
+            base.join(format!("state-{name}")),
+            base.join(format!("backing-{name}")),
+        );
+        for d in [&mnt, &state, &backing] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(backing.join(FILE), ORIGINAL).unwrap();
+        let log = base.join(format!("daemon-{name}.log"));
+        let mut cmd = Command::new(BIN);
+        cmd.arg(&backing)
+            .arg(&mnt)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--coordinator", url, "--host-id", name])
+            .args(["--coordinator-ttl", TTL]);
+        if !passthrough {
+            cmd.arg("--no-passthrough");
+        }
+        let child = Some(spawn_mounted(cmd, &mnt, &log));
+        Host {
+            mnt,
+            backing,
+            log,
+            child,
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().expect("daemon").id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0, "kill {sig}");
+    }
+
+    /// What A's copy of the file holds (read beside the mount, never through it).
+    fn backing_text(&self) -> String {
+        std::fs::read_to_string(self.backing.join(FILE)).unwrap()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `kill -9` the daemon; its mount is left dead (unmounted lazily, so descriptors
+    /// opened through it stay open in their processes).
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+            let _ = wait_child(&mut c, TIMEOUT);
+        }
+        lazy_umount(&self.mnt);
+        assert!(wait_until(TIMEOUT, || mount_fstype(&self.mnt).is_none()));
+    }
+}
+
+impl Root for Host {
+    fn root(&self) -> &Path {
+        &self.mnt
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // A stopped daemon does not act on SIGTERM until it runs again.
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGCONT);
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            if wait_child(&mut c, TIMEOUT).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
+            lazy_umount(&self.mnt);
+        }
+    }
+}
+
+/// Hosts A and B, one etcd. Dropped in order: hosts, then etcd.
+struct Pair {
+    a: Host,
+    b: Host,
+    etcd: Etcd,
+    _dir: tempfile::TempDir,
+}
+
+impl Pair {
+    fn new(passthrough: bool) -> Pair {
+        let etcd = Etcd::start(1);
+        let dir = tempfile::Builder::new()
+            .prefix("coherent-mhf-")
+            .tempdir()
+            .unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let a = Host::start(&base, "A", etcd.url(), passthrough);
+        let b = Host::start(&base, "B", etcd.url(), passthrough);
+        Pair {
+            a,
+            b,
+            etcd,
+            _dir: dir,
+        }
+    }
+}
+
+/// A process of a session holding a file of a mount open for writing (`O_WRONLY|O_APPEND`)
+/// that writes through that one descriptor when told: each `write TEXT` line answers
+/// `ok N` or `err ERRNO` (as does `truncate N`, an `ftruncate`); `flush` closes a duplicate of it (a FLUSH: the volume commits).
+struct Writer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+}
+
+impl Writer {
+    fn open(m: &impl Root, who: &str, rel: &str) -> Writer {
+        const PY: &str = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+print('ready', flush=True)
+for line in sys.stdin:
+    cmd, _, text = line.rstrip('\n').partition(' ')
+    if cmd == 'write':
+        try:
+            print('ok', os.write(fd, (text + '\n').encode()), flush=True)
+        except OSError as e:
+            print('err', e.errno, flush=True)
+    elif cmd == 'truncate':
+        try:
+            os.ftruncate(fd, int(text))
+            print('ok 0', flush=True)
+        except OSError as e:
+            print('err', e.errno, flush=True)
+    elif cmd == 'flush':
+        os.close(os.dup(fd))
+        print('flushed', flush=True)
+"#;
+        let mut c = python();
+        c.arg("-c")
+            .arg(PY)
+            .arg(rel)
+            .current_dir(m.root())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for t in TAGS {
+            c.env_remove(t);
+        }
+        c.env("COHERENT_SESSION", who);
+        let mut child = c.spawn().expect("spawn the writer");
+        let out = child.stdout.take().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let w = Writer {
+            child,
+            stdin,
+            lines,
+        };
+        assert_eq!(
+            w.answer(),
+            "ready",
+            "{who} could not open {rel} for writing"
+        );
+        w
+    }
+
+    fn answer(&self) -> String {
+        self.lines.recv_timeout(RUN_TIMEOUT).unwrap_or_default()
+    }
+
+    /// One `write(2)` through the held descriptor: `Ok(bytes)` or `Err(errno)`.
+    fn write(&mut self, text: &str) -> Result<usize, i32> {
+        self.ask(&format!("write {text}"))
+    }
+
+    /// One `ftruncate(2)` of the held descriptor: `Ok(0)` or `Err(errno)`.
+    fn truncate(&mut self, len: u64) -> Result<usize, i32> {
+        self.ask(&format!("truncate {len}"))
+    }
+
+    fn ask(&mut self, line: &str) -> Result<usize, i32> {
+        writeln!(self.stdin, "{line}")
+            .and_then(|_| self.stdin.flush())
+            .expect("writer stdin");
+        let a = self.answer();
+        match a.split_once(' ') {
+            Some(("ok", n)) => Ok(n.parse().unwrap()),
+            Some(("err", e)) => Err(e.parse().unwrap()),
+            _ => panic!("the writer said {a:?}"),
+        }
+    }
+}
+
+impl Writer {
+    fn flush(&mut self) {
+        writeln!(self.stdin, "flush")
+            .and_then(|_| self.stdin.flush())
+            .expect("writer stdin");
+        assert_eq!(self.answer(), "flushed");
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// alice reads the file on B (a hold on its version there) and hands it to bob; the
+/// answer comes only once A has applied it or A's lease has ended.
+fn hand_on_from_b(p: &Pair) {
+    touch_session(&p.b, "bob");
+    sh_ok(&p.b, Some("alice"), &format!("cat {FILE} >/dev/null"));
+    let r = transfer(&p.b, "alice", "bob", &[FILE]);
+    assert_eq!(r["records"][0]["status"], "pending", "{r}");
+}
+
+/// Issue 22 item 1: A's daemon is stopped past its lease while alice holds the file open
+/// for writing there; B's transfer waits A's lease out and is acknowledged; once A runs
+/// again, the held descriptor's write is refused and nothing lands.
+fn paused_host_refuses_the_held_descriptor(passthrough: bool) {
+    let p = Pair::new(passthrough);
+    // Known on both hosts before A stops (a claim needs etcd and A).
+    touch_session(&p.a, "alice");
+    let mut w = Writer::open(&p.a, "alice", FILE);
+    p.a.signal(libc::SIGSTOP);
+    // Acknowledged only once A's lease has ended in etcd: waiting it out is the point.
+    hand_on_from_b(&p);
+    p.a.signal(libc::SIGCONT);
+    let r = w.write("alice writes after the handoff");
+    assert_eq!(
+        r,
+        Err(libc::EACCES),
+        "the held descriptor on A after B's acknowledged transfer (passthrough {passthrough})"
+    );
+    assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
+    // Once A is back, its log says why, and a fresh open is fenced as usual.
+    let denied = await_events(&p.a, "denied", FILE, Some("alice"), 1);
+    assert_eq!(
+        denied.first().map(|d| d["reason"].clone()),
+        Some("coordinator_unavailable".into()),
+        "A's log: {denied:?}\n{}",
+        p.a.log()
+    );
+    let fenced = wait_until(TIMEOUT, || {
+        sh(&p.a, Some("alice"), &format!("echo again >> {FILE}")).denied()
+            && events_of(&p.a, "denied", FILE, Some("alice"))
+                .last()
+                .is_some_and(|d| d["reason"] == "fenced")
+    });
+    assert!(fenced, "a new open by the giver on A is not fenced");
+    // Later writes through the old descriptor stay refused; its close commits nothing.
+    assert_eq!(w.write("and again"), Err(libc::EACCES));
+    drop(w);
+    assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
+    assert!(
+        events_of(&p.a, "commit", FILE, Some("alice")).is_empty(),
+        "a commit of alice on A"
+    );
+}
+
+#[test]
+fn a_paused_host_refuses_a_descriptor_held_across_the_handoff() {
+    paused_host_refuses_the_held_descriptor(true);
+}
+
+#[test]
+fn a_paused_host_refuses_a_descriptor_held_across_the_handoff_without_passthrough() {
+    paused_host_refuses_the_held_descriptor(false);
+}
+
+/// Issue 22 item 2: A's daemon is killed while alice holds the file open for writing
+/// there; B's transfer waits A's lease out and is acknowledged; alice's old descriptor
+/// must not write (no passthrough on a multi-host volume: the kernel has no daemon to ask
+/// and answers ENOTCONN).
+#[test]
+fn a_killed_host_leaves_no_descriptor_that_writes() {
+    let mut p = Pair::new(true);
+    touch_session(&p.a, "alice");
+    let mut w = Writer::open(&p.a, "alice", FILE);
+    p.a.kill9();
+    hand_on_from_b(&p);
+    let r = w.write("alice writes after the handoff");
+    assert!(
+        r.is_err(),
+        "the held descriptor of a dead daemon wrote {r:?} bytes"
+    );
+    drop(w);
+    assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
+}
+
+/// Is A's lease confirmed again (`coherent status`: `coordinator.confirmed`)?
+fn confirmed(h: &Host) -> bool {
+    let (_, v) = cli_json(h, None, &["status"]);
+    v["status"]["coordinator"]["confirmed"] == true
+}
+
+/// The epoch half of the check: while A was paused past its lease, the file was handed on
+/// and the successor's write ended the record (nothing fences alice any more). Back under
+/// a new lease, A must still refuse the descriptor alice opened before: the file moved on
+/// without A, and its write would land on the successor's work.
+#[test]
+fn a_descriptor_from_an_earlier_lease_cannot_write_over_the_successors_work() {
+    let p = Pair::new(true);
+    touch_session(&p.a, "alice");
+    let mut w = Writer::open(&p.a, "alice", FILE);
+    p.a.signal(libc::SIGSTOP);
+    hand_on_from_b(&p);
+    sh_ok(&p.b, Some("bob"), &format!("echo bob >> {FILE}"));
+    p.a.signal(libc::SIGCONT);
+    // A is back: a new lease, and the record's end taken in.
+    let back = wait_until(TIMEOUT, || {
+        confirmed(&p.a)
+            && record(&p.a, FILE).is_some_and(|r| r["status"] == "completed" && r["live"] == false)
+    });
+    assert!(back, "A did not come back:\n{}", p.a.log());
+    assert_eq!(
+        w.write("alice writes over bob"),
+        Err(libc::EACCES),
+        "a descriptor from before A lost its lease"
+    );
+    assert_eq!(w.truncate(0), Err(libc::EACCES), "ftruncate through it");
+    assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
+    let denied = await_events(&p.a, "denied", FILE, Some("alice"), 1);
+    assert_eq!(
+        denied.last().map(|d| d["reason"].clone()),
+        Some("coordinator_unavailable".into()),
+        "{denied:?}"
+    );
+    let why = why(&p.a, Some("alice"));
+    assert!(why.contains("open") && why.contains(FILE), "why: {why}");
+}
+
+/// The check refuses only what may have been handed on: a descriptor that lives across a
+/// new lease of its host (etcd went away and came back) writes on when the path did not
+/// change elsewhere meanwhile, its own commits included.
+#[test]
+fn a_descriptor_writes_on_across_a_new_lease_when_only_it_changed_the_file() {
+    let p = Pair::new(true);
+    touch_session(&p.a, "bob");
+    sh_ok(&p.a, Some("alice"), &format!("cat {FILE} >/dev/null"));
+    transfer(&p.a, "alice", "bob", &[FILE]);
+    // The successor writes through one descriptor and commits (the path's epoch moves).
+    let mut w = Writer::open(&p.a, "bob", FILE);
+    assert!(w.write("bob 1").is_ok());
+    w.flush();
+    assert_eq!(
+        record(&p.a, FILE).map(|r| r["status"].clone()),
+        Some("completed".into())
+    );
+    // A new lease: the link breaks and is made again.
+    p.etcd.stop();
+    let down = wait_until(TIMEOUT, || {
+        let (_, v) = cli_json(&p.a, None, &["status"]);
+        v["status"]["coordinator"]["connected"] == false
+    });
+    assert!(down, "A still connected with etcd stopped");
+    p.etcd.restart();
+    assert!(
+        wait_until(TIMEOUT, || confirmed(&p.a)),
+        "A did not come back:\n{}",
+        p.a.log()
+    );
+    assert_eq!(
+        w.write("bob 2"),
+        Ok(6),
+        "bob's descriptor after A's new lease:\n{}",
+        p.a.log()
+    );
+}
