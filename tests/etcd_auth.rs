@@ -61,8 +61,10 @@ fn an_unprivileged_user_cannot_read_or_rewrite_the_volume_keys_while_the_mount_w
 
     // The mount works with the URL etcd.sh printed (its ?auth= names the auth file) and
     // puts its state under the volume's prefix: a handed file, a session, this host.
+    let state = tempfile::tempdir().unwrap();
     let m = Mount::builder()
-        .args(["--coordinator", e.url(), "--host-id", "A"])
+        .args(["--coordinator", e.url(), "--host-id", "A", "--state-dir"])
+        .arg(state.path().display().to_string())
         .start();
     std::fs::write(m.backing_path("plan.md"), "plan\n").unwrap();
     touch_session(&m, "bob");
@@ -279,8 +281,16 @@ fn a_wrong_password_or_an_auth_file_others_can_read_is_refused_at_start() {
     assert!(err.contains("needs the cluster's CA"), "{err}");
     // The same file, private: the mount starts.
     let ok = put("ok", &good, 0o600);
+    let state = dir.path().join("state");
     let m = Mount::builder()
-        .args(["--coordinator", &url, "--coordinator-auth", &ok])
+        .args([
+            "--coordinator",
+            &url,
+            "--coordinator-auth",
+            &ok,
+            "--state-dir",
+        ])
+        .arg(state.display().to_string())
         .start();
     assert_eq!(coordinator(&m)["connected"], true);
 }
