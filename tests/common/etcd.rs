@@ -218,9 +218,19 @@ impl Etcd {
         c
     }
 
-    /// etcdctl that must succeed; its stdout.
+    /// etcdctl that must succeed; its stdout. Tried again while etcd answers "leader
+    /// changed": the login of an authenticated etcdctl is a proposal, which fails at once
+    /// during an election (a member just killed) where a plain read would wait.
     fn etcdctl_ok(&self, args: &[&str]) -> Vec<u8> {
-        let out = self.etcdctl(args);
+        let mut out = self.etcdctl(args);
+        let end = std::time::Instant::now() + CTL_TIMEOUT;
+        while !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("leader changed")
+            && std::time::Instant::now() < end
+        {
+            std::thread::sleep(Duration::from_millis(50)); // bounded retry of a transient
+            out = self.etcdctl(args);
+        }
         assert!(
             out.status.success(),
             "etcdctl {args:?} failed ({:?}): {}",
