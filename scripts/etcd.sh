@@ -108,7 +108,7 @@ make_certs() {
         umask 077
         cd "$t"
         openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days "$days" \
-            -keyout ca-key.pem -out ca.pem -subj "/CN=coherent etcd CA $(basename "$DIR")" \
+            -keyout ca-key.pem -out ca.pem -subj "/CN=coherent etcd CA" \
             -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
         issue() { # NAME CN EXTENSIONS
             openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
