@@ -221,7 +221,11 @@ impl Etcd {
             return None;
         };
         self.link.lock().refused = true;
-        let what: String = text.chars().take(200).collect();
+        // etcd's or TLS's own words (the status message), not the whole error chain.
+        let what: String = match text.split_once("message: \"") {
+            Some((_, m)) => m.split('"').next().unwrap_or(m).to_string(),
+            None => text.chars().take(200).collect(),
+        };
         Some(format!("{ep} refused this mount: {what}; {fix}"))
     }
 
