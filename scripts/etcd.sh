@@ -3,12 +3,21 @@
 # etcd coordinator and for trying it by hand. Only ever touches the members it started
 # (found by their pid files and checked by their command line), never a system etcd.
 #
-#   scripts/etcd.sh start [--members 1|3] [--dir DIR] [--base-port N]
-#       Starts the member(s), waits until each answers `endpoint health`, prints one line:
-#       etcd://127.0.0.1:A[,127.0.0.1:B,...]. Client ports N, N+2, N+4; peer ports N+1,
-#       N+3, N+5 (default N: the first free block at or above 23790). DIR (default: a fresh
-#       mktemp -d under /tmp) gets endpoints, cluster, member-K.pid, member-K.log and
-#       member-K.data/.
+#   scripts/etcd.sh start [--members 1|3] [--dir DIR] [--base-port N] [--volume NAME]
+#                         [--insecure]
+#       Starts the member(s), waits until each answers `endpoint health`, prints one line,
+#       the value for coherent-mount --coordinator:
+#       etcds://127.0.0.1:A[,127.0.0.1:B,...]/NAME?auth=DIR/auth. Client ports N, N+2, N+4;
+#       peer ports N+1, N+3, N+5 (default N: the first free block at or above 23790). DIR
+#       (default: a fresh mktemp -d under /tmp; mode 0700) gets endpoints, cluster,
+#       member-K.pid, member-K.log and member-K.data/.
+#       Secure by default: whoever can write the key space can lift every fence, so clients
+#       and peers speak TLS with certificates of a CA made for this cluster (DIR/tls/), a
+#       client must present a certificate of that CA, and authentication is on: user root
+#       (password in DIR/root-auth) and user coherent-NAME, whose role may read and write
+#       only /coherent/NAME/ (NAME: --volume, default "default"). DIR/auth (mode 0600) is
+#       the --coordinator-auth file for the mounts; DIR/root-auth the same for root.
+#       --insecure: plain http, no authentication; prints etcd://127.0.0.1:A[,...].
 #   scripts/etcd.sh stop    [--dir DIR] [--member K]   SIGTERM, wait for exit (all or one)
 #   scripts/etcd.sh kill    [--dir DIR] --member K     SIGKILL one member, wait for exit
 #   scripts/etcd.sh restart [--dir DIR] [--member K]   start stopped member(s) again (same
@@ -56,21 +65,108 @@ need_tools() {
 # DIR/cluster holds members=, base_port= and token= (written once by start).
 load_cluster() {
     [[ -f $DIR/cluster ]] || die "$DIR is not a cluster directory made by 'etcd.sh start' (no $DIR/cluster)"
-    MEMBERS='' BASE='' TOKEN=''
+    MEMBERS='' BASE='' TOKEN='' SECURE=0 VOLUME=''
     local k v
     while IFS='=' read -r k v; do
         case $k in
         members) MEMBERS=$v ;;
         base_port) BASE=$v ;;
         token) TOKEN=$v ;;
+        secure) SECURE=$v ;;
+        volume) VOLUME=$v ;;
         esac
     done <"$DIR/cluster"
-    [[ $MEMBERS =~ ^[13]$ && $BASE =~ ^[0-9]+$ && -n $TOKEN ]] || die "$DIR/cluster is damaged"
+    [[ $MEMBERS =~ ^[13]$ && $BASE =~ ^[0-9]+$ && -n $TOKEN && $SECURE =~ ^[01]$ ]] ||
+        die "$DIR/cluster is damaged"
+    use_credentials
+}
+
+# --- TLS and authentication (the secure default) -----------------------------------------
+# etcdctl of this script speaks to a secure cluster with the cluster's CA, the client
+# certificate and, once authentication is on, as root. The password goes by environment
+# (readable by this user alone), never on a command line other users can see in ps.
+use_credentials() {
+    ((SECURE)) || return 0
+    export ETCDCTL_CACERT="$DIR/tls/ca.pem" ETCDCTL_CERT="$DIR/tls/client.pem"
+    export ETCDCTL_KEY="$DIR/tls/client-key.pem"
+    if [[ -f $DIR/root-auth ]]; then
+        local pw
+        pw=$(sed -n 's/^password=//p' "$DIR/root-auth")
+        export ETCDCTL_USER="root:$pw"
+    fi
+}
+
+# A CA for this cluster, one certificate for every member (as server and as peer client:
+# 127.0.0.1 and localhost) and one for the clients (CN coherent-client: no such etcd user,
+# so the certificate lets a client in but grants nothing; the password does).
+make_certs() {
+    command -v openssl >/dev/null ||
+        die "openssl not found; install it with: sudo bash scripts/deps.sh (or use --insecure)"
+    local t="$DIR/tls" days=3650
+    (umask 077 && mkdir -p "$t")
+    (
+        umask 077
+        cd "$t"
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days "$days" \
+            -keyout ca-key.pem -out ca.pem -subj "/CN=coherent etcd CA" \
+            -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+        issue() { # NAME CN EXTENSIONS
+            openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+                -keyout "$1-key.pem" -out "$1.csr" -subj "/CN=$2"
+            printf '%s\n' "$3" >"$1.ext"
+            openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca-key.pem -CAcreateserial \
+                -days "$days" -out "$1.pem" -extfile "$1.ext"
+            rm -f "$1.csr" "$1.ext"
+        }
+        issue member coherent-etcd-member \
+            "$(printf '%s\n' 'basicConstraints=CA:FALSE' 'keyUsage=critical,digitalSignature' \
+                'extendedKeyUsage=serverAuth,clientAuth' 'subjectAltName=IP:127.0.0.1,DNS:localhost')"
+        issue client coherent-client \
+            "$(printf '%s\n' 'basicConstraints=CA:FALSE' 'keyUsage=critical,digitalSignature' \
+                'extendedKeyUsage=clientAuth')"
+        rm -f ca.srl
+        chmod 0600 ./*
+    ) >"$DIR/tls.log" 2>&1 || { cat "$DIR/tls.log" >&2; die "making the certificates failed (log above)"; }
+}
+
+# Root and the volume's user (its role: read and write /coherent/VOLUME/ only), then
+# authentication on. Passwords are random, given to etcdctl on stdin, kept in DIR/root-auth
+# and DIR/auth (0600, the --coordinator-auth format).
+enable_auth() {
+    local ep root_pw vol_pw user="coherent-$VOLUME"
+    ep=$(endpoints_of $(all_members))
+    root_pw=$(openssl rand -hex 24)
+    vol_pw=$(openssl rand -hex 24)
+    ctl() { etcdctl --endpoints="$ep" --dial-timeout=2s --command-timeout=5s "$@" >/dev/null; }
+    {
+        printf '%s\n' "$root_pw" | ctl user add root --interactive=false &&
+            ctl user grant-role root root &&
+            ctl role add "$user" &&
+            ctl role grant-permission --prefix=true "$user" readwrite "/coherent/$VOLUME/" &&
+            printf '%s\n' "$vol_pw" | ctl user add "$user" --interactive=false &&
+            ctl user grant-role "$user" "$user" &&
+            ctl auth enable
+    } 2>"$DIR/auth.log" || { cat "$DIR/auth.log" >&2; return 1; }
+    (
+        umask 077
+        printf '# coherent-mount --coordinator-auth for volume %s (etcd.sh start)\n' "$VOLUME"
+        printf 'user=%s\npassword=%s\nca=%s\ncert=%s\nkey=%s\n' "$user" "$vol_pw" \
+            "$DIR/tls/ca.pem" "$DIR/tls/client.pem" "$DIR/tls/client-key.pem"
+    ) >"$DIR/auth.tmp" && mv "$DIR/auth.tmp" "$DIR/auth"
+    (
+        umask 077
+        printf '# etcd root of this cluster (etcdctl --user root); not for mounts\n'
+        printf 'user=root\npassword=%s\nca=%s\ncert=%s\nkey=%s\n' "$root_pw" \
+            "$DIR/tls/ca.pem" "$DIR/tls/client.pem" "$DIR/tls/client-key.pem"
+    ) >"$DIR/root-auth.tmp" && mv "$DIR/root-auth.tmp" "$DIR/root-auth"
+    chmod 0600 "$DIR/auth" "$DIR/root-auth"
+    use_credentials
 }
 
 client_port() { echo $((BASE + 2 * ($1 - 1))); }
 peer_port() { echo $((BASE + 2 * ($1 - 1) + 1)); }
 member_data() { echo "$DIR/member-$1.data"; }
+scheme() { if ((SECURE)); then echo https; else echo http; fi; }
 
 # The pid of member K if it runs (a live etcd with our data dir on its command line).
 member_pid() {
@@ -101,9 +197,15 @@ proc_alive() {
     [[ $state != Z && $state != X ]]
 }
 
-endpoints_of() { # K... → 127.0.0.1:A,127.0.0.1:B
+hostports_of() { # K... → 127.0.0.1:A,127.0.0.1:B
     local out='' k
     for k in "$@"; do out+="${out:+,}127.0.0.1:$(client_port "$k")"; done
+    echo "$out"
+}
+endpoints_of() { # K... → etcdctl's --endpoints (https://127.0.0.1:A,... when secure)
+    local out='' k pfx=''
+    ((SECURE)) && pfx=https://
+    for k in "$@"; do out+="${out:+,}${pfx}127.0.0.1:$(client_port "$k")"; done
     echo "$out"
 }
 
@@ -119,23 +221,31 @@ healthy() {
 launch() {
     local k=$1 cluster='' j log="$DIR/member-$1.log"
     for j in $(all_members); do
-        cluster+="${cluster:+,}m$j=http://127.0.0.1:$(peer_port "$j")"
+        cluster+="${cluster:+,}m$j=$(scheme)://127.0.0.1:$(peer_port "$j")"
     done
+    local tls=()
+    if ((SECURE)); then
+        tls=(--cert-file "$DIR/tls/member.pem" --key-file "$DIR/tls/member-key.pem"
+            --trusted-ca-file "$DIR/tls/ca.pem" --client-cert-auth
+            --peer-cert-file "$DIR/tls/member.pem" --peer-key-file "$DIR/tls/member-key.pem"
+            --peer-trusted-ca-file "$DIR/tls/ca.pem" --peer-client-cert-auth)
+    fi
     # With an existing data dir etcd ignores the --initial-* flags and rejoins as before.
     echo "=== etcd.sh: launching member $k at $(date -u +%FT%TZ)" >>"$log"
     setsid nohup etcd \
         --name "m$k" \
         --data-dir "$(member_data "$k")" \
-        --listen-client-urls "http://127.0.0.1:$(client_port "$k")" \
-        --advertise-client-urls "http://127.0.0.1:$(client_port "$k")" \
-        --listen-peer-urls "http://127.0.0.1:$(peer_port "$k")" \
-        --initial-advertise-peer-urls "http://127.0.0.1:$(peer_port "$k")" \
+        --listen-client-urls "$(scheme)://127.0.0.1:$(client_port "$k")" \
+        --advertise-client-urls "$(scheme)://127.0.0.1:$(client_port "$k")" \
+        --listen-peer-urls "$(scheme)://127.0.0.1:$(peer_port "$k")" \
+        --initial-advertise-peer-urls "$(scheme)://127.0.0.1:$(peer_port "$k")" \
         --initial-cluster "$cluster" \
         --initial-cluster-token "$TOKEN" \
         --initial-cluster-state new \
         --heartbeat-interval "$HEARTBEAT_MS" \
         --election-timeout "$ELECTION_MS" \
         --logger zap --log-outputs stderr \
+        "${tls[@]}" \
         </dev/null >>"$log" 2>&1 9>&- &
     # setsid execs in place (a background job of this script is no group leader), so $!
     # is etcd's own pid.
@@ -232,6 +342,10 @@ cmd_start() {
     need_tools
     [[ $MEMBERS_OPT =~ ^[13]$ ]] || die "--members must be 1 or 3 (got '$MEMBERS_OPT')"
     MEMBERS=$MEMBERS_OPT
+    [[ $VOLUME_OPT =~ ^[A-Za-z0-9._-]+$ ]] ||
+        die "--volume may hold only letters, digits, '.', '_' and '-' (got '$VOLUME_OPT')"
+    VOLUME=$VOLUME_OPT
+    SECURE=$((INSECURE ? 0 : 1))
     if [[ -z $DIR ]]; then
         DIR=$(mktemp -d /tmp/coherent-etcd.XXXXXX)
     else
@@ -240,7 +354,14 @@ cmd_start() {
         [[ ! -e $DIR/cluster ]] ||
             die "$DIR already holds a cluster; use 'etcd.sh restart --dir $DIR' or remove it"
     fi
+    # Keys, passwords and data: this user's alone.
+    chmod 0700 "$DIR"
     TOKEN="coherent-$(basename "$DIR")-$$"
+    if ((SECURE)); then
+        rm -rf "$DIR/tls" "$DIR/auth" "$DIR/root-auth"
+        make_certs
+        use_credentials
+    fi
 
     mkdir -p "$CLAIMS"
     exec 9>"$CLAIMS/.lock"
@@ -265,12 +386,13 @@ cmd_start() {
         done
     fi
     echo "$DIR" >"$CLAIMS/$BASE"
-    printf 'members=%s\nbase_port=%s\ntoken=%s\n' "$MEMBERS" "$BASE" "$TOKEN" >"$DIR/cluster"
+    printf 'members=%s\nbase_port=%s\ntoken=%s\nsecure=%s\nvolume=%s\n' \
+        "$MEMBERS" "$BASE" "$TOKEN" "$SECURE" "$VOLUME" >"$DIR/cluster"
     echo "$DIR" >"$LAST"
     local k
     for k in $(all_members); do launch "$k"; done
     # Keep the lock until the members listen, so a parallel start cannot take these ports.
-    if ! (wait_healthy $(all_members)); then
+    if ! (wait_healthy $(all_members)) || { ((SECURE)) && ! enable_auth; }; then
         # Leave DIR as if never started (logs kept), so the same start can be retried.
         signal_members KILL $(all_members)
         for k in $(all_members); do rm -rf "$(member_data "$k")"; done
@@ -278,7 +400,11 @@ cmd_start() {
         exit 1
     fi
     local url
-    url="etcd://$(endpoints_of $(all_members))"
+    if ((SECURE)); then
+        url="etcds://$(hostports_of $(all_members))/$VOLUME?auth=$DIR/auth"
+    else
+        url="etcd://$(hostports_of $(all_members))"
+    fi
     echo "$url" >"$DIR/endpoints"
     flock -u 9
     echo "$url"
@@ -392,13 +518,15 @@ cmd_status() {
 (($#)) || usage
 CMD=$1
 shift
-DIR='' MEMBER='' MEMBERS_OPT=1 BASE_OPT=''
+DIR='' MEMBER='' MEMBERS_OPT=1 BASE_OPT='' VOLUME_OPT=default INSECURE=0 SECURE=0
 while (($#)); do
     case $1 in
     --dir) DIR=${2:?--dir needs a value} && shift 2 ;;
     --member) MEMBER=${2:?--member needs a value} && shift 2 ;;
     --members) MEMBERS_OPT=${2:?--members needs a value} && shift 2 ;;
     --base-port) BASE_OPT=${2:?--base-port needs a value} && shift 2 ;;
+    --volume) VOLUME_OPT=${2:?--volume needs a value} && shift 2 ;;
+    --insecure) INSECURE=1 && shift ;;
     -h | --help) usage ;;
     *) die "unknown argument '$1' (see: scripts/etcd.sh --help)" ;;
     esac

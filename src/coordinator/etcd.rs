@@ -1,4 +1,5 @@
-//! The etcd coordinator (`--coordinator etcd://HOST:PORT[,HOST:PORT...][/VOLUME]`).
+//! The etcd coordinator (`--coordinator etcd[s]://HOST:PORT[,HOST:PORT...][/VOLUME]`,
+//! credentials in `--coordinator-auth FILE`: see [`auth`]).
 //!
 //! Keys, under `/coherent/VOLUME/`:
 //! - `p/PATH`: the shared part of a path with records ([`SharedPath`]); changed only by a
@@ -32,8 +33,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+pub mod auth;
 mod feed;
 mod link;
+
+pub use auth::EtcdAuth;
 
 /// The lease of a host (`--coordinator-ttl`): how long a host that stopped answering is
 /// waited for, and how soon a host cut off from etcd refuses agent writes.
@@ -48,11 +52,16 @@ const EVENTS_TTL: i64 = 120;
 /// The largest etcd transaction we send (etcd's default limit is 128 operations).
 const MAX_TXN_OPS: usize = 100;
 
-/// Where and who: parsed from `--coordinator`, `--host-id`, `--coordinator-ttl`.
+/// Where and who: parsed from `--coordinator`, `--coordinator-auth`, `--host-id`,
+/// `--coordinator-ttl`.
 #[derive(Debug, Clone)]
 pub struct EtcdSpec {
     /// `HOST:PORT` each.
     pub endpoints: Vec<String>,
+    /// `etcds://`: every member is reached over TLS.
+    pub tls: bool,
+    /// User, password and certificates, read from the auth file.
+    pub auth: Option<EtcdAuth>,
     /// The key space (`/coherent/VOLUME/`): hosts sharing one workspace use one.
     pub volume: String,
     pub host: String,
@@ -60,17 +69,51 @@ pub struct EtcdSpec {
 }
 
 impl EtcdSpec {
-    /// Parses `etcd://HOST:PORT[,HOST:PORT...][/VOLUME]`.
-    pub fn parse(url: &str, host: String, ttl: Duration) -> Result<EtcdSpec, String> {
+    /// Parses `etcd[s]://HOST:PORT[,HOST:PORT...][/VOLUME][?auth=FILE]` and reads the
+    /// auth file (`auth`: `--coordinator-auth`; the URL's `?auth=` says the same, so the
+    /// one line `scripts/etcd.sh start` prints is all a mount needs).
+    pub fn parse(
+        url: &str,
+        auth: Option<&std::path::Path>,
+        host: String,
+        ttl: Duration,
+    ) -> Result<EtcdSpec, String> {
         let bad = |why: &str| {
             format!(
-                "--coordinator {url:?}: {why}; expected etcd://HOST:PORT[,HOST:PORT...][/VOLUME], \
-                 for example etcd://127.0.0.1:2379"
+                "--coordinator {url:?}: {why}; expected \
+                 etcd[s]://HOST:PORT[,HOST:PORT...][/VOLUME][?auth=FILE], for example \
+                 etcd://127.0.0.1:2379"
             )
         };
-        let rest = url
-            .strip_prefix("etcd://")
-            .ok_or_else(|| bad("only etcd:// is supported"))?;
+        let (tls, rest) = if let Some(r) = url.strip_prefix("etcds://") {
+            (true, r)
+        } else if let Some(r) = url.strip_prefix("etcd://") {
+            (false, r)
+        } else {
+            return Err(bad("only etcd:// and etcds:// (TLS) are supported"));
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let url_auth = match query {
+            None => None,
+            Some(q) => Some(
+                q.strip_prefix("auth=")
+                    .filter(|f| !f.is_empty())
+                    .ok_or_else(|| bad(&format!("unknown query {q:?} (only auth=FILE)")))?,
+            ),
+        };
+        let auth_file = match (auth, url_auth) {
+            (Some(a), Some(u)) if a != std::path::Path::new(u) => {
+                return Err(format!(
+                    "--coordinator-auth {} and the URL's ?auth={u} differ: give one",
+                    a.display()
+                ))
+            }
+            (Some(a), _) => Some(a.to_path_buf()),
+            (None, u) => u.map(std::path::PathBuf::from),
+        };
         let (hosts, volume) = match rest.split_once('/') {
             Some((h, v)) if !v.is_empty() => (h, v),
             Some((h, _)) => (h, "default"),
@@ -102,12 +145,42 @@ impl EtcdSpec {
         if ttl < Duration::from_secs(2) {
             return Err("--coordinator-ttl must be at least 2 seconds".into());
         }
+        let auth = match auth_file {
+            Some(f) => {
+                let a = EtcdAuth::read(&f)?;
+                a.check_scheme(tls)?;
+                Some(a)
+            }
+            None if tls => {
+                return Err(format!(
+                    "--coordinator {url:?}: etcds:// needs the cluster's CA: give \
+                     --coordinator-auth FILE with ca=FILE (see docs/multi-host.md)"
+                ))
+            }
+            None => None,
+        };
         Ok(EtcdSpec {
             endpoints,
+            tls,
+            auth,
             volume: volume.to_string(),
             host,
             ttl,
         })
+    }
+
+    /// The client's options for this spec (user, TLS) on top of `o`.
+    fn connect_options(&self, o: ConnectOptions) -> ConnectOptions {
+        match &self.auth {
+            Some(a) => a.apply(o, self.tls),
+            None => o,
+        }
+    }
+
+    /// The URL of one endpoint for the client.
+    fn endpoint_url(&self, ep: &str) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{ep}")
     }
 }
 
@@ -162,6 +235,8 @@ struct Link {
     generation: u64,
     /// When the last working link broke (a call waits for a new one only shortly after).
     down_since: Option<Instant>,
+    /// etcd refused the credentials or certificates (a start stops waiting).
+    refused: bool,
 }
 
 /// Where the events of a step wait, in order and not yet numbered, while the hosts agree
@@ -321,21 +396,36 @@ impl Etcd {
         c.journal
             .set_tap(Arc::new(EtcdTap(Arc::downgrade(&c))) as Arc<dyn Tap>);
         let bg = c.clone();
-        c.rt.spawn(async move { bg.run_link().await });
+        let link_task = c.rt.spawn(async move { bg.run_link().await });
         // Ready once registered and caught up (and so confirmed).
         let end = Instant::now() + wait;
         let mut l = c.link.lock();
         while !l.caught_up {
-            if c.changed.wait_until(&mut l, end).timed_out() {
+            let failed = if l.refused && l.error.is_some() {
+                Some(format!(
+                    "the coordinator refused this mount: {}",
+                    l.error.clone().unwrap_or_default()
+                ))
+            } else if c.changed.wait_until(&mut l, end).timed_out() {
                 let why = l.error.clone().unwrap_or_else(|| "no answer".into());
-                drop(l);
-                c.shutdown();
-                return Err(format!(
+                Some(format!(
                     "cannot reach the coordinator at {} within {}s: {why}. Start etcd there \
                      (for a local one: bash scripts/etcd.sh start) or mount without --coordinator",
                     c.spec.endpoints.join(","),
                     wait.as_secs()
-                ));
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = failed {
+                drop(l);
+                c.shutdown();
+                // The link's task holds the other reference: it ends here, so the last
+                // one (and the runtime with it) is dropped on this thread, not inside
+                // the runtime, where dropping a runtime panics.
+                link_task.abort();
+                let _ = c.rt.block_on(link_task);
+                return Err(why);
             }
         }
         drop(l);

@@ -2,6 +2,11 @@
 //! started, stopped and killed by `scripts/etcd.sh` (which picks free ports, waits for
 //! health and only ever signals the members it started). Removed when dropped.
 //!
+//! The script's secure default: TLS with client certificates and authentication, so every
+//! multi-host test runs the way a volume should. [`Etcd::url`] carries the auth file
+//! (`?auth=DIR/auth`), so `--coordinator URL` alone is enough; [`Etcd::etcdctl`] runs as
+//! etcd's root (the harness may read and write anything, as the tests of fences need).
+//!
 //! ```ignore
 //! let etcd = Etcd::start(3);
 //! let m = Mount::builder().args(["--coordinator", etcd.url()]).start();
@@ -28,15 +33,27 @@ const CTL_TIMEOUT: Duration = Duration::from_secs(20);
 /// A running etcd cluster under a temporary directory.
 pub struct Etcd {
     dir: tempfile::TempDir,
-    /// `etcd://127.0.0.1:A[,127.0.0.1:B,...]`, the value for `--coordinator`.
+    /// `etcds://127.0.0.1:A[,127.0.0.1:B,...]/default?auth=DIR/auth` (`etcd://...` when
+    /// insecure), the value for `--coordinator`.
     pub url: String,
     members: usize,
+    secure: bool,
 }
 
 impl Etcd {
     /// Start `members` (1 or 3) members and wait until each answers; panics with the
     /// script's stderr when it fails (e.g. etcd not installed: run scripts/deps.sh).
     pub fn start(members: usize) -> Etcd {
+        Etcd::start_with(members, true)
+    }
+
+    /// [`Etcd::start`] with `scripts/etcd.sh start --insecure`: plain http, no
+    /// authentication (the baseline of the measurements, and to show what it exposes).
+    pub fn start_insecure(members: usize) -> Etcd {
+        Etcd::start_with(members, false)
+    }
+
+    fn start_with(members: usize, secure: bool) -> Etcd {
         let dir = tempfile::Builder::new()
             .prefix("coh-etcd.")
             .tempdir()
@@ -45,25 +62,78 @@ impl Etcd {
             dir,
             url: String::new(),
             members,
+            secure,
         };
-        let out = e.script(&["start", "--members", &members.to_string()]);
+        let n = members.to_string();
+        let mut args = vec!["start", "--members", &n];
+        if !secure {
+            args.push("--insecure");
+        }
+        let out = e.script(&args);
         e.url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let scheme = if secure { "etcds" } else { "etcd" };
         assert!(
-            e.url.starts_with("etcd://127.0.0.1:") && !e.url.contains('\n'),
-            "etcd.sh start printed {:?}, not one etcd:// line",
+            e.url.starts_with(&format!("{scheme}://127.0.0.1:")) && !e.url.contains('\n'),
+            "etcd.sh start printed {:?}, not one {scheme}:// line",
             e.url
         );
         e
     }
 
-    /// `etcd://127.0.0.1:A[,..]`.
+    /// The value for `--coordinator`: `etcds://127.0.0.1:A[,..]/default?auth=DIR/auth`
+    /// (`etcd://127.0.0.1:A[,..]` when insecure).
     pub fn url(&self) -> &str {
         &self.url
     }
 
-    /// `127.0.0.1:A[,..]`, the form etcdctl's --endpoints takes.
+    /// `127.0.0.1:A[,..]`, the members' client addresses.
     pub fn endpoints(&self) -> &str {
-        self.url.trim_start_matches("etcd://")
+        let rest = self
+            .url
+            .trim_start_matches("etcds://")
+            .trim_start_matches("etcd://");
+        rest.split(['/', '?']).next().unwrap_or(rest)
+    }
+
+    /// Started secure (TLS, client certificates, authentication): the default.
+    pub fn secure(&self) -> bool {
+        self.secure
+    }
+
+    /// The `--coordinator-auth` file the script wrote for the mounts (DIR/auth: user
+    /// `coherent-default`, whose role reaches only `/coherent/default/`).
+    pub fn auth_file(&self) -> PathBuf {
+        self.dir().join("auth")
+    }
+
+    /// The same for etcd's root (DIR/root-auth).
+    pub fn root_auth_file(&self) -> PathBuf {
+        self.dir().join("root-auth")
+    }
+
+    /// The cluster's CA, client certificate and key (DIR/tls/).
+    pub fn tls_file(&self, name: &str) -> PathBuf {
+        self.dir().join("tls").join(name)
+    }
+
+    /// `--endpoints` for etcdctl: `https://` when secure.
+    pub fn ctl_endpoints(&self) -> String {
+        let pfx = if self.secure { "https://" } else { "" };
+        self.endpoints()
+            .split(',')
+            .map(|e| format!("{pfx}{e}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// One value of an auth file (`password`, `user`, ...).
+    pub fn auth_value(file: &Path, key: &str) -> String {
+        let text = std::fs::read_to_string(file)
+            .unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key}= in {}", file.display()))
+            .to_string()
     }
 
     /// The client endpoint of member `k` (1-based).
@@ -111,22 +181,56 @@ impl Etcd {
         self.script(&["restart", "--member", &k.to_string()]);
     }
 
-    /// Run etcdctl (API v3) against every member's endpoint; the output, whatever the status.
+    /// Run etcdctl (API v3) against every member's endpoint, as etcd's root when secure;
+    /// the output, whatever the status.
     pub fn etcdctl(&self, args: &[&str]) -> Output {
-        run_timeout(
-            Command::new("etcdctl")
-                .env("ETCDCTL_API", "3")
-                .env_remove("ETCDCTL_ENDPOINTS")
-                .arg(format!("--endpoints={}", self.endpoints()))
-                .args(["--dial-timeout=2s", "--command-timeout=5s"])
-                .args(args),
-            CTL_TIMEOUT,
-        )
+        let mut c = self.ctl_command(true);
+        run_timeout(c.args(args), CTL_TIMEOUT)
     }
 
-    /// etcdctl that must succeed; its stdout.
+    /// etcdctl with the cluster's CA and client certificate (when secure), as root when
+    /// `root` (its password by environment, as nobody else can see it), else as nobody.
+    pub fn ctl_command(&self, root: bool) -> Command {
+        self.ctl_command_to(root, &self.ctl_endpoints())
+    }
+
+    /// [`Etcd::ctl_command`] through `endpoints` only (etcdctl adds up repeated
+    /// `--endpoints`, so they are given once).
+    pub fn ctl_command_to(&self, root: bool, endpoints: &str) -> Command {
+        let mut c = Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3");
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ETCDCTL_") && k != "ETCDCTL_API" {
+                c.env_remove(k);
+            }
+        }
+        if self.secure {
+            c.env("ETCDCTL_CACERT", self.tls_file("ca.pem"))
+                .env("ETCDCTL_CERT", self.tls_file("client.pem"))
+                .env("ETCDCTL_KEY", self.tls_file("client-key.pem"));
+            if root {
+                let pw = Etcd::auth_value(&self.root_auth_file(), "password");
+                c.env("ETCDCTL_USER", format!("root:{pw}"));
+            }
+        }
+        c.arg(format!("--endpoints={endpoints}"))
+            .args(["--dial-timeout=2s", "--command-timeout=5s"]);
+        c
+    }
+
+    /// etcdctl that must succeed; its stdout. Tried again while etcd answers "leader
+    /// changed": the login of an authenticated etcdctl is a proposal, which fails at once
+    /// during an election (a member just killed) where a plain read would wait.
     fn etcdctl_ok(&self, args: &[&str]) -> Vec<u8> {
-        let out = self.etcdctl(args);
+        let mut out = self.etcdctl(args);
+        let end = std::time::Instant::now() + CTL_TIMEOUT;
+        while !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("leader changed")
+            && std::time::Instant::now() < end
+        {
+            std::thread::sleep(Duration::from_millis(50)); // bounded retry of a transient
+            out = self.etcdctl(args);
+        }
         assert!(
             out.status.success(),
             "etcdctl {args:?} failed ({:?}): {}",

@@ -90,10 +90,17 @@ struct Args {
     #[arg(long = "session-env", value_name = "VAR")]
     session_env: Vec<String>,
     /// Share sessions, handoff records and the versions of handed files with the other
-    /// hosts mounting this workspace, through etcd: etcd://HOST:PORT[,HOST:PORT...][/VOLUME]
-    /// (VOLUME names the key space; default "default"). Without it: this host alone.
+    /// hosts mounting this workspace, through etcd:
+    /// etcd[s]://HOST:PORT[,HOST:PORT...][/VOLUME][?auth=FILE] (etcds: TLS; VOLUME names
+    /// the key space, default "default"; ?auth=FILE as --coordinator-auth). Without it:
+    /// this host alone.
     #[arg(long, value_name = "URL")]
     coordinator: Option<String>,
+    /// With --coordinator: the etcd credentials, KEY=VALUE lines (user=, password=, and
+    /// for etcds:// ca=, cert=, key=). It must belong to the mounting user and be closed
+    /// to everyone else (chmod 600): whoever can write the key space can lift fences.
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    coordinator_auth: Option<PathBuf>,
     /// This host's name among the hosts of --coordinator (in every event's `host`).
     /// Default: the machine's hostname and the mount point.
     #[arg(long, value_name = "NAME", requires = "coordinator")]
@@ -332,11 +339,14 @@ fn make_policy(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> 
             .clone()
             .unwrap_or_else(|| etcd::default_host_id(&plan.mountpoint));
         let ttl = args.coordinator_ttl.unwrap_or(etcd::DEFAULT_TTL);
-        let spec = etcd::EtcdSpec::parse(url, host, ttl).map_err(Fail)?;
+        let spec = etcd::EtcdSpec::parse(url, args.coordinator_auth.as_deref(), host, ttl)
+            .map_err(Fail)?;
         tracing::info!(
             host = %spec.host,
             endpoints = %spec.endpoints.join(","),
             volume = %spec.volume,
+            tls = spec.tls,
+            user = spec.auth.as_ref().and_then(|a| a.user.as_ref()).map_or("", |u| u.0.as_str()),
             "coordinator: etcd"
         );
         cfg.engine.host = Some(spec.host.clone());

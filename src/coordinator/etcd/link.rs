@@ -77,6 +77,7 @@ impl Etcd {
         {
             let mut l = self.link.lock();
             l.connected = true;
+            l.refused = false;
             l.error = None;
             l.lease = lease;
         }
@@ -143,22 +144,30 @@ impl Etcd {
         let n = self.spec.endpoints.len();
         let first = self.good.load(Ordering::SeqCst);
         let mut why = String::new();
+        // A member that refused the credentials says more than one that is away.
+        let mut refusal = None;
+        self.link.lock().refused = false;
         for i in 0..n {
             let k = (first + i) % n;
             let ep = &self.spec.endpoints[k];
-            let opts = ConnectOptions::new()
-                .with_connect_timeout(CALL_TIMEOUT)
-                .with_timeout(CALL_TIMEOUT)
-                .with_keep_alive(Duration::from_millis(500), Duration::from_secs(1));
+            let opts = self.spec.connect_options(
+                ConnectOptions::new()
+                    .with_connect_timeout(CALL_TIMEOUT)
+                    .with_timeout(CALL_TIMEOUT)
+                    .with_keep_alive(Duration::from_millis(500), Duration::from_secs(1)),
+            );
             let connected = tokio::time::timeout(
                 CALL_TIMEOUT,
-                Client::connect([format!("http://{ep}")], Some(opts)),
+                Client::connect([self.spec.endpoint_url(ep)], Some(opts)),
             )
             .await;
             let mut c = match connected {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => {
-                    why = format!("{ep}: {}", short(&e));
+                    match self.refused(ep, &e) {
+                        Some(r) => refusal = Some(r),
+                        None => why = format!("{ep}: {}", short(&e)),
+                    }
                     continue;
                 }
                 Err(_) => {
@@ -172,10 +181,52 @@ impl Etcd {
                     self.good.store(k, Ordering::SeqCst);
                     return Ok(c);
                 }
-                Err(e) => why = format!("{ep}: {}", short(&e)),
+                Err(e) => match self.refused(ep, &e) {
+                    Some(r) => refusal = Some(r),
+                    None => why = format!("{ep}: {}", short(&e)),
+                },
             }
         }
-        Err(why)
+        Err(refusal.unwrap_or(why))
+    }
+
+    /// When etcd answered but refused this mount's credentials or certificates (not a
+    /// member that is away): what to fix, and the link marks itself refused so a mount
+    /// that is starting says so at once instead of waiting.
+    fn refused(&self, ep: &str, e: &etcd_client::Error) -> Option<String> {
+        // The whole chain: a TLS failure is in the transport error's sources.
+        let mut text = e.to_string();
+        let mut src = std::error::Error::source(e);
+        while let Some(s) = src {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            src = s.source();
+        }
+        let file = self
+            .spec
+            .auth
+            .as_ref()
+            .map_or("(none)".to_string(), |a| a.file.display().to_string());
+        let fix = if text.contains("authentication failed") || text.contains("user name is empty") {
+            format!("check user= and password= in --coordinator-auth {file}")
+        } else if text.contains("permission denied") {
+            format!(
+                "the etcd user of --coordinator-auth {file} may not use /coherent/{}/: grant \
+                 its role readwrite on that prefix",
+                self.spec.volume
+            )
+        } else if text.contains("certificate") || text.contains("InvalidCertificate") {
+            format!("check ca=, cert= and key= in --coordinator-auth {file}")
+        } else {
+            return None;
+        };
+        self.link.lock().refused = true;
+        // etcd's or TLS's own words (the status message), not the whole error chain.
+        let what: String = match text.split_once("message: \"") {
+            Some((_, m)) => m.split('"').next().unwrap_or(m).to_string(),
+            None => text.chars().take(200).collect(),
+        };
+        Some(format!("{ep} refused this mount: {what}; {fix}"))
     }
 
     /// Takes in every shared path and session and the live hosts; returns the revision.
