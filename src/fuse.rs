@@ -95,12 +95,8 @@ impl Filesystem for CoherentFs {
         let mode = if !self.fs.wants_passthrough() {
             "through the daemon (--no-passthrough)".to_string()
         } else if self.fs.sees_every_write() {
-            // The daemon checks each write against this host's lease (docs/multi-host.md);
-            // and the kernel keeps an inode either in passthrough or in cached mode, so
-            // reads cannot stay passthrough while writes of the same file do not.
-            "through the daemon (a multi-host volume: every write is checked against this \
-             host's lease, so none may go straight to the backing files)"
-                .to_string()
+            // Reads too: the kernel keeps an inode in passthrough or cached mode, not both.
+            "through the daemon (a multi-host volume checks every write)".to_string()
         } else if !has_cap_sys_admin() {
             "through the daemon (FUSE passthrough needs CAP_SYS_ADMIN)".to_string()
         } else {
