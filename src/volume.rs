@@ -114,6 +114,9 @@ pub struct VolumeConfig {
     /// `.coherent/changes` complete (docs/git.md); false answers "everything may have
     /// changed".
     pub sole_path: bool,
+    /// The processes found inside the directory of an in-place mount before it was
+    /// mounted: the changes are complete only once none of them is left inside.
+    pub bypassers: Vec<u32>,
 }
 
 impl VolumeConfig {
@@ -128,6 +131,7 @@ impl VolumeConfig {
             track_ignored: false,
             coordinator: None,
             sole_path: false,
+            bypassers: Vec::new(),
         }
     }
 }
@@ -286,7 +290,8 @@ impl Volume {
             Some(e) => e.clone(),
             None => Arc::new(Embedded),
         };
-        let sole_path = cfg.sole_path;
+        let bypass = changes::Bypass::new(cfg.mountpoint.clone(), root.as_fd(), &cfg.bypassers);
+        let changes = changes::Changes::new(cfg.sole_path, bypass);
         let v = Arc::new(Volume {
             engine: opened.engine,
             journal: opened.journal,
@@ -299,7 +304,7 @@ impl Volume {
             linked: Mutex::new(HashSet::new()),
             released: Condvar::new(),
             surface: surface::Surface::new(),
-            changes: changes::Changes::new(sole_path),
+            changes,
             tracking,
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),

@@ -396,11 +396,16 @@ fn a_separate_backing_directory_answers_everything() {
     // Others write the backing directory behind the volume's back.
     std::fs::write(m.backing_path("README"), "behind its back\n").unwrap();
     assert_eq!(hook(&root, &t1).1, everything());
+    // Seen through the mount within the cache time of a separate backing (docs/cache.md).
+    let len = "behind its back\n".len() as u64;
+    assert!(common::wait_until(common::TIMEOUT, || {
+        std::fs::metadata(root.join("README")).is_ok_and(|m| m.len() == len)
+    }));
     assert_eq!(git_ok(&root, &["status", "--porcelain"]), " M README\n");
 }
 
 #[test]
-fn a_process_inside_at_mount_time_makes_every_answer_everything() {
+fn a_process_inside_at_mount_time_makes_every_answer_everything_until_it_leaves() {
     let dir = tempfile::Builder::new()
         .prefix("coherent-fsmon-")
         .tempdir()
@@ -419,9 +424,16 @@ fn a_process_inside_at_mount_time_makes_every_answer_everything() {
     repo(&w);
     let (t1, _) = hook(&w, "x");
     std::fs::write(w.join("README"), "x\n").unwrap();
-    assert_eq!(hook(&w, &t1).1, everything());
+    let (t2, paths) = hook(&w, &t1);
+    assert_eq!(paths, everything());
+    assert_eq!(hook(&w, &t2).1, everything(), "it is still inside");
     let _ = inside.kill();
     let _ = inside.wait();
+    // Gone: what it may have done meanwhile is not known, what comes next is.
+    let (t3, paths) = hook(&w, &t2);
+    assert_eq!(paths, everything());
+    std::fs::write(w.join("README"), "y\n").unwrap();
+    assert_eq!(hook(&w, &t3).1, vec!["README".to_string()]);
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     common::wait_child(&mut child, common::TIMEOUT).expect("the daemon exits");
 }

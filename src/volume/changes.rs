@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::{OsStr, OsString};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +66,52 @@ impl Ring {
     }
 }
 
+/// Processes inside an in-place mount's directory at mount time: they reach the files
+/// underneath, not the volume, until they leave (or re-enter through the mount).
+pub(crate) struct Bypass {
+    /// The directory (the mount point, which is also the backing directory).
+    dir: PathBuf,
+    /// The device of the backing directory: a process there is on it, one that entered
+    /// through the mount is on the FUSE device.
+    dev: u64,
+    /// (pid, start time) of the processes still inside.
+    pids: Vec<(u32, u64)>,
+}
+
+impl Bypass {
+    /// `pids` found inside `dir` (whose backing directory is `root`) before the mount.
+    pub(crate) fn new(dir: PathBuf, root: BorrowedFd<'_>, pids: &[u32]) -> Option<Bypass> {
+        let dev = nix::sys::stat::fstat(root.as_raw_fd()).ok()?.st_dev;
+        let pids = pids
+            .iter()
+            .filter_map(|&p| crate::sys::read_stat(p).map(|st| (p, st.start_time)))
+            .collect();
+        Some(Bypass { dir, dev, pids })
+    }
+
+    /// Is the process still running with its working directory, root or an open file
+    /// in the directory underneath the mount?
+    fn still_inside(&self, pid: u32, start: u64) -> bool {
+        match crate::sys::read_stat(pid) {
+            Some(st) if st.start_time == start && !st.is_zombie() => {}
+            _ => return false,
+        }
+        let base = PathBuf::from(format!("/proc/{pid}"));
+        let beneath = |link: &Path| {
+            std::fs::read_link(link).is_ok_and(|l| crate::bypass::is_inside(&l, &self.dir))
+                && nix::sys::stat::stat(link).is_ok_and(|st| st.st_dev == self.dev)
+        };
+        if beneath(&base.join("cwd")) || beneath(&base.join("root")) {
+            return true;
+        }
+        match std::fs::read_dir(base.join("fd")) {
+            Ok(fds) => fds.filter_map(|d| d.ok()).any(|d| beneath(&d.path())),
+            // Cannot look: still assume the worst.
+            Err(_) => base.exists(),
+        }
+    }
+}
+
 /// The changes of one mount instance.
 pub(crate) struct Changes {
     /// Random per daemon start: a token from another instance (a restart) is not ours.
@@ -73,6 +119,8 @@ pub(crate) struct Changes {
     /// Does every change of the backing directory go through this volume?
     sees_all: AtomicBool,
     ring: Mutex<Ring>,
+    /// Processes that bypassed the mount at its start, until none is left.
+    bypass: Mutex<Option<Bypass>>,
 }
 
 fn random_u64() -> u64 {
@@ -91,11 +139,33 @@ fn random_u64() -> u64 {
 }
 
 impl Changes {
-    pub(crate) fn new(sees_all: bool) -> Self {
+    /// `sole_path`: an in-place mount; `bypass`: the processes inside it at mount time
+    /// (the changes are complete once none is left).
+    pub(crate) fn new(sole_path: bool, bypass: Option<Bypass>) -> Self {
+        let bypass = bypass.filter(|b| sole_path && !b.pids.is_empty());
         Changes {
             instance: random_u64(),
-            sees_all: AtomicBool::new(sees_all),
+            sees_all: AtomicBool::new(sole_path && bypass.is_none()),
             ring: Mutex::new(Ring::default()),
+            bypass: Mutex::new(bypass),
+        }
+    }
+
+    /// Have the processes that bypassed the mount at its start all left? Then the volume
+    /// sees everything from now on (earlier tokens stay incomplete).
+    fn recheck_bypass(&self) {
+        let mut b = self.bypass.lock();
+        let Some(by) = b.as_mut() else { return };
+        let still: Vec<(u32, u64)> = by
+            .pids
+            .iter()
+            .copied()
+            .filter(|&(p, s)| by.still_inside(p, s))
+            .collect();
+        by.pids = still;
+        if by.pids.is_empty() {
+            *b = None;
+            self.set_sees_all(true);
         }
     }
 
@@ -205,7 +275,6 @@ impl Changes {
 
     /// The mount stops (or starts) being the only path to the backing directory: answers
     /// since before now are incomplete either way.
-    #[cfg(test)]
     pub(crate) fn set_sees_all(&self, yes: bool) {
         let mut r = self.ring.lock();
         r.push(Change::All);
@@ -228,6 +297,7 @@ impl Changes {
         since: u64,
         mut sees: impl FnMut(&OsStr) -> Option<bool>,
     ) -> Vec<u8> {
+        self.recheck_bypass();
         let r = self.ring.lock();
         let mut complete =
             self.sees_all.load(Ordering::SeqCst) && since <= r.seq && since >= r.dropped;
@@ -349,7 +419,7 @@ mod tests {
 
     #[test]
     fn names_each_change_once_after_the_token() {
-        let c = Changes::new(true);
+        let c = Changes::new(true, None);
         c.note(Some(Path::new("a")), false);
         let (ok, seq, paths, _) = parse(&c.answer(0, all));
         assert!(ok);
@@ -370,7 +440,7 @@ mod tests {
 
     #[test]
     fn incomplete_when_dropped_unnamed_or_not_the_only_path() {
-        let c = Changes::new(true);
+        let c = Changes::new(true, None);
         for _ in 0..CAPACITY + 1 {
             c.note(Some(Path::new("x")), false);
         }
@@ -386,7 +456,7 @@ mod tests {
             !parse(&c.answer(seq, all)).0,
             "a separate backing directory"
         );
-        let c = Changes::new(true);
+        let c = Changes::new(true, None);
         c.note(Some(Path::new("secret/x")), false);
         assert!(!parse(&c.answer(0, |_| None)).0, "a path it cannot judge");
         let (ok, _, paths, _) = parse(&c.answer(0, |_| Some(false)));
@@ -395,7 +465,7 @@ mod tests {
 
     #[test]
     fn open_writers_are_in_every_answer_under_their_current_name() {
-        let c = Changes::new(true);
+        let c = Changes::new(true, None);
         let p = PathBuf::from("f");
         c.opened(&open_info(7, &p, libc::O_WRONLY), Some(1));
         let (ok, seq, paths, open) = parse(&c.answer(0, all));
