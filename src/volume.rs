@@ -1115,7 +1115,11 @@ impl Policy for Volume {
     ) -> Result<Option<HandleState>, FsError> {
         let now = Timestamp::now();
         if open_writes(open.flags) {
-            let links = rel(open.path).and_then(|p| self.stat_links(p)).map(|x| x.2);
+            // A file just made has no other name; another may have some (one fstatat).
+            let links = match open.created {
+                true => Some(1),
+                false => rel(open.path).and_then(|p| self.stat_links(p)).map(|x| x.2),
+            };
             self.changes.opened(open, links);
         } else if open.created {
             self.changes.opened(open, None);
