@@ -85,11 +85,11 @@ fn repo(dir: &Path) {
 
 /// `git status` with the hook (it may write the index and its token), and git's trace
 /// said whether the hook's answer was "everything" (trivial).
-fn status_hooked(dir: &Path, trace: &Path) -> (String, bool) {
+fn status_hooked(dir: &Path, trace: &Path, untracked: &str) -> (String, bool) {
     let _ = std::fs::remove_file(trace);
     let o = Command::new("git")
         .current_dir(dir)
-        .args(["status", "--porcelain", "--untracked-files=all"])
+        .args(["status", "--porcelain", untracked])
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("HOME", dir)
         .env("GIT_TRACE2_EVENT", trace)
@@ -104,7 +104,7 @@ fn status_hooked(dir: &Path, trace: &Path) -> (String, bool) {
 }
 
 /// Plain `git status`: no hook, no untracked cache, and the index left alone.
-fn status_plain(dir: &Path) -> String {
+fn status_plain(dir: &Path, untracked: &str) -> String {
     git_ok(
         dir,
         &[
@@ -115,7 +115,7 @@ fn status_plain(dir: &Path) -> String {
             "core.untrackedCache=false",
             "status",
             "--porcelain",
-            "--untracked-files=all",
+            untracked,
         ],
     )
 }
@@ -287,8 +287,19 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
     }
 }
 
+/// Every untracked file named (`-uall`), as git's untracked cache keeps them.
 #[test]
 fn git_status_with_the_hook_matches_plain_git_status() {
+    random_changes("--untracked-files=all", 300);
+}
+
+/// git's default: an untracked directory shown as one line.
+#[test]
+fn git_status_with_the_hook_matches_plain_git_status_untracked_dirs_collapsed() {
+    random_changes("--untracked-files=normal", 150);
+}
+
+fn random_changes(untracked: &str, default_steps: usize) {
     let seed: u64 = std::env::var("FSMONITOR_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -302,7 +313,7 @@ fn git_status_with_the_hook_matches_plain_git_status() {
     let steps: usize = std::env::var("FSMONITOR_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
+        .unwrap_or(default_steps);
     let m = Mount::builder().in_place().start();
     let root = m.mnt.clone();
     repo(&root);
@@ -313,13 +324,13 @@ fn git_status_with_the_hook_matches_plain_git_status() {
     let mut log = Vec::new();
     for n in 0..steps {
         log.push(step(&mut r, &root, &mut held, n));
-        let (hooked, trivial) = status_hooked(&root, &trace);
-        let plain = status_plain(&root);
+        let (hooked, trivial) = status_hooked(&root, &trace, untracked);
+        let plain = status_plain(&root, untracked);
         assert_eq!(
             hooked,
             plain,
-            "seed {seed} (FSMONITOR_SEED={seed}), after step {n}: with the hook (left) and \
-             plain (right) differ; steps:\n{}",
+            "seed {seed} (FSMONITOR_SEED={seed}), {untracked}, after step {n}: with the hook \
+             (left) and plain (right) differ; steps:\n{}",
             log.join("\n")
         );
         trusted += usize::from(!trivial);
