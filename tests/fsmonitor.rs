@@ -554,3 +554,28 @@ fn install_git_refuses_outside_a_volume_or_a_repository_and_uninstalls() {
         "/usr/bin/watchman-hook"
     );
 }
+
+#[test]
+fn a_repository_below_the_mount_root_gets_its_own_paths() {
+    let m = Mount::builder().in_place().start();
+    let top = m.mnt.join("projects/one");
+    std::fs::create_dir_all(top.join("src")).unwrap();
+    repo(&top);
+    let trace = m.backing.parent().unwrap().join("trace2.json");
+    // The first status after install gets "everything" and stores a token of ours.
+    status_hooked(&top, &trace, "--untracked-files=all");
+    let (tok, _) = hook(&top, "x");
+    std::fs::write(m.mnt.join("outside.txt"), "not this repository's\n").unwrap();
+    std::fs::write(top.join("src/new.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(top.join("README"), "changed\n").unwrap();
+    let (_, mut paths) = hook(&top, &tok);
+    paths.sort();
+    paths.dedup();
+    assert_eq!(paths, vec!["README".to_string(), "src/new.rs".to_string()]);
+    // git runs the hook in the worktree's top directory, wherever status is run from.
+    let sub = top.join("src");
+    let (out, trivial) = status_hooked(&sub, &trace, "--untracked-files=all");
+    assert!(!trivial, "the hook's answer was used");
+    assert_eq!(out, status_plain(&sub, "--untracked-files=all"));
+    assert_eq!(out, " M README\n?? src/new.rs\n");
+}
