@@ -90,18 +90,20 @@ fn open_changes(cwd: &Path) -> Option<(File, PathBuf)> {
     None
 }
 
-/// Everything the file answers when first read at `since`.
+/// Everything the file answers when first read at `since`. The answer is made whole at
+/// the first read, so a short read is its end (one round trip to the daemon less).
 fn read_from(f: &File, since: u64) -> Option<Vec<u8>> {
+    const CHUNK: usize = 64 * 1024;
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 256 * 1024];
+    let mut buf = vec![0u8; CHUNK];
     loop {
         let n = f
             .read_at(&mut buf, since.checked_add(out.len() as u64)?)
             .ok()?;
-        if n == 0 {
+        out.extend_from_slice(&buf[..n]);
+        if n < CHUNK {
             return Some(out);
         }
-        out.extend_from_slice(&buf[..n]);
     }
 }
 
