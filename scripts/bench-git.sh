@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # `git status` in a clone of this project: native, in an in-place coherent mount without
 # the fsmonitor hook, and in one with it (`coherent install git`: core.fsmonitor and
-# core.untrackedCache). One sample is N `git status` in a row; ROUNDS interleaved rounds
-# (native, plain, hook, native, ...); medians, and ratios to native, as a Markdown table.
+# core.untrackedCache), the hook being `coherent-fsmonitor` or, for comparison, the full
+# `coherent` binary. One sample is N `git status` in a row; ROUNDS interleaved rounds
+# (native, plain, hook, ..., native, ...); medians, and ratios to native, as a Markdown table.
 #
 # Usage: scripts/bench-git.sh [SOURCE]   (SOURCE: the repository to clone, default this one)
 # Environment: ROUNDS (5), N (20), COHERENT_BIN_DIR (target/release, else target/debug),
-#              BENCH_DIR (a temporary directory under /var/tmp).
+#              BENCH_DIR (a temporary directory under /var/tmp),
+#              GEN_FILES (instead of a clone: a repository of that many generated files,
+#              scripts/gen-tree.py, in GEN_FILES/10 directories).
 # Needs root (FUSE mounts). The coherent binaries are used as built: no build here.
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -30,7 +33,7 @@ WORK=${BENCH_DIR:-$(mktemp -d /var/tmp/coherent-bench-git.XXXXXX)}
 mkdir -p "$WORK"
 PIDS=()
 cleanup() {
-    for d in "$WORK/plain" "$WORK/hook"; do
+    for d in "$WORK/plain" "$WORK/hook" "$WORK/hookfull"; do
         if mountpoint -q "$d" 2>/dev/null; then fusermount3 -u "$d" 2>/dev/null || umount -l "$d"; fi
     done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -41,18 +44,26 @@ trap cleanup EXIT
 export GIT_CONFIG_NOSYSTEM=1 GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.com
 export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.com
 
-log "cloning $SOURCE three times into $WORK"
-for v in native plain hook; do
+VARIANTS=(native plain hook hookfull)
+if [[ -n ${GEN_FILES:-} ]]; then
+    log "a repository of $GEN_FILES generated files"
+    rm -rf "${WORK:?}/src" && mkdir -p "$WORK/src"
+    python3 "$REPO_ROOT/scripts/gen-tree.py" "$WORK/src" "$GEN_FILES" "$((GEN_FILES / 10))" >/dev/null
+    git -C "$WORK/src" init -q . && git -C "$WORK/src" add -A && git -C "$WORK/src" commit -qm tree
+    SOURCE=$WORK/src
+fi
+log "cloning $SOURCE ${#VARIANTS[@]} times into $WORK"
+for v in "${VARIANTS[@]}"; do
     rm -rf "${WORK:?}/$v"
     git clone -q "$SOURCE" "$WORK/$v"
 done
 # In place (`coherent-mount DIR`), as agents use it; started from outside the directory,
 # so no process is inside it at mount time (else the hook could not vouch for anything).
-for v in plain hook; do
+for v in plain hook hookfull; do
     (cd / && exec "$MOUNT_BIN" "$WORK/$v" --state-dir "$WORK/state-$v" 2>"$WORK/$v.log") &
     PIDS+=($!)
 done
-for v in plain hook; do
+for v in plain hook hookfull; do
     for _ in $(seq 100); do
         [[ -e $WORK/$v/.coherent/ctl ]] && break
         sleep 0.1
@@ -60,6 +71,8 @@ for v in plain hook; do
     [[ -e $WORK/$v/.coherent/ctl ]] || die "the mount of $WORK/$v did not come up: $(cat "$WORK/$v.log")"
 done
 (cd "$WORK/hook" && "$CLI_BIN" install git >/dev/null)
+(cd "$WORK/hookfull" && "$CLI_BIN" install git >/dev/null && git config core.fsmonitor "$CLI_BIN")
+log "hooks: $(git -C "$WORK/hook" config core.fsmonitor), $(git -C "$WORK/hookfull" config core.fsmonitor)"
 
 # One sample: N `git status` in DIR, in milliseconds.
 sample() {
@@ -72,13 +85,16 @@ sample() {
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 # Warm up: the first status writes each index (and the hook's first answer is "/").
-for v in native plain hook; do git -C "$WORK/$v" status --porcelain >/dev/null; done
+for v in "${VARIANTS[@]}"; do git -C "$WORK/$v" status --porcelain >/dev/null; done
 declare -A S=()
 for r in $(seq "$ROUNDS"); do
-    for v in native plain hook; do
-        S[$v]+="$(sample "$WORK/$v") "
+    line=""
+    for v in "${VARIANTS[@]}"; do
+        t=$(sample "$WORK/$v")
+        S[$v]+="$t "
+        line+=" $v $t"
     done
-    log "round $r: native ${S[native]##* } plain ${S[plain]##* } hook ${S[hook]##* }"
+    log "round $r:$line ms"
 done
 
 files=$(git -C "$WORK/native" ls-files | wc -l)
@@ -88,12 +104,13 @@ echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /
 echo
 echo "| where | ms | ratio to native |"
 echo "|---|---|---|"
-for v in native plain hook; do
+for v in "${VARIANTS[@]}"; do
     m=$(tr ' ' '\n' <<<"${S[$v]}" | grep . | median)
     case $v in
     native) name="native (no hook)" ;;
     plain) name="coherent in place, no hook" ;;
-    hook) name="coherent in place, \`coherent install git\`" ;;
+    hook) name="coherent in place, \`coherent install git\` (hook: \`coherent-fsmonitor\`)" ;;
+    hookfull) name="coherent in place, hook: the full \`coherent\` binary" ;;
     esac
     echo "| $name | $m | $(awk -v a="$m" -v b="$m_native" 'BEGIN {printf "%.2f", a / b}') |"
 done
