@@ -47,7 +47,7 @@ export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.com
 VARIANTS=(native plain hook hookfull)
 if [[ -n ${GEN_FILES:-} ]]; then
     log "a repository of $GEN_FILES generated files"
-    rm -rf "${WORK:?}/src" && mkdir -p "$WORK/src"
+    rm -rf "${WORK:?}/src"
     python3 "$REPO_ROOT/scripts/gen-tree.py" "$WORK/src" "$GEN_FILES" "$((GEN_FILES / 10))" >/dev/null
     git -C "$WORK/src" init -q . && git -C "$WORK/src" add -A && git -C "$WORK/src" commit -qm tree
     SOURCE=$WORK/src
