@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # `git status` in a clone of this project: native, in an in-place coherent mount without
 # the fsmonitor hook, and in one with it (`coherent install git`: core.fsmonitor and
-# core.untrackedCache), the hook being `coherent-fsmonitor` or, for comparison, the full
-# `coherent` binary. One sample is N `git status` in a row; ROUNDS interleaved rounds
-# (native, plain, hook, ..., native, ...); medians, and ratios to native, as a Markdown table.
+# core.untrackedCache). One sample is N `git status` in a row; ROUNDS interleaved rounds
+# (native, plain, hook, native, ...); medians, and ratios to native, as a Markdown table.
 #
 # Usage: scripts/bench-git.sh [SOURCE]   (SOURCE: the repository to clone, default this one)
 # Environment: ROUNDS (5), N (20), COHERENT_BIN_DIR (target/release, else target/debug),
@@ -33,7 +32,7 @@ WORK=${BENCH_DIR:-$(mktemp -d /var/tmp/coherent-bench-git.XXXXXX)}
 mkdir -p "$WORK"
 PIDS=()
 cleanup() {
-    for d in "$WORK/plain" "$WORK/hook" "$WORK/hookfull"; do
+    for d in "$WORK/plain" "$WORK/hook"; do
         if mountpoint -q "$d" 2>/dev/null; then fusermount3 -u "$d" 2>/dev/null || umount -l "$d"; fi
     done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -44,7 +43,7 @@ trap cleanup EXIT
 export GIT_CONFIG_NOSYSTEM=1 GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.com
 export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.com
 
-VARIANTS=(native plain hook hookfull)
+VARIANTS=(native plain hook)
 if [[ -n ${GEN_FILES:-} ]]; then
     log "a repository of $GEN_FILES generated files"
     rm -rf "${WORK:?}/src"
@@ -59,11 +58,11 @@ for v in "${VARIANTS[@]}"; do
 done
 # In place (`coherent-mount DIR`), as agents use it; started from outside the directory,
 # so no process is inside it at mount time (else the hook could not vouch for anything).
-for v in plain hook hookfull; do
+for v in plain hook; do
     (cd / && exec "$MOUNT_BIN" "$WORK/$v" --state-dir "$WORK/state-$v" 2>"$WORK/$v.log") &
     PIDS+=($!)
 done
-for v in plain hook hookfull; do
+for v in plain hook; do
     for _ in $(seq 100); do
         [[ -e $WORK/$v/.coherent/ctl ]] && break
         sleep 0.1
@@ -71,8 +70,7 @@ for v in plain hook hookfull; do
     [[ -e $WORK/$v/.coherent/ctl ]] || die "the mount of $WORK/$v did not come up: $(cat "$WORK/$v.log")"
 done
 (cd "$WORK/hook" && "$CLI_BIN" install git >/dev/null)
-(cd "$WORK/hookfull" && "$CLI_BIN" install git >/dev/null && git config core.fsmonitor "$CLI_BIN")
-log "hooks: $(git -C "$WORK/hook" config core.fsmonitor), $(git -C "$WORK/hookfull" config core.fsmonitor)"
+log "hook: $(git -C "$WORK/hook" config core.fsmonitor)"
 
 # One sample: N `git status` in DIR, in milliseconds.
 sample() {
@@ -109,8 +107,7 @@ for v in "${VARIANTS[@]}"; do
     case $v in
     native) name="native (no hook)" ;;
     plain) name="coherent in place, no hook" ;;
-    hook) name="coherent in place, \`coherent install git\` (hook: \`coherent-fsmonitor\`)" ;;
-    hookfull) name="coherent in place, hook: the full \`coherent\` binary" ;;
+    hook) name="coherent in place, \`coherent install git\`" ;;
     esac
     echo "| $name | $m | $(awk -v a="$m" -v b="$m_native" 'BEGIN {printf "%.2f", a / b}') |"
 done

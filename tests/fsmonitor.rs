@@ -476,16 +476,7 @@ fn bad_input_answers_everything_or_fails_clearly() {
     // No token at all.
     let o = coherent(&root, &["fsmonitor", "2"]);
     assert!(o.stdout.ends_with(b"\0/\0"), "{o:?}");
-    // git's direct forms (core.fsmonitor = a binary alone).
-    let small = Command::new(env!("CARGO_BIN_EXE_coherent-fsmonitor"))
-        .current_dir(&root)
-        .args(["2", &tok])
-        .output()
-        .unwrap();
-    assert!(
-        small.status.success() && small.stdout.starts_with(tok.as_bytes()),
-        "{small:?}"
-    );
+    // git's direct form (core.fsmonitor = the binary alone).
     let o = coherent(&root, &["2", &tok]);
     assert!(
         o.status.success() && o.stdout.starts_with(tok.as_bytes()),
@@ -530,10 +521,8 @@ fn install_git_refuses_outside_a_volume_or_a_repository_and_uninstalls() {
 
     repo(&root);
     let fsm = git_ok(&root, &["config", "core.fsmonitor"]);
-    // The small hook binary beside `coherent`, alone: git runs it with no shell.
-    let exe = Path::new(env!("CARGO_BIN_EXE_coherent-fsmonitor"))
-        .canonicalize()
-        .unwrap();
+    // The binary alone: git runs it with no shell.
+    let exe = Path::new(COHERENT).canonicalize().unwrap();
     assert_eq!(fsm.trim(), exe.to_str().unwrap());
     assert_eq!(
         git_ok(&root, &["config", "core.untrackedCache"]).trim(),

@@ -245,17 +245,14 @@ const GIT_SETTINGS: [(&str, &str); 2] = [
     ("core.fsmonitorHookVersion", "2"),
 ];
 
-/// What core.fsmonitor is set to: `coherent-fsmonitor` beside this binary if it is there
-/// (the same answer from a smaller program, quicker to start at every `git status`), else
-/// this binary, by its absolute path. Git runs a value with no shell metacharacter
-/// directly, as `coherent 2 TOKEN` (which the binary answers as `coherent fsmonitor 2
-/// TOKEN`); a path with one (a space, say) needs the shell anyway.
+/// What core.fsmonitor is set to: this binary by its absolute path. Git runs a value with
+/// no shell metacharacter directly, as `coherent 2 TOKEN` (which the binary answers as
+/// `coherent fsmonitor 2 TOKEN`); a path with one (a space, say) needs the shell anyway.
+/// (A hook binary of its own, with std and libc only, started no faster: measured.)
 fn fsmonitor_command() -> Result<String, Fail> {
     let exe = std::env::current_exe()
         .and_then(|e| e.canonicalize())
         .map_err(|e| Fail::usage(format!("cannot find this program's path: {e}")))?;
-    let small = exe.with_file_name("coherent-fsmonitor");
-    let exe = if small.is_file() { small } else { exe };
     let exe = exe
         .to_str()
         .ok_or_else(|| Fail::usage(format!("{} is not valid UTF-8", exe.display())))?;
@@ -265,12 +262,7 @@ fn fsmonitor_command() -> Result<String, Fail> {
     Ok(if plain {
         exe.to_string()
     } else {
-        let verb = if exe.ends_with("/coherent") {
-            " fsmonitor"
-        } else {
-            ""
-        };
-        format!("{}{verb}", quoted_sh(exe))
+        format!("{} fsmonitor", quoted_sh(exe))
     })
 }
 
@@ -282,9 +274,7 @@ fn quoted_sh(s: &str) -> String {
 fn is_our_fsmonitor(v: &str) -> bool {
     let v = v.trim();
     let prog = v.strip_suffix(" fsmonitor").unwrap_or(v).trim_matches('\'');
-    Path::new(prog)
-        .file_name()
-        .is_some_and(|n| n == "coherent" || n == "coherent-fsmonitor")
+    Path::new(prog).file_name().is_some_and(|n| n == "coherent")
 }
 
 fn git_cmd(top: &Path, args: &[&str]) -> Result<std::process::Output, Fail> {
@@ -546,9 +536,7 @@ fn is_our_hook(cmd: &str) -> bool {
         return false;
     };
     let prog = prog.trim().trim_matches('\'');
-    Path::new(prog)
-        .file_name()
-        .is_some_and(|n| n == "coherent" || n == "coherent-fsmonitor")
+    Path::new(prog).file_name().is_some_and(|n| n == "coherent")
 }
 
 /// A hook group holding only our command (its matcher is ours to set).
