@@ -291,7 +291,11 @@ impl Volume {
             None => Arc::new(Embedded),
         };
         let bypass = changes::Bypass::new(cfg.mountpoint.clone(), root.as_fd(), &cfg.bypassers);
-        let changes = changes::Changes::new(cfg.sole_path, bypass);
+        // Other hosts (with a coordinator: a shared workspace) and other clients of a
+        // network filesystem write behind the volume's back.
+        let sole_path =
+            cfg.sole_path && cfg.coordinator.is_none() && changes::local_fs(root.as_fd());
+        let changes = changes::Changes::new(sole_path, bypass);
         let v = Arc::new(Volume {
             engine: opened.engine,
             journal: opened.journal,

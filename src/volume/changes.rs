@@ -121,6 +121,36 @@ pub(crate) struct Changes {
     ring: Mutex<Ring>,
     /// Processes that bypassed the mount at its start, until none is left.
     bypass: Mutex<Option<Bypass>>,
+    /// Can an answer ever be complete? If not, nothing is recorded (no cost per write).
+    records: bool,
+}
+
+/// Is the backing directory on a local filesystem, which only this host writes? A network
+/// or cluster filesystem (NFS, SMB, Ceph, ...), another FUSE filesystem or any type not
+/// known here may change behind the volume's back: the changes are never complete there.
+pub(crate) fn local_fs(root: BorrowedFd<'_>) -> bool {
+    const LOCAL: [i64; 14] = [
+        0xEF53,      // ext2/3/4
+        0x5846_5342, // xfs
+        0x9123_683E, // btrfs
+        0x0102_1994, // tmpfs
+        0x8584_58f6, // ramfs
+        0xF2F5_2010, // f2fs
+        0x2FC1_2FC1, // zfs
+        0x794c_7630, // overlayfs
+        0xca45_1a4e, // bcachefs
+        0x3153_464a, // jfs
+        0x5265_4973, // reiserfs
+        0x3434,      // nilfs
+        0x2011_BAB0, // exfat
+        0x4d44,      // vfat
+    ];
+    // SAFETY: fstatfs fills the struct we pass; an O_PATH descriptor is accepted.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(root.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    LOCAL.contains(&(st.f_type as i64))
 }
 
 fn random_u64() -> u64 {
@@ -148,6 +178,7 @@ impl Changes {
             sees_all: AtomicBool::new(sole_path && bypass.is_none()),
             ring: Mutex::new(Ring::default()),
             bypass: Mutex::new(bypass),
+            records: sole_path,
         }
     }
 
@@ -170,6 +201,9 @@ impl Changes {
     }
 
     fn note(&self, path: Option<&Path>, dir: bool) {
+        if !self.records {
+            return;
+        }
         let c = match path {
             Some(p) => Change::Path(p.as_os_str().to_owned(), dir),
             None => Change::All,
@@ -180,6 +214,9 @@ impl Changes {
     /// A write route that succeeded. `root` is the backing directory (to tell whether a
     /// renamed name is a directory).
     pub(crate) fn after_write(&self, root: BorrowedFd<'_>, route: &WriteRoute<'_>) {
+        if !self.records {
+            return;
+        }
         match *route {
             WriteRoute::Setattr { path, .. }
             | WriteRoute::Unlink { path }
@@ -234,7 +271,7 @@ impl Changes {
     /// A backing file was opened (or created). `links`: its number of names, if known.
     pub(crate) fn opened(&self, open: &OpenInfo<'_>, links: Option<u64>) {
         let writes = open_writes(open.flags);
-        if !writes && !open.created {
+        if !self.records || (!writes && !open.created) {
             return;
         }
         let mut r = self.ring.lock();
@@ -257,7 +294,7 @@ impl Changes {
 
     /// A backing file's handle was released.
     pub(crate) fn released(&self, h: &HandleInfo<'_>) {
-        if !open_writes(h.flags) {
+        if !self.records || !open_writes(h.flags) {
             return;
         }
         let mut r = self.ring.lock();
@@ -380,6 +417,7 @@ impl Changes {
 mod tests {
     use super::*;
     use crate::store::Stamp;
+    use std::os::fd::AsFd;
 
     fn all(_: &OsStr) -> Option<bool> {
         Some(true)
@@ -464,6 +502,15 @@ mod tests {
     }
 
     #[test]
+    fn local_filesystems_only() {
+        let proc_ = std::fs::File::open("/proc").unwrap();
+        assert!(!local_fs(proc_.as_fd()));
+        let tmp = std::fs::File::open(std::env::temp_dir()).unwrap();
+        // The test machines' temporary directories are on ext4 or tmpfs.
+        assert!(local_fs(tmp.as_fd()));
+    }
+
+    #[test]
     fn open_writers_are_in_every_answer_under_their_current_name() {
         let c = Changes::new(true, None);
         let p = PathBuf::from("f");
@@ -480,7 +527,6 @@ mod tests {
             to: Some(Path::new("d/g")),
             flags: 0,
         };
-        use std::os::fd::AsFd;
         c.after_write(root.as_fd(), &route);
         let (ok, _, paths, open) = parse(&c.answer(seq, all));
         assert!(ok);
