@@ -576,3 +576,22 @@ fn a_repository_below_the_mount_root_gets_its_own_paths() {
     assert_eq!(out, status_plain(&sub, "--untracked-files=all"));
     assert_eq!(out, " M README\n?? src/new.rs\n");
 }
+
+#[test]
+fn a_workspace_shared_with_other_hosts_answers_everything() {
+    let etcd = common::etcd::Etcd::start(1);
+    let m = Mount::builder()
+        .in_place()
+        .args(["--coordinator", etcd.url()])
+        .start();
+    let root = m.mnt.clone();
+    repo(&root);
+    let (t1, first) = hook(&root, "x");
+    assert_eq!(first, everything());
+    std::fs::write(root.join("README"), "changed\n").unwrap();
+    assert_eq!(
+        hook(&root, &t1).1,
+        everything(),
+        "another host may have written it too"
+    );
+}
