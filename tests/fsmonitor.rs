@@ -384,6 +384,14 @@ fn a_restart_answers_everything_and_a_change_made_meanwhile_shows() {
     // Behind the volume's back while it is not mounted.
     std::fs::write(w.join("README"), "changed while unmounted\n").unwrap();
     let mut child = mount("2.log");
+    // The new instance counts from 0 again: go past the old token's number, so only the
+    // instance tells the two apart.
+    let seq_of = |t: &str| t.rsplit(':').next().unwrap().parse::<u64>().unwrap();
+    let mut n = 0;
+    while seq_of(&hook(&w, "x").0) <= seq_of(&t2) {
+        std::fs::write(w.join(format!("n{n}.log")), "x").unwrap();
+        n += 1;
+    }
     let (t4, after) = hook(&w, &t2);
     assert_eq!(
         after,
