@@ -1098,7 +1098,12 @@ impl Policy for Volume {
     ) {
         if outcome.is_ok() {
             self.retrack_after(route);
-            self.changes.after_write(self.root.as_fd(), route);
+            self.changes.after_write(self.root.as_fd(), route, |dir| {
+                // git's own rules: `.coherentignore` is the volume's, not git's.
+                self.tracking
+                    .why_untracked(dir, true)
+                    .is_some_and(|u| !u.by_coherentignore())
+            });
         }
         let Some(pm) = permit else { return };
         let now = Timestamp::now();

@@ -217,7 +217,8 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
             format!("delete {}", f.display())
         }
         7 => {
-            let p = fresh("d");
+            // Some directories git ignores (`*.log`), as build directories are.
+            let p = fresh(if r.below(3) == 0 { "d.log" } else { "d" });
             std::fs::create_dir(root.join(&p)).unwrap();
             // A directory git shows needs something in it.
             if r.below(2) == 0 {
@@ -272,7 +273,13 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
             let Some(d) = r.pick(&sub).cloned() else {
                 return "nothing".into();
             };
-            let to = PathBuf::from(format!("moved{n}"));
+            // An ignored directory renamed to an ignored name (rustc's incremental
+            // sessions), or any directory to a name git sees.
+            let ignored = d.extension().is_some_and(|e| e == "log");
+            let to = match ignored && r.below(3) > 0 {
+                true => d.with_file_name(format!("r{n}.log")),
+                false => PathBuf::from(format!("moved{n}")),
+            };
             std::fs::rename(root.join(d), root.join(&to)).unwrap();
             format!("rename dir {} {}", d.display(), to.display())
         }
@@ -601,5 +608,37 @@ fn a_workspace_shared_with_other_hosts_answers_everything() {
         hook(&root, &t1).1,
         everything(),
         "another host may have written it too"
+    );
+}
+
+/// git's untracked cache trusts what it knew of a directory while the hook does not name
+/// it: a directory moved onto a name git has seen before must not show the old contents.
+#[test]
+fn a_directory_moved_onto_a_known_name_shows_its_own_contents() {
+    let m = Mount::builder().in_place().start();
+    let root = m.mnt.clone();
+    repo(&root);
+    let trace = m.backing.parent().unwrap().join("trace2.json");
+    for d in ["y/sub", "x/sub"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::write(root.join("y/sub/u"), "only in y\n").unwrap();
+    std::fs::write(root.join("x/sub/v"), "only in x\n").unwrap();
+    // A tracked file beside them, so git lists (and caches) their contents.
+    std::fs::write(root.join("y/t"), "tracked\n").unwrap();
+    std::fs::write(root.join("x/t"), "tracked\n").unwrap();
+    git_ok(&root, &["add", "y/t", "x/t"]);
+    git_ok(&root, &["commit", "-qm", "t"]);
+    for _ in 0..3 {
+        let (out, _) = status_hooked(&root, &trace, "--untracked-files=all");
+        assert_eq!(out, status_plain(&root, "--untracked-files=all"));
+    }
+    std::fs::rename(root.join("y"), root.join("z")).unwrap();
+    std::fs::rename(root.join("x"), root.join("y")).unwrap();
+    let (out, _) = status_hooked(&root, &trace, "--untracked-files=all");
+    assert_eq!(out, status_plain(&root, "--untracked-files=all"));
+    assert_eq!(
+        out,
+        " D x/t\n?? y/sub/v\n?? z/\n".replace("?? z/\n", "?? z/sub/u\n?? z/t\n")
     );
 }

@@ -212,8 +212,14 @@ impl Changes {
     }
 
     /// A write route that succeeded. `root` is the backing directory (to tell whether a
-    /// renamed name is a directory).
-    pub(crate) fn after_write(&self, root: BorrowedFd<'_>, route: &WriteRoute<'_>) {
+    /// renamed name is a directory); `git_ignores(dir)`: does git ignore that directory
+    /// (under a `.git`, or by a `.gitignore`)?
+    pub(crate) fn after_write(
+        &self,
+        root: BorrowedFd<'_>,
+        route: &WriteRoute<'_>,
+        git_ignores: impl Fn(&str) -> bool,
+    ) {
         if !self.records {
             return;
         }
@@ -236,8 +242,17 @@ impl Changes {
                         .is_none_or(|p| crate::store::lstat_at(root, p).is_none_or(|s| s.dir))
                 };
                 let exchange = flags & RENAME_EXCHANGE != 0;
+                let ignored = |p: Option<&Path>| p.and_then(Path::to_str).is_some_and(&git_ignores);
                 if is_dir(to) || (exchange && is_dir(from)) {
-                    self.ring.lock().push(Change::All);
+                    if ignored(from) && ignored(to) {
+                        // git never looks inside (its untracked cache keeps nothing of
+                        // either tree): the two names, as directories, are enough. rustc
+                        // renames its incremental session directories at every build.
+                        self.note(from, true);
+                        self.note(to, true);
+                    } else {
+                        self.ring.lock().push(Change::All);
+                    }
                 } else {
                     self.note(from, false);
                     self.note(to, false);
@@ -527,7 +542,7 @@ mod tests {
             to: Some(Path::new("d/g")),
             flags: 0,
         };
-        c.after_write(root.as_fd(), &route);
+        c.after_write(root.as_fd(), &route, |_| false);
         let (ok, _, paths, open) = parse(&c.answer(seq, all));
         assert!(ok);
         assert_eq!(open, 1);
