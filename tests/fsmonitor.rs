@@ -642,3 +642,21 @@ fn a_directory_moved_onto_a_known_name_shows_its_own_contents() {
         " D x/t\n?? y/sub/v\n?? z/\n".replace("?? z/\n", "?? z/sub/u\n?? z/t\n")
     );
 }
+
+#[test]
+fn a_directory_renamed_is_named_only_when_git_ignores_both_names() {
+    let m = Mount::builder().in_place().start();
+    let root = m.mnt.clone();
+    repo(&root);
+    for d in ["s-1.log/x", "plain/x"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let (t, _) = hook(&root, "x");
+    // As rustc does with its incremental session directory (`*.log` is ignored here).
+    std::fs::rename(root.join("s-1.log"), root.join("s-2.log")).unwrap();
+    let (t2, mut paths) = hook(&root, &t);
+    paths.sort();
+    assert_eq!(paths, vec!["s-1.log/".to_string(), "s-2.log/".to_string()]);
+    std::fs::rename(root.join("plain"), root.join("moved")).unwrap();
+    assert_eq!(hook(&root, &t2).1, everything());
+}
