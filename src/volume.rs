@@ -44,6 +44,7 @@
 //!   tries once more. A descriptor really held open is refused at once.
 
 mod alias;
+mod changes;
 mod handle;
 mod liveness;
 mod prune;
@@ -108,6 +109,14 @@ pub struct VolumeConfig {
     /// `--coordinator etcd://...`: share records, sessions and versions of handed files
     /// with other hosts (None: this host's journal alone).
     pub coordinator: Option<EtcdSpec>,
+    /// Every change of the backing directory goes through this volume: an in-place mount
+    /// with no process inside the directory at mount time. Only then are the changes at
+    /// `.coherent/changes` complete (docs/git.md); false answers "everything may have
+    /// changed".
+    pub sole_path: bool,
+    /// The processes found inside the directory of an in-place mount before it was
+    /// mounted: the changes are complete only once none of them is left inside.
+    pub bypassers: Vec<u32>,
 }
 
 impl VolumeConfig {
@@ -121,6 +130,8 @@ impl VolumeConfig {
             maintain_every: Duration::from_secs(5),
             track_ignored: false,
             coordinator: None,
+            sole_path: false,
+            bypassers: Vec::new(),
         }
     }
 }
@@ -212,6 +223,8 @@ pub struct Volume {
     /// Signalled whenever a write handle is released.
     released: Condvar,
     surface: surface::Surface,
+    /// The paths changed through the volume, for git's fsmonitor (`changes.rs`).
+    changes: changes::Changes,
     /// Which paths are tracked (docs/design.md#versions): the rest pass through with no version, no
     /// hold, no event and no session lookup.
     tracking: Tracking,
@@ -277,6 +290,12 @@ impl Volume {
             Some(e) => e.clone(),
             None => Arc::new(Embedded),
         };
+        let bypass = changes::Bypass::new(cfg.mountpoint.clone(), root.as_fd(), &cfg.bypassers);
+        // Other hosts (with a coordinator: a shared workspace) and other clients of a
+        // network filesystem write behind the volume's back.
+        let sole_path =
+            cfg.sole_path && cfg.coordinator.is_none() && changes::local_fs(root.as_fd());
+        let changes = changes::Changes::new(sole_path, bypass);
         let v = Arc::new(Volume {
             engine: opened.engine,
             journal: opened.journal,
@@ -289,6 +308,7 @@ impl Volume {
             linked: Mutex::new(HashSet::new()),
             released: Condvar::new(),
             surface: surface::Surface::new(),
+            changes,
             tracking,
             stop: Mutex::new(false),
             stop_cv: Condvar::new(),
@@ -1104,6 +1124,12 @@ impl Policy for Volume {
     ) {
         if outcome.is_ok() {
             self.retrack_after(route);
+            self.changes.after_write(self.root.as_fd(), route, |dir| {
+                // git's own rules: `.coherentignore` is the volume's, not git's.
+                self.tracking
+                    .why_untracked(dir, true)
+                    .is_some_and(|u| !u.by_coherentignore())
+            });
         }
         let Some(pm) = permit else { return };
         let now = Timestamp::now();
@@ -1123,6 +1149,16 @@ impl Policy for Volume {
         permit: Option<Permit>,
     ) -> Result<Option<HandleState>, FsError> {
         let now = Timestamp::now();
+        if open_writes(open.flags) {
+            // A file just made has no other name; another may have some (one fstatat).
+            let links = match open.created {
+                true => Some(1),
+                false => rel(open.path).and_then(|p| self.stat_links(p)).map(|x| x.2),
+            };
+            self.changes.opened(open, links);
+        } else if open.created {
+            self.changes.opened(open, None);
+        }
         if !open_writes(open.flags) {
             if let Some(p) = rel(open.path).filter(|p| self.is_tracked(p, false)) {
                 // A handed file is read at the version the hosts agree on (its view then
@@ -1236,6 +1272,7 @@ impl Policy for Volume {
 
     fn on_release(&self, _caller: &Caller, h: &HandleInfo<'_>) {
         self.retrack_handle(h);
+        self.changes.released(h);
         let Some(w) = write_handle(h) else {
             return;
         };

@@ -49,6 +49,9 @@ fn usage_errors_exit_1() {
         &["hook"],
         &["hook", "codex"],
         &["install", "bogus"],
+        &["install", "git", "--user"],
+        &["fsmonitor"],
+        &["fsmonitor", "1", "token"],
         &["completions", "tcsh"],
         &["mcp", "extra"],
         &["wait"],
@@ -257,6 +260,7 @@ fn every_argument_has_help_and_completions_and_man_page_print() {
         "mcp",
         "hook",
         "install",
+        "fsmonitor",
         "completions",
         "man",
     ] {
@@ -273,7 +277,7 @@ fn every_argument_has_help_and_completions_and_man_page_print() {
         let has_json = help.contains("--json");
         let wants_json = !matches!(
             verb,
-            "run" | "mcp" | "hook" | "install" | "completions" | "man"
+            "run" | "mcp" | "hook" | "install" | "fsmonitor" | "completions" | "man"
         );
         assert_eq!(has_json, wants_json, "{verb}:\n{help}");
         assert_eq!(help.contains("--verbose"), verb == "run", "{verb}:\n{help}");

@@ -54,6 +54,7 @@ const EVENTS: u64 = VIRTUAL_INO_BIT | 4;
 const WHOAMI: u64 = VIRTUAL_INO_BIT | 5;
 const WHY: u64 = VIRTUAL_INO_BIT | 6;
 const INBOX: u64 = VIRTUAL_INO_BIT | 7;
+const CHANGES: u64 = VIRTUAL_INO_BIT | 8;
 
 const FILES: [(&str, u64); 6] = [
     ("ctl", CTL),
@@ -63,6 +64,10 @@ const FILES: [(&str, u64); 6] = [
     ("why", WHY),
     ("inbox", INBOX),
 ];
+
+/// Files reachable by name but not listed: `ls .coherent` shows the files of the contract
+/// and nothing else. `changes` is for git's fsmonitor hook (docs/git.md).
+const UNLISTED: [(&str, u64); 1] = [("changes", CHANGES)];
 
 /// One open handle of a virtual file.
 enum VHandle {
@@ -77,6 +82,13 @@ enum VHandle {
     },
     /// The journal as another reader may see it: only lines of paths it could look up.
     SeenEvents(LogView),
+    /// `changes`: the answer for the changes after the offset of the first read, kept
+    /// with that offset, so the reply reads as if it were placed there (a hook reads it
+    /// with `pread` at its token's sequence; `cat` reads the whole ring from 0).
+    Changes {
+        who: Who,
+        kept: Option<(u64, Vec<u8>)>,
+    },
 }
 
 /// The `.coherent/` control surface: its open handles and the state of `events`' mtime.
@@ -154,7 +166,7 @@ impl Surface {
                 }
                 (Kind::File, 0o444, len, seen.1)
             }
-            STATUS | WHOAMI | WHY | INBOX => (Kind::File, 0o444, 0, time_now()),
+            STATUS | WHOAMI | WHY | INBOX | CHANGES => (Kind::File, 0o444, 0, time_now()),
             _ => return Err(FsError(libc::ENOENT)),
         };
         Ok(Attr {
@@ -179,6 +191,7 @@ impl Surface {
             ROOT_INO if name == crate::control::CONTROL_DIR => DIR,
             DIR => FILES
                 .iter()
+                .chain(UNLISTED.iter())
                 .find(|(n, _)| OsStr::new(n) == name)
                 .map(|(_, i)| *i)
                 .ok_or(FsError(libc::ENOENT))?,
@@ -227,6 +240,10 @@ impl Surface {
                 VHandle::Text(json_line(&seen_status(vol, &mut sight, None)))
             }
             WHOAMI => VHandle::Text(json_line(&whoami_json(vol, caller))),
+            CHANGES => VHandle::Changes {
+                who: who(caller),
+                kept: None,
+            },
             WHY => {
                 // A path the reader can no longer look up is not shown, even its own.
                 let mut sight = Sight::new(who(caller));
@@ -272,6 +289,23 @@ impl Surface {
                     vol.journal.read_log_from(o, n)
                 })
                 .map_err(FsError::from),
+            VHandle::Changes { who, kept } => {
+                let (start, text) = kept.get_or_insert_with(|| {
+                    let mut sight = Sight::new(who.clone());
+                    let root = vol.root.as_fd();
+                    let text = vol.changes.answer(offset, |p| {
+                        if sight.sees_all() {
+                            return Some(true);
+                        }
+                        p.to_str().map(|p| sight.sees(root, p))
+                    });
+                    (offset, text)
+                });
+                let from = offset.saturating_sub(*start).min(text.len() as u64) as usize;
+                let from = if offset < *start { text.len() } else { from };
+                let end = from.saturating_add(size as usize).min(text.len());
+                Ok(text[from..end].to_vec())
+            }
             VHandle::Events { shift } => {
                 let want = offset.saturating_add(*shift);
                 let (start, bytes) = vol

@@ -316,7 +316,12 @@ type Layer = (Arc<dyn Policy>, Option<Arc<Volume>>);
 /// `--state-dir`, `--stale`, `--evict-after` and `--session-env` (a plain passthrough
 /// volume with the hidden `--no-coherence`). Opens (and locks) the state directory, so a
 /// state directory in use fails here, before anything is mounted.
-fn make_policy(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> {
+fn make_policy(
+    args: &Args,
+    plan: &Plan,
+    root: &OwnedFd,
+    bypassers: Vec<u32>,
+) -> Result<Layer, Fail> {
     let Some(state_dir) = plan.state_dir.clone() else {
         tracing::info!("--no-coherence: a plain passthrough volume");
         return Ok((Arc::new(NoPolicy), None));
@@ -354,6 +359,8 @@ fn make_policy(args: &Args, plan: &Plan, root: &OwnedFd) -> Result<Layer, Fail> 
     }
     cfg.session_env = args.session_env.clone();
     cfg.track_ignored = args.track_ignored;
+    cfg.sole_path = plan.in_place;
+    cfg.bypassers = bypassers;
     let root = root.try_clone().map_err(|e| {
         Fail(format!(
             "cannot duplicate the backing directory handle: {e}"
@@ -372,12 +379,17 @@ fn run(args: Args) -> Result<(), Fail> {
             plan.backing.display()
         ))
     })?;
+    // Only an in-place mount sees every change of its directory, and only once nobody
+    // is left inside it underneath (git's fsmonitor trusts the volume only then;
+    // docs/git.md).
+    let mut bypassers = Vec::new();
     if plan.in_place {
         // Before the mount: these processes keep the directory underneath.
         let inside = daemon::with_progress("looking for processes inside the directory", || {
             coherent::bypass::processes_inside(&plan.backing, std::process::id())
         });
         for p in inside {
+            bypassers.push(p.pid);
             tracing::warn!("in-place mount: {p}");
         }
     }
@@ -398,8 +410,9 @@ fn run(args: Args) -> Result<(), Fail> {
     sigs.thread_block()
         .map_err(|e| Fail(format!("sigmask: {e}")))?;
 
-    let (policy, volume) =
-        daemon::with_progress("loading the state", || make_policy(&args, &plan, &root))?;
+    let (policy, volume) = daemon::with_progress("loading the state", || {
+        make_policy(&args, &plan, &root, bypassers)
+    })?;
     let mut fs_opts = FsOptions::for_mount(plan.in_place);
     fs_opts.passthrough = !args.no_passthrough;
     if let Some(ttl) = args.cache_ttl {

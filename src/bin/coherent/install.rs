@@ -237,6 +237,135 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
     Ok(())
 }
 
+/// The git settings `coherent install git` makes: (key, value) past core.fsmonitor.
+const GIT_SETTINGS: [(&str, &str); 2] = [
+    // Without it git lists every directory at each status whatever the hook says.
+    ("core.untrackedCache", "true"),
+    // Spares git's probe of protocol 1 when the first call fails.
+    ("core.fsmonitorHookVersion", "2"),
+];
+
+/// What core.fsmonitor is set to: this binary by its absolute path. Git runs a value with
+/// no shell metacharacter directly, as `coherent 2 TOKEN` (which the binary answers as
+/// `coherent fsmonitor 2 TOKEN`); a path with one (a space, say) needs the shell anyway.
+/// (A hook binary of its own, with std and libc only, started no faster: measured.)
+fn fsmonitor_command() -> Result<String, Fail> {
+    let exe = std::env::current_exe()
+        .and_then(|e| e.canonicalize())
+        .map_err(|e| Fail::usage(format!("cannot find this program's path: {e}")))?;
+    let exe = exe
+        .to_str()
+        .ok_or_else(|| Fail::usage(format!("{} is not valid UTF-8", exe.display())))?;
+    let plain = !exe
+        .chars()
+        .any(|c| "|&;<>()$`\\\"' \t\n*?[#~=%".contains(c));
+    Ok(if plain {
+        exe.to_string()
+    } else {
+        format!("{} fsmonitor", quoted_sh(exe))
+    })
+}
+
+fn quoted_sh(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Is this core.fsmonitor value one `coherent install git` set?
+fn is_our_fsmonitor(v: &str) -> bool {
+    let v = v.trim();
+    let prog = v.strip_suffix(" fsmonitor").unwrap_or(v).trim_matches('\'');
+    Path::new(prog).file_name().is_some_and(|n| n == "coherent")
+}
+
+fn git_cmd(top: &Path, args: &[&str]) -> Result<std::process::Output, Fail> {
+    std::process::Command::new("git")
+        .arg("-C")
+        .arg(top)
+        .args(args)
+        .output()
+        .map_err(|e| Fail::usage(format!("cannot run git: {e}")))
+}
+
+/// `coherent install git [DIR] [--uninstall]`: the volume as the fsmonitor of DIR's
+/// repository (docs/git.md).
+pub fn git(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
+    let dir = project_dir(dir)?
+        .canonicalize()
+        .map_err(|e| Fail::usage(format!("cannot resolve the directory: {e}")))?;
+    let root = crate::find_root(&dir, &dir)?;
+    let out = git_cmd(&dir, &["rev-parse", "--show-toplevel"])?;
+    if !out.status.success() {
+        return Err(Fail::usage(format!(
+            "{} is not in a git repository (git rev-parse: {})",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let top = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !top.starts_with(&root) {
+        return Err(Fail::usage(format!(
+            "the repository's worktree {} is not inside the coherent volume at {}: the \
+             volume cannot say what changed outside it",
+            top.display(),
+            root.display()
+        )));
+    }
+    let current = git_cmd(&top, &["config", "--local", "--get", "core.fsmonitor"])?;
+    let current = String::from_utf8_lossy(&current.stdout).trim().to_string();
+    if uninstall {
+        if current.is_empty() || !is_our_fsmonitor(&current) {
+            println!(
+                "coherent: nothing to remove in {} (core.fsmonitor is {})",
+                top.display(),
+                if current.is_empty() {
+                    "not set".into()
+                } else {
+                    format!("`{current}`, not ours")
+                }
+            );
+            return Ok(());
+        }
+        for key in ["core.fsmonitor"]
+            .into_iter()
+            .chain(GIT_SETTINGS.iter().map(|x| x.0))
+        {
+            // A key already unset is fine (exit 5).
+            let _ = git_cmd(&top, &["config", "--local", "--unset", key])?;
+        }
+        println!(
+            "coherent: removed the fsmonitor hook from {}",
+            top.display()
+        );
+        return Ok(());
+    }
+    if !current.is_empty() && !is_our_fsmonitor(&current) {
+        return Err(Fail::usage(format!(
+            "{} already has core.fsmonitor `{current}`: remove it first (git config --unset \
+             core.fsmonitor)",
+            top.display()
+        )));
+    }
+    let cmd = fsmonitor_command()?;
+    for (key, value) in [("core.fsmonitor", cmd.as_str())]
+        .into_iter()
+        .chain(GIT_SETTINGS)
+    {
+        let out = git_cmd(&top, &["config", "--local", key, value])?;
+        if !out.status.success() {
+            return Err(Fail::usage(format!(
+                "git config {key}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    println!(
+        "coherent: git in {} now asks the volume what changed (core.fsmonitor={cmd}, \
+         core.untrackedCache=true)",
+        top.display()
+    );
+    Ok(())
+}
+
 fn read_or_empty(path: &Path) -> Result<String, Fail> {
     match std::fs::read_to_string(path) {
         Ok(t) => Ok(t),

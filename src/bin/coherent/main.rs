@@ -7,6 +7,7 @@
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
+mod fsmonitor;
 mod hook;
 mod install;
 mod mcp;
@@ -178,12 +179,29 @@ enum Cmd {
         #[arg(value_enum, value_name = "AGENT")]
         agent: Agent,
     },
-    /// Install the hooks and the MCP server into an agent's settings.
+    /// git's core.fsmonitor hook (protocol 2): the paths changed since TOKEN.
+    ///
+    /// Prints a token, NUL, then the NUL-separated paths (relative to the worktree, the
+    /// current directory) changed through the volume since TOKEN, or `/` when the volume
+    /// cannot vouch for them (restart, changes it cannot name, a separate backing
+    /// directory, no volume). Set it up with `coherent install git`.
+    Fsmonitor {
+        /// The hook protocol version (2).
+        #[arg(value_name = "VERSION")]
+        version: OsString,
+        /// The token of git's previous answer.
+        #[arg(value_name = "TOKEN")]
+        token: Option<OsString>,
+    },
+    /// Install the hooks and the MCP server into an agent's settings, or the fsmonitor
+    /// hook into a git repository.
     ///
     /// claude-code: hooks in DIR/.claude/settings.json, the MCP server in DIR/.mcp.json
     /// (with --user: ~/.claude/settings.json and ~/.claude.json). codex: the MCP server in
     /// ~/.codex/config.toml ($CODEX_HOME/config.toml) and a short guidance section in
-    /// DIR/AGENTS.md. The settings name `coherent` as found on PATH.
+    /// DIR/AGENTS.md. The settings name `coherent` as found on PATH. git: core.fsmonitor
+    /// (this binary, by its absolute path) and core.untrackedCache in the repository of
+    /// DIR, which must be on a coherent volume.
     Install {
         /// Which agent to install for.
         #[arg(value_enum, value_name = "AGENT")]
@@ -244,6 +262,8 @@ enum InstallAgent {
     ClaudeCode,
     /// OpenAI Codex CLI: the MCP server (config.toml) and AGENTS.md guidance.
     Codex,
+    /// git: the volume as the repository's fsmonitor (core.fsmonitor, core.untrackedCache).
+    Git,
 }
 
 #[derive(Args)]
@@ -288,7 +308,12 @@ fn main() -> ExitCode {
     // "failed printing to stdout" panic. The MCP server and the hook keep SIGPIPE ignored:
     // they see EPIPE as an error and end (or say nothing) on their own terms.
     set_sigpipe(libc::SIG_DFL);
-    let cli = match Cli::try_parse() {
+    // git's fsmonitor hook runs at every `git status`: answered before the parse.
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if let Some(code) = fsmonitor::direct(&args) {
+        return code;
+    }
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             // Help and version go to stdout and succeed; every other parse error is a usage
@@ -435,6 +460,20 @@ fn run(cli: Cli) -> Result<(), Fail> {
                      (~/.codex/config.toml)",
                 )),
                 InstallAgent::Codex => install::codex(dir.as_deref(), uninstall),
+                InstallAgent::Git if user => Err(Fail::usage(
+                    "--user is for claude-code: git's settings go into a repository",
+                )),
+                InstallAgent::Git => install::git(dir.as_deref(), uninstall),
+            }
+        }
+        Cmd::Fsmonitor { version, token } => {
+            no_json("fsmonitor")?;
+            match fsmonitor::run(&version, token.as_deref()) {
+                c if c == ExitCode::SUCCESS => Ok(()),
+                _ => Err(Fail {
+                    code: EXIT_USAGE,
+                    message: String::new(),
+                }),
             }
         }
         Cmd::Completions { shell } => {
