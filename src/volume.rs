@@ -1149,16 +1149,12 @@ impl Policy for Volume {
         permit: Option<Permit>,
     ) -> Result<Option<HandleState>, FsError> {
         let now = Timestamp::now();
-        if open_writes(open.flags) {
-            // A file just made has no other name; another may have some (one fstatat).
-            let links = match open.created {
-                true => Some(1),
-                false => rel(open.path).and_then(|p| self.stat_links(p)).map(|x| x.2),
-            };
-            self.changes.opened(open, links);
-        } else if open.created {
-            self.changes.opened(open, None);
-        }
+        // A file just made has no other name; another may have some (one fstatat, only
+        // when the ring of changes records).
+        self.changes.opened(open, || match open.created {
+            true => Some(1),
+            false => rel(open.path).and_then(|p| self.stat_links(p)).map(|x| x.2),
+        });
         if !open_writes(open.flags) {
             if let Some(p) = rel(open.path).filter(|p| self.is_tracked(p, false)) {
                 // A handed file is read at the version the hosts agree on (its view then

@@ -283,12 +283,14 @@ impl Changes {
         }
     }
 
-    /// A backing file was opened (or created). `links`: its number of names, if known.
-    pub(crate) fn opened(&self, open: &OpenInfo<'_>, links: Option<u64>) {
+    /// A backing file was opened (or created). `links` tells its number of names, if it
+    /// can: asked only for an open for writing while the ring records (it may cost a stat).
+    pub(crate) fn opened(&self, open: &OpenInfo<'_>, links: impl FnOnce() -> Option<u64>) {
         let writes = open_writes(open.flags);
         if !self.records || (!writes && !open.created) {
             return;
         }
+        let links = if writes { links() } else { None };
         let mut r = self.ring.lock();
         r.push(match open.path {
             Some(p) => Change::Path(p.as_os_str().to_owned(), false),
@@ -529,7 +531,7 @@ mod tests {
     fn open_writers_are_in_every_answer_under_their_current_name() {
         let c = Changes::new(true, None);
         let p = PathBuf::from("f");
-        c.opened(&open_info(7, &p, libc::O_WRONLY), Some(1));
+        c.opened(&open_info(7, &p, libc::O_WRONLY), || Some(1));
         let (ok, seq, paths, open) = parse(&c.answer(0, all));
         assert!(ok);
         assert_eq!((paths, open), (vec!["f".to_string(), "f".to_string()], 1));
@@ -549,7 +551,7 @@ mod tests {
         assert_eq!(paths.last().unwrap(), "d/g");
         std::fs::remove_dir_all(&dir).unwrap();
         // A file with other names: the ring cannot name them.
-        c.opened(&open_info(8, &p, libc::O_RDWR), Some(2));
+        c.opened(&open_info(8, &p, libc::O_RDWR), || Some(2));
         assert!(!parse(&c.answer(seq, all)).0);
     }
 }
