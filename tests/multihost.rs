@@ -8,10 +8,11 @@ mod common;
 
 use coherent::*;
 use common::etcd::Etcd;
-use common::{lazy_umount, mount_fstype, spawn_mounted, wait_child, wait_until, BIN, TIMEOUT};
+use common::hosts::Daemon;
+use common::{wait_until, BIN};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 /// One host: a daemon on its own mount point and state directory.
@@ -23,7 +24,7 @@ struct Host {
     log: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
-    child: Option<Child>,
+    daemon: Option<Daemon>,
 }
 
 impl Host {
@@ -66,7 +67,7 @@ impl Host {
             backing: backing.to_path_buf(),
             args,
             env,
-            child: None,
+            daemon: None,
         };
         h.spawn();
         h
@@ -80,7 +81,7 @@ impl Host {
             .arg(&self.state)
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)));
-        self.child = Some(spawn_mounted(cmd, &self.mnt, &self.log));
+        self.daemon = Some(Daemon::spawn(cmd, &self.mnt, &self.log));
     }
 
     fn log(&self) -> String {
@@ -89,32 +90,13 @@ impl Host {
 
     /// `kill -9` the daemon (its mount is left dead: unmounted lazily).
     fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
-            let _ = wait_child(&mut c, TIMEOUT);
-        }
-        lazy_umount(&self.mnt);
-        assert!(wait_until(TIMEOUT, || mount_fstype(&self.mnt).is_none()));
+        self.daemon.as_mut().expect("a daemon").kill9();
     }
 }
 
 impl Root for Host {
     fn root(&self) -> &Path {
         &self.mnt
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            if wait_child(&mut c, TIMEOUT).is_none() {
-                lazy_umount(&self.mnt);
-            }
-        }
-        if mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
-            lazy_umount(&self.mnt);
-        }
     }
 }
 

@@ -14,7 +14,8 @@ mod common;
 
 use coherent::*;
 use common::etcd::Etcd;
-use common::{lazy_umount, mount_fstype, spawn_mounted, wait_child, wait_until, BIN, TIMEOUT};
+use common::hosts::Daemon;
+use common::{wait_until, BIN, TIMEOUT};
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -27,10 +28,8 @@ const ORIGINAL: &str = "original text\n";
 
 /// One host: a daemon with its own workspace copy, mount point and state directory.
 struct Host {
-    mnt: PathBuf,
     backing: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
+    daemon: Daemon,
 }
 
 impl Host {
@@ -55,21 +54,14 @@ impl Host {
         if !passthrough {
             cmd.arg("--no-passthrough");
         }
-        let child = Some(spawn_mounted(cmd, &mnt, &log));
         Host {
-            mnt,
+            daemon: Daemon::spawn(cmd, &mnt, &log),
             backing,
-            log,
-            child,
         }
     }
 
-    fn pid(&self) -> i32 {
-        self.child.as_ref().expect("daemon").id() as i32
-    }
-
     fn signal(&self, sig: i32) {
-        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0, "kill {sig}");
+        self.daemon.signal(sig);
     }
 
     /// What A's copy of the file holds (read beside the mount, never through it).
@@ -78,43 +70,19 @@ impl Host {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.daemon.log()
     }
 
     /// `kill -9` the daemon; its mount is left dead (unmounted lazily, so descriptors
     /// opened through it stay open in their processes).
     fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
-            let _ = wait_child(&mut c, TIMEOUT);
-        }
-        lazy_umount(&self.mnt);
-        assert!(wait_until(TIMEOUT, || mount_fstype(&self.mnt).is_none()));
+        self.daemon.kill9();
     }
 }
 
 impl Root for Host {
     fn root(&self) -> &Path {
-        &self.mnt
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // A stopped daemon does not act on SIGTERM until it runs again.
-            unsafe {
-                libc::kill(c.id() as i32, libc::SIGCONT);
-                libc::kill(c.id() as i32, libc::SIGTERM);
-            }
-            if wait_child(&mut c, TIMEOUT).is_none() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-        if mount_fstype(&self.mnt).is_some_and(|t| t.starts_with("fuse")) {
-            lazy_umount(&self.mnt);
-        }
+        &self.daemon.mnt
     }
 }
 

@@ -12,6 +12,7 @@
 
 /// A real etcd (scripts/etcd.sh) for the etcd coordinator's tests.
 pub mod etcd;
+pub mod hosts;
 /// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
 pub mod users;
 
