@@ -585,28 +585,57 @@ impl Etcd {
         op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Option<Stepped> {
         self.confirmed().ok()?;
-        let names = self.expand(paths);
-        let saved = self.engine.save(&names);
-        let before: Vec<Option<SharedPath>> =
-            names.iter().map(|p| self.engine.shared_state(p)).collect();
-        let (ok, evs) = captured(&self.engine, &self.spec.host, op);
-        let mut now = self.expand(paths);
-        now.retain(|p| !names.contains(p));
-        let same = now.is_empty()
-            && names
-                .iter()
-                .zip(&before)
-                .all(|(p, was)| self.engine.shared_state(p) == *was);
-        if !(ok && same) {
-            self.engine.restore(saved);
-            self.engine.restore(Saved::absent(&now));
+        let t = self.tried(paths, &self.expand(paths), op);
+        if !t.ok || !t.changed.is_empty() {
+            self.undo(t.saved, &t.added);
             return None;
         }
-        self.write_events(evs, true);
+        self.write_events(t.evs, true);
         Some(Stepped {
-            ok,
+            ok: true,
             in_flight: Vec::new(),
         })
+    }
+
+    /// Runs a step's operation once on this host's state, its events kept back (`names`:
+    /// the step's paths as expanded before it ran).
+    fn tried(
+        &self,
+        paths: &[(&str, bool)],
+        names: &[String],
+        op: &mut dyn FnMut(&Engine) -> bool,
+    ) -> Tried {
+        let saved = self.engine.save(names);
+        let before: HashMap<String, Option<SharedPath>> = names
+            .iter()
+            .map(|p| (p.clone(), self.engine.shared_state(p)))
+            .collect();
+        let (ok, evs) = captured(&self.engine, &self.spec.host, op);
+        let mut added = self.expand(paths);
+        added.retain(|p| !before.contains_key(p));
+        let changed = names
+            .iter()
+            .chain(added.iter())
+            .filter_map(|p| {
+                let now = self.engine.shared_state(p);
+                let was = before.get(p).cloned().flatten();
+                (now != was).then(|| (p.clone(), now))
+            })
+            .collect();
+        Tried {
+            ok,
+            evs,
+            before,
+            changed,
+            saved,
+            added,
+        }
+    }
+
+    /// Undoes what [`Etcd::tried`] changed here.
+    fn undo(&self, saved: Saved, added: &[String]) {
+        self.engine.restore(saved);
+        self.engine.restore(Saved::absent(added));
     }
 
     /// Publishes the new shared state of `changed` if nobody changed them since this host
@@ -750,6 +779,18 @@ impl Etcd {
     }
 }
 
+/// One run of a step's operation on this host: its answer, the events it made (kept
+/// back), the shared state before it and what it changed, and what undoes it.
+struct Tried {
+    ok: bool,
+    evs: Vec<Event>,
+    before: HashMap<String, Option<SharedPath>>,
+    changed: Vec<(String, Option<SharedPath>)>,
+    saved: Saved,
+    /// Paths under the step's directories that the operation added.
+    added: Vec<String>,
+}
+
 /// Runs `op` on a view of `engine` that keeps its events; returns them with its answer.
 fn captured(
     engine: &Engine,
@@ -860,27 +901,15 @@ impl Coordinator for Etcd {
                     .map(|p| (p.clone(), l.revs.get(p).copied().unwrap_or(0)))
                     .collect()
             };
-            let saved = self.engine.save(&names);
-            let before: HashMap<String, Option<SharedPath>> = names
-                .iter()
-                .map(|p| (p.clone(), self.engine.shared_state(p)))
-                .collect();
-            let (ok, evs) = captured(&self.engine, &self.spec.host, op);
-            let mut after_names = self.expand(paths);
-            after_names.retain(|p| !before.contains_key(p));
-            let changed: Vec<(String, Option<SharedPath>)> = names
-                .iter()
-                .chain(after_names.iter())
-                .filter_map(|p| {
-                    let now = self.engine.shared_state(p);
-                    let was = before.get(p).cloned().flatten();
-                    (now != was).then(|| (p.clone(), now))
-                })
-                .collect();
-            let undo = |saved: Saved| {
-                self.engine.restore(saved);
-                self.engine.restore(Saved::absent(&after_names));
-            };
+            let Tried {
+                ok,
+                evs,
+                before,
+                changed,
+                saved,
+                added,
+            } = self.tried(paths, &names, op);
+            let undo = |saved: Saved| self.undo(saved, &added);
             if changed.is_empty() {
                 if let (true, StepKind::Admit, Err(r)) = (ok, kind, &synced) {
                     undo(saved);
