@@ -809,3 +809,48 @@ fn past_its_bound_the_journal_sheds_and_a_snapshot_covers_it_after_the_outage() 
     assert_eq!(o.engine.version("busy/f1999"), Some(1));
     assert_eq!(o.engine.version("after"), Some(1));
 }
+
+/// With a coordinator the log keeps the other hosts' events with their etcd revision; a
+/// restarted host resumes reading them after the newest one, whether the log or a
+/// snapshot holds it (and a gap named counts as read).
+#[test]
+fn the_other_hosts_revision_survives_a_restart_from_the_log_and_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = JournalOptions {
+        snapshot_every: 50,
+        ..Default::default()
+    };
+    let config = || Config {
+        host: Some("B".into()),
+        ..Config::default()
+    };
+    let theirs = |o: &Opened, rev: i64| {
+        let mut ev = Event::new(EventKind::Transfer, Timestamp(T0), Some("p.md"), None);
+        ev.host = Some("A".into());
+        ev.rev = Some(rev);
+        o.journal.append_kept(&mut ev);
+        o.engine.note_peer_rev(rev);
+    };
+    {
+        let o = Journal::open(dir.path(), config(), opts.clone()).unwrap();
+        theirs(&o, 41);
+        theirs(&o, 40); // out of order never lowers it
+        o.journal.flush().unwrap();
+    }
+    let o = Journal::open(dir.path(), config(), opts.clone()).unwrap();
+    assert_eq!(o.engine.peer_rev(), 41, "from the log");
+    // Their events change nothing here: this host's state comes from the coordinator.
+    assert!(o.engine.durable_state().paths.is_empty());
+    let mut gap = Event::new(EventKind::EventsMissed, Timestamp(T0), None, None);
+    gap.from_rev = Some(42);
+    gap.rev = Some(99);
+    o.journal.append_kept(&mut gap);
+    o.engine.note_peer_rev(99);
+    history(&o.engine, 10);
+    o.journal.maintain(&o.engine, Timestamp(T0)).unwrap();
+    assert!(dir.path().join(SNAPSHOT).exists());
+    drop(o);
+    let o = Journal::open(dir.path(), config(), opts).unwrap();
+    assert!(o.from_snapshot);
+    assert_eq!(o.engine.peer_rev(), 99, "from the snapshot");
+}

@@ -576,3 +576,109 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
         admitted_after_ack.join("\n")
     );
 }
+
+/// A transfer event of `path` made on host `from`, as `h`'s log has it.
+fn others_transfers(h: &Host, from: &str, path: &str) -> Vec<Value> {
+    events_of(h, "transfer", path, Some("alice"))
+        .into_iter()
+        .filter(|e| e["host"] == from)
+        .collect()
+}
+
+/// etcd's current revision (from the header of a read).
+fn etcd_revision(etcd: &Etcd) -> i64 {
+    let out = etcd.etcdctl(&["get", "--prefix", "-w", "json", "--", "/coherent/"]);
+    assert!(out.status.success(), "etcdctl get: {:?}", out);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["header"]["revision"].as_i64().expect("a revision")
+}
+
+#[test]
+fn a_restarted_host_logs_the_other_hosts_events_it_was_away_for_once() {
+    let mut p = Pair::new(1, "3s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "notes.md");
+    assert!(
+        wait_event(&p.b, Duration::from_secs(10), |e| e["event"] == "transfer"
+            && e["host"] == "A")
+        .is_some(),
+        "B logs A's transfer while it runs"
+    );
+    p.b.daemon = None; // stopped and unmounted
+    hand_on(&p.a, "plan.md");
+    p.b.spawn();
+    let got = wait_event(&p.b, Duration::from_secs(10), |e| {
+        e["event"] == "transfer" && e["host"] == "A" && e["path"] == "plan.md"
+    });
+    let ev = got.expect("B's log has A's transfer made while B was down");
+    assert!(
+        ev["rev"].as_i64().is_some_and(|r| r > 0),
+        "with its revision: {ev}"
+    );
+    // What B had logged before is not logged again, and no gap is named (none happened).
+    assert_eq!(others_transfers(&p.b, "A", "notes.md").len(), 1);
+    assert_eq!(others_transfers(&p.b, "A", "plan.md").len(), 1);
+    assert!(events(&p.b).iter().all(|e| e["event"] != "events_missed"));
+}
+
+#[test]
+fn a_host_away_past_etcds_history_names_the_gap_in_its_log() {
+    let mut p = Pair::new(1, "3s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "notes.md");
+    assert!(
+        wait_event(&p.b, Duration::from_secs(10), |e| e["event"] == "transfer"
+            && e["host"] == "A")
+        .is_some()
+    );
+    p.b.daemon = None;
+    // While B is down A hands plan.md on, and etcd's history of it is compacted away.
+    hand_on(&p.a, "plan.md");
+    let compacted = etcd_revision(&p.etcd);
+    let out = p.etcd.etcdctl(&["compact", &compacted.to_string()]);
+    assert!(out.status.success(), "etcdctl compact: {:?}", out);
+    hand_on(&p.a, "other.md");
+    p.b.spawn();
+    // B logs what the history still has, and names what it may lack.
+    assert!(
+        wait_event(&p.b, Duration::from_secs(10), |e| e["event"] == "transfer"
+            && e["host"] == "A"
+            && e["path"] == "other.md")
+        .is_some(),
+        "B logs A's transfer made after the compaction"
+    );
+    let gap = wait_event(&p.b, Duration::from_secs(5), |e| {
+        e["event"] == "events_missed"
+    })
+    .expect("B's log names the gap");
+    let (from, to) = (
+        gap["from_rev"].as_i64().unwrap(),
+        gap["rev"].as_i64().unwrap(),
+    );
+    assert_eq!(
+        to,
+        compacted - 1,
+        "the gap ends before the compaction: {gap}"
+    );
+    assert!(from <= to, "{gap}");
+    assert!(gap["note"].as_str().unwrap().contains("compacted"), "{gap}");
+    assert!(others_transfers(&p.b, "A", "plan.md").is_empty());
+    // The state is whole all the same: the giver is fenced on B.
+    assert!(write(&p.b, Some("alice"), "plan.md").denied());
+    // A second stay away, with no compaction: what A did meanwhile is logged, and no
+    // second gap is named.
+    p.b.daemon = None;
+    std::fs::write(p.a.backing.join("last.md"), "last\n").unwrap();
+    hand_on(&p.a, "last.md");
+    p.b.spawn();
+    assert!(wait_until(Duration::from_secs(10), || {
+        others_transfers(&p.b, "A", "last.md").len() == 1
+    }));
+    assert_eq!(
+        events(&p.b)
+            .iter()
+            .filter(|e| e["event"] == "events_missed")
+            .count(),
+        1
+    );
+}

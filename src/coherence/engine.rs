@@ -216,6 +216,9 @@ pub struct EngineState {
     /// alone, which has no clock of its own here).
     pub(super) why: Mutex<HashMap<String, WhyEntry>>,
     pub(super) applied: AtomicU64,
+    /// With a coordinator: the newest etcd revision of the other hosts' events (or of a
+    /// gap named) in the log: where a restarted host resumes reading them.
+    pub(super) peer_rev: std::sync::atomic::AtomicI64,
     /// Bumped by every event that can change a record (`wait`).
     pub(super) changes: super::changes::Changes,
     /// With a coordinator: the next record id (0: a record's id is its transfer's seq).
@@ -277,6 +280,7 @@ impl Engine {
             owners: RwLock::new(HashMap::default()),
             why: Mutex::new(HashMap::new()),
             applied: AtomicU64::new(0),
+            peer_rev: std::sync::atomic::AtomicI64::new(0),
             changes: Default::default(),
             record_ids: AtomicU64::new(0),
             record_count: AtomicU64::new(0),
@@ -308,6 +312,7 @@ impl Engine {
             }
             e.owners.write().extend(state.owners);
         }
+        e.peer_rev.store(state.peer_rev, Ordering::SeqCst);
         for (path, p) in state.paths {
             let entry = Entry {
                 version: p.version,
@@ -466,7 +471,10 @@ impl Engine {
     pub(super) fn apply_entry(&self, e: &mut Entry, ev: &Event, live: bool) {
         let who = ev.session.as_deref().unwrap_or("");
         match ev.event {
-            EventKind::SessionSeen | EventKind::StaleWrite | EventKind::Denied => {}
+            EventKind::SessionSeen
+            | EventKind::StaleWrite
+            | EventKind::Denied
+            | EventKind::EventsMissed => {}
             EventKind::Acquire => {
                 if let Some(v) = ev.version.filter(|v| *v > e.version) {
                     // Replay of a path first seen (unlogged) at that version.
@@ -659,11 +667,26 @@ impl Engine {
         }
     }
 
+    /// With a coordinator: the newest etcd revision of the other hosts' events in the log.
+    pub fn peer_rev(&self) -> i64 {
+        self.peer_rev.load(Ordering::SeqCst)
+    }
+
+    /// Another host's event at etcd revision `rev` (or a gap up to it) is in the log now.
+    pub fn note_peer_rev(&self, rev: i64) {
+        self.peer_rev.fetch_max(rev, Ordering::SeqCst);
+    }
+
     /// Applies one event read back from the log (recovery). Events must come in log order.
     pub fn replay(&self, ev: &Event) {
         self.applied.fetch_max(ev.seq, Ordering::SeqCst);
-        if ev.host.is_some() && ev.host != self.config.host {
-            // Another host's event, kept to be read: its state comes from the coordinator.
+        if let Some(rev) = ev.rev {
+            self.note_peer_rev(rev);
+        }
+        if ev.event == EventKind::EventsMissed || (ev.host.is_some() && ev.host != self.config.host)
+        {
+            // Another host's event, kept to be read (its state comes from the coordinator),
+            // or a gap in them named.
             return;
         }
         match (ev.event, ev.op) {

@@ -200,6 +200,7 @@ impl Engine {
         let r = at_barrier();
         let mut st = DurableState {
             seq: self.applied.load(Ordering::SeqCst),
+            peer_rev: self.peer_rev.load(Ordering::SeqCst),
             ..Default::default()
         };
         for sh in &all {

@@ -119,6 +119,10 @@ pub enum EventKind {
     Superseded,
     Evict,
     ExternalChange,
+    /// With a coordinator: other hosts' events this host's log may lack (`from_rev` to
+    /// `rev`, etcd revisions), because etcd's history was compacted before this host read
+    /// them. Changes no state.
+    EventsMissed,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -186,6 +190,14 @@ pub struct Event {
     /// replays only its own events; the others' are in its log to be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// With a coordinator: the etcd revision another host's event was published at (so a
+    /// restarted host knows where its log of the others stops); `events_missed`: the last
+    /// revision of the gap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rev: Option<i64>,
+    /// `events_missed`: the first revision of the gap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_rev: Option<i64>,
 }
 
 impl Event {
@@ -237,6 +249,8 @@ impl Event {
             route: None,
             claimed: false,
             host: None,
+            rev: None,
+            from_rev: None,
         }
     }
 }
@@ -362,6 +376,13 @@ pub struct DurableState {
     /// The uid owning each session name (docs/design.md#sessions: the first uid that showed it).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub owners: std::collections::BTreeMap<String, u32>,
+    /// With a coordinator: the newest etcd revision of the other hosts' events in the log.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub peer_rev: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// A known session as `status` lists it.

@@ -223,6 +223,10 @@ struct Link {
     confirmed_until: Option<Instant>,
     /// The etcd revision applied here.
     applied: i64,
+    /// The revision the shared state was last loaded at: the watch may start before it
+    /// (to log the other hosts' events this host has not), and changes up to it are
+    /// already in.
+    loaded_at: i64,
     /// The mod revision of each `p/` key as taken in here.
     revs: HashMap<String, i64>,
     hosts: HashMap<String, HostState>,

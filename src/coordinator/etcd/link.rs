@@ -54,23 +54,30 @@ impl Etcd {
             .await
             .map_err(|e| format!("lease renewal: {}", short(&e)))?;
         let resume = self.link.lock().applied;
-        let start = if resume == 0 {
-            self.load(&mut client).await?
+        let (start, from) = if resume == 0 {
+            let loaded = self.load(&mut client).await?;
+            // The other hosts' events since the last one in this log (a restart, or the
+            // history compacted under a link that was away) are read from etcd's history.
+            // A log that has none of theirs yet but has run before reads all there is; a new
+            // one starts at its join.
+            let logged = self.engine.peer_rev();
+            let from = if logged > 0 && logged < loaded {
+                logged + 1
+            } else if logged == 0 && self.engine.last_seq() > 0 {
+                1
+            } else {
+                loaded + 1
+            };
+            (loaded, from)
         } else {
-            resume
+            (resume, resume + 1)
         };
         // Registered (acknowledgements wait for this host) before catching up.
         let reg = self.put_host(&mut client, lease, start).await?;
-        let mut watch = timed(
-            client.watch(
-                self.prefix.clone(),
-                Some(
-                    WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(start + 1),
-                ),
-            ),
-        )
+        let mut watch = timed(client.watch(
+            self.prefix.clone(),
+            Some(WatchOptions::new().with_prefix().with_start_revision(from)),
+        ))
         .await
         .map_err(|e| format!("watch: {}", short(&e)))?;
         *self.client.lock() = Some(client.clone());
@@ -105,7 +112,9 @@ impl Etcd {
                         .ok_or_else(|| "watch ended".to_string())?;
                     if resp.canceled() {
                         if resp.compact_revision() > 0 {
-                            // History gone: take the state in again on the next link.
+                            // History gone: name the gap in the other hosts' events, and
+                            // take the state in again on the next link.
+                            self.events_missed(from, resp.compact_revision() - 1);
                             self.link.lock().applied = 0;
                         }
                         return Err(format!("watch canceled: {}", resp.cancel_reason()));
@@ -292,6 +301,7 @@ impl Etcd {
             }
         }
         l.applied = rev;
+        l.loaded_at = rev;
         drop(l);
         self.engine.raise_record_ids(id_floor(rev));
         Ok(rev)
@@ -338,6 +348,7 @@ impl Etcd {
             .max()
             .unwrap_or(0);
         let mut state_changed = false;
+        let loaded_at = self.link.lock().loaded_at;
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
             let Some(rest) = kv.key_str().ok().and_then(|k| k.strip_prefix(&self.prefix)) else {
@@ -346,6 +357,9 @@ impl Etcd {
             let Some((kind, name)) = rest.split_once('/') else {
                 continue;
             };
+            if kind != "e" && kv.mod_revision() <= loaded_at {
+                continue; // history read for the events alone: the state is in already
+            }
             let put = ev.event_type() == EventType::Put;
             match kind {
                 "p" => {
@@ -405,7 +419,9 @@ impl Etcd {
                     }
                     if let Ok(mut e) = serde_json::from_slice::<Event>(kv.value()) {
                         e.host = Some(host.to_string());
+                        e.rev = Some(kv.mod_revision());
                         self.journal.append_kept(&mut e);
+                        self.engine.note_peer_rev(kv.mod_revision());
                     }
                 }
                 _ => {}
@@ -448,5 +464,26 @@ pub(super) async fn timed<T>(
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
         Ok(r) => r,
         Err(_) => Err(etcd_client::Error::InvalidArgs("timed out".into())),
+    }
+}
+
+impl Etcd {
+    /// Names in this host's log the other hosts' events it may lack, revisions `from` to
+    /// `to`: etcd's history of them was compacted before this host read it.
+    fn events_missed(&self, from: i64, to: i64) {
+        if to < from {
+            return;
+        }
+        let mut ev = Event::new(EventKind::EventsMissed, Timestamp::now(), None, None);
+        ev.from_rev = Some(from);
+        ev.rev = Some(to);
+        ev.note = Some(format!(
+            "other hosts' events between etcd revisions {from} and {to} may be missing from \
+             this log: etcd compacted its history before this host read it (state is \
+             unaffected: it is taken in from etcd)"
+        ));
+        tracing::warn!("coordinator: {}", ev.note.as_deref().unwrap_or_default());
+        self.journal.append_kept(&mut ev);
+        self.engine.note_peer_rev(to);
     }
 }
