@@ -92,6 +92,9 @@ APT=(apt-get -q -o "Dir::Etc::SourceList=$DIR/apt/sources.list"
     -o APT::Sandbox::User=root)
 log "apt-get update (private deb-src list for $VERSION_CODENAME)"
 "${APT[@]}" update >&2 || die "apt-get update of the deb-src index from $MIRROR failed (is the registry reachable?)"
+# apt-get update exits 0 when an index could not be fetched (a warning only)
+compgen -G "$DIR/apt/lists/*_Sources*" >/dev/null ||
+    die "no deb-src index could be fetched from $MIRROR (is the registry reachable? apt-get's output above says why)"
 log "apt-get source --download-only fuse3=$VERSION"
 (cd "$DIR/src" && "${APT[@]}" source --download-only "fuse3=$VERSION" >&2) ||
     die "apt-get source fuse3=$VERSION failed: Debian's archive has no source for the installed libfuse3-dev"
