@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # Benchmark: the same workloads on the native backing directory and on each mount, on a disk
-# backing (the repo's filesystem, ext4 here) and/or a tmpfs backing; every mode takes turns
-# run by run (interleaved rounds), median of RUNS runs, printed as Markdown tables (seconds,
-# ratio against native) on stdout. Raw timings go to target/bench/raw-TIMESTAMP.tsv, the
+# backing (the repo's filesystem, ext4 here), a tmpfs backing and in place on the disk;
+# every mode takes turns run by run (interleaved rounds), median of RUNS runs, printed as
+# Markdown tables (seconds, ratio against native) on stdout, then the daemons' CPU per
+# workload. Raw timings go to target/bench/raw-TIMESTAMP.tsv (daemon CPU to cpu-*.tsv), the
 # tables to target/bench/table-*.md, the ratios to target/bench/ratios-*.tsv.
 #
-# Usage: scripts/bench.sh [--runs N] [--modes "native bindfs coherent-inplace coherent coherent-nopt"]
-#                         [--backing ext4|tmpfs|both] [--files N] [--dirs N] [--big-mib N]
-#                         [--no-build] [--no-agent] [--plot FILE.svg]
+# Usage: scripts/bench.sh [--runs N] [--modes "native coherent bindfs cref"]
+#                         [--backing ext4|tmpfs|inplace|both|all] [--files N] [--dirs N]
+#                         [--big-mib N] [--no-build] [--no-agent] [--plot FILE.svg]
 #   --backing   where the backing directories live: ext4 (under target/, the repo's disk),
-#               tmpfs (a tmpfs mounted for the run), both (ext4 first). Default both.
+#               tmpfs (a tmpfs mounted for the run), inplace (the disk, each mount over its
+#               own directory: MODE runs as MODE-inplace, modes without one are left out),
+#               both (ext4 and tmpfs), all (ext4, tmpfs, inplace; the default).
 #   --no-agent  skip the agent rows (git clone of this repository, git status x20,
-#               git checkout back and forth, grep -rn, cargo build)
+#               git checkout back and forth, grep -rn, rg, cargo build)
 #   --no-build  skip only the agent's debug `cargo build --offline` (the slow row)
 #   --plot F    also draw the ratio table as a bar chart (SVG, scripts/plot.py)
 # Env:   BENCH_MODES, BENCH_RUNS (5), BENCH_FILES (3000), BENCH_DIRS (300),
-#        BENCH_BIG_MIB (1024), BENCH_BACKING (both), BENCH_DIR (where to work; default under
+#        BENCH_BIG_MIB (1024), BENCH_BACKING (all), BENCH_DIR (where to work; default under
 #        target/), BENCH_TMPFS_SIZE (half the RAM), BENCH_NICE (-10: priority of the run and
 #        its daemons), BENCH_TIMEOUT (600 s per workload), COHERENT_MOUNT_OPTS,
-#        COHERENT_NO_BUILD (do not rebuild target/release/coherent-mount).
+#        COHERENT_NO_BUILD (do not rebuild target/release/coherent-mount), COHERENT_CREF
+#        (a passthrough_hp binary instead of scripts/cref.sh's).
 # Modes and their mount commands: scripts/lib.sh (mode_command).
 set -uo pipefail
 # shellcheck source=scripts/lib.sh
@@ -68,6 +72,12 @@ workload() {
         n=$(grep -rn --exclude-dir=.git -e 'fn ' "$t/clone" | wc -l)
         ((n == GREP_LINES)) || { echo "grep -rn found $n lines, expected $GREP_LINES" >&2; return 1; }
         ;;
+    rg)
+        # ripgrep: parallel, and it skips what .gitignore names (and .git)
+        local n
+        n=$(rg -n -e 'fn ' "$t/clone" | wc -l)
+        ((n == RG_LINES)) || { echo "rg found $n lines, expected $RG_LINES" >&2; return 1; }
+        ;;
     cargo_build)
         # The clone's own target dir, inside the directory under test; the caller's
         # CARGO_TARGET_DIR would put it elsewhere.
@@ -100,12 +110,12 @@ if [[ -z ${BENCH_NICED:-} && ${BENCH_NICE:--10} != 0 && $EUID -eq 0 ]]; then
     BENCH_NICED=1 exec nice -n "${BENCH_NICE:--10}" bash "$REPO_ROOT/scripts/bench.sh" "$@"
 fi
 
-MODES=${BENCH_MODES:-native bindfs coherent-inplace coherent coherent-nopt}
+MODES=${BENCH_MODES:-native coherent bindfs cref}
 RUNS=${BENCH_RUNS:-5}
 FILES=${BENCH_FILES:-3000}
 DIRS=${BENCH_DIRS:-300}
 BIG_MIB=${BENCH_BIG_MIB:-1024}
-BACKING=${BENCH_BACKING:-both}
+BACKING=${BENCH_BACKING:-all}
 TIMEOUT=${BENCH_TIMEOUT:-600}
 AGENT=1 BUILD=1 PLOT=
 
@@ -129,15 +139,34 @@ read -r -a MODES <<<"$MODES"
 [[ ${MODES[0]} == native ]] || die "the first mode must be native (ratios are against it)"
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs wants a positive integer"
 case $BACKING in
-ext4 | tmpfs) BACKINGS=("$BACKING") ;;
+ext4 | tmpfs | inplace) BACKINGS=("$BACKING") ;;
 both) BACKINGS=(ext4 tmpfs) ;;
-*) die "--backing wants ext4, tmpfs or both" ;;
+all) BACKINGS=(ext4 tmpfs inplace) ;;
+*) die "--backing wants ext4, tmpfs, inplace, both or all" ;;
 esac
+for mode in "${MODES[@]}"; do mode_known "$mode" || mode_command "$mode" / /; done # dies
+
+# backing_mode BACKING COLUMN: the mode that a column runs on that backing (empty: none).
+# In place, every peer is mounted over its own directory: MODE-inplace.
+backing_mode() {
+    local b=$1 m=$2
+    if [[ $b != inplace || $m == native || ${m%@t*} == *-inplace ]]; then printf '%s' "$m"
+    elif mode_known "${m%@t*}-inplace"; then
+        if [[ $m == *@t* ]]; then printf '%s' "${m%@t*}-inplace@t${m##*@t}"; else printf '%s' "$m-inplace"; fi
+    fi
+}
+RUN_MODES=()
+for backing in "${BACKINGS[@]}"; do
+    for mode in "${MODES[@]}"; do
+        m=$(backing_mode "$backing" "$mode")
+        [[ -z $m || " ${RUN_MODES[*]} " == *" $m "* ]] || RUN_MODES+=("$m")
+    done
+done
 [[ $EUID -eq 0 ]] || die "run as root (mounts, and dropping the page cache)"
 need_tools fio python3 findmnt timeout
-[[ -z $AGENT ]] || need_tools git grep
+[[ -z $AGENT ]] || need_tools git grep rg
 [[ -z $AGENT || -z $BUILD ]] || need_tools cargo
-need_mode_tools "${MODES[@]}"
+need_mode_tools "${RUN_MODES[@]}"
 if [[ -n $PLOT ]]; then
     mkdir -p "$(dirname "$PLOT")" || die "--plot: cannot create the directory of $PLOT"
     PLOT=$(cd "$(dirname "$PLOT")" && pwd)/$(basename "$PLOT")
@@ -147,6 +176,8 @@ OUT=$REPO_ROOT/target/bench
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 RAW=$OUT/raw-$STAMP.tsv
 RATIOS=$OUT/ratios-$STAMP.tsv
+CPU=$OUT/cpu-$STAMP.tsv
+CLK_TCK=$(getconf CLK_TCK)
 mkdir -p "$OUT" || die "cannot create $OUT"
 # On the same filesystem as the repo by default (the backing directory of a real workspace).
 WORK=$(mktemp -d "${BENCH_DIR:-$REPO_ROOT/target}/bench-work.XXXXXX") || die "mktemp failed"
@@ -178,10 +209,11 @@ if [[ -n $AGENT ]]; then
     # HEAD); checkout goes to a commit 40 back (or the first) and returns. Every run clones
     # from one snapshot taken now, so a commit made during the run changes nothing.
     top=$(git -C "$REPO_ROOT" rev-parse --show-toplevel) || die "$REPO_ROOT is not a git repository"
-    export CLONE_FROM=$WORK/snapshot OLD_REV GREP_LINES
+    export CLONE_FROM=$WORK/snapshot OLD_REV GREP_LINES RG_LINES
     git clone -q --no-hardlinks "$top" "$CLONE_FROM" || die "git clone $top failed"
     OLD_REV=$(git -C "$CLONE_FROM" rev-list --max-count=41 HEAD | tail -1)
     GREP_LINES=$(grep -rn --exclude-dir=.git -e 'fn ' "$CLONE_FROM" | wc -l)
+    RG_LINES=$(rg -n -e 'fn ' "$CLONE_FROM" | wc -l)
     AGENT_DESC="clone of $(basename "$top") at $(git -C "$CLONE_FROM" rev-parse --short HEAD), $(git -C "$CLONE_FROM" ls-files | wc -l) files; checkout to $(git -C "$CLONE_FROM" rev-parse --short "$OLD_REV") ($(git -C "$CLONE_FROM" diff --shortstat HEAD "$OLD_REV" | sed 's/^ *//')) and back"
 fi
 
@@ -210,6 +242,7 @@ if [[ -n $AGENT ]]; then
         "git_status|agent: git status x20"
         "git_checkout|agent: git checkout 40 commits back and return"
         "grep_rn|agent: grep -rn over the clone"
+        "rg|agent: rg -n over the clone"
     )
     [[ -z $BUILD ]] || WORKLOADS+=("cargo_build|agent: cargo build --offline (debug, target in the clone)")
 fi
@@ -232,12 +265,24 @@ prepare() {
     esac
 }
 
-# one_run BACKING MODE T RUN: every workload once; appends a line per workload to RAW.
+# daemon_ticks PID: the CPU time (user + system, clock ticks) the process has used so far,
+# all its threads, those that ended too (/proc/PID/stat fields 14 and 15).
+daemon_ticks() {
+    local s f
+    s=$(<"/proc/$1/stat") || return 1
+    s=${s##*) } # the command name may hold spaces and parentheses
+    read -r -a f <<<"$s"
+    printf '%s' $((f[11] + f[12]))
+}
+
+# one_run BACKING MODE T RUN PID: every workload once; appends a line per workload to RAW,
+# and, when PID (the mount's daemon) is given, its CPU during the workload to CPU.
 one_run() {
-    local backing=$1 mode=$2 t=$3 run=$4 w name
+    local backing=$1 mode=$2 t=$3 run=$4 pid=${5:-} w name c0 c1
     for w in "${WORKLOADS[@]}"; do
         name=${w%%|*}
         prepare "$name" "$t"
+        [[ -z $pid ]] || c0=$(daemon_ticks "$pid")
         if ! run_bounded "$TIMEOUT" bash "$REPO_ROOT/scripts/bench.sh" --run-workload "$name" "$t" \
             >"$WORK/seconds" 2>>"$OUT/bench-$STAMP.log"; then
             log "$backing/$mode: $name failed or timed out (run $run); see $OUT/bench-$STAMP.log"
@@ -245,6 +290,10 @@ one_run() {
             continue
         fi
         printf '%s\t%s\t%s\t%s\t%s\n' "$backing" "$mode" "$name" "$run" "$(cat "$WORK/seconds")" >>"$RAW"
+        if [[ -n $pid ]] && c1=$(daemon_ticks "$pid"); then
+            printf '%s\t%s\t%s\t%s\t%s\n' "$backing" "$mode" "$name" "$run" \
+                "$(awk -v d=$((c1 - c0)) -v hz="$CLK_TCK" 'BEGIN{printf "%.3f", d / hz}')" >>"$CPU"
+        fi
     done
     # leave nothing behind: on tmpfs every mode shares the memory
     rm -rf "$t/big.dat" "$t/clone"
@@ -261,32 +310,42 @@ backing_dir() {
             die "cannot mount a tmpfs on $TMPFS_MNT"
         printf '%s' "$TMPFS_MNT"
         ;;
+    inplace) printf '%s' "$WORK/inplace" ;;
     esac
 }
 
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 printf 'backing\tmode\tworkload\trun\tseconds\n' >"$RAW"
-declare -A MOUNT_FAILED=() TARGET=()
+printf 'backing\tmode\tworkload\trun\tdaemon_cpu_seconds\n' >"$CPU"
+# RAW and CPU name the column (a mode of MODES); on the inplace backing it runs as its
+# in-place variant (backing_mode).
+declare -A MOUNT_FAILED=() TARGET=() DAEMON=()
 for backing in "${BACKINGS[@]}"; do
     base=$(backing_dir "$backing") || exit 2
     [[ $backing != tmpfs ]] || TMPFS_MNT=$base # backing_dir ran in a subshell
     # All modes are mounted for the whole run and take turns run by run, so that a burst of
     # load from other work on the machine falls on every column rather than on one.
     for mode in "${MODES[@]}"; do
+        m=$(backing_mode "$backing" "$mode")
+        [[ -n $m ]] || { log "$backing: $mode has no in-place variant; left out"; continue; }
         dir=$base/$mode
         mkdir -p "$dir/backing" "$dir/mnt"
         if [[ $mode == native ]]; then TARGET[$mode]=$dir/backing; else TARGET[$mode]=$dir/mnt; fi
-        mount_mode "$mode" "$dir/backing" "$dir/mnt" "$OUT/mount-$backing-$mode-$STAMP.log" ||
+        mount_mode "$m" "$dir/backing" "$dir/mnt" "$OUT/mount-$backing-$mode-$STAMP.log" ||
             MOUNT_FAILED[$backing/$mode]=1
+        DAEMON[$mode]=${_MOUNT_PID[$dir/mnt]:-}
     done
     for ((run = 1; run <= RUNS; run++)); do
         for mode in "${MODES[@]}"; do
-            [[ -z ${MOUNT_FAILED[$backing/$mode]:-} ]] || continue
-            log "$backing: $(mode_label "$mode"): run $run/$RUNS"
-            one_run "$backing" "$mode" "${TARGET[$mode]}" "$run"
+            m=$(backing_mode "$backing" "$mode")
+            [[ -n $m && -z ${MOUNT_FAILED[$backing/$mode]:-} ]] || continue
+            log "$backing: $(mode_label "$m"): run $run/$RUNS"
+            one_run "$backing" "$mode" "${TARGET[$mode]}" "$run" "${DAEMON[$mode]}"
         done
     done
-    for mode in "${MODES[@]}"; do unmount "$base/$mode/mnt"; done
+    for mode in "${MODES[@]}"; do
+        [[ $mode == native || -z $(backing_mode "$backing" "$mode") ]] || unmount "$base/$mode/mnt"
+    done
     if [[ $backing == tmpfs ]]; then
         umount "$TMPFS_MNT" || log "umount $TMPFS_MNT failed"
         TMPFS_MNT=
@@ -296,22 +355,38 @@ done
 # --- tables ---------------------------------------------------------------------------
 med() { awk -F'\t' -v b="$1" -v m="$2" -v w="$3" '$1 == b && $2 == m && $3 == w && $5 != "FAILED" {print $5}' "$RAW" | median; }
 
-backing_label() { if [[ $1 == ext4 ]]; then echo "$DISK_FS (the repo's disk)"; else echo tmpfs; fi; }
+backing_label() {
+    case $1 in
+    ext4) echo "$DISK_FS (the repo's disk)" ;;
+    inplace) echo "$DISK_FS in place (each mount over its own directory)" ;;
+    *) echo "$1" ;;
+    esac
+}
+# the short name of a backing for the chart's panels
+backing_short() { case $1 in ext4) echo "$DISK_FS" ;; inplace) echo "$DISK_FS in place" ;; *) echo "$1" ;; esac; }
+
+# columns BACKING: sets COLS to the columns that ran on BACKING.
+columns() {
+    local mode
+    COLS=()
+    for mode in "${MODES[@]}"; do [[ -z $(backing_mode "$1" "$mode") ]] || COLS+=("$mode"); done
+}
 
 table() {
-    local backing=$1 w name desc mode v n cell
+    local backing=$1 w name desc mode v n cell COLS
+    columns "$backing"
     echo "### $(backing_label "$backing") backing"
     echo
     printf '| workload |'
-    for mode in "${MODES[@]}"; do printf ' %s |' "$(mode_label "$mode")"; done
+    for mode in "${COLS[@]}"; do printf ' %s |' "$(mode_label "$(backing_mode "$backing" "$mode")")"; done
     printf '\n|---|'
-    for mode in "${MODES[@]}"; do printf -- '---:|'; done
+    for mode in "${COLS[@]}"; do printf -- '---:|'; done
     echo
     for w in "${WORKLOADS[@]}"; do
         name=${w%%|*} desc=${w#*|}
         n=$(med "$backing" native "$name")
         printf '| %s |' "$desc"
-        for mode in "${MODES[@]}"; do
+        for mode in "${COLS[@]}"; do
             v=$(med "$backing" "$mode" "$name")
             if [[ -n ${MOUNT_FAILED[$backing/$mode]:-} ]]; then cell="mount failed"
             elif [[ $v == nan ]]; then cell="failed"
@@ -322,11 +397,59 @@ table() {
         done
         echo
         # ratios for the plot: backing, workload, mode, ratio (empty when unknown)
-        for mode in "${MODES[@]:1}"; do
+        # (the column's own label, so that a peer keeps its colour on every panel)
+        for mode in "${COLS[@]:1}"; do
             v=$(med "$backing" "$mode" "$name")
-            printf '%s\t%s\t%s\t%s\n' "$(backing_label "$backing")" "$desc" "$(mode_label "$mode")" \
+            printf '%s\t%s\t%s\t%s\n' "$(backing_short "$backing")" "$desc" "$(mode_label "$mode")" \
                 "$(awk -v v="$v" -v n="$n" 'BEGIN{ if (v != "nan" && n != "nan" && n > 0) printf "%.4f", v/n }')" >>"$RATIOS"
         done
+    done
+    echo
+}
+
+# What one operation of a workload is, for the daemon's CPU per operation: unit|count.
+per_op() {
+    case $1 in
+    copy_in | find_stat | read_all | grep) echo "file|$FILES" ;;
+    create_small) echo "file|$SMALL_FILES" ;;
+    rm_rf) echo "file|$((FILES + SMALL_FILES))" ;;
+    seq_write | seq_read_cold | seq_read_warm | rand_read) echo "MiB|$BIG_MIB" ;;
+    git_status) echo "status|20" ;;
+    *) echo "run|1" ;;
+    esac
+}
+cpu_med() { awk -F'\t' -v b="$1" -v m="$2" -v w="$3" '$1 == b && $2 == m && $3 == w {print $5}' "$CPU" | median; }
+
+# cpu_table BACKING: each FUSE daemon's CPU (user + system) during each workload, median
+# over the runs, in ms, and per operation (the unit in the second column).
+cpu_table() {
+    local backing=$1 w name desc mode v unit count COLS
+    columns "$backing"
+    COLS=("${COLS[@]:1}")
+    ((${#COLS[@]})) || return 0
+    echo "### daemon CPU, $(backing_label "$backing") backing"
+    echo
+    printf '| workload | per |'
+    for mode in "${COLS[@]}"; do printf ' %s |' "$(mode_label "$(backing_mode "$backing" "$mode")")"; done
+    printf '\n|---|---|'
+    for mode in "${COLS[@]}"; do printf -- '---:|'; done
+    echo
+    for w in "${WORKLOADS[@]}"; do
+        name=${w%%|*} desc=${w#*|}
+        IFS='|' read -r unit count <<<"$(per_op "$name")"
+        printf '| %s | %s |' "$desc" "$unit"
+        for mode in "${COLS[@]}"; do
+            v=$(cpu_med "$backing" "$mode" "$name")
+            if [[ $v == nan ]]; then printf ' – |'
+            elif awk -v v="$v" -v hz="$CLK_TCK" 'BEGIN{exit !(v < 1 / hz)}'; then
+                printf ' <%s ms |' $((1000 / CLK_TCK)) # under one tick
+            elif ((count == 1)); then awk -v v="$v" 'BEGIN{printf " %.0f ms |", v * 1000}'
+            else awk -v v="$v" -v c="$count" 'BEGIN{
+                    per = v / c * 1e6; u = "µs"; if (per >= 1000) { per /= 1000; u = "ms" }
+                    printf (per < 10 ? " %.0f ms (%.1f %s) |" : " %.0f ms (%.0f %s) |"), v * 1000, per, u }'
+            fi
+        done
+        echo
     done
     echo
 }
@@ -336,8 +459,11 @@ printf 'backing\tworkload\tmode\tratio\n' >"$RATIOS"
     echo "Benchmark $(date -u '+%Y-%m-%d %H:%M UTC') — $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $(uname -r), load average $LOAD_START at start and $(cut -d' ' -f1-3 /proc/loadavg) at end; interleaved rounds, median of $RUNS runs, seconds (ratio to native, lower is better). Tree: $TREE_DESC.${AGENT:+ Agent: $AGENT_DESC.}"
     echo
     for backing in "${BACKINGS[@]}"; do table "$backing"; done
+    echo "Daemon CPU: user + system time of the mount's process (all its threads; /proc/PID/stat, $CLK_TCK ticks a second) from just before a workload to just after it, median of $RUNS runs; in parentheses per operation (the unit in the second column). Work the kernel sends the daemon after a workload ends (writeback of cached writes, releases, forgets) falls on the next workload."
+    echo
+    for backing in "${BACKINGS[@]}"; do cpu_table "$backing"; done
 } | tee "$OUT/table-$STAMP.md"
-log "raw timings: $RAW; ratios: $RATIOS"
+log "raw timings: $RAW; daemon CPU: $CPU; ratios: $RATIOS"
 if [[ -n $PLOT ]]; then
     python3 "$REPO_ROOT/scripts/plot.py" "$RATIOS" "$PLOT" \
         --title "Time relative to native (median of $RUNS runs, $(date -u +%Y-%m-%d), $(nproc) cores)" ||

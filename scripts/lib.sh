@@ -30,6 +30,20 @@ state_dir_for() {
     rm -rf "$d" && mkdir -p "$d" && printf '%s' "$d"
 }
 
+KNOWN_MODES="native bindfs bindfs-inplace cref cref-inplace coherent coherent-inplace coherent-plain coherent-nopt coherent-base"
+
+# mode_known MODE: MODE is one of KNOWN_MODES (without @tN).
+mode_known() { [[ " $KNOWN_MODES " == *" ${1%@t*} "* ]]; }
+
+# cref_bin: sets CREF_BIN to the C reference's binary (COHERENT_CREF, else scripts/cref.sh,
+# which builds it once and caches it; it dies with the reason when it cannot be had).
+CREF_BIN=${COHERENT_CREF:-}
+cref_bin() {
+    [[ -z $CREF_BIN ]] || return 0
+    CREF_BIN=$("$REPO_ROOT/scripts/cref.sh") && [[ -x $CREF_BIN ]] ||
+        die "no C reference: scripts/cref.sh failed (its reason is above); leave cref modes out with --modes"
+}
+
 # mode_command MODE BACKING MNT: sets the array MODE_CMD to the foreground command that
 # mounts BACKING on MNT for MODE (empty for native: the backing directory is used as is).
 mode_command() {
@@ -46,6 +60,24 @@ mode_command() {
         # As root bindfs adds allow_other itself; multithreaded to give the peer its best shot.
         MODE_CMD=(bindfs -f --multithreaded "$backing" "$mnt")
         ;;
+    bindfs-inplace)
+        # bindfs over its own directory (it opens the source before mounting over it).
+        MODE_CMD=(bindfs -f --multithreaded "$mnt" "$mnt")
+        ;;
+    cref)
+        # The C reference: libfuse's passthrough_hp example (scripts/cref.sh builds it from
+        # Debian's fuse3 source package), with its defaults: multithreaded, 1-day entry and
+        # attribute timeouts, writeback cache, keep_cache, splice. It mounts with its own
+        # fixed options (default_permissions, no allow_other): the bench runs as root, the
+        # mounting user, so none is needed there.
+        cref_bin
+        MODE_CMD=("$CREF_BIN" --foreground "$backing" "$mnt")
+        ;;
+    cref-inplace)
+        # passthrough_hp over its own directory (it opens the source O_PATH before mounting).
+        cref_bin
+        MODE_CMD=("$CREF_BIN" --foreground "$mnt" "$mnt")
+        ;;
     coherent)
         # The volume as shipped: passthrough and enforcement (its state beside the mount).
         MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --state-dir "$(state_dir_for "$mnt")"
@@ -56,7 +88,7 @@ mode_command() {
         # it: the kernel may cache long there (the daemon is the only path to the files).
         # The backing directory is unused; the workloads run in MNT, which is both.
         MODE_CMD=("$COHERENT_MOUNT" "$mnt" --state-dir "$(state_dir_for "$mnt")"
-            -o "$COHERENT_MOUNT_OPTS")
+            "${COHERENT_MOUNT_O[@]}")
         ;;
     coherent-plain)
         # Passthrough without the coherence layer (hidden --no-coherence): what enforcement costs.
@@ -72,7 +104,7 @@ mode_command() {
         [[ -x ${COHERENT_MOUNT_BASE:-} ]] || die "coherent-base needs COHERENT_MOUNT_BASE=binary"
         MODE_CMD=("$COHERENT_MOUNT_BASE" "$backing" "$mnt" "${COHERENT_MOUNT_O[@]}")
         ;;
-    *) die "unknown mode '$mode' (known: native bindfs coherent coherent-inplace coherent-plain coherent-nopt coherent-base, coherent modes with @tN)" ;;
+    *) die "unknown mode '$mode' (known: $KNOWN_MODES, coherent modes with @tN)" ;;
     esac
     ((${#threads[@]} == 0)) || MODE_CMD+=("${threads[@]}")
 }
@@ -81,6 +113,9 @@ mode_label() {
     case $1 in
     native) echo "native" ;;
     bindfs) echo "bindfs" ;;
+    bindfs-inplace) echo "bindfs in place" ;;
+    cref) echo "C ref. (passthrough_hp)" ;;
+    cref-inplace) echo "C ref. in place" ;;
     coherent) echo "coherent (passthrough)" ;;
     coherent-inplace) echo "coherent in place" ;;
     coherent*@t*) echo "$(mode_label "${1%@t*}"), ${1##*@t} threads" ;;

@@ -6,7 +6,9 @@ Usage: scripts/plot.py RATIOS.tsv OUT.svg [--title TEXT]
 RATIOS.tsv has the header `backing workload mode ratio` (tab-separated), one line per
 (backing, workload, mode); an empty ratio means the run failed. One panel per backing,
 one group of bars per workload, one bar per mode; the x axis is logarithmic (a bar twice
-as long is not twice as slow) with native at 1.
+as long is not twice as slow) with native at 1. A mode keeps its colour on every panel:
+bench.sh names a column by its mode, so on the "in place" panel a peer's bar is that peer
+mounted over its own directory (coherent-inplace, bindfs-inplace, cref-inplace).
 """
 
 import argparse
