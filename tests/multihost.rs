@@ -682,3 +682,58 @@ fn a_host_away_past_etcds_history_names_the_gap_in_its_log() {
         1
     );
 }
+
+/// The coordinator part of `h`'s status.
+fn coordinator_status(h: &Host) -> Value {
+    let (_, v) = ctl(h, None, "status");
+    v["status"]["coordinator"].clone()
+}
+
+#[test]
+fn the_successors_commits_after_completing_are_counted_on_its_host_and_published_later() {
+    let p = Pair::new(1, "60s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "plan.md");
+    // bob's first write ends the record: a step the hosts agree on.
+    assert!(write(&p.b, Some("bob"), "plan.md").ok());
+    let done = version(&p.b, "plan.md").unwrap();
+    let before = coordinator_status(&p.b)["steps"].clone();
+    assert!(before["agreed"].as_u64().unwrap() >= 1, "{before}");
+    // Twenty more appends by bob: no fence hangs on them, so none is a step of its own.
+    sh_ok(
+        &p.b,
+        Some("bob"),
+        "for i in $(seq 20); do echo $i >> plan.md; done",
+    );
+    assert_eq!(version(&p.b, "plan.md"), Some(done + 20));
+    let after = coordinator_status(&p.b)["steps"].clone();
+    assert_eq!(
+        after["agreed"], before["agreed"],
+        "no agreed step for a commit of a completed file: {before} -> {after}"
+    );
+    assert!(
+        after["local"].as_u64().unwrap() >= before["local"].as_u64().unwrap() + 40,
+        "each open and commit decided on B: {before} -> {after}"
+    );
+    // Host A gets the version all the same, and the fence of the next transfer is exact.
+    assert!(
+        wait_until(Duration::from_secs(10), || version(&p.a, "plan.md")
+            == Some(done + 20)),
+        "A took in bob's commits: A at {:?}",
+        version(&p.a, "plan.md")
+    );
+    touch_session(&p.a, "carol");
+    sh_ok(&p.a, Some("bob"), "cat plan.md >/dev/null");
+    transfer(&p.a, "bob", "carol", &["plan.md"]);
+    let r = write(&p.b, Some("bob"), "plan.md");
+    assert!(r.denied(), "bob fenced on B after handing on: {}", r.show());
+    // How etcd is reached is in the status.
+    let c = coordinator_status(&p.b);
+    assert_eq!(c["tls"], true, "{c}");
+    assert!(
+        c["user"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("coherent-")),
+        "{c}"
+    );
+}

@@ -283,6 +283,9 @@ pub struct Etcd {
     client: Mutex<Option<Client>>,
     /// One step at a time on this host.
     steps: Mutex<()>,
+    /// Steps published to etcd, and those decided on this host alone (`status`).
+    agreed: AtomicU64,
+    local: AtomicU64,
     feed: Mutex<Vec<Event>>,
     dirty: Mutex<BTreeSet<String>>,
     next_event: AtomicU64,
@@ -382,6 +385,8 @@ impl Etcd {
             changed: Condvar::new(),
             client: Mutex::new(None),
             steps: Mutex::new(()),
+            agreed: AtomicU64::new(0),
+            local: AtomicU64::new(0),
             feed: Mutex::new(Vec::new()),
             dirty: Mutex::new(BTreeSet::new()),
             next_event: AtomicU64::new(micros),
@@ -583,18 +588,36 @@ impl Etcd {
     /// exact as after a catch-up. `None` (and nothing changed): the step must be agreed, or
     /// the decision refused the write (a refusal is decided again on the newest state, so
     /// it is never a stale one).
+    ///
+    /// A commit of a path whose records have all ended changes only its version and stamp:
+    /// no fence hangs on that, so it is counted here too and published by the publisher
+    /// (as after an outage). Another host's step on the path meanwhile wins, and this
+    /// change is then found there as a change behind the volume's back.
     fn decided_here(
         &self,
         paths: &[(&str, bool)],
+        kind: StepKind,
         op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Option<Stepped> {
         self.confirmed().ok()?;
         let t = self.tried(paths, &self.expand(paths), op);
-        if !t.ok || !t.changed.is_empty() {
+        let counted_only = kind == StepKind::Commit
+            && t.changed.iter().all(|(p, now)| {
+                let was = t.before.get(p).cloned().flatten();
+                matches!((was, now), (Some(w), Some(n))
+                    if w.records == n.records
+                        && !w.records.iter().any(|r| r.is_live(w.version))
+                        && !n.records.iter().any(|r| r.is_live(n.version)))
+            });
+        if !t.ok || !(t.changed.is_empty() || counted_only) {
             self.undo(t.saved, &t.added);
             return None;
         }
+        self.dirty
+            .lock()
+            .extend(t.changed.into_iter().map(|(p, _)| p));
         self.write_events(t.evs, true);
+        self.local.fetch_add(1, Ordering::Relaxed);
         Some(Stepped {
             ok: true,
             in_flight: Vec::new(),
@@ -887,7 +910,7 @@ impl Coordinator for Etcd {
     ) -> Result<Stepped, Refusal> {
         let guard = self.steps.lock();
         if kind != StepKind::Verb {
-            if let Some(st) = self.decided_here(paths, op) {
+            if let Some(st) = self.decided_here(paths, kind, op) {
                 return Ok(st);
             }
         }
@@ -932,6 +955,7 @@ impl Coordinator for Etcd {
             };
             match published {
                 Ok((rev, sent)) => {
+                    self.agreed.fetch_add(1, Ordering::Relaxed);
                     self.write_events(evs, !sent);
                     let made: Vec<(String, u64)> = changed
                         .iter()
@@ -1064,6 +1088,12 @@ impl Coordinator for Etcd {
             "applied": l.applied,
             "hosts": hosts,
             "error": l.error,
+            "tls": self.spec.tls,
+            "user": self.spec.auth.as_ref().and_then(|a| a.user.as_ref()).map(|u| &u.0),
+            "steps": {
+                "agreed": self.agreed.load(Ordering::Relaxed),
+                "local": self.local.load(Ordering::Relaxed),
+            },
         }))
     }
 }

@@ -953,8 +953,22 @@ fn describe_coordinator(c: &serde_json::Map<String, Value>) -> String {
             s("error")
         ),
     };
+    // How it is reached: a user reading this should see at once an etcd open to anyone.
+    let how = match (yes("tls"), c.get("user").and_then(Value::as_str)) {
+        (true, Some(u)) => format!("over TLS as etcd user {u}"),
+        (true, None) => "over TLS, no etcd user".to_string(),
+        (false, Some(u)) => format!("as etcd user {u}, NOT over TLS"),
+        (false, None) => "with NO TLS and NO authentication".to_string(),
+    };
+    let steps = c.get("steps").map_or(String::new(), |st| {
+        format!(
+            "; steps agreed {}, decided here {}",
+            st["agreed"].as_u64().unwrap_or(0),
+            st["local"].as_u64().unwrap_or(0)
+        )
+    });
     format!(
-        "coordinator: etcd {} as host {}: {state}; live hosts: {}",
+        "coordinator: etcd {} {how} as host {}: {state}; live hosts: {}{steps}",
         c.get("endpoints")
             .and_then(Value::as_array)
             .map(|e| e
