@@ -616,7 +616,7 @@ impl Etcd {
         self.dirty
             .lock()
             .extend(t.changed.into_iter().map(|(p, _)| p));
-        self.write_events(t.evs, true);
+        self.log_events(t.evs, true);
         self.local.fetch_add(1, Ordering::Relaxed);
         Some(Stepped {
             ok: true,

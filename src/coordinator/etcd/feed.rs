@@ -33,6 +33,17 @@ impl Etcd {
     /// Writes the events of a step to this host's log, durable; `feed`: other hosts have
     /// not had them yet.
     pub(super) fn write_events(&self, evs: Vec<Event>, feed: bool) {
+        let last = self.log_events(evs, feed);
+        if last > 0 {
+            use crate::coherence::EventSink;
+            self.journal.wait_durable(last);
+        }
+    }
+
+    /// [`Etcd::write_events`] without waiting for the disk: for what was decided on this
+    /// host alone, which a one-host volume would not wait for either (group commit).
+    /// Returns the seq of the last event.
+    pub(super) fn log_events(&self, evs: Vec<Event>, feed: bool) -> u64 {
         let mut last = 0;
         for mut ev in evs {
             self.journal.append_kept(&mut ev);
@@ -41,10 +52,7 @@ impl Etcd {
                 self.feed.lock().push(ev);
             }
         }
-        if last > 0 {
-            use crate::coherence::EventSink;
-            self.journal.wait_durable(last);
-        }
+        last
     }
 
     pub(super) fn publish_loop(self: Arc<Self>) {
