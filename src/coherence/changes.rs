@@ -1,5 +1,8 @@
 //! The change counter a waiter sleeps on: bumped by every event that can change a record
 //! (see `wait.rs`), so the mount answers a wait when its record changes, not by polling.
+//! A waiter with nothing to wait for sleeps on pokes alone (a new wait, unmount), so a
+//! commit wakes no thread while no `wait` is pending: that wake-up and its context switch
+//! were a tenth of the daemon's CPU in an `rm -rf` (docs/profile.md).
 
 use super::types::EventKind;
 use parking_lot::{Condvar, Mutex};
@@ -10,6 +13,8 @@ use std::time::Instant;
 #[derive(Default)]
 pub(super) struct Changes {
     gen: AtomicU64,
+    /// Pokes only (also counted in `gen`).
+    pokes: AtomicU64,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
@@ -28,6 +33,31 @@ impl Changes {
             let _g = self.lock.lock();
             self.cv.notify_all();
         }
+    }
+
+    /// A change that every sleeper must see, record waiter or not (a new wait, unmount).
+    pub(super) fn poke(&self) {
+        self.pokes.fetch_add(1, Ordering::SeqCst);
+        self.gen.fetch_add(1, Ordering::SeqCst);
+        let _g = self.lock.lock();
+        self.cv.notify_all();
+    }
+
+    /// The poke counter now.
+    pub(super) fn pokes(&self) -> u64 {
+        self.pokes.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until a poke after `seen` (a [`Changes::pokes`] value) or `deadline`,
+    /// without being counted as a sleeper, so [`Changes::bump`] stays an atomic add.
+    pub(super) fn wait_poke(&self, seen: u64, deadline: Instant) -> u64 {
+        let mut g = self.lock.lock();
+        while self.pokes.load(Ordering::SeqCst) == seen {
+            if self.cv.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        self.pokes.load(Ordering::SeqCst)
     }
 
     pub(super) fn wait(&self, seen: u64, deadline: Instant) -> u64 {
