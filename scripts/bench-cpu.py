@@ -13,6 +13,7 @@ Modes:
   base       `coherent-mount DIR` of another build (--base BINARY): before/after in one run
 
 Workloads (the writer carries COHERENT_SESSION=--session, as an agent's shell would):
+  idle       --idle seconds with nothing to do (CPU per second: timers, background threads)
   create     one bash process: `printf ... > small/sI.txt` N times (create+write+close)
   rm         `rm -rf` of small/ and of a tree made untimed beforehand (N files in N/50
              directories): CPU per removed entry (files and directories)
@@ -23,7 +24,7 @@ tables use schedstat (precise); the tick column is the cross-check.
 
 Usage (root): scripts/bench-cpu.py [--rounds 5] [--files 2000] [--modes coherent,plain,bindfs]
               [--binary target/release/coherent-mount] [--base OTHER/coherent-mount]
-              [--session bench] [--threads N]
+              [--session bench] [--threads N] [--idle 2]
 """
 import argparse
 import os
@@ -131,6 +132,10 @@ def one_round(mode, root, args, env):
         pid, d, n = m.proc.pid, m.mnt, args.files
         create = (f"mkdir {d}/small && for ((i = 0; i < {n}; i++)); do "
                   f"printf 'small file %d\\n' $i > {d}/small/s$i.txt || exit 1; done")
+        # Idle: what the daemon burns with nothing to do (timers, background threads).
+        before = settled_cpu(pid)
+        time.sleep(args.idle)
+        idle = [(a - b) / args.idle for a, b in zip(cpu_ns(pid), before)]
         before = settled_cpu(pid)
         wall_c = run(["bash", "-c", create], env)
         after = settled_cpu(pid)
@@ -146,7 +151,7 @@ def one_round(mode, root, args, env):
         wall_r = run(["rm", "-rf", f"{d}/small", f"{d}/tree"], env)
         after = settled_cpu(pid)
         rm_cpu = [(a - b) / entries for a, b in zip(after, before)]
-        return {"create": create_cpu, "rm": rm_cpu, "create_wall": wall_c / n,
+        return {"create": create_cpu, "rm": rm_cpu, "idle": idle, "create_wall": wall_c / n,
                 "rm_wall": wall_r / entries}
     finally:
         m.close()
@@ -162,6 +167,8 @@ def main():
     ap.add_argument("--session", default="bench",
                     help="COHERENT_SESSION of the workloads ('' for none: unattributed)")
     ap.add_argument("--threads", type=int, default=0, help="--threads of coherent-mount")
+    ap.add_argument("--idle", type=float, default=2.0,
+                    help="seconds of idle mount measured before the workloads")
     args = ap.parse_args()
     modes = args.modes.split(",")
     if args.base and "base" not in modes:
@@ -196,12 +203,13 @@ def main():
     print(f"Daemon CPU per operation (us), median of {args.rounds} interleaved rounds, "
           f"{args.files} creates, tmpfs, session {args.session or '(none)'}:\n")
     print("| mode | CPU/create | CPU/create (ticks) | CPU/rm entry | CPU/rm entry (ticks) "
-          "| wall/create | wall/rm entry |")
-    print("|---|---|---|---|---|---|---|")
+          "| wall/create | wall/rm entry | idle CPU (us/s) |")
+    print("|---|---|---|---|---|---|---|---|")
     for m in modes:
         print(f"| {m} | {med(m, 'create', 0) / 1e3:.1f} | {med(m, 'create', 1) / 1e3:.1f} "
               f"| {med(m, 'rm', 0) / 1e3:.1f} | {med(m, 'rm', 1) / 1e3:.1f} "
-              f"| {med(m, 'create_wall') * 1e6:.1f} | {med(m, 'rm_wall') * 1e6:.1f} |")
+              f"| {med(m, 'create_wall') * 1e6:.1f} | {med(m, 'rm_wall') * 1e6:.1f} "
+              f"| {med(m, 'idle', 0) / 1e3:.0f} |")
 
 
 if __name__ == "__main__":

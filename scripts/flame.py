@@ -6,9 +6,13 @@ box's full name and share is in its tooltip).
   scripts/flame.py --folded < perf.script > stacks.folded     # the folded stacks only
   scripts/flame.py --top 25 < perf.script                      # self/total cost table
 
-Stacks are folded root first (`a;b;c count`), weighted by the sample period. Rust
+Stacks are folded root first (`a;b;c count`), weighted by the sample period (ns with
+perf's default cpu-clock event). Rust
 symbols lose their hash suffix; legacy-mangled ones (`_ZN...E`) are demangled here.
-`--keep-thread` keeps the thread name as the root frame (default: merge threads).
+`--keep-thread` keeps the thread name as the root frame (default: merge threads);
+`--cut REGEX` drops the frames below the last one matching it (the thread start and the
+request loop every stack shares), so the SVG stays small; boxes narrower than 2.5 px (a
+sample or two) are left out.
 """
 import argparse
 import html
@@ -54,7 +58,7 @@ def clean(sym, dso):
     return sym.replace(";", ":")
 
 
-def fold(lines, keep_thread):
+def fold(lines, keep_thread, cut=None):
     stacks = defaultdict(int)
     frames, weight, comm = [], 1, ""
     for line in lines:
@@ -62,6 +66,10 @@ def fold(lines, keep_thread):
         if not line.strip():
             if frames or comm:
                 stack = list(reversed(frames))
+                if cut:
+                    hits = [i for i, f in enumerate(stack) if cut.search(f)]
+                    if hits:
+                        stack = stack[hits[-1]:]
                 if keep_thread:
                     stack.insert(0, comm)
                 if stack:
@@ -103,7 +111,7 @@ def color(name):
     return f"rgb({225 + h % 30},{160 + h},{60 + h})"
 
 
-def svg(root, title, width=1200, row=16, min_px=0.3):
+def svg(root, title, width=1200, row=16, min_px=2.5):
     total = root["value"] or 1
     boxes, depth_max = [], 0
 
@@ -129,9 +137,9 @@ def svg(root, title, width=1200, row=16, min_px=0.3):
     for x, depth, w, name, value in boxes:
         y = height - 20 - (depth + 1) * row
         pct = 100 * value / total
-        tip = html.escape(f"{name} ({value} samples, {pct:.2f}%)")
+        tip = html.escape(f"{name} ({value / 1e6:.1f} ms of CPU, {pct:.2f}%)")
         out.append(f'<g><title>{tip}</title><rect x="{x:.1f}" y="{y}" width="{w:.1f}" '
-                   f'height="{row - 1}" fill="{color(name)}" rx="2"/>')
+                   f'height="{row - 1}" fill="{color(name)}"/>')
         chars = int(w / 6.6)
         if chars >= 3:
             label = name if len(name) <= chars else name[:chars - 2] + ".."
@@ -165,8 +173,9 @@ def main():
     ap.add_argument("--folded", action="store_true", help="print folded stacks, no SVG")
     ap.add_argument("--top", type=int, default=0, help="print the N costliest functions")
     ap.add_argument("--keep-thread", action="store_true")
+    ap.add_argument("--cut", type=re.compile, help="start stacks at the last frame matching")
     args = ap.parse_args()
-    stacks = fold(sys.stdin, args.keep_thread)
+    stacks = fold(sys.stdin, args.keep_thread, args.cut)
     if args.folded:
         for s, n in sorted(stacks.items()):
             print(f"{s} {n}")
