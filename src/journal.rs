@@ -19,8 +19,9 @@
 //!
 //! Appends go to a memory buffer (with the engine's locks held, so the log order is the
 //! application order). A flusher thread writes and fsyncs the buffer every
-//! `flush_interval` (group commit); a verb calls `wait_durable`, which flushes at once and
-//! returns when its event is on disk. Concurrent waiters share one fsync.
+//! `flush_interval` (group commit) while there is something to write, and sleeps until the
+//! next append when everything is on disk; a verb calls `wait_durable`, which flushes at
+//! once and returns when its event is on disk. Concurrent waiters share one fsync.
 //!
 //! Lock order: `checkpointing` → the engine's locks → `written` → `buf` → `durable`.
 //! `append` (called under engine locks) takes only `buf`.
@@ -270,6 +271,7 @@ impl Journal {
                 last_seq: 0,
                 since_snapshot: 0,
                 shed: 0,
+                idle: false,
             }),
             written: Mutex::new(Written {
                 file: opts

@@ -175,13 +175,23 @@ fn group_commit_flushes_in_the_background() {
             Timestamp(T0),
         );
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while o.journal.durable_seq() < o.engine.last_seq() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "flusher never flushed"
-        );
-        std::thread::sleep(Duration::from_millis(2));
+    let all_durable = |what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while o.journal.durable_seq() < o.engine.last_seq() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flusher never flushed {what}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    all_durable("the burst");
+    // With everything on disk the flusher sleeps until an append: each later event must
+    // wake it (no verb waits for these).
+    for i in 0..3 {
+        o.engine
+            .commit(&a, "late", CommitOp::Write, stamp(1000 + i), Timestamp(T0));
+        all_durable("an event appended while it was idle");
     }
 }
 

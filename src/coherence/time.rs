@@ -30,6 +30,54 @@ impl Timestamp {
 
     /// RFC 3339, UTC, millisecond precision.
     pub fn rfc3339(self) -> String {
+        let mut buf = [0u8; 24];
+        match self.rfc3339_in(&mut buf) {
+            Some(s) => s.to_owned(),
+            None => self.rfc3339_fmt(),
+        }
+    }
+
+    /// [`Timestamp::rfc3339`] written into `buf` without allocating (every event has a
+    /// `ts`; `format!` was a third of encoding an event): `None` for a year outside
+    /// 0..=9999, whose text is longer.
+    fn rfc3339_in(self, buf: &mut [u8; 24]) -> Option<&str> {
+        let secs = self.0.div_euclid(1000);
+        let ms = self.0.rem_euclid(1000);
+        let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+        if !(0..=9999).contains(&y) {
+            return None;
+        }
+        let sod = secs.rem_euclid(86_400);
+        let mut put = |at: usize, v: i64, width: usize| {
+            let mut v = v;
+            for i in (at..at + width).rev() {
+                buf[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+            }
+        };
+        put(0, y, 4);
+        put(5, m, 2);
+        put(8, d, 2);
+        put(11, sod / 3600, 2);
+        put(14, sod / 60 % 60, 2);
+        put(17, sod % 60, 2);
+        put(20, ms, 3);
+        for (i, c) in [
+            (4, b'-'),
+            (7, b'-'),
+            (10, b'T'),
+            (13, b':'),
+            (16, b':'),
+            (19, b'.'),
+        ] {
+            buf[i] = c;
+        }
+        buf[23] = b'Z';
+        std::str::from_utf8(buf).ok()
+    }
+
+    /// The general form (any year).
+    fn rfc3339_fmt(self) -> String {
         let secs = self.0.div_euclid(1000);
         let ms = self.0.rem_euclid(1000);
         let days = secs.div_euclid(86_400);
@@ -104,13 +152,21 @@ impl Timestamp {
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.rfc3339())
+        let mut buf = [0u8; 24];
+        match self.rfc3339_in(&mut buf) {
+            Some(s) => f.write_str(s),
+            None => f.write_str(&self.rfc3339_fmt()),
+        }
     }
 }
 
 impl serde::Serialize for Timestamp {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.rfc3339())
+        let mut buf = [0u8; 24];
+        match self.rfc3339_in(&mut buf) {
+            Some(t) => s.serialize_str(t),
+            None => s.serialize_str(&self.rfc3339_fmt()),
+        }
     }
 }
 
@@ -185,6 +241,31 @@ mod tests {
             let t = Timestamp(ms);
             assert_eq!(Timestamp::parse_rfc3339(&t.rfc3339()), Some(t), "{ms}");
             ms += 7_777_777_777;
+        }
+    }
+
+    #[test]
+    fn fast_form_equals_the_general_one() {
+        let mut buf = [0u8; 24];
+        // Year 0 to 9999 (and a step past each end, where only the general form answers).
+        let (first, last) = (-62_167_219_200_000i64, 253_402_300_799_999i64);
+        for ms in [first, first + 1, last, last - 1, 0, -1, 951_827_696_789] {
+            assert_eq!(
+                Timestamp(ms).rfc3339_in(&mut buf),
+                Some(&*Timestamp(ms).rfc3339_fmt())
+            );
+        }
+        assert_eq!(Timestamp(first - 1).rfc3339_in(&mut buf), None);
+        assert_eq!(Timestamp(last + 1).rfc3339_in(&mut buf), None);
+        assert_eq!(
+            Timestamp(last + 1).rfc3339(),
+            Timestamp(last + 1).rfc3339_fmt()
+        );
+        let mut ms = first;
+        while ms <= last {
+            let t = Timestamp(ms);
+            assert_eq!(t.rfc3339_in(&mut buf), Some(&*t.rfc3339_fmt()), "{ms}");
+            ms += 3_333_333_337;
         }
     }
 

@@ -18,9 +18,21 @@ impl Engine {
         self.changes.wait(seen, deadline)
     }
 
-    /// Wakes every [`Engine::wait_change`] (a new wait was registered: look again).
+    /// Wakes every [`Engine::wait_change`] and [`Engine::wait_poke`] (a new wait was
+    /// registered, or the volume stops: look again).
     pub fn poke(&self) {
-        self.changes.bump();
+        self.changes.poke();
+    }
+
+    /// The poke counter now (pass it to [`Engine::wait_poke`]).
+    pub fn pokes(&self) -> u64 {
+        self.changes.pokes()
+    }
+
+    /// Sleeps until [`Engine::poke`] after `seen` (or `deadline`), whatever records do:
+    /// what a waiter with no pending wait sleeps on, so commits wake nobody.
+    pub fn wait_poke(&self, seen: u64, deadline: Instant) -> u64 {
+        self.changes.wait_poke(seen, deadline)
     }
 
     /// The record `wait PATH` follows: the live one, else the newest. Refused

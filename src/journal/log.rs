@@ -37,6 +37,8 @@ pub(super) struct Buf {
     pub(super) since_snapshot: u64,
     /// Events not kept since the journal began shedding.
     pub(super) shed: u64,
+    /// The flusher sleeps until the next append (nothing to write or sync).
+    pub(super) idle: bool,
 }
 
 pub(super) struct Written {
@@ -222,6 +224,11 @@ impl Shared {
     /// Appends `ev` to the buffer, assigning its seq.
     pub(super) fn append(&self, ev: &mut Event) {
         let mut b = self.buf.lock();
+        if b.idle {
+            // Once per group commit at most: the flusher sleeps only when all is durable.
+            b.idle = false;
+            self.wake.notify_one();
+        }
         b.next_seq += 1;
         ev.seq = b.next_seq;
         b.last_seq = ev.seq;
@@ -259,7 +266,21 @@ pub(super) fn flusher(s: Arc<Shared>) {
             if s.stop.load(Ordering::SeqCst) {
                 break;
             }
-            let wait = if s.poisoned.load(Ordering::SeqCst) {
+            let poisoned = s.poisoned.load(Ordering::SeqCst);
+            if !poisoned
+                && s.mode.load(Ordering::SeqCst) == NORMAL
+                && b.bytes.is_empty()
+                && *s.durable.lock() >= b.last_seq
+            {
+                // Everything is on disk: sleep until an append rather than waking every
+                // `flush_interval` (200 times a second) in an idle mount. Any wake-up
+                // looks again from the top.
+                b.idle = true;
+                s.wake.wait(&mut b);
+                b.idle = false;
+                continue;
+            }
+            let wait = if poisoned {
                 RETRY_EVERY
             } else {
                 s.opts.flush_interval

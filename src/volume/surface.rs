@@ -432,12 +432,22 @@ impl Surface {
                 }
                 return;
             }
+            // Read before looking, so a wait registered meanwhile (it pokes after it is
+            // in the map) ends the sleep below at once.
+            let poked = vol.engine.pokes();
             let (due, killed, next) = self.waits.due(&vol.engine);
             waits::interrupted(killed);
             for (token, reply) in due {
                 self.finish(token, &reply);
             }
-            seen = vol.engine.wait_change(seen, next);
+            if self.waits.is_empty() {
+                // Nothing to follow: commits need not wake this thread, only a new wait
+                // (or unmount) does.
+                vol.engine.wait_poke(poked, next);
+                seen = vol.engine.changes();
+            } else {
+                seen = vol.engine.wait_change(seen, next);
+            }
         }
     }
 }

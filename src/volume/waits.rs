@@ -230,6 +230,11 @@ impl Waits {
         (out, gone, next)
     }
 
+    /// No handle is waiting.
+    pub(super) fn is_empty(&self) -> bool {
+        self.map.lock().is_empty()
+    }
+
     /// Every waiting handle (at unmount).
     pub(super) fn tokens(&self) -> Vec<u64> {
         self.map.lock().keys().copied().collect()
