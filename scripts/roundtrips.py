@@ -28,6 +28,7 @@ def ops(mnt):
         fd = os.open(path, os.O_RDONLY); os.read(fd, 4096); os.close(fd)
     def create(path):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644); os.write(fd, b"x"); os.close(fd)
+    t = os.path.join(mnt, "t")
     return [
         ("stat, first time", lambda: os.stat(f)),
         ("stat again (warm)", lambda: os.stat(f)),
@@ -38,6 +39,8 @@ def ops(mnt):
         ("create+write+close (new file)", lambda: create(g)),
         ("open for write+write+close (existing)", lambda: create(g)),
         ("unlink", lambda: os.unlink(g)),
+        ("create+write+close, then stat", lambda: (create(g), os.stat(g))),
+        ("rm -rf of a tree not seen before (2 dirs, 4 files)", lambda: subprocess.run(["rm", "-rf", t], check=True)),
         ("listdir (opendir+readdir) twice", lambda: [os.listdir(mnt) for _ in range(2)]),
     ]
 
@@ -47,6 +50,10 @@ def measure(in_place):
         backing = os.path.join(d, "b"); os.mkdir(backing)
         with open(os.path.join(backing, "f"), "w") as fh:
             fh.write("hello\n")
+        for sub in ("t", "t/a"):
+            os.mkdir(os.path.join(backing, sub))
+            for n in ("1", "2"):
+                open(os.path.join(backing, sub, n), "w").close()
         mnt = backing if in_place else os.path.join(d, "m")
         if not in_place:
             os.mkdir(mnt)

@@ -13,6 +13,7 @@
 //! directory ([`TTL`]). See docs/cache.md for why.
 
 mod counters;
+mod killpriv;
 mod policy;
 mod pseudo;
 mod router;
@@ -96,6 +97,9 @@ pub struct Fopen {
     pub noflush: bool,
     /// Keep the directory listing across opendirs.
     pub cache_dir: bool,
+    /// Not a flag of the reply: the open changed the file's attributes (removed its
+    /// privileges), so the kernel's cached ones must go.
+    pub attrs_changed: bool,
 }
 
 /// An open file or directory.
@@ -364,7 +368,12 @@ impl Fs {
                     self.pseudo()?.getattr(caller, ino)
                 }
             }
-            Node::Backing(ino) if *set == SetAttr::default() => self.store.getattr(ino),
+            // Nothing to set: the kernel's own check on a write (or a `chown(f, -1, -1)`)
+            // found privileges to remove and left that to us (killpriv.rs).
+            Node::Backing(ino) if *set == SetAttr::default() => {
+                self.kill_privs(caller, ino)?;
+                self.store.getattr(ino)
+            }
             Node::Backing(ino) => {
                 let path = self.store.path_of(ino);
                 let route = WriteRoute::Setattr {
@@ -376,7 +385,21 @@ impl Fs {
                 if let (Some(fh), Some(_)) = (fh, set.size) {
                     self.handle_write_allowed(fh)?;
                 }
-                self.guarded(caller, &route, || self.store.setattr(ino, set, fh))
+                // A plain user's chown or truncate removes privileges (killpriv.rs); a
+                // chown by the file's old group, so before it.
+                let plain = caller.uid != 0;
+                let chown = plain && (set.uid.is_some() || set.gid.is_some());
+                self.guarded(caller, &route, || {
+                    if chown {
+                        self.kill_privs(caller, ino)?;
+                    }
+                    let a = self.store.setattr(ino, set, fh)?;
+                    if plain && set.size.is_some() {
+                        self.kill_privs(caller, ino)?;
+                        return self.store.getattr(ino);
+                    }
+                    Ok(a)
+                })
             }
         })
     }
@@ -526,8 +549,21 @@ impl Fs {
             flags,
         };
         let permit = self.policy.before_write(caller, &route)?;
-        let made = self.store.open(ino, flags);
-        self.opened(caller, Some(&route), permit, made, false)
+        let mut made = self.store.open(ino, flags);
+        // A plain user's `O_TRUNC` removes privileges (killpriv.rs).
+        let mut changed = false;
+        if let (Ok((fh, _)), true) = (&made, flags & libc::O_TRUNC != 0 && caller.uid != 0) {
+            match self.kill_privs(caller, ino) {
+                Ok(c) => changed = c,
+                Err(e) => {
+                    self.store.release(*fh);
+                    made = Err(e);
+                }
+            }
+        }
+        let mut o = self.opened(caller, Some(&route), permit, made, false)?;
+        o.fopen.attrs_changed = changed;
+        Ok(o)
     }
 
     /// `open(2)` with `O_CREAT` of a name that did not exist.
@@ -591,12 +627,30 @@ impl Fs {
         offset: u64,
         data: &[u8],
     ) -> FsResult<u32> {
+        self.write_flagged(caller, ino, fh, offset, data, false)
+    }
+
+    /// A write; `kill_privs` when the kernel flags it (`FUSE_WRITE_KILL_SUIDGID`).
+    pub fn write_flagged(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_privs: bool,
+    ) -> FsResult<u32> {
         match self.router.node(ino) {
             Node::Pseudo(_) => self.pseudo()?.write(caller, fh, data),
-            Node::Backing(_) => {
+            Node::Backing(ino) => {
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
                 self.handle_write_allowed(fh)?;
-                self.store.write(fh, offset, data)
+                let n = self.store.write(fh, offset, data)?;
+                // The kernel flags a write by a caller without CAP_FSETID (killpriv.rs).
+                if kill_privs {
+                    self.kill_privs(caller, ino)?;
+                }
+                Ok(n)
             }
         }
     }

@@ -12,6 +12,7 @@
 
 mod backing;
 mod convert;
+mod inval;
 mod reply;
 
 use std::ffi::OsStr;
@@ -29,6 +30,7 @@ use fuser::{
 
 use backing::Backings;
 use convert::{caller, file_attr, file_type, has_cap_sys_admin, negative_attr, set_time};
+pub use inval::Inval;
 use reply::{answer, attr, empty, empty_dir, entry, fopen_flags, xattr, OpenBacking};
 
 pub use crate::fs::{Counters, FsOptions, Op, IN_PLACE_TTL, TTL};
@@ -43,6 +45,8 @@ pub struct CoherentFs {
     fs: Fs,
     backings: Backings,
     pub counters: Arc<Counters>,
+    /// Set by the mount once the session exists.
+    pub inval: Arc<Inval>,
 }
 
 impl CoherentFs {
@@ -51,16 +55,12 @@ impl CoherentFs {
             counters: fs.counters().clone(),
             fs,
             backings: Backings::default(),
+            inval: Arc::default(),
         }
     }
 
     pub fn fs(&self) -> &Fs {
         &self.fs
-    }
-
-    /// Is passthrough in use (negotiated at init and not given up since)?
-    pub fn passthrough_active(&self) -> bool {
-        self.backings.active()
     }
 
     /// Every request: count it, and who sent it.
@@ -84,6 +84,7 @@ impl Filesystem for CoherentFs {
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_ASYNC_DIO,
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             let _ = config.add_capabilities(flag);
         }
@@ -93,12 +94,12 @@ impl Filesystem for CoherentFs {
         }
         let _ = config.set_max_background(64);
         let mode = if !self.fs.wants_passthrough() {
-            "through the daemon (--no-passthrough)".to_string()
+            "through the daemon (--no-passthrough)"
         } else if self.fs.sees_every_write() {
             // Reads too: the kernel keeps an inode in passthrough or cached mode, not both.
-            "through the daemon (a multi-host volume checks every write)".to_string()
+            "through the daemon (a multi-host volume checks every write)"
         } else if !has_cap_sys_admin() {
-            "through the daemon (FUSE passthrough needs CAP_SYS_ADMIN)".to_string()
+            "through the daemon (FUSE passthrough needs CAP_SYS_ADMIN)"
         } else {
             match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) => {
@@ -108,11 +109,9 @@ impl Filesystem for CoherentFs {
                     }
                     self.backings.activate();
                     "passthrough (reads and writes of regular files go straight to the backing files)"
-                        .to_string()
                 }
                 Err(_) => {
                     "through the daemon (the kernel does not offer FUSE passthrough, needs 6.9+)"
-                        .to_string()
                 }
             }
         };
@@ -275,6 +274,9 @@ impl Filesystem for CoherentFs {
             self.fs.open(&c, ino.0, flags.0),
             reply,
             |reply, o| {
+                if o.fopen.attrs_changed {
+                    self.inval.attrs(ino.0);
+                }
                 let (fh, fopen) = (FileHandle(o.fh), fopen_flags(o.fopen));
                 match self.passthrough_of(&o, &reply) {
                     Some(id) => reply.opened_passthrough(fh, fopen, &id),
@@ -336,13 +338,14 @@ impl Filesystem for CoherentFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let c = self.begin(Op::Write, req);
-        let r = self.fs.write(&c, ino.0, fh.0, offset, data);
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let r = self.fs.write_flagged(&c, ino.0, fh.0, offset, data, kill);
         answer(Op::Write, r, reply, |reply, n| reply.written(n))
     }
 

@@ -464,12 +464,14 @@ fn run(args: Args) -> Result<(), Fail> {
     );
     let inodes = fs.fs().store().inode_gauge();
     let counters = fs.counters.clone();
+    let inval = fs.inval.clone();
     let mut session = fuser::Session::new(fs, &plan.mountpoint, &config).map_err(|e| {
         Fail(format!(
             "cannot mount on {}: {e} (is /dev/fuse usable and the mountpoint free?)",
             plan.mountpoint.display()
         ))
     })?;
+    inval.set(session.notifier());
     let mut unmounter = session.unmount_callable();
     let conn = connection_of(&plan.mountpoint);
     tracing::info!(mountpoint = %plan.mountpoint.display(), "mounted");
