@@ -363,7 +363,8 @@ cmd_start() {
     if [[ -n $LISTEN_IP ]]; then
         [[ $LISTEN_IP =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] ||
             die "--listen-ip must be an IPv4 address (got '$LISTEN_IP')"
-        ip -o addr show 2>/dev/null | grep -q " inet $LISTEN_IP/" ||
+        # Not `ip | grep -q`: grep's early exit would fail the pipeline (pipefail).
+        [[ $(ip -o addr show 2>/dev/null) == *" inet $LISTEN_IP/"* ]] ||
             die "--listen-ip $LISTEN_IP is no address of this host (ip addr add it first)"
     fi
     if [[ -z $DIR ]]; then
