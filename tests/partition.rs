@@ -554,38 +554,8 @@ except OSError as e:
     /// (stopped, killed or cut) at once, one daemon dead, one etcd member down.
     fn step(&mut self, rng: &mut Rng) {
         let n = HOSTS.len();
-        if rng.below(4) == 0 {
-            let k = rng.below(n);
-            let away = self
-                .hosts
-                .iter()
-                .filter(|h| h.paused || h.cut || h.daemon.is_none())
-                .count();
-            let h = &self.hosts[k];
-            let dead = self.hosts.iter().any(|h| h.daemon.is_none());
-            match rng.below(5) {
-                0 if h.cut => return self.heal(k),
-                0 if away < 2 && h.daemon.is_some() => return self.cut(k),
-                1 if h.degraded.is_some() => return self.restore(k),
-                1 => {
-                    let how = *rng.pick(&[Degrade::Delay, Degrade::Loss]);
-                    return self.degrade(k, how);
-                }
-                2 if h.paused => return self.resume(k),
-                2 if away < 2 && h.daemon.is_some() => return self.pause(k),
-                3 if h.daemon.is_none() && !h.cut => return self.restart(k),
-                3 if !dead && away < 2 && h.daemon.is_some() => return self.kill(k),
-                4 => {
-                    return match self.etcd_down {
-                        Some(m) => self.etcd_restart(m),
-                        None => {
-                            let m = 1 + rng.below(3);
-                            self.etcd_kill(m)
-                        }
-                    }
-                }
-                _ => {}
-            }
+        if rng.below(4) == 0 && self.fault_step(rng) {
+            return;
         }
         let serving: Vec<usize> = (0..n).filter(|&k| self.hosts[k].serving()).collect();
         if serving.is_empty() {
@@ -622,6 +592,68 @@ except OSError as e:
             }
             _ => self.fresh_write(k, &session, path),
         }
+    }
+
+    /// A fault step: half the time (when something is broken) one repair, else a new
+    /// fault. Bounded so the run keeps making progress: at most two hosts away (stopped,
+    /// killed or cut) at once, one daemon dead, one etcd member down. False when the fault
+    /// drawn does not apply now (the step is a client operation instead).
+    fn fault_step(&mut self, rng: &mut Rng) -> bool {
+        let n = HOSTS.len();
+        let mut repairs: Vec<(&str, usize)> = Vec::new();
+        for (k, h) in self.hosts.iter().enumerate() {
+            if h.cut {
+                repairs.push(("heal", k));
+            }
+            if h.degraded.is_some() {
+                repairs.push(("restore", k));
+            }
+            if h.paused {
+                repairs.push(("resume", k));
+            }
+            // A daemon starts only when it reaches etcd.
+            if h.daemon.is_none() && !h.cut {
+                repairs.push(("restart", k));
+            }
+        }
+        if let Some(m) = self.etcd_down {
+            repairs.push(("etcd-restart", m));
+        }
+        if !repairs.is_empty() && rng.below(2) == 0 {
+            let (what, k) = *rng.pick(&repairs);
+            match what {
+                "heal" => self.heal(k),
+                "restore" => self.restore(k),
+                "resume" => self.resume(k),
+                "restart" => self.restart(k),
+                _ => self.etcd_restart(k),
+            }
+            return true;
+        }
+        let away = self
+            .hosts
+            .iter()
+            .filter(|h| h.paused || h.cut || h.daemon.is_none())
+            .count();
+        let dead = self.hosts.iter().any(|h| h.daemon.is_none());
+        let k = rng.below(n);
+        let h = &self.hosts[k];
+        let fine = !h.paused && !h.cut && h.daemon.is_some();
+        match rng.below(5) {
+            0 if fine && away < 2 => self.cut(k),
+            1 if h.degraded.is_none() => {
+                let how = *rng.pick(&[Degrade::Delay, Degrade::Loss]);
+                self.degrade(k, how)
+            }
+            2 if fine && away < 2 => self.pause(k),
+            3 if fine && away < 2 && !dead => self.kill(k),
+            4 if self.etcd_down.is_none() => {
+                let m = 1 + rng.below(3);
+                self.etcd_kill(m)
+            }
+            _ => return false,
+        }
+        true
     }
 
     /// Per-step invariant: no host that serves shows two live records of one path.
