@@ -561,11 +561,32 @@ except OSError as e:
         if serving.is_empty() {
             return;
         }
-        let k = *rng.pick(&serving);
+        let mut k = *rng.pick(&serving);
         let s = rng.below(self.sessions.len());
-        let session = self.sessions[s].clone();
+        let mut session = self.sessions[s].clone();
         let other = self.sessions[(s + 1 + rng.below(self.sessions.len() - 1)) % 3].clone();
-        let path = *rng.pick(&FILES);
+        let mut path = *rng.pick(&FILES);
+        // Half the writes aim at the property: the giver of the newest acknowledged
+        // transfer writes its path, preferably on a host that is cut off or on a bad link
+        // (where it may not know of the transfer yet).
+        let last_ack = self
+            .history
+            .iter()
+            .rev()
+            .find(|o| o.kind == "transfer" && o.ok)
+            .map(|o| (o.session.clone(), o.path.clone()));
+        if let Some((g, p)) = last_ack.filter(|_| rng.below(2) == 0) {
+            session = g;
+            path = FILES.iter().find(|f| **f == p).expect("a file of the run");
+            let far: Vec<usize> = serving
+                .iter()
+                .copied()
+                .filter(|&j| self.hosts[j].cut || self.hosts[j].degraded.is_some())
+                .collect();
+            if !far.is_empty() {
+                k = *rng.pick(&far);
+            }
+        }
         // Held descriptors that can be asked now: on a serving host, or on a dead daemon
         // (the kernel answers at once), never on a stopped one (the call would wait for it).
         let usable: Vec<usize> = (0..self.held.len())
