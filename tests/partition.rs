@@ -853,10 +853,42 @@ fn check(history: &[Op], landed: &BTreeMap<String, String>) -> Vec<String> {
             {
                 let _ = write!(msg, "\n    {}", o.line());
             }
+            let _ = write!(
+                msg,
+                "\nfaults in place at the transfer: {}; at the write: {}",
+                faults_at(history, x.i),
+                faults_at(history, w.i)
+            );
             bad.push(msg);
         }
     }
     bad
+}
+
+/// The faults in place just before operation `i` (replayed from the history).
+fn faults_at(history: &[Op], i: usize) -> String {
+    let mut on: BTreeMap<String, &str> = BTreeMap::new();
+    for o in &history[..i] {
+        let key = |what: &str| format!("{what} {}{}", o.host, o.arg);
+        match o.kind.as_str() {
+            "cut" => drop(on.insert(format!("host {}", o.host), "cut")),
+            "pause" => drop(on.insert(format!("host {}", o.host), "stopped")),
+            "kill" => drop(on.insert(format!("host {}", o.host), "dead")),
+            "heal" | "resume" | "restart" => drop(on.remove(&format!("host {}", o.host))),
+            "delay" | "loss" => drop(on.insert(format!("link {}", o.host), o.kind.as_str())),
+            "restore" => drop(on.remove(&format!("link {}", o.host))),
+            "etcd-kill" => drop(on.insert(key("etcd"), "down")),
+            "etcd-restart" => drop(on.remove(&key("etcd"))),
+            _ => {}
+        }
+    }
+    if on.is_empty() {
+        return "none".into();
+    }
+    on.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -992,6 +1024,19 @@ fn the_checker_flags_a_giver_write_after_the_acknowledgement() {
         op(1, "write", "s0", "w1-A-s0", 5.0),
     ];
     assert_eq!(check(&bad, &landed).len(), 1, "{:?}", check(&bad, &landed));
+    let cut = Op {
+        i: 0,
+        kind: "cut".into(),
+        host: "A".into(),
+        ..Op::default()
+    };
+    let mut shown = vec![cut];
+    shown.extend(bad.iter().cloned().map(|o| Op { i: o.i + 1, ..o }));
+    let v = check(&shown, &landed);
+    assert!(
+        v.len() == 1 && v[0].ends_with("at the transfer: host A cut; at the write: host A cut"),
+        "{v:?}"
+    );
     let lifted = vec![
         op(0, "transfer", "s0", "s1", 0.0),
         op(1, "withdraw", "s0", "", 2.0),
