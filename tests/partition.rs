@@ -632,8 +632,9 @@ except OSError as e:
             if h.paused {
                 repairs.push(("resume", k));
             }
-            // A daemon starts only when it reaches etcd.
-            if h.daemon.is_none() && !h.cut {
+            // A daemon starts only when it loads the shared state from etcd within its
+            // start wait: over a healthy link (a lossy one may take longer).
+            if h.daemon.is_none() && !h.cut && h.degraded.is_none() {
                 repairs.push(("restart", k));
             }
         }
