@@ -4,7 +4,7 @@
 # (found by their pid files and checked by their command line), never a system etcd.
 #
 #   scripts/etcd.sh start [--members 1|3] [--dir DIR] [--base-port N] [--volume NAME]
-#                         [--insecure]
+#                         [--insecure] [--listen-ip IPV4]
 #       Starts the member(s), waits until each answers `endpoint health`, prints one line,
 #       the value for coherent-mount --coordinator:
 #       etcds://127.0.0.1:A[,127.0.0.1:B,...]/NAME?auth=DIR/auth. Client ports N, N+2, N+4;
@@ -18,6 +18,9 @@
 #       only /coherent/NAME/ (NAME: --volume, default "default"). DIR/auth (mode 0600) is
 #       the --coordinator-auth file for the mounts; DIR/root-auth the same for root.
 #       --insecure: plain http, no authentication; prints etcd://127.0.0.1:A[,...].
+#       --listen-ip IPV4: the members also serve clients on IPV4 (an address of this host,
+#       e.g. one reachable from network namespaces), advertise it, and their certificate
+#       names it; the printed line is the same (127.0.0.1), use IPV4 in its place elsewhere.
 #   scripts/etcd.sh stop    [--dir DIR] [--member K]   SIGTERM, wait for exit (all or one)
 #   scripts/etcd.sh kill    [--dir DIR] --member K     SIGKILL one member, wait for exit
 #   scripts/etcd.sh restart [--dir DIR] [--member K]   start stopped member(s) again (same
@@ -65,7 +68,7 @@ need_tools() {
 # DIR/cluster holds members=, base_port= and token= (written once by start).
 load_cluster() {
     [[ -f $DIR/cluster ]] || die "$DIR is not a cluster directory made by 'etcd.sh start' (no $DIR/cluster)"
-    MEMBERS='' BASE='' TOKEN='' SECURE=0 VOLUME=''
+    MEMBERS='' BASE='' TOKEN='' SECURE=0 VOLUME='' LISTEN_IP=''
     local k v
     while IFS='=' read -r k v; do
         case $k in
@@ -74,6 +77,7 @@ load_cluster() {
         token) TOKEN=$v ;;
         secure) SECURE=$v ;;
         volume) VOLUME=$v ;;
+        listen_ip) LISTEN_IP=$v ;;
         esac
     done <"$DIR/cluster"
     [[ $MEMBERS =~ ^[13]$ && $BASE =~ ^[0-9]+$ && -n $TOKEN && $SECURE =~ ^[01]$ ]] ||
@@ -102,7 +106,8 @@ use_credentials() {
 make_certs() {
     command -v openssl >/dev/null ||
         die "openssl not found; install it with: sudo bash scripts/deps.sh (or use --insecure)"
-    local t="$DIR/tls" days=3650
+    local t="$DIR/tls" days=3650 san='IP:127.0.0.1,DNS:localhost'
+    [[ -z $LISTEN_IP ]] || san+=",IP:$LISTEN_IP"
     (umask 077 && mkdir -p "$t")
     (
         umask 077
@@ -120,7 +125,7 @@ make_certs() {
         }
         issue member coherent-etcd-member \
             "$(printf '%s\n' 'basicConstraints=CA:FALSE' 'keyUsage=critical,digitalSignature' \
-                'extendedKeyUsage=serverAuth,clientAuth' 'subjectAltName=IP:127.0.0.1,DNS:localhost')"
+                'extendedKeyUsage=serverAuth,clientAuth' "subjectAltName=$san")"
         issue client coherent-client \
             "$(printf '%s\n' 'basicConstraints=CA:FALSE' 'keyUsage=critical,digitalSignature' \
                 'extendedKeyUsage=clientAuth')"
@@ -230,13 +235,21 @@ launch() {
             --peer-cert-file "$DIR/tls/member.pem" --peer-key-file "$DIR/tls/member-key.pem"
             --peer-trusted-ca-file "$DIR/tls/ca.pem" --peer-client-cert-auth)
     fi
+    local client_urls advertise
+    client_urls="$(scheme)://127.0.0.1:$(client_port "$k")"
+    advertise=$client_urls
+    if [[ -n $LISTEN_IP ]]; then
+        # Clients elsewhere (another network namespace) learn only the address they reach.
+        advertise="$(scheme)://$LISTEN_IP:$(client_port "$k")"
+        client_urls+=",$advertise"
+    fi
     # With an existing data dir etcd ignores the --initial-* flags and rejoins as before.
     echo "=== etcd.sh: launching member $k at $(date -u +%FT%TZ)" >>"$log"
     setsid nohup etcd \
         --name "m$k" \
         --data-dir "$(member_data "$k")" \
-        --listen-client-urls "$(scheme)://127.0.0.1:$(client_port "$k")" \
-        --advertise-client-urls "$(scheme)://127.0.0.1:$(client_port "$k")" \
+        --listen-client-urls "$client_urls" \
+        --advertise-client-urls "$advertise" \
         --listen-peer-urls "$(scheme)://127.0.0.1:$(peer_port "$k")" \
         --initial-advertise-peer-urls "$(scheme)://127.0.0.1:$(peer_port "$k")" \
         --initial-cluster "$cluster" \
@@ -346,6 +359,14 @@ cmd_start() {
         die "--volume may hold only letters, digits, '.', '_' and '-' (got '$VOLUME_OPT')"
     VOLUME=$VOLUME_OPT
     SECURE=$((INSECURE ? 0 : 1))
+    LISTEN_IP=$LISTEN_IP_OPT
+    if [[ -n $LISTEN_IP ]]; then
+        [[ $LISTEN_IP =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] ||
+            die "--listen-ip must be an IPv4 address (got '$LISTEN_IP')"
+        # Not `ip | grep -q`: grep's early exit would fail the pipeline (pipefail).
+        [[ $(ip -o addr show 2>/dev/null) == *" inet $LISTEN_IP/"* ]] ||
+            die "--listen-ip $LISTEN_IP is no address of this host (ip addr add it first)"
+    fi
     if [[ -z $DIR ]]; then
         DIR=$(mktemp -d /tmp/coherent-etcd.XXXXXX)
     else
@@ -388,6 +409,7 @@ cmd_start() {
     echo "$DIR" >"$CLAIMS/$BASE"
     printf 'members=%s\nbase_port=%s\ntoken=%s\nsecure=%s\nvolume=%s\n' \
         "$MEMBERS" "$BASE" "$TOKEN" "$SECURE" "$VOLUME" >"$DIR/cluster"
+    [[ -z $LISTEN_IP ]] || printf 'listen_ip=%s\n' "$LISTEN_IP" >>"$DIR/cluster"
     echo "$DIR" >"$LAST"
     local k
     for k in $(all_members); do launch "$k"; done
@@ -519,6 +541,7 @@ cmd_status() {
 CMD=$1
 shift
 DIR='' MEMBER='' MEMBERS_OPT=1 BASE_OPT='' VOLUME_OPT=default INSECURE=0 SECURE=0
+LISTEN_IP_OPT='' LISTEN_IP=''
 while (($#)); do
     case $1 in
     --dir) DIR=${2:?--dir needs a value} && shift 2 ;;
@@ -527,10 +550,12 @@ while (($#)); do
     --base-port) BASE_OPT=${2:?--base-port needs a value} && shift 2 ;;
     --volume) VOLUME_OPT=${2:?--volume needs a value} && shift 2 ;;
     --insecure) INSECURE=1 && shift ;;
+    --listen-ip) LISTEN_IP_OPT=${2:?--listen-ip needs a value} && shift 2 ;;
     -h | --help) usage ;;
     *) die "unknown argument '$1' (see: scripts/etcd.sh --help)" ;;
     esac
 done
+[[ $CMD == start || -z $LISTEN_IP_OPT ]] || die "--listen-ip is an option of start only"
 case $CMD in
 start)
     [[ -z $MEMBER ]] || die "start takes --members N, not --member"

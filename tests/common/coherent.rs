@@ -631,3 +631,123 @@ pub fn sh_refused(m: &impl Root, who: &str, cmd: &str, path: &str, reason: &str)
     assert_eq!(d[before]["reason"], reason, "{who} `{cmd}`: {}", d[before]);
     r
 }
+
+/// A process of a session holding a file open for writing (`O_WRONLY|O_APPEND`) across
+/// whatever happens to its host, writing through that one descriptor when told. Requests
+/// and answers are separate calls, so a caller can send a write to a host and collect the
+/// answer later (or never, if the host is stopped). Answers: `ok N` / `err ERRNO` for
+/// `write TEXT` (one `write(2)` of TEXT and a newline), `closed` / `err ERRNO` for `close`.
+pub struct HeldWriter {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+/// What one request through a [`HeldWriter`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Ok,
+    Err(i32),
+    /// No answer in time (the process is stuck in a call to a stopped daemon).
+    Unknown,
+}
+
+impl HeldWriter {
+    /// Opens `rel` as `who`; `Err(errno)` if the open fails.
+    pub fn open(m: &impl Root, who: &str, rel: &str) -> Result<HeldWriter, i32> {
+        const PY: &str = r#"
+import os, sys
+try:
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+except OSError as e:
+    print('err', e.errno, flush=True)
+    sys.exit(0)
+print('ready', flush=True)
+for line in sys.stdin:
+    cmd, _, text = line.rstrip('\n').partition(' ')
+    try:
+        if cmd == 'write':
+            print('ok', os.write(fd, (text + '\n').encode()), flush=True)
+        elif cmd == 'close':
+            os.close(fd)
+            print('closed', flush=True)
+            break
+    except OSError as e:
+        print('err', e.errno, flush=True)
+"#;
+        let mut c = python();
+        c.arg("-c")
+            .arg(PY)
+            .arg(rel)
+            .current_dir(m.root())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for t in TAGS {
+            c.env_remove(t);
+        }
+        c.env("COHERENT_SESSION", who);
+        let mut child = c.spawn().expect("spawn a held writer");
+        let out = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take().expect("stdin");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let w = HeldWriter {
+            child,
+            stdin,
+            lines,
+        };
+        match w.recv(RUN_TIMEOUT) {
+            Some(l) if l == "ready" => Ok(w),
+            Some(l) => Err(l
+                .strip_prefix("err ")
+                .and_then(|e| e.parse().ok())
+                .unwrap_or(-1)),
+            None => Err(-1),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Send one request without waiting for its answer.
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        // A writer that died (killed with its host's mount) answers nothing: recv says so.
+        let _ = writeln!(self.stdin, "{line}").and_then(|_| self.stdin.flush());
+    }
+
+    /// The next answer line, if one comes within `timeout`.
+    pub fn recv(&self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+
+    /// Send `line` and wait up to `timeout` for its answer.
+    pub fn ask(&mut self, line: &str, timeout: Duration) -> Answer {
+        self.send(line);
+        match self.recv(timeout) {
+            Some(a) if a.starts_with("ok ") || a == "closed" => Answer::Ok,
+            Some(a) => Answer::Err(
+                a.strip_prefix("err ")
+                    .and_then(|e| e.parse().ok())
+                    .unwrap_or(-1),
+            ),
+            None => Answer::Unknown,
+        }
+    }
+}
+
+impl Drop for HeldWriter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -53,7 +53,23 @@ impl Etcd {
         Etcd::start_with(members, false)
     }
 
+    /// [`Etcd::start`] with `--listen-ip IP`: the members also serve clients on `ip` (an
+    /// address of this host that other network namespaces reach), named in their
+    /// certificate. [`Etcd::url_via`] gives the `--coordinator` value through it.
+    pub fn start_listening(members: usize, ip: &str) -> Etcd {
+        Etcd::start_full(members, true, Some(ip))
+    }
+
+    /// [`Etcd::url`] with every member reached at `ip` instead of 127.0.0.1 (same ports).
+    pub fn url_via(&self, ip: &str) -> String {
+        self.url.replace("127.0.0.1:", &format!("{ip}:"))
+    }
+
     fn start_with(members: usize, secure: bool) -> Etcd {
+        Etcd::start_full(members, secure, None)
+    }
+
+    fn start_full(members: usize, secure: bool, listen_ip: Option<&str>) -> Etcd {
         let dir = tempfile::Builder::new()
             .prefix("coh-etcd.")
             .tempdir()
@@ -68,6 +84,9 @@ impl Etcd {
         let mut args = vec!["start", "--members", &n];
         if !secure {
             args.push("--insecure");
+        }
+        if let Some(ip) = listen_ip {
+            args.extend(["--listen-ip", ip]);
         }
         let out = e.script(&args);
         e.url = String::from_utf8_lossy(&out.stdout).trim().to_string();

@@ -13,6 +13,8 @@
 /// A real etcd (scripts/etcd.sh) for the etcd coordinator's tests.
 pub mod etcd;
 pub mod hosts;
+/// Hosts in network namespaces (the partition tests).
+pub mod netns;
 /// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
 pub mod users;
 
