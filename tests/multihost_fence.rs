@@ -16,10 +16,8 @@ use coherent::*;
 use common::etcd::Etcd;
 use common::hosts::Daemon;
 use common::{wait_until, BIN, TIMEOUT};
-use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::Receiver;
+use std::process::Command;
 
 /// The lease of both hosts (`--coordinator-ttl`).
 const TTL: &str = "3s";
@@ -113,117 +111,6 @@ impl Pair {
     }
 }
 
-/// A process of a session holding a file of a mount open for writing (`O_WRONLY|O_APPEND`)
-/// that writes through that one descriptor when told: each `write TEXT` line answers
-/// `ok N` or `err ERRNO` (as does `truncate N`, an `ftruncate`); `flush` closes a duplicate of it (a FLUSH: the volume commits).
-struct Writer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
-}
-
-impl Writer {
-    fn open(m: &impl Root, who: &str, rel: &str) -> Writer {
-        const PY: &str = r#"
-import os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
-print('ready', flush=True)
-for line in sys.stdin:
-    cmd, _, text = line.rstrip('\n').partition(' ')
-    if cmd == 'write':
-        try:
-            print('ok', os.write(fd, (text + '\n').encode()), flush=True)
-        except OSError as e:
-            print('err', e.errno, flush=True)
-    elif cmd == 'truncate':
-        try:
-            os.ftruncate(fd, int(text))
-            print('ok 0', flush=True)
-        except OSError as e:
-            print('err', e.errno, flush=True)
-    elif cmd == 'flush':
-        os.close(os.dup(fd))
-        print('flushed', flush=True)
-"#;
-        let mut c = python();
-        c.arg("-c")
-            .arg(PY)
-            .arg(rel)
-            .current_dir(m.root())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for t in TAGS {
-            c.env_remove(t);
-        }
-        c.env("COHERENT_SESSION", who);
-        let mut child = c.spawn().expect("spawn the writer");
-        let out = child.stdout.take().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let w = Writer {
-            child,
-            stdin,
-            lines,
-        };
-        assert_eq!(
-            w.answer(),
-            "ready",
-            "{who} could not open {rel} for writing"
-        );
-        w
-    }
-
-    fn answer(&self) -> String {
-        self.lines.recv_timeout(RUN_TIMEOUT).unwrap_or_default()
-    }
-
-    /// One `write(2)` through the held descriptor: `Ok(bytes)` or `Err(errno)`.
-    fn write(&mut self, text: &str) -> Result<usize, i32> {
-        self.ask(&format!("write {text}"))
-    }
-
-    /// One `ftruncate(2)` of the held descriptor: `Ok(0)` or `Err(errno)`.
-    fn truncate(&mut self, len: u64) -> Result<usize, i32> {
-        self.ask(&format!("truncate {len}"))
-    }
-
-    fn ask(&mut self, line: &str) -> Result<usize, i32> {
-        writeln!(self.stdin, "{line}")
-            .and_then(|_| self.stdin.flush())
-            .expect("writer stdin");
-        let a = self.answer();
-        match a.split_once(' ') {
-            Some(("ok", n)) => Ok(n.parse().unwrap()),
-            Some(("err", e)) => Err(e.parse().unwrap()),
-            _ => panic!("the writer said {a:?}"),
-        }
-    }
-}
-
-impl Writer {
-    fn flush(&mut self) {
-        writeln!(self.stdin, "flush")
-            .and_then(|_| self.stdin.flush())
-            .expect("writer stdin");
-        assert_eq!(self.answer(), "flushed");
-    }
-}
-
-impl Drop for Writer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// alice reads the file on B (a hold on its version there) and hands it to bob; the
 /// answer comes only once A has applied it or A's lease has ended.
 fn hand_on_from_b(p: &Pair) {
@@ -240,7 +127,7 @@ fn paused_host_refuses_the_held_descriptor(passthrough: bool) {
     let p = Pair::new(passthrough);
     // Known on both hosts before A stops (a claim needs etcd and A).
     touch_session(&p.a, "alice");
-    let mut w = Writer::open(&p.a, "alice", FILE);
+    let mut w = HeldWriter::open(&p.a, "alice", FILE).expect("alice opens the file for writing");
     p.a.signal(libc::SIGSTOP);
     // Acknowledged only once A's lease has ended in etcd: waiting it out is the point.
     hand_on_from_b(&p);
@@ -295,7 +182,7 @@ fn a_paused_host_refuses_a_descriptor_held_across_the_handoff_without_passthroug
 fn a_killed_host_leaves_no_descriptor_that_writes() {
     let mut p = Pair::new(true);
     touch_session(&p.a, "alice");
-    let mut w = Writer::open(&p.a, "alice", FILE);
+    let mut w = HeldWriter::open(&p.a, "alice", FILE).expect("alice opens the file for writing");
     p.a.kill9();
     hand_on_from_b(&p);
     let r = w.write("alice writes after the handoff");
@@ -321,7 +208,7 @@ fn confirmed(h: &Host) -> bool {
 fn a_descriptor_from_an_earlier_lease_cannot_write_over_the_successors_work() {
     let p = Pair::new(true);
     touch_session(&p.a, "alice");
-    let mut w = Writer::open(&p.a, "alice", FILE);
+    let mut w = HeldWriter::open(&p.a, "alice", FILE).expect("alice opens the file for writing");
     p.a.signal(libc::SIGSTOP);
     hand_on_from_b(&p);
     sh_ok(&p.b, Some("bob"), &format!("echo bob >> {FILE}"));
@@ -359,7 +246,7 @@ fn a_descriptor_writes_on_across_a_new_lease_when_only_it_changed_the_file() {
     sh_ok(&p.a, Some("alice"), &format!("cat {FILE} >/dev/null"));
     transfer(&p.a, "alice", "bob", &[FILE]);
     // The successor writes through one descriptor and commits (the path's epoch moves).
-    let mut w = Writer::open(&p.a, "bob", FILE);
+    let mut w = HeldWriter::open(&p.a, "bob", FILE).expect("bob opens the file for writing");
     assert!(w.write("bob 1").is_ok());
     w.flush();
     assert_eq!(

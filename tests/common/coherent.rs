@@ -636,7 +636,9 @@ pub fn sh_refused(m: &impl Root, who: &str, cmd: &str, path: &str, reason: &str)
 /// whatever happens to its host, writing through that one descriptor when told. Requests
 /// and answers are separate calls, so a caller can send a write to a host and collect the
 /// answer later (or never, if the host is stopped). Answers: `ok N` / `err ERRNO` for
-/// `write TEXT` (one `write(2)` of TEXT and a newline), `closed` / `err ERRNO` for `close`.
+/// `write TEXT` (one `write(2)` of TEXT and a newline) and for `truncate N` (an
+/// `ftruncate`), `flushed` for `flush` (a close of a duplicate: a FLUSH, which commits),
+/// `closed` / `err ERRNO` for `close`.
 pub struct HeldWriter {
     child: Child,
     stdin: std::process::ChildStdin,
@@ -668,6 +670,12 @@ for line in sys.stdin:
     try:
         if cmd == 'write':
             print('ok', os.write(fd, (text + '\n').encode()), flush=True)
+        elif cmd == 'truncate':
+            os.ftruncate(fd, int(text))
+            print('ok 0', flush=True)
+        elif cmd == 'flush':
+            os.close(os.dup(fd))
+            print('flushed', flush=True)
         elif cmd == 'close':
             os.close(fd)
             print('closed', flush=True)
@@ -741,6 +749,35 @@ for line in sys.stdin:
                     .unwrap_or(-1),
             ),
             None => Answer::Unknown,
+        }
+    }
+}
+
+/// The same, for a test that waits for each answer ([`RUN_TIMEOUT`]) and must have one.
+impl HeldWriter {
+    /// One `write(2)` through the held descriptor: `Ok(bytes)` or `Err(errno)`.
+    pub fn write(&mut self, text: &str) -> Result<usize, i32> {
+        self.call(&format!("write {text}"))
+    }
+
+    /// One `ftruncate(2)` of the held descriptor: `Ok(0)` or `Err(errno)`.
+    pub fn truncate(&mut self, len: u64) -> Result<usize, i32> {
+        self.call(&format!("truncate {len}"))
+    }
+
+    /// A FLUSH of the held descriptor (the volume commits what was written).
+    pub fn flush(&mut self) {
+        self.send("flush");
+        assert_eq!(self.recv(RUN_TIMEOUT).as_deref(), Some("flushed"));
+    }
+
+    fn call(&mut self, line: &str) -> Result<usize, i32> {
+        self.send(line);
+        let a = self.recv(RUN_TIMEOUT).unwrap_or_default();
+        match a.split_once(' ') {
+            Some(("ok", n)) => Ok(n.parse().expect("a byte count")),
+            Some(("err", e)) => Err(e.parse().expect("an errno")),
+            _ => panic!("the held writer said {a:?} to {line:?}"),
         }
     }
 }
