@@ -593,8 +593,9 @@ fn etcd_revision(etcd: &Etcd) -> i64 {
     v["header"]["revision"].as_i64().expect("a revision")
 }
 
-#[test]
-fn a_restarted_host_logs_the_other_hosts_events_it_was_away_for_once() {
+/// A pair where alice handed notes.md on from A, B logged that, and B was then stopped
+/// (and unmounted).
+fn pair_with_b_stopped_after_a_transfer() -> Pair {
     let mut p = Pair::new(1, "3s");
     touch_session(&p.b, "bob");
     hand_on(&p.a, "notes.md");
@@ -604,7 +605,13 @@ fn a_restarted_host_logs_the_other_hosts_events_it_was_away_for_once() {
         .is_some(),
         "B logs A's transfer while it runs"
     );
-    p.b.daemon = None; // stopped and unmounted
+    p.b.daemon = None;
+    p
+}
+
+#[test]
+fn a_restarted_host_logs_the_other_hosts_events_it_was_away_for_once() {
+    let mut p = pair_with_b_stopped_after_a_transfer();
     hand_on(&p.a, "plan.md");
     p.b.spawn();
     let got = wait_event(&p.b, Duration::from_secs(10), |e| {
@@ -623,15 +630,7 @@ fn a_restarted_host_logs_the_other_hosts_events_it_was_away_for_once() {
 
 #[test]
 fn a_host_away_past_etcds_history_names_the_gap_in_its_log() {
-    let mut p = Pair::new(1, "3s");
-    touch_session(&p.b, "bob");
-    hand_on(&p.a, "notes.md");
-    assert!(
-        wait_event(&p.b, Duration::from_secs(10), |e| e["event"] == "transfer"
-            && e["host"] == "A")
-        .is_some()
-    );
-    p.b.daemon = None;
+    let mut p = pair_with_b_stopped_after_a_transfer();
     // While B is down A hands plan.md on, and etcd's history of it is compacted away.
     hand_on(&p.a, "plan.md");
     let compacted = etcd_revision(&p.etcd);
