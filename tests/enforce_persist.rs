@@ -221,7 +221,14 @@ fn a_descriptor_from_before_a_kill_9_keeps_a_transfer_in_flight() {
         .unwrap();
     let base = dir.path().canonicalize().unwrap();
     let mut m = Remount::start(&base, &[]);
-    assert!(m.log().contains("data mode: passthrough"), "{}", m.log());
+    // Logged when the daemon answers INIT, which may come after the mount is listed.
+    assert!(
+        common::wait_until(common::TIMEOUT, || m
+            .log()
+            .contains("data mode: passthrough")),
+        "{}",
+        m.log()
+    );
     let alice = unique("alice-fd");
     sh_ok(&m, Some(&alice), "echo plan > plan.md");
     const PY: &str = r#"

@@ -33,9 +33,15 @@ fn sighup_unmounts_too() {
 #[test]
 fn sigint_with_a_busy_mount_still_exits_zero() {
     let mut m = Mount::new(false);
-    assert!(m
-        .log()
-        .contains("data mode: through the daemon (--no-passthrough)"));
+    // The mount is listed before the daemon has answered the kernel's INIT, where this
+    // line is logged: wait for it, not for the listing.
+    assert!(
+        wait_until(TIMEOUT, || m
+            .log()
+            .contains("data mode: through the daemon (--no-passthrough)")),
+        "{}",
+        m.log()
+    );
     // An open file and a process with its cwd inside keep the mount busy.
     let f = fs::File::create(m.path("held")).unwrap();
     let mut sleeper = Command::new("sleep")
