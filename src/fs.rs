@@ -368,12 +368,6 @@ impl Fs {
                     self.pseudo()?.getattr(caller, ino)
                 }
             }
-            // Nothing to set: the kernel's own check on a write (or a `chown(f, -1, -1)`)
-            // found privileges to remove and left that to us (killpriv.rs).
-            Node::Backing(ino) if *set == SetAttr::default() => {
-                self.kill_privs(caller, ino)?;
-                self.store.getattr(ino)
-            }
             Node::Backing(ino) => {
                 let path = self.store.path_of(ino);
                 let route = WriteRoute::Setattr {
@@ -381,6 +375,16 @@ impl Fs {
                     path: path.as_deref(),
                     set,
                 };
+                // Nothing to set: the kernel's own check on a write (or a `chown(f, -1,
+                // -1)`) found privileges to remove and left that to us (killpriv.rs). It
+                // is a mode change all the same, decided as one: a fenced giver may not
+                // strip the handed file's set-user-ID bit or capabilities.
+                if *set == SetAttr::default() {
+                    return self.attr_out(self.guarded(caller, &route, || {
+                        self.kill_privs(caller, ino)?;
+                        self.store.getattr(ino)
+                    }));
+                }
                 // A truncate through a handle (ftruncate) is also a write of that handle.
                 if let (Some(fh), Some(_)) = (fh, set.size) {
                     self.handle_write_allowed(fh)?;

@@ -569,6 +569,70 @@ fn a_hard_link_made_before_the_transfer_is_fenced_too() {
     assert_eq!(live_record(&m, "f").unwrap()["status"], "pending");
 }
 
+// ---- privileges -----------------------------------------------------------------------
+
+/// `chown(f, -1, -1)` by a plain user changes no owner but removes set-user-ID,
+/// set-group-ID and file capabilities, as a write would; the kernel leaves that to the
+/// daemon (`FUSE_HANDLE_KILLPRIV_V2`) in a setattr with nothing else in it. A mode change
+/// all the same: the fenced giver's is refused and the handed file keeps its bits.
+fn chown_keep(u: &User, m: &impl Root, session: &str, file: &str) -> Run {
+    u_sh(
+        u,
+        m,
+        Some(session),
+        &format!("python3 -c 'import os; os.chown(\"{file}\", -1, -1)'"),
+    )
+}
+
+#[test]
+fn a_fenced_giver_cannot_strip_the_handed_files_privileges() {
+    let (u1, u2) = (users::u1(), users::u2());
+    for passthrough in [true, false] {
+        let m = open_mount(Mount::builder().passthrough(passthrough));
+        let (alice, bob) = (unique("alice"), unique("bob"));
+        let mode = |f: &str| {
+            let md = std::fs::metadata(m.backing_path(f)).unwrap();
+            md.permissions().mode() & 0o7777
+        };
+        for f in ["plan.md", "other.md"] {
+            u_sh_ok(
+                &u1,
+                &m,
+                Some(&alice),
+                &format!("echo plan > {f} && chmod 6777 {f}"),
+            );
+        }
+        // The same call on a file nobody handed on does remove them: the kernel does ask.
+        let r = chown_keep(&u1, &m, &alice, "other.md");
+        assert!(r.ok(), "{}", r.show());
+        assert_eq!(mode("other.md"), 0o777, "passthrough {passthrough}");
+        u_sh_ok(&u2, &m, Some(&bob), "cat plan.md >/dev/null");
+        let (code, v) = u_cli(
+            &u1,
+            &m,
+            Some(&alice),
+            &["transfer", "--to", &bob, "plan.md"],
+        );
+        assert_eq!(code, Some(0), "{v}");
+        let r = chown_keep(&u1, &m, &alice, "plan.md");
+        assert!(r.denied(), "passthrough {passthrough}: {}", r.show());
+        assert_eq!(mode("plan.md"), 0o6777, "passthrough {passthrough}");
+        let d = events_of(&m, "denied", "plan.md", Some(&alice));
+        assert_eq!(
+            d.last().map(|e| e["route"].clone()),
+            Some("setattr".into()),
+            "{d:?}"
+        );
+        assert!(u_read(&u1, &m, Some(&alice), "why").contains("plan.md"));
+        // Once bob declines, alice's call goes through.
+        let (code, v) = u_cli(&u2, &m, Some(&bob), &["decline", "plan.md"]);
+        assert_eq!(code, Some(0), "{v}");
+        let r = chown_keep(&u1, &m, &alice, "plan.md");
+        assert!(r.ok(), "{}", r.show());
+        assert_eq!(mode("plan.md"), 0o777, "passthrough {passthrough}");
+    }
+}
+
 // ---- in-place mount -------------------------------------------------------------------
 
 #[test]
