@@ -63,9 +63,11 @@ impl CoherentFs {
         &self.fs
     }
 
-    /// Every request: count it, and who sent it.
+    /// Every request: count it, note when it began (what it may block on is bounded from
+    /// then: [`crate::request_timeout`]), and who sent it.
     fn begin(&self, op: Op, req: &Request) -> Caller {
         self.counters.count(op);
+        crate::request_timeout::begin();
         caller(req)
     }
 
