@@ -742,7 +742,7 @@ impl Volume {
                 return false;
             }
         }
-        let deadline = Instant::now() + self.cfg.in_flight_wait;
+        let deadline = crate::request_timeout::deadline(self.cfg.in_flight_wait);
         let mut handles = self.handles.lock();
         while handles.values().any(|w| mine(w)) {
             if self.released.wait_until(&mut handles, deadline).timed_out() {
