@@ -462,6 +462,15 @@ fn run(args: Args) -> Result<(), Fail> {
         state_dir = ?args.state_dir,
         "mounting"
     );
+    // What the kernel lets a request wait, read for the connection about to be made.
+    if let Some(t) = coherent::request_timeout::at_mount() {
+        tracing::info!(
+            "the kernel aborts this mount if a request waits over {t} s \
+             (fs.fuse.default_request_timeout, max_request_timeout): no request is held \
+             over {:.1} s",
+            coherent::request_timeout::budget().map_or(0.0, |b| b.as_secs_f64())
+        );
+    }
     let inodes = fs.fs().store().inode_gauge();
     let counters = fs.counters.clone();
     let inval = fs.inval.clone();
