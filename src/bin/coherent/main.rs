@@ -162,8 +162,8 @@ enum Cmd {
         /// The state to wait for: accepted, completed, or ended (any status but pending).
         #[arg(long, value_enum, default_value_t = Until::Ended, value_name = "STATE")]
         until: Until,
-        /// Give up after SECS seconds (default: wait as long as it takes).
-        #[arg(long, value_name = "SECS")]
+        /// Give up after SECS seconds, at most 86400 (default: wait as long as it takes).
+        #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
         timeout: Option<f64>,
         #[command(flatten)]
         out: JsonFlag,
@@ -495,10 +495,14 @@ fn run(cli: Cli) -> Result<(), Fail> {
 /// time this request may still wait (it caps each request at [`control::MAX_WAIT_SECS`]
 /// and replies `"reached": false`): then it is sent again, until the client's timeout.
 fn wait(path: &Path, until: Until, timeout: Option<f64>, json: bool) -> Result<(), Fail> {
+    // The MCP `wait` tool's range: a longer one is a typo, and past u64 seconds
+    // `Duration` cannot even hold it.
     let timeout = match timeout {
-        Some(t) if !(t.is_finite() && t >= 0.0) => {
+        Some(t) if !(t.is_finite() && (0.0..=mcp::WAIT_MAX_SECS).contains(&t)) => {
             return Err(Fail::usage(format!(
-                "--timeout {t}: give a number of seconds"
+                "--timeout {t:?}: give a number of seconds from 0 to {}, or leave --timeout \
+                 out to wait as long as it takes",
+                mcp::WAIT_MAX_SECS
             )))
         }
         t => t.map(Duration::from_secs_f64),
