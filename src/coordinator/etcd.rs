@@ -959,6 +959,14 @@ impl Coordinator for Etcd {
                     return Err(r.clone());
                 }
                 self.write_events(evs, true);
+                // A verb that changed nothing (a transfer sent again) answers as the first
+                // one would: once every live host has applied its paths' state. The
+                // first may have given up waiting at its deadline ("run it again").
+                let rev = revs.values().copied().max().unwrap_or(0);
+                if ok && kind == StepKind::Verb && rev > 0 {
+                    drop(guard);
+                    self.wait_acks(rev, &[])?;
+                }
                 return Ok(Stepped {
                     ok,
                     in_flight: Vec::new(),
