@@ -796,12 +796,14 @@ impl Etcd {
                 return Ok(Vec::new());
             }
             if Instant::now() >= deadline || !l.connected {
+                // `pending`: recorded, not acknowledged; a client sends it again.
                 return Err(unavailable(format!(
                     "the handoff is recorded but host(s) {} have not confirmed it: until they \
                      do or their lease ends, the fence may not hold there. Run the same \
                      transfer again to wait once more",
                     behind.join(", ")
-                )));
+                ))
+                .with_status(crate::error::Status::Pending));
             }
             self.changed.wait_until(&mut l, deadline);
         }

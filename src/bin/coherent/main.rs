@@ -364,7 +364,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         } => {
             let (root, paths) = locate_paths(&paths)?;
             let req = Request::Transfer { paths, to, note };
-            verb_call(&root, &req, json(out))
+            verb_call_again(&root, &req, json(out), unconfirmed)
         }
         Cmd::Accept(a) => {
             let (root, paths) = locate_paths(&a.paths)?;
@@ -819,8 +819,35 @@ fn read_all_at(file: &File) -> io::Result<Vec<u8>> {
     }
 }
 
+/// How long `coherent transfer` sends a transfer again while other hosts have not
+/// confirmed it (the volume answers each request within the kernel's request timeout; the
+/// wait it stands for lasts up to a host's lease, 10 s by default).
+const ACK_WAIT: Duration = Duration::from_secs(60);
+
+/// A transfer recorded but not yet confirmed by every host (`coordinator_unavailable`
+/// with the record `pending`): send it again, for up to [`ACK_WAIT`].
+fn unconfirmed(reply: &Reply) -> bool {
+    !reply.is_ok()
+        && reply.body()["reason"] == "coordinator_unavailable"
+        && reply.body()["status"] == "pending"
+}
+
 fn verb_call(root: &Path, req: &Request, json: bool) -> Result<(), Fail> {
-    let reply = call(root, req)?;
+    verb_call_again(root, req, json, |_| false)
+}
+
+/// One verb; sent again while `again` says so (for up to [`ACK_WAIT`]).
+fn verb_call_again(
+    root: &Path,
+    req: &Request,
+    json: bool,
+    again: impl Fn(&Reply) -> bool,
+) -> Result<(), Fail> {
+    let start = Instant::now();
+    let mut reply = call(root, req)?;
+    while again(&reply) && start.elapsed() < ACK_WAIT {
+        reply = call(root, req)?;
+    }
     if json {
         println!("{}", reply.body());
         return if reply.is_ok() {
