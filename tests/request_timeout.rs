@@ -119,7 +119,11 @@ fn a_wait_past_the_timeout_is_asked_again_and_the_mount_lives() {
     let ((r, took), bystander) = std::thread::scope(|sc| {
         let waiter = sc.spawn(|| {
             let t = Instant::now();
-            let r = cli(&m, Some("alice"), &["--json", "wait", "p.md", "--timeout", "20"]);
+            let r = cli(
+                &m,
+                Some("alice"),
+                &["--json", "wait", "p.md", "--timeout", "20"],
+            );
             (r, t.elapsed())
         });
         // Past the timeout and still waiting (asked a third time, or 15 s, whichever
@@ -131,7 +135,11 @@ fn a_wait_past_the_timeout_is_asked_again_and_the_mount_lives() {
     });
     let asked = m.log().matches("wait pending").count();
     eprintln!("wait took {took:?}, asked {asked} times");
-    assert!(bystander.ok(), "a bystander's write mid-wait: {}", bystander.show());
+    assert!(
+        bystander.ok(),
+        "a bystander's write mid-wait: {}",
+        bystander.show()
+    );
     assert_alive(&m);
 
     // Timed out (exit 1) with the status of the record as it stands: the kernel never cut
@@ -140,13 +148,59 @@ fn a_wait_past_the_timeout_is_asked_again_and_the_mount_lives() {
     assert!(r.err.contains("timed out after 20 s"), "{}", r.show());
     assert!(r.out.contains("\"pending\""), "{}", r.show());
     let rec = record(&m, "p.md").expect("the record");
-    assert_eq!((&rec["status"], &rec["live"]), (&"pending".into(), &true.into()));
+    assert_eq!(
+        (&rec["status"], &rec["live"]),
+        (&"pending".into(), &true.into())
+    );
     assert!(
         took >= Duration::from_secs(20) && took < Duration::from_secs(20) + budget(5) * 2,
         "the wait took {took:?}"
     );
     // No request held past the budget: 20 s in steps of at most 2.5 s.
     assert!(asked >= 8, "asked only {asked} times in {took:?}");
+    assert_alive(&m);
+
+    // The MCP `wait` tool asks again the same way, and times out as a tool result.
+    let before = asked;
+    let call = |id: &str, method: &str, params: &str| {
+        format!(r#"{{"jsonrpc":"2.0","id":"{id}","method":"{method}","params":{params}}}"#)
+    };
+    let lines = [
+        call(
+            "init",
+            "initialize",
+            r#"{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}"#,
+        ),
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_string(),
+        call(
+            "w",
+            "tools/call",
+            r#"{"name":"wait","arguments":{"path":"p.md","timeout_s":8}}"#,
+        ),
+    ];
+    // stdin stays open past the call's 8 s, so the server answers it.
+    let script = format!(
+        "{{ printf '%s\\n' '{}'; sleep 12; }} | {CLI} mcp",
+        lines.join("' '")
+    );
+    let t = Instant::now();
+    let out = sh(&m, Some("alice"), &script);
+    let took = t.elapsed();
+    let reply = out
+        .out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["id"] == "w")
+        .unwrap_or_else(|| panic!("no answer to the wait call: {}", out.show()));
+    let text = reply["result"]["content"][0]["text"].as_str().unwrap_or("");
+    assert_eq!(reply["result"]["isError"], true, "{reply}");
+    assert!(
+        text.starts_with("timeout: p.md did not become ended within 8 s"),
+        "{reply}"
+    );
+    let asked = m.log().matches("wait pending").count() - before;
+    eprintln!("the MCP session ({took:?}, its stdin held open 12 s) asked {asked} times");
+    assert!(asked >= 4, "the MCP wait asked only {asked} times in 8 s");
     assert_alive(&m);
 }
 
@@ -186,7 +240,10 @@ fn a_verb_while_etcd_is_stopped_answers_in_time_and_the_mount_lives() {
     sh_ok(
         &m,
         Some("alice"),
-        &format!("echo draft > p.md; for f in {}; do echo x > $f; done", files.join(" ")),
+        &format!(
+            "echo draft > p.md; for f in {}; do echo x > $f; done",
+            files.join(" ")
+        ),
     );
     touch_session(&m, "bob");
     transfer(&m, "alice", "bob", &["p.md"]);
@@ -220,7 +277,11 @@ fn a_verb_while_etcd_is_stopped_answers_in_time_and_the_mount_lives() {
         last = cli_json(&m, Some("alice"), &["transfer", "--to", "bob", "f0.md"]);
         last.0 == Some(0)
     });
-    assert!(back, "no transfer after etcd came back: {last:?}; log:\n{}", m.log());
+    assert!(
+        back,
+        "no transfer after etcd came back: {last:?}; log:\n{}",
+        m.log()
+    );
     assert_alive(&m);
 }
 
@@ -257,14 +318,19 @@ fn a_transfer_waiting_for_a_stopped_host_answers_in_time_and_the_mount_lives() {
 
     b.signal(libc::SIGSTOP);
     let since = Instant::now();
-    // Not acknowledged while B may not have applied it: refused in time, and so is the
-    // same transfer sent again.
+    // Not acknowledged while B may not have applied it: each request is answered in time,
+    // recorded (`pending`) but refused, and so is the same transfer sent again.
     for round in 0..2 {
-        let (code, v, took) = timed_transfer(&a, "p.md");
-        assert_eq!(code, Some(2), "round {round}: {v}");
+        let t = Instant::now();
+        let (errno, v) = ctl(&a, Some("alice"), "transfer --to bob p.md");
+        let took = t.elapsed();
+        assert_eq!(errno, libc::EIO, "round {round}: {v}");
         assert_eq!(v["reason"], "coordinator_unavailable", "round {round}: {v}");
+        assert_eq!(v["status"], "pending", "round {round}: {v}");
         assert!(
-            v["message"].as_str().is_some_and(|t| t.contains("B")),
+            v["message"]
+                .as_str()
+                .is_some_and(|t| t.contains("host(s) B")),
             "round {round}: {v}"
         );
         assert!(
@@ -273,17 +339,28 @@ fn a_transfer_waiting_for_a_stopped_host_answers_in_time_and_the_mount_lives() {
         );
         assert_alive(&a);
     }
-    // Stopped past the timeout (and a 15 s round of the kernel's check).
-    while since.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(500));
-        assert_alive(&a);
-    }
-    b.signal(libc::SIGCONT);
-    let mut last = (None, serde_json::Value::Null);
-    let acked = wait_until(Duration::from_secs(30), || {
-        last = cli_json(&a, Some("alice"), &["transfer", "--to", "bob", "p.md"]);
-        last.0 == Some(0)
+    // `coherent transfer` sends it again until B confirms it: B stays stopped past the
+    // timeout (and a 15 s round of the kernel's check), then runs again.
+    let ((code, v), done, resumed) = std::thread::scope(|sc| {
+        let cli = sc.spawn(|| {
+            let r = cli_json(&a, Some("alice"), &["transfer", "--to", "bob", "p.md"]);
+            (r, Instant::now())
+        });
+        while since.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(500));
+            assert_alive(&a);
+        }
+        b.signal(libc::SIGCONT);
+        let resumed = Instant::now();
+        let (r, done) = cli.join().unwrap();
+        (r, done, resumed)
     });
-    assert!(acked, "not acknowledged after B ran again: {last:?}; log:\n{}", a.log());
+    eprintln!(
+        "coherent transfer acknowledged {:?} after B ran again",
+        done.saturating_duration_since(resumed)
+    );
+    assert_eq!(code, Some(0), "{v}; log:\n{}", a.log());
+    assert_eq!(v["records"][0]["live"], true, "{v}");
+    assert!(done >= resumed, "acknowledged while B was stopped: {v}");
     assert_alive(&a);
 }
