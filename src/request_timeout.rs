@@ -83,7 +83,10 @@ fn sysctl(path: &Path) -> u32 {
 
 /// The effective timeout the sysctls give now.
 pub fn now() -> Option<u32> {
-    effective(sysctl(Path::new(DEFAULT_SYSCTL)), sysctl(Path::new(MAX_SYSCTL)))
+    effective(
+        sysctl(Path::new(DEFAULT_SYSCTL)),
+        sysctl(Path::new(MAX_SYSCTL)),
+    )
 }
 
 static AT_MOUNT: OnceLock<Option<u32>> = OnceLock::new();
