@@ -358,9 +358,13 @@ fn mount(b: Builder) -> (Vol, PathBuf) {
 /// Every case, natively and through the mount: the same outcomes, the same final state.
 /// All cases run; the failure names every case that differs.
 fn table(b: Builder) {
+    table_of(b, CASES)
+}
+
+fn table_of(b: Builder, cases: &[Case]) {
     let (m, native) = mount(b);
     let mut wrong = Vec::new();
-    for case in CASES {
+    for case in cases {
         let n = case_dir(&native, case.name);
         let t = case_dir(&m.mnt, case.name);
         let want: Vec<Vec<String>> = case
@@ -416,6 +420,98 @@ fn acl_table_in_place_passthrough() {
 #[test]
 fn acl_table_in_place_no_passthrough() {
     table(Mount::builder().in_place().passthrough(false));
+}
+
+/// `--private` (root only, no `default_permissions` asked for: POSIX ACLs turn the
+/// kernel's check on all the same): root's creates get its umask or the default ACL.
+#[test]
+fn private_mount_creates_as_natively() {
+    const ROOT_CREATES: &[Case] = &[Case {
+        name: "root_creates",
+        steps: &[
+            Sh(
+                As::Root,
+                "mkdir dd && setfacl -d -m u:coh-u2:rwx,g::r-x,o::--- dd",
+            ),
+            Probe(
+                As::Root,
+                &[
+                    "umask:027",
+                    "create:plain",
+                    "mkdir:plaind",
+                    "create:dd/f",
+                    "mkdir:dd/s",
+                ],
+                &[
+                    "umask 027 -> ok",
+                    "create plain -> ok",
+                    "mkdir plaind -> ok",
+                    "create dd/f -> ok",
+                    "mkdir dd/s -> ok",
+                ],
+            ),
+        ],
+    }];
+    table_of(Mount::builder().arg("--private"), ROOT_CREATES);
+}
+
+/// A mount by a plain user (coh-u1, through fusermount3, in a mount namespace where it may
+/// open /dev/fuse): its creates get its umask or the parent's default ACL, as natively.
+#[test]
+fn a_plain_users_mount_creates_as_natively() {
+    let u1 = users::u1();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let d = dir.path().display();
+    let file = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    file(
+        "creates.sh",
+        "umask 027; touch a; mkdir ad; mkdir dd\n\
+         setfacl -d -m u:coh-u2:rwx,g::r-x,o::--- dd\n\
+         umask 022; touch dd/f; mkdir dd/s; mkfifo dd/p; umask 077; touch dd/f77\n",
+    );
+    file("state.sh", STATE);
+    // The daemon is unmounted on any way out, so it never outlives the script.
+    let script = format!(
+        "set -e; mknod -m 666 {d}/fuse c 10 229; mount --bind {d}/fuse /dev/fuse; \
+         as_u1() {{ setpriv --reuid={uid} --regid={gid} --init-groups -- sh -c \"$1\"; }}; \
+         as_u1 'mkdir {d}/b {d}/m {d}/n'; \
+         as_u1 'exec {bin} {d}/b {d}/m --state-dir {d}/s' >/dev/null 2>{d}/log & \
+         trap \"as_u1 'fusermount3 -u {d}/m'; wait\" EXIT; \
+         i=0; until grep -q ' {d}/m ' /proc/self/mountinfo; do \
+           i=$((i+1)); [ $i -lt 500 ] || exit 3; sleep 0.01; done; \
+         grep ' {d}/m ' /proc/self/mountinfo > {d}/mountinfo; \
+         for t in m n; do as_u1 \"cd {d}/$t && sh {d}/creates.sh\"; done; \
+         for t in m n; do as_u1 \"cd {d}/$t && sh {d}/state.sh\" > {d}/state.$t; done",
+        uid = u1.uid,
+        gid = u1.gid,
+        bin = common::BIN,
+    );
+    let o = common::run_timeout(
+        Command::new("unshare").args(["-m", "--propagation", "private", "sh", "-c", &script]),
+        Duration::from_secs(60),
+    );
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+    assert!(
+        o.status.success(),
+        "{}\nlog: {log}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+    assert!(
+        read("mountinfo").contains(" - fuse"),
+        "{}",
+        read("mountinfo")
+    );
+    let (sm, sn) = (read("state.m"), read("state.n"));
+    assert!(
+        sn.contains("./dd/f77") && sn.contains("default:user:"),
+        "{sn}"
+    );
+    assert_eq!(
+        sm, sn,
+        "through a plain user's mount (left) vs natively (right)"
+    );
 }
 
 /// `coherent --json ARGS` as `u` in session `session`, in the mount root: exit code, reply.
