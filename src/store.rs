@@ -1405,7 +1405,7 @@ mod tests {
         for i in 0..300 {
             let name = format!("f{i}");
             let (a, fh, _) = s
-                .create(&ROOT, sub.ino, OsStr::new(&name), 0o644, libc::O_WRONLY)
+                .create(&ROOT, sub.ino, OsStr::new(&name), 0o644, 0, libc::O_WRONLY)
                 .unwrap();
             s.write(fh, 0, name.as_bytes()).unwrap();
             s.release(fh);
