@@ -628,3 +628,33 @@ fn an_acl_set_in_the_backing_directory_is_seen_within_the_ttl() {
 fn coherent_ttl() -> Duration {
     ::coherent::fs::TTL
 }
+
+/// `setfacl` is a `setxattr` of `system.posix_acl_access` (`setfacl -b`, a removexattr):
+/// a write route, refused to a fenced giver like any other (docs/write-routes.md), and
+/// the ACL stays as it was.
+#[test]
+fn a_fenced_giver_cannot_change_the_acl() {
+    let m = coherent::mount(true);
+    coherent::sh_ok(
+        &m,
+        Some("alice"),
+        "echo plan > plan.md && setfacl -m u:coh-u2:r plan.md && cat plan.md >/dev/null",
+    );
+    coherent::touch_session(&m, "bob");
+    coherent::transfer(&m, "alice", "bob", &["plan.md"]);
+    let acl = || coherent::sh_ok(&m, None, "getfacl -n --omit-header plan.md");
+    let before = acl();
+    let entry = format!("user:{}:r--", users::u2().uid);
+    assert!(before.contains(&entry), "{before}");
+    for cmd in [
+        "setfacl -m u:coh-u2:rw plan.md",
+        "setfacl -x u:coh-u2 plan.md",
+        "setfacl -b plan.md",
+    ] {
+        coherent::sh_refused(&m, "alice", cmd, "plan.md", "fenced");
+        assert_eq!(acl(), before, "after `{cmd}`");
+    }
+    // bob, the successor, may.
+    coherent::sh_ok(&m, Some("bob"), "setfacl -b plan.md");
+    assert!(!acl().contains(&entry), "{}", acl());
+}
