@@ -1271,7 +1271,9 @@ impl Store {
         cvt(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
     }
 
-    /// `access(2)` for the caller, from the mode bits (used without `default_permissions`).
+    /// `access(2)` for the caller, from the mode bits. The kernel sends ACCESS only when it
+    /// does not check permissions itself, which with POSIX ACLs negotiated it always does
+    /// (docs/permissions.md): this serves a kernel that does not offer them.
     pub fn access(&self, caller: &Caller, ino: u64, mask: i32) -> FsResult<()> {
         let attr = self.getattr(ino)?;
         if mask == libc::F_OK {
