@@ -61,6 +61,8 @@ for spec in sys.argv[1:]:
             os.chdir(path); os.chdir('..'); out = ''
         elif op == 'stat':
             out = oct(os.stat(path).st_mode & 0o7777)
+        elif op == 'access':
+            out = str(os.access(path, {'r': os.R_OK, 'w': os.W_OK, 'x': os.X_OK}[arg[0]]))
         print(f'{op} {path} -> ok {out}'.rstrip())
     except OSError as e:
         print(f'{op} {path} -> {errno.errorcode[e.errno]}')
@@ -87,8 +89,12 @@ const CASES: &[Case] = &[
             ),
             Probe(
                 As::U2,
-                &["read:sec.md", "append:sec.md:u2"],
-                &["read sec.md -> EACCES", "append sec.md -> EACCES"],
+                &["read:sec.md", "append:sec.md:u2", "access:sec.md:w"],
+                &[
+                    "read sec.md -> EACCES",
+                    "append sec.md -> EACCES",
+                    "access sec.md -> ok False",
+                ],
             ),
             Probe(
                 As::U1,
@@ -106,8 +112,12 @@ const CASES: &[Case] = &[
             ),
             Probe(
                 As::U2,
-                &["append:g.md:u2", "read:g.md"],
-                &["append g.md -> ok", r"read g.md -> ok b'g\nu2\n'"],
+                &["append:g.md:u2", "read:g.md", "access:g.md:w"],
+                &[
+                    "append g.md -> ok",
+                    r"read g.md -> ok b'g\nu2\n'",
+                    "access g.md -> ok True",
+                ],
             ),
         ],
     },
@@ -657,4 +667,71 @@ fn a_fenced_giver_cannot_change_the_acl() {
     // bob, the successor, may.
     coherent::sh_ok(&m, Some("bob"), "setfacl -b plan.md");
     assert!(!acl().contains(&entry), "{}", acl());
+}
+
+/// A backing filesystem without POSIX ACLs (ramfs: no extended attributes at all): the
+/// kernel's ACL lookups are answered "no ACL", so the mode decides as it does natively,
+/// and `setfacl` fails as it does natively.
+#[test]
+fn a_backing_filesystem_without_acls_leaves_the_mode_to_decide() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (rb, mnt) = (dir.path().join("rb"), dir.path().join("m"));
+    std::fs::create_dir(&rb).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    nix::mount::mount(
+        Some("none"),
+        &rb,
+        Some("ramfs"),
+        nix::mount::MsFlags::empty(),
+        Some("mode=755"),
+    )
+    .expect("mount ramfs");
+    struct Cleanup(PathBuf, PathBuf, Option<std::process::Child>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            if let Some(mut c) = self.2.take() {
+                unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+                if common::wait_child(&mut c, Duration::from_secs(10)).is_none() {
+                    common::lazy_umount(&self.1);
+                }
+            }
+            common::lazy_umount(&self.0);
+        }
+    }
+    let mut guard = Cleanup(rb.clone(), mnt.clone(), None);
+    for (f, mode) in [("f", 0o644), ("w", 0o666)] {
+        std::fs::write(rb.join(f), "x\n").unwrap();
+        std::fs::set_permissions(rb.join(f), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut cmd = Command::new(common::BIN);
+    cmd.arg(&rb)
+        .arg(&mnt)
+        .arg("--state-dir")
+        .arg(dir.path().join("s"));
+    guard.2 = Some(common::spawn_mounted(cmd, &mnt, &dir.path().join("log")));
+    std::fs::set_permissions(&mnt, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let probe = |d: &Path| {
+        let mut argv = vec!["/usr/bin/python3", "-S", "-I", "-c", PROBE];
+        argv.extend_from_slice(&["read:f", "append:f:u2", "append:w:u2", "access:f:r"]);
+        let r = run_as(As::U2, d, &argv);
+        assert!(r.ok(), "{}", r.show());
+        r.out
+    };
+    let native = probe(&rb);
+    assert_eq!(
+        native,
+        "read f -> ok b'x\\n'\nappend f -> EACCES\nappend w -> ok\naccess f -> ok True\n"
+    );
+    assert_eq!(probe(&mnt), native, "through the mount (left) vs natively (right)");
+    let setfacl = |d: &Path| {
+        let o = Command::new("setfacl")
+            .args(["-m", "u:coh-u2:rw", "f"])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stderr).contains("not supported"))
+    };
+    assert_eq!(setfacl(&rb), (false, true));
+    assert_eq!(setfacl(&mnt), (false, true), "setfacl through the mount");
 }
