@@ -723,14 +723,21 @@ fn a_backing_filesystem_without_acls_leaves_the_mode_to_decide() {
         native,
         "read f -> ok b'x\\n'\nappend f -> EACCES\nappend w -> ok\naccess f -> ok True\n"
     );
-    assert_eq!(probe(&mnt), native, "through the mount (left) vs natively (right)");
+    assert_eq!(
+        probe(&mnt),
+        native,
+        "through the mount (left) vs natively (right)"
+    );
     let setfacl = |d: &Path| {
         let o = Command::new("setfacl")
             .args(["-m", "u:coh-u2:rw", "f"])
             .current_dir(d)
             .output()
             .unwrap();
-        (o.status.success(), String::from_utf8_lossy(&o.stderr).contains("not supported"))
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).contains("not supported"),
+        )
     };
     assert_eq!(setfacl(&rb), (false, true));
     assert_eq!(setfacl(&mnt), (false, true), "setfacl through the mount");
