@@ -90,6 +90,19 @@ impl Filesystem for CoherentFs {
         ] {
             let _ = config.add_capabilities(flag);
         }
+        // POSIX ACLs (docs/permissions.md): the kernel's permission check (on always with
+        // them, as `default_permissions`) then reads `system.posix_acl_access` through
+        // GETXATTR, and leaves the umask to us: the mode comes unmasked with the caller's
+        // umask beside it (FUSE_DONT_MASK), for the backing filesystem to apply or to
+        // replace by the parent's default ACL. Both or neither: ACL checks with the kernel
+        // still masking would lose the default ACL's inheritance.
+        let acl = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+        if let Err(missing) = config.add_capabilities(acl) {
+            tracing::warn!(
+                "the kernel does not offer {missing:?}: permission checks count the mode \
+                 only, not POSIX ACLs (needs Linux 4.9+)"
+            );
+        }
         let _ = config.set_max_write(MAX_IO);
         if let Err(max) = config.set_max_readahead(MAX_IO) {
             let _ = config.set_max_readahead(max);
@@ -189,12 +202,12 @@ impl Filesystem for CoherentFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         let c = self.begin(Op::Mknod, req);
-        let r = self.fs.mknod(&c, parent.0, name, mode, rdev);
+        let r = self.fs.mknod_umask(&c, parent.0, name, mode, umask, rdev);
         answer(Op::Mknod, r, reply, entry)
     }
 
@@ -204,16 +217,12 @@ impl Filesystem for CoherentFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let c = self.begin(Op::Mkdir, req);
-        answer(
-            Op::Mkdir,
-            self.fs.mkdir(&c, parent.0, name, mode),
-            reply,
-            entry,
-        )
+        let r = self.fs.mkdir_umask(&c, parent.0, name, mode, umask);
+        answer(Op::Mkdir, r, reply, entry)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -294,12 +303,12 @@ impl Filesystem for CoherentFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let c = self.begin(Op::Create, req);
-        let r = self.fs.create(&c, parent.0, name, mode, flags);
+        let r = self.fs.create_umask(&c, parent.0, name, mode, umask, flags);
         answer(Op::Create, r, reply, |reply, made| {
             let (o, ttl) = (made.opened, made.entry.ttl);
             let fa = made
