@@ -116,6 +116,7 @@ impl Filesystem for CoherentFs {
             }
         };
         tracing::info!("data mode: {mode}");
+        self.fs.set_data_mode(mode);
         Ok(())
     }
 
