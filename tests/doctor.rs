@@ -318,3 +318,38 @@ fn the_mount_gone_or_absent_fails_with_how_to_mount() {
     assert_eq!(code, Some(3), "{out}");
     lazy_umount(&m.mnt);
 }
+
+/// On a multi-host volume: etcd over TLS with a user is ok; etcd reached in the clear is a
+/// FAIL that names the secure setup (whoever reaches etcd can lift fences).
+#[test]
+fn etcd_over_tls_with_a_user_is_ok_and_in_the_clear_fails() {
+    use common::etcd::Etcd;
+    let env = Env::new();
+    for secure in [true, false] {
+        let e = if secure {
+            Etcd::start(1)
+        } else {
+            Etcd::start_insecure(1)
+        };
+        let state = tempfile::tempdir().unwrap();
+        let m = Mount::builder()
+            .args(["--coordinator", e.url(), "--host-id", "A", "--state-dir"])
+            .arg(state.path().display().to_string())
+            .start();
+        let (code, out) = env.doctor(&m.mnt);
+        let l = line(&out, "etcd");
+        // A multi-host volume checks every write in the daemon: chosen, not a fault.
+        let mode = line(&out, "data mode");
+        assert_eq!(level(mode), "ok", "{out}");
+        assert!(mode.contains("multi-host"), "{mode}");
+        if secure {
+            assert_eq!(level(l), "ok", "{out}");
+            assert!(l.contains("over TLS as user"), "{l}");
+        } else {
+            assert_eq!(level(l), "FAIL", "{out}");
+            assert!(l.contains("without TLS"), "{l}");
+            assert!(l.contains("fix: mount with --coordinator etcds://"), "{l}");
+            assert_eq!(code, Some(3), "{out}");
+        }
+    }
+}
