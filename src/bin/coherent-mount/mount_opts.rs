@@ -137,8 +137,9 @@ pub fn ancestors(n: usize) -> Vec<Ancestor> {
         let argv = cmd
             .split(|b| *b == 0)
             .filter(|a| !a.is_empty())
-            .map(|a| std::os::unix::ffi::OsStrExt::from_bytes(a))
-            .map(|a: &std::ffi::OsStr| a.to_os_string())
+            .map(|a| {
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(a).to_os_string()
+            })
             .collect();
         // Unreadable for another user's process (mount(8) run setuid): argv still tells.
         let exe = std::fs::read_link(format!("/proc/{p}/exe")).ok();
@@ -551,7 +552,7 @@ mod tests {
         };
         assert!(started_by_mount(&argv, &[hidden, shell.clone()]));
         // From a terminal, or a script's `sh -c` with other words: the foreground daemon.
-        assert!(!started_by_mount(&argv, &[shell.clone()]));
+        assert!(!started_by_mount(&argv, std::slice::from_ref(&shell)));
         let script = Ancestor {
             argv: os(&["sh", "-c", "coherent-mount /b /it's -o rw,dev,suid"]),
             exe: Some("/usr/bin/dash".into()),
