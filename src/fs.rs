@@ -169,6 +169,13 @@ impl Fs {
         &self.counters
     }
 
+    /// Tell the pseudo tree how file data flows (see [`PseudoFs::set_data_mode`]).
+    pub fn set_data_mode(&self, mode: &str) {
+        if let Some(p) = &self.pseudo {
+            p.set_data_mode(mode);
+        }
+    }
+
     /// Were FUSE passthrough opens asked for?
     pub fn wants_passthrough(&self) -> bool {
         self.passthrough

@@ -74,7 +74,15 @@ impl CoherentFs {
     /// The backing id for an opened backing file, when passthrough is in use.
     fn passthrough_of(&self, o: &Opened, reply: &impl OpenBacking) -> Option<Arc<BackingId>> {
         let h = o.handle.as_ref()?;
-        self.backings.id(h, || reply.open_backing(&h.file))
+        let was = self.backings.active();
+        let id = self.backings.id(h, || reply.open_backing(&h.file));
+        if was && !self.backings.active() {
+            // Given up for the rest of the mount: `status` must not say passthrough.
+            self.fs.set_data_mode(
+                "through the daemon (registering a passthrough backing file failed; see the log)",
+            );
+        }
+        id
     }
 }
 
@@ -131,6 +139,7 @@ impl Filesystem for CoherentFs {
             }
         };
         tracing::info!("data mode: {mode}");
+        self.fs.set_data_mode(mode);
         Ok(())
     }
 

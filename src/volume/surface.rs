@@ -102,6 +102,8 @@ pub(crate) struct Surface {
     gid: u32,
     /// `ctl` handles waiting for a `wait` request's answer, and their kept reads.
     waits: Waits,
+    /// How file data flows, as the FUSE layer found it at `init` (`data_mode` in `status`).
+    data_mode: Mutex<Option<String>>,
 }
 
 fn time_now() -> Time {
@@ -126,6 +128,7 @@ impl Surface {
             uid: unsafe { libc::getuid() },
             gid: unsafe { libc::getgid() },
             waits: Waits::default(),
+            data_mode: Mutex::new(None),
         }
     }
 }
@@ -490,6 +493,10 @@ impl PseudoFs for Volume {
     fn release(&self, token: u64) {
         self.surface.release(token)
     }
+
+    fn set_data_mode(&self, mode: &str) {
+        *self.surface.data_mode.lock() = Some(mode.to_string());
+    }
 }
 
 /// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
@@ -692,6 +699,9 @@ impl Surface {
                 let mut body = serde_json::to_value(&st).unwrap_or(Value::Null);
                 if let Some(c) = vol.coord.describe() {
                     body["coordinator"] = c;
+                }
+                if let Some(m) = vol.surface.data_mode.lock().clone() {
+                    body["data_mode"] = Value::String(m);
                 }
                 let msg = match journal_json(vol) {
                     Some((j, line)) => {

@@ -371,6 +371,14 @@ fn make_policy(
 }
 
 fn run(args: Args) -> Result<(), Fail> {
+    if VIA_MOUNT_FUSE.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::info!(
+            "started by mount.fuse3 (no mount.fuse.coherent-mount helper link): mounting as \
+             the mount helper, nodev,nosuid unless -o dev/suid; to let mount(8) run it \
+             directly: {}",
+            mount_opts::LN_HELPER
+        );
+    }
     let plan = validate(&args)?;
     // Open the backing directory before mounting, so an in-place mount still reaches it.
     let root = Store::open_root(&plan.backing).map_err(|e| {
@@ -543,6 +551,9 @@ fn run(args: Args) -> Result<(), Fail> {
     }
 }
 
+/// Started by mount(8) through mount.fuse3 rather than the helper link (said in the log).
+static VIA_MOUNT_FUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The arguments, with `-o` expanded and the mount-helper convention read, and whether
 /// it runs as mount(8)'s helper; `Ok(None)`: nothing to mount (`--man`, or mount(8)'s
 /// `-f` after every check passed).
@@ -555,13 +566,19 @@ fn parse_args() -> Result<Option<(Args, bool)>, Fail> {
             .map_err(|e| Fail(format!("cannot write the man page: {e}")))?;
         return Ok(None);
     }
-    let inv = mount_opts::rewrite::<Args>(argv).map_err(Fail)?;
+    // mount(8) waits for its helper, also one it reached through mount.fuse3 (no
+    // `mount.fuse.coherent-mount` link): a daemon in the foreground would hang it.
+    let by_mount = mount_opts::started_by_mount(&argv, &mount_opts::ancestors(3));
+    let inv = mount_opts::rewrite::<Args>(argv, by_mount).map_err(Fail)?;
     let matches = Args::command()
         .try_get_matches_from(&inv.args)
         .unwrap_or_else(|e| e.exit());
     let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // mount(8) waits for its helper: detach once usable.
     args.daemon |= inv.helper;
+    if inv.via_mount_fuse {
+        VIA_MOUNT_FUSE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if inv.fake {
         validate(&args)?;
         mount_options(

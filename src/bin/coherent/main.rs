@@ -7,6 +7,7 @@
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
+mod doctor;
 mod fsmonitor;
 mod hook;
 mod install;
@@ -215,6 +216,19 @@ enum Cmd {
         /// claude-code only: the user's own settings instead of a project's.
         #[arg(long, conflicts_with = "dir")]
         user: bool,
+    },
+    /// Check that this install works: the mount, data mode, binaries, hooks (registered and
+    /// firing), the MCP server, git's fsmonitor, kernel features, etcd.
+    ///
+    /// One line per check (ok, warn or FAIL), each problem with its fix. Exit 0 unless a
+    /// check FAILed (3).
+    Doctor {
+        /// A directory on the volume, where the agents start (default: the current one).
+        #[arg(value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a shell completion script (e.g. `coherent completions bash >
     /// /etc/bash_completion.d/coherent`).
@@ -476,6 +490,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 }),
             }
         }
+        Cmd::Doctor { dir, json } => doctor::run(dir.as_deref(), top_json || json),
         Cmd::Completions { shell } => {
             no_json("completions")?;
             let mut cmd = Cli::command();
