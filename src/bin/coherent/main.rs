@@ -1191,22 +1191,42 @@ fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<(), Fail> {
         )));
     }
     match sandbox::restrict(&root, &writable).map_err(refuse)? {
-        sandbox::Outcome::Enforced { partial: false } if verbose => eprintln!(
-            "coherent: run: writes only under {} and {} (Landlock)",
-            root.display(),
-            writable
-                .iter()
-                .filter(|p| p.exists())
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        sandbox::Outcome::Enforced { partial: false } => {}
-        sandbox::Outcome::Enforced { partial: true } => eprintln!(
-            "coherent: run: warning: this kernel's Landlock lacks part of the ruleset (ABI < 3: \
-             truncate is not restricted); writes elsewhere than under {} are partly restricted",
-            root.display()
-        ),
+        sandbox::Outcome::Enforced { truncate, ipc } => {
+            if verbose {
+                eprintln!(
+                    "coherent: run: writes only under {} and {} (Landlock){}",
+                    root.display(),
+                    writable
+                        .iter()
+                        .filter(|p| p.exists())
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if ipc {
+                        "; no abstract unix socket or signal reaches outside the session"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            if !truncate {
+                eprintln!(
+                    "coherent: run: warning: this kernel's Landlock lacks part of the ruleset \
+                     (ABI < 3: truncate is not restricted); writes elsewhere than under {} are \
+                     partly restricted",
+                    root.display()
+                );
+            }
+            if !ipc {
+                eprintln!(
+                    "coherent: run: warning: this kernel's Landlock cannot scope abstract unix \
+                     sockets and signals (ABI < 6, Linux < 6.12), so the session can still ask \
+                     a process of the same user started outside it to write the backing \
+                     directory {} for it",
+                    backing.display()
+                );
+            }
+        }
         sandbox::Outcome::Unsupported => eprintln!(
             "coherent: run: warning: this kernel has no Landlock, so the session can still \
              write the backing directory {} directly (behind the volume's back)",
