@@ -300,24 +300,30 @@ fn from_reply(reply: &Reply) -> CallToolResult {
     let body = reply.body().clone();
     if reply.is_ok() {
         let mut r = CallToolResult::structured(body.clone());
-        r.content = vec![ContentBlock::text(body.to_string())];
+        r.content = vec![ContentBlock::text(coherent::names::json_text(&body))];
         r
     } else {
         let reason = body["reason"].as_str().unwrap_or("refused").to_string();
         let mut r = CallToolResult::structured_error(body);
-        r.content = vec![ContentBlock::text(format!("{reason}: {}", reply.message()))];
+        r.content = vec![ContentBlock::text(format!(
+            "{reason}: {}",
+            coherent::names::one_line(reply.message())
+        ))];
         r
     }
 }
 
 /// A failure before or instead of a reply (no volume here, a bad argument, ...).
 fn from_fail(f: Fail) -> CallToolResult {
-    let text = f.message.trim_start_matches("coherent: ").to_string();
+    let text = coherent::names::one_line(f.message.trim_start_matches("coherent: ")).into_owned();
     CallToolResult::error(vec![ContentBlock::text(text)])
 }
 
 fn usage(text: &str) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(format!("bad_request: {text}"))])
+    CallToolResult::error(vec![ContentBlock::text(format!(
+        "bad_request: {}",
+        coherent::names::one_line(text)
+    ))])
 }
 
 fn string_arg(args: &JsonObject, key: &str) -> Result<Option<String>, CallToolResult> {
@@ -525,10 +531,10 @@ async fn wait_tool(
         if start.elapsed() >= total {
             return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
                 "timeout: {} did not become {} within {} s; {}",
-                w.rel,
+                coherent::names::display_name(&w.rel),
                 w.until,
                 w.secs,
-                reply.message()
+                coherent::names::one_line(reply.message())
             ))]));
         }
         if let Some(token) = &token {
@@ -537,7 +543,7 @@ async fn wait_tool(
             p.total = Some(w.secs);
             p.message = Some(format!(
                 "waiting for {} to become {} ({:.0} s of {} s)",
-                w.rel,
+                coherent::names::display_name(&w.rel),
                 w.until,
                 start.elapsed().as_secs_f64(),
                 w.secs
