@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The tools that write the file named in their input.
 const WRITE_TOOLS: [&str; 4] = ["Write", "Edit", "MultiEdit", "NotebookEdit"];
@@ -566,6 +566,10 @@ fn pre_bash(ev: &Value) -> Option<Value> {
     }
     let (me, _) = whoami(&root)?;
     let fenced = own_live_transfers(&root, &me)?;
+    // git names paths by their real directory
+    let real_root = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
+    let mut asked: std::collections::HashMap<&shellwrites::GitCheck, Option<Vec<PathBuf>>> =
+        std::collections::HashMap::new();
     let mut hits: Vec<(String, &Value)> = Vec::new();
     for t in &targets {
         for r in &fenced {
@@ -573,8 +577,16 @@ fn pre_bash(ev: &Value) -> Option<Value> {
                 continue;
             };
             let abs = root.join(rel);
-            let hit = abs == t.path || (t.tree && abs.starts_with(&t.path));
-            if !hit || (t.if_modified && !differs_from_head(&abs)) {
+            let named = abs == t.path || (t.tree && abs.starts_with(&t.path));
+            let hit = match &t.git {
+                // what git would change; when git cannot answer, what the words name
+                Some(check) => match asked.entry(check).or_insert_with(|| git_changes(check)) {
+                    Some(changed) => changed.contains(&real_root.join(rel)),
+                    None => named,
+                },
+                None => named && !(t.if_modified && !differs_from_head(&abs)),
+            };
+            if !hit {
                 continue;
             }
             if !hits.iter().any(|(_, h)| std::ptr::eq(*h, r)) {
@@ -596,6 +608,45 @@ fn pre_bash(ev: &Value) -> Option<Value> {
             "permissionDecisionReason": reason,
         }
     }))
+}
+
+/// The files `git checkout`/`git restore` of `check`'s pathspec would write: those that
+/// differ between the work tree and the source (`git diff --name-only`), as absolute real
+/// paths. None when git cannot answer (no repository, an unknown revision, no git): the
+/// caller then fails closed.
+fn git_changes(check: &shellwrites::GitCheck) -> Option<Vec<PathBuf>> {
+    let git = |args: &[&str]| -> Option<Vec<u8>> {
+        let o = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&check.dir)
+            .args(["--no-optional-locks", "-c", "core.quotepath=off"])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()?;
+        o.status.success().then_some(o.stdout)
+    };
+    let top = git(&["rev-parse", "--show-toplevel"])?;
+    let top = std::str::from_utf8(&top).ok()?.trim_end_matches('\n');
+    let top = std::fs::canonicalize(top).ok()?;
+    let mut args = vec!["diff", "--no-ext-diff", "--name-only", "-z"];
+    if let Some(src) = &check.source {
+        // a revision, never an option
+        if src.starts_with('-') {
+            return None;
+        }
+        args.push(src);
+    }
+    args.push("--");
+    args.extend(check.pathspec.iter().map(String::as_str));
+    let out = git(&args)?;
+    Some(
+        out.split(|b| *b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| top.join(std::ffi::OsStr::from_bytes(n)))
+            .collect(),
+    )
 }
 
 /// Does git see `file` changed from HEAD (so `git stash`, `reset --hard` would rewrite it)?
