@@ -248,6 +248,21 @@ impl Volume {
         {
             jopts.buffer_limit = n;
         }
+        // Only a path nobody else can change (checked before and after the directory is
+        // made, so a component made meanwhile is checked too); the journal then opens it
+        // and its files without following symlinks.
+        let unsafe_path = |why| JournalError::UnsafePath {
+            dir: cfg.state_dir.clone(),
+            why,
+        };
+        state_dir::check_trusted_path(&cfg.state_dir).map_err(unsafe_path)?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&cfg.state_dir)
+            .map_err(|err| JournalError::Io {
+                what: format!("create {}", cfg.state_dir.display()),
+                err,
+            })?;
+        state_dir::check_trusted_path(&cfg.state_dir).map_err(unsafe_path)?;
         let opened = Journal::open(&cfg.state_dir, cfg.engine.clone(), jopts)?;
         for w in &opened.warnings {
             tracing::warn!("state recovery: {w}");
