@@ -584,7 +584,7 @@ fn pre_bash(ev: &Value) -> Option<Value> {
                     Some(changed) => changed.contains(&real_root.join(rel)),
                     None => named,
                 },
-                None => named && !(t.if_modified && !differs_from_head(&abs)),
+                None => named && (!t.if_modified || differs_from_head(&abs)),
             };
             if !hit {
                 continue;
