@@ -6,6 +6,9 @@
 //! is not `.` or `..`, is not `any` (the successor of an offer to anyone, docs/design.md#handoff),
 //! and does not start with `uid:` (reserved for unattributed sessions, so no tag can pose as one).
 //! Such a name is also a valid cgroup directory segment (`coherent-session-NAME`).
+//!
+//! Also the one rule for showing any file or session name in text for people and agents
+//! ([`display_name`], [`one_line`], [`shell_word`]; docs/control.md#names-in-text).
 
 use std::fmt;
 
