@@ -248,6 +248,21 @@ impl Volume {
         {
             jopts.buffer_limit = n;
         }
+        // Only a path nobody else can change (checked before and after the directory is
+        // made, so a component made meanwhile is checked too); the journal then opens it
+        // and its files without following symlinks.
+        let unsafe_path = |why| JournalError::UnsafePath {
+            dir: cfg.state_dir.clone(),
+            why,
+        };
+        state_dir::check_trusted_path(&cfg.state_dir).map_err(unsafe_path)?;
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&cfg.state_dir)
+            .map_err(|err| JournalError::Io {
+                what: format!("create {}", cfg.state_dir.display()),
+                err,
+            })?;
+        state_dir::check_trusted_path(&cfg.state_dir).map_err(unsafe_path)?;
         let opened = Journal::open(&cfg.state_dir, cfg.engine.clone(), jopts)?;
         for w in &opened.warnings {
             tracing::warn!("state recovery: {w}");
@@ -570,9 +585,10 @@ impl Volume {
             Refusal::new(
                 Reason::IoError,
                 format!(
-                    "write denied: {p} is handed on, and the volume cannot record a change of \
+                    "write denied: {p_q} is handed on, and the volume cannot record a change of \
                      it now (its state log cannot be written and the events it keeps in \
-                     memory reached their bound); refused until the disk takes writes again"
+                     memory reached their bound); refused until the disk takes writes again",
+                    p_q = crate::names::display_name(p)
                 ),
             )
             .at(p),
@@ -663,9 +679,10 @@ impl Volume {
             Told::Stale(p, v, seen) => (
                 Some(p),
                 format!(
-                    "stale write: {p} is at v{v} but this session last saw v{seen} (another \
-                     session changed it since); the write goes on over that change. Read {p} \
-                     again to see it."
+                    "stale write: {p_q} is at v{v} but this session last saw v{seen} (another \
+                     session changed it since); the write goes on over that change. Read {p_q} \
+                     again to see it.",
+                    p_q = crate::names::display_name(p)
                 ),
             ),
         };
@@ -799,11 +816,11 @@ impl Volume {
             Err(r) => {
                 let p = w.names().first().map_or("", |x| x.0).to_string();
                 let r = r.at(p.clone());
-                let text = format!(
-                    "write denied: {p} has a handoff record and the hosts cannot agree on it \
+                let text =
+                    format!(
+                    "write denied: {p_q} has a handoff record and the hosts cannot agree on it \
                      now: {}",
-                    r.message
-                );
+                    r.message, p_q = crate::names::display_name(&p));
                 Err((s, Refusal { message: text, ..r }))
             }
         }

@@ -246,7 +246,10 @@ pub fn valid_path(p: &str) -> bool {
 pub(super) fn bad_path(p: &str) -> Refusal {
     Refusal::new(
         Reason::BadRequest,
-        format!("'{p}' is not a path inside the volume"),
+        format!(
+            "{} is not a path inside the volume",
+            crate::names::quote_for_message(p)
+        ),
     )
 }
 
@@ -254,20 +257,24 @@ pub(super) fn bad_path(p: &str) -> Refusal {
 pub fn deny_text(path: &str, successor: &SessionInfo, version: u64) -> String {
     if successor.name == crate::names::ANY {
         return format!(
-            "write denied: you offered {path} to any session at v{version}, so this session \
+            "write denied: you offered {path_q} to any session at v{version}, so this session \
              can no longer write it. The handoff ends when a session claims it (coherent \
-             accept {path}) and writes it, when another session writes it first, or when you \
-             withdraw it (coherent withdraw {path}). Stop and tell your user that {path} was \
-             offered on. Retrying will be denied the same way."
+             accept {path_w}) and writes it, when another session writes it first, or when you \
+             withdraw it (coherent withdraw {path_w}). Stop and tell your user that {path_q} was \
+             offered on. Retrying will be denied the same way.",
+            path_q = crate::names::display_name(path),
+            path_w = crate::names::shell_word(path)
         );
     }
     let id = successor.short_id();
     format!(
-        "write denied: you handed {path} to agent {id} ({name}) at v{version}, so this session \
-         can no longer write it. The handoff ends when {id} writes {path}, when {id} declines \
-         it, or when you withdraw it (coherent withdraw {path}). Stop and tell your user that \
-         {path} was handed off. Retrying will be denied the same way.",
-        name = successor.name
+        "write denied: you handed {path_q} to agent {id} ({name}) at v{version}, so this session \
+         can no longer write it. The handoff ends when {id} writes {path_q}, when {id} declines \
+         it, or when you withdraw it (coherent withdraw {path_w}). Stop and tell your user that \
+         {path_q} was handed off. Retrying will be denied the same way.",
+        name = successor.name,
+        path_q = crate::names::display_name(path),
+        path_w = crate::names::shell_word(path)
     )
 }
 

@@ -243,11 +243,11 @@ impl Engine {
                     ev.view = view;
                     ev.version = Some(version);
                     self.emit(e, ev);
-                    let text = format!(
-                        "write denied: {path} is at v{version} but this session last saw v{} \
-                         (another session changed it since). Read {path} again, then write.",
-                        view.unwrap_or(0)
-                    );
+                    let text =
+                        format!(
+                        "write denied: {path_q} is at v{version} but this session last saw v{} \
+                         (another session changed it since). Read {path_q} again, then write.",
+                        view.unwrap_or(0), path_q = crate::names::display_name(path));
                     return Err(self.refuse(s, Refusal::new(Reason::StaleView, text).at(path)));
                 }
             }

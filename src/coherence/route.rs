@@ -483,9 +483,10 @@ impl Engine {
         Err(Refusal::new(
             Reason::Unresolved,
             format!(
-                "write denied: {path} is handed on (v{}) and the volume could not tell which \
+                "write denied: {path_q} is handed on (v{}) and the volume could not tell which \
                  session this process belongs to, so it refuses the write rather than guess",
-                e.version
+                e.version,
+                path_q = crate::names::display_name(path)
             ),
         )
         .at(path)

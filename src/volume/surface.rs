@@ -138,7 +138,8 @@ impl Surface {
 fn why_text(t: Option<(String, Option<Timestamp>)>) -> Vec<u8> {
     match t {
         Some((t, at)) => {
-            let mut out = t.trim_end().to_string();
+            // one line whatever a message holds: no name in it can forge a second
+            let mut out = crate::names::one_line(t.trim_end()).into_owned();
             if let Some(at) = at {
                 out.push_str(&format!("\n(at {})", at.rfc3339()));
             }
@@ -684,12 +685,13 @@ impl Surface {
                 let c = st.counts;
                 let msg = match path {
                     Some(p) => format!(
-                        "{p}: {}; {} live and {} ended handoff record(s)",
+                        "{p_q}: {}; {} live and {} ended handoff record(s)",
                         st.version
                             .map(|v| format!("v{v}"))
                             .unwrap_or_else(|| "not in the volume".into()),
                         c.live,
-                        c.ended
+                        c.ended,
+                        p_q = crate::names::display_name(p)
                     ),
                     None => format!(
                         "{} session(s), {} path(s), {} live and {} ended handoff record(s)",
@@ -759,9 +761,10 @@ fn no_unseen_writer(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
                 return Err(Refusal::new(
                     Reason::HandoffInFlight,
                     format!(
-                        "{p} is open for writing by a process this volume does not see (a \
+                        "{p_q} is open for writing by a process this volume does not see (a \
                          descriptor opened before the volume was last restarted, or one in \
-                         the backing directory): close it first, then transfer"
+                         the backing directory): close it first, then transfer",
+                        p_q = crate::names::display_name(p)
                     ),
                 )
                 .at(p.as_str()))
@@ -784,7 +787,10 @@ fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
             Some(
                 Refusal::new(
                     Reason::NotTracked,
-                    format!("{p} is not tracked by the volume, so it cannot be handed on: {why}"),
+                    format!(
+                        "{p_q} is not tracked by the volume, so it cannot be handed on: {why}",
+                        p_q = crate::names::display_name(p)
+                    ),
                 )
                 .at(p.as_str()),
             )
@@ -812,7 +818,10 @@ fn observe_paths(
         if vol.observe_in(e, p, now).is_some_and(|x| x.1) {
             return Err(Refusal::new(
                 Reason::BadRequest,
-                format!("bad request: {p} is a directory; hand on the files in it"),
+                format!(
+                    "bad request: {p_q} is a directory; hand on the files in it",
+                    p_q = crate::names::display_name(p)
+                ),
             ));
         }
     }
@@ -980,7 +989,10 @@ fn wait_check(vol: &Volume, caller: &Caller, req: &Request) -> Check {
 fn not_there(p: &str) -> Refusal {
     Refusal::new(
         Reason::NoSuchPath,
-        format!("{p} does not exist in this volume (or the volume has not seen it yet)"),
+        format!(
+            "{p_q} does not exist in this volume (or the volume has not seen it yet)",
+            p_q = crate::names::display_name(p)
+        ),
     )
 }
 
@@ -994,9 +1006,10 @@ fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusa
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(
-                    "you may not write {p} (its mode or ACL does not let uid {} write it), \
+                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), \
                      so you cannot hand it on",
-                    who.uid
+                    who.uid,
+                    p_q = crate::names::display_name(p)
                 ),
             ));
         }
@@ -1034,10 +1047,11 @@ fn successor_may_write(
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(
-                    "you may not write {p} (its mode or ACL does not let uid {} write it), so \
+                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), so \
                      this session cannot {} it: {way}",
                     who.uid,
-                    if claim { "claim" } else { "accept" }
+                    if claim { "claim" } else { "accept" },
+                    p_q = crate::names::display_name(p)
                 ),
             )
             .at(p.as_str())
@@ -1075,9 +1089,10 @@ fn successor_owner_may_write(
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(
-                    "session {} belongs to uid {uid}, which may not write {p}, so it cannot be \
+                    "session {} belongs to uid {uid}, which may not write {p_q}, so it cannot be \
                      its successor: hand it to a session that can write it",
-                    succ.name
+                    succ.name,
+                    p_q = crate::names::display_name(p)
                 ),
             )
             .at(p.as_str()));
@@ -1109,9 +1124,10 @@ fn owner_only(
                 return Err(Refusal::new(
                     Reason::SessionNotYours,
                     format!(
-                        "the {role} of {p} is session {name}, which belongs to uid {owner}: \
+                        "the {role} of {p_q} is session {name}, which belongs to uid {owner}: \
                          only that uid may {} it",
-                        verb.as_str()
+                        verb.as_str(),
+                        p_q = crate::names::display_name(p)
                     ),
                 ))
             }

@@ -75,12 +75,17 @@ fn answer(path: &str, until: Until, rec: &RecordJson, reached: bool, waited: Dur
     let rec = serde_json::to_value(rec).unwrap_or(Value::Null);
     let line = describe_record(Verb::Wait, &rec);
     let message = if reached {
-        format!("{path}: {} reached; {line}", until.as_str())
+        format!(
+            "{path_q}: {} reached; {line}",
+            until.as_str(),
+            path_q = crate::names::display_name(path)
+        )
     } else {
         format!(
-            "{path}: not {} yet after {:.1} s; {line}",
+            "{path_q}: not {} yet after {:.1} s; {line}",
             until.as_str(),
-            waited.as_secs_f64()
+            waited.as_secs_f64(),
+            path_q = crate::names::display_name(path)
         )
     };
     let mut m = Map::new();
@@ -132,7 +137,11 @@ pub(super) fn placeholder(w: &Wait) -> Reply {
     Reply::ok(
         Verb::Wait,
         m,
-        format!("{path}: waiting for {}", until.as_str()),
+        format!(
+            "{path_q}: waiting for {}",
+            until.as_str(),
+            path_q = crate::names::display_name(path)
+        ),
     )
 }
 

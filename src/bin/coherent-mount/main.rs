@@ -370,6 +370,20 @@ fn make_policy(
     Ok((volume.clone(), Some(volume)))
 }
 
+/// Opens the log file before anything is mounted: one that cannot be used (a path another
+/// user could change, a symlink, no permission) fails the mount here, clearly, instead of
+/// leaving a detached daemon with nowhere to log but the caller's terminal.
+fn open_log(path: &Path) -> Result<(PathBuf, std::fs::File), Fail> {
+    coherent::volume::state_dir::open_log_file(path)
+        .map(|f| (path.to_path_buf(), f))
+        .map_err(|why| {
+            Fail(format!(
+                "cannot log to {}: {why}; fix log_file (--log-file) or leave it out",
+                path.display()
+            ))
+        })
+}
+
 fn run(args: Args) -> Result<(), Fail> {
     if VIA_MOUNT_FUSE.load(std::sync::atomic::Ordering::Relaxed) {
         tracing::info!(
@@ -380,6 +394,7 @@ fn run(args: Args) -> Result<(), Fail> {
         );
     }
     let plan = validate(&args)?;
+    let mut log_file = args.log_file.as_deref().map(open_log).transpose()?;
     // Open the backing directory before mounting, so an in-place mount still reaches it.
     let root = Store::open_root(&plan.backing).map_err(|e| {
         Fail(format!(
@@ -421,6 +436,10 @@ fn run(args: Args) -> Result<(), Fail> {
     let (policy, volume) = daemon::with_progress("loading the state", || {
         make_policy(&args, &plan, &root, bypassers)
     })?;
+    if let (None, true, Some(d)) = (&log_file, args.daemon, &plan.state_dir) {
+        // the state directory is made and checked by now
+        log_file = Some(open_log(&d.join("coherent-mount.log"))?);
+    }
     let mut fs_opts = FsOptions::for_mount(plan.in_place);
     fs_opts.passthrough = !args.no_passthrough;
     if let Some(ttl) = args.cache_ttl {
@@ -524,11 +543,6 @@ fn run(args: Args) -> Result<(), Fail> {
         })
         .map_err(|e| Fail(format!("thread: {e}")))?;
 
-    let log_file = match (&args.log_file, args.daemon, &plan.state_dir) {
-        (Some(f), _, _) => Some(f.clone()),
-        (None, true, Some(d)) => Some(d.join("coherent-mount.log")),
-        _ => None,
-    };
     daemon::Readiness {
         probe: match volume {
             Some(_) => plan.mountpoint.join(".coherent"),

@@ -17,6 +17,7 @@ mod shellwrites;
 mod whoami;
 use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
 use coherent::error::Reason;
+use coherent::names::{display_name, one_line};
 use coherent::{identity, names, sys};
 use serde_json::Value;
 use std::ffi::OsString;
@@ -311,7 +312,7 @@ impl Fail {
     fn refused(reason: &str, message: &str) -> Fail {
         Fail {
             code: EXIT_REFUSED,
-            message: format!("coherent: refused ({reason}): {message}"),
+            message: format!("coherent: refused ({reason}): {}", one_line(message)),
         }
     }
 }
@@ -343,7 +344,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             if !f.message.is_empty() {
-                eprintln!("{}", f.message);
+                // a name in a message never starts a line of its own
+                eprintln!("{}", coherent::names::lines_only(&f.message));
             }
             ExitCode::from(f.code)
         }
@@ -879,7 +881,7 @@ fn verb_call_again(
         return Err(Fail::refused(reason, reply.message()));
     }
     for line in human_lines(req.verb(), &reply, &hint_mapper(root)) {
-        println!("{line}");
+        println!("{}", one_line(&line));
     }
     Ok(())
 }
@@ -909,12 +911,12 @@ fn human_lines(verb: Verb, reply: &Reply, hint: &dyn Fn(&str) -> String) -> Vec<
                     .iter()
                     .map(|r| describe_record_from(verb, r, hint))
                     .collect(),
-                _ => vec![reply.message().to_string()],
+                _ => vec![one_line(reply.message()).into_owned()],
             }
         }
         Verb::Whoami if body.get("session").is_some() => vec![control::whoami_text(body)],
         Verb::Status => status_lines(reply),
-        _ => vec![reply.message().to_string()],
+        _ => vec![one_line(reply.message()).into_owned()],
     }
 }
 
@@ -923,7 +925,7 @@ fn human_lines(verb: Verb, reply: &Reply, hint: &dyn Fn(&str) -> String) -> Vec<
 fn status_lines(reply: &Reply) -> Vec<String> {
     let mut out = Vec::new();
     if !reply.message().is_empty() {
-        out.push(reply.message().to_string());
+        out.push(one_line(reply.message()).into_owned());
     }
     let status = &reply.body()["status"];
     let Some(obj) = status.as_object() else {
@@ -943,9 +945,10 @@ fn status_lines(reply: &Reply) -> Vec<String> {
                     .and_then(Value::as_str)
                     .or(s.as_str())
                     .unwrap_or("?");
+                let name = display_name(name);
                 match s.get("agent").and_then(Value::as_str) {
                     Some(a) => format!("{name} ({})", control::short_id(a)),
-                    None => name.to_string(),
+                    None => name,
                 }
             })
             .collect();
@@ -1158,10 +1161,10 @@ fn event_line(raw: &str) -> String {
     }
     line.push_str(s("event").unwrap_or("?"));
     if let Some(p) = s("path") {
-        line.push_str(&format!(" {p}"));
+        line.push_str(&format!(" {}", display_name(p)));
     }
     if let Some(sess) = s("session") {
-        line.push_str(&format!(" by {sess}"));
+        line.push_str(&format!(" by {}", display_name(sess)));
         if let Some(a) = s("agent") {
             line.push_str(&format!(" ({})", control::short_id(a)));
         }
@@ -1179,9 +1182,11 @@ fn event_line(raw: &str) -> String {
         })
         .filter(|(_, v)| !v.is_null())
         .map(|(k, v)| {
+            // a string as a name is shown (quoted when it holds a space or anything that
+            // could forge a line), anything else as JSON
             let shown = match v {
-                Value::String(t) if !t.is_empty() && !t.contains(char::is_whitespace) => t.clone(),
-                other => other.to_string(),
+                Value::String(t) if !t.contains(' ') => display_name(t),
+                other => one_line(&other.to_string()).into_owned(),
             };
             format!("{k}={}", shorten(&shown, 80))
         })
@@ -1237,22 +1242,42 @@ fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<(), Fail> {
         )));
     }
     match sandbox::restrict(&root, &writable).map_err(refuse)? {
-        sandbox::Outcome::Enforced { partial: false } if verbose => eprintln!(
-            "coherent: run: writes only under {} and {} (Landlock)",
-            root.display(),
-            writable
-                .iter()
-                .filter(|p| p.exists())
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        sandbox::Outcome::Enforced { partial: false } => {}
-        sandbox::Outcome::Enforced { partial: true } => eprintln!(
-            "coherent: run: warning: this kernel's Landlock lacks part of the ruleset (ABI < 3: \
-             truncate is not restricted); writes elsewhere than under {} are partly restricted",
-            root.display()
-        ),
+        sandbox::Outcome::Enforced { truncate, ipc } => {
+            if verbose {
+                eprintln!(
+                    "coherent: run: writes only under {} and {} (Landlock){}",
+                    root.display(),
+                    writable
+                        .iter()
+                        .filter(|p| p.exists())
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if ipc {
+                        "; no abstract unix socket or signal reaches outside the session"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            if !truncate {
+                eprintln!(
+                    "coherent: run: warning: this kernel's Landlock lacks part of the ruleset \
+                     (ABI < 3: truncate is not restricted); writes elsewhere than under {} are \
+                     partly restricted",
+                    root.display()
+                );
+            }
+            if !ipc {
+                eprintln!(
+                    "coherent: run: warning: this kernel's Landlock cannot scope abstract unix \
+                     sockets and signals (ABI < 6, Linux < 6.12), so the session can still ask \
+                     a process of the same user started outside it to write the backing \
+                     directory {} for it",
+                    backing.display()
+                );
+            }
+        }
         sandbox::Outcome::Unsupported => eprintln!(
             "coherent: run: warning: this kernel has no Landlock, so the session can still \
              write the backing directory {} directly (behind the volume's back)",
