@@ -61,7 +61,7 @@ pub struct Stamp {
     pub size: u64,
     /// 0 in stamps logged before mtimes were kept: such a stamp never passes the mtime
     /// check (a difference counts as a change, as it did then).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub mtime_ns: i64,
 }
 
@@ -170,6 +170,10 @@ pub enum EventKind {
     /// `rev`, etcd revisions), because etcd's history was compacted before this host read
     /// them. Changes no state.
     EventsMissed,
+}
+
+fn is_zero_i64(n: &i64) -> bool {
+    *n == 0
 }
 
 fn is_false(b: &bool) -> bool {
