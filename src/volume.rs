@@ -639,25 +639,34 @@ impl Volume {
 
     /// Shows `e` the file at `p` with stamp `st`, with its fingerprint when only the
     /// content can tell what a changed stamp means (docs/versions-and-holds.md#content).
-    /// Returns the stamp counted (the fingerprint's, if one was taken: it may be newer)
-    /// and the fingerprint.
-    fn observe_file(
+    fn observe_file(&self, e: &Engine, p: &str, st: coherence::Stamp, now: Timestamp) {
+        match self.print_if_wanted(e, p, st) {
+            (st, Some(print)) => {
+                e.observe_content(p, st, Some(print), now);
+            }
+            (st, None) => {
+                e.observe(p, Some(st), now);
+            }
+        }
+    }
+
+    /// The fingerprint of the file at `p` (seen with stamp `st`) if `e` needs it to judge
+    /// the stamp ([`Engine::wants_print`]), with the stamp it was taken at (maybe newer
+    /// than `st`). Logs what the content check will find when it counts nothing.
+    fn print_if_wanted(
         &self,
         e: &Engine,
         p: &str,
         st: coherence::Stamp,
-        now: Timestamp,
     ) -> (coherence::Stamp, Option<coherence::Print>) {
         if !e.wants_print(p, &st) {
-            e.observe(p, Some(st), now);
             return (st, None);
         }
         let (st, print) = match self.print_of(p) {
-            Some((now_st, print)) => (now_st, Some(print)),
+            Some((now, print)) => (now, Some(print)),
             None => (st, None),
         };
-        let c = e.observe_content(p, st, print, now);
-        log_content(p, c);
+        log_content(p, e.content(p, st, print));
         (st, print)
     }
 
@@ -683,15 +692,14 @@ impl Volume {
     }
 
     /// What the backing directory holds at `p` now, for the write decision (a file with
-    /// several names is marked: the fence follows the inode). A changed stamp is judged
-    /// here, by content when it must be (a change behind the volume's back is counted
-    /// like one found at a read).
+    /// several names is marked: the fence follows the inode), with the fingerprint the
+    /// decision needs to judge a changed stamp.
     fn at<'a>(&self, p: &'a str) -> At<'a> {
         match self.stat_links(p) {
             None => At::new(p, Found::Absent),
             Some((_, true, _)) => At::new(p, Found::Dir),
             Some((s, false, n)) => {
-                let (s, print) = self.observe_file(&self.engine, p, s, Timestamp::now());
+                let (s, print) = self.print_if_wanted(&self.engine, p, s);
                 At::new(p, Found::File(s)).linked(n > 1).print(print)
             }
         }

@@ -41,6 +41,18 @@ impl Engine {
         verdict
     }
 
+    /// What the content check would find for the file at `path` (no change made; for the
+    /// mount's log line). A path with no entry, or no file counted there, is `Unchanged`.
+    pub fn content(&self, path: &str, stamp: Stamp, print: Option<Print>) -> Content {
+        let sh = self.lock_one(path);
+        match sh.get(path) {
+            Some(e) if e.exists && e.version > 0 && !e.writing() => {
+                judge(e, stamp, print, self.copies())
+            }
+            _ => Content::Unchanged,
+        }
+    }
+
     /// Does judging `stamp` at `path` need the file's fingerprint? Only when the stamp
     /// differs from the one counted (or is new here) and the path has a fingerprint of the
     /// same size: a metadata-only change, a copy that caught up or lags behind, or a
