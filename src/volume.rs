@@ -691,6 +691,21 @@ impl Volume {
         }
     }
 
+    /// Before a write through a file with several names (the fence follows the inode):
+    /// the handed paths taken in from another host and not looked at here yet are looked
+    /// at now, so this host knows their inode on its own copy (hosts share no stamps).
+    fn stamp_handed(&self) {
+        if self.etcd.is_none() {
+            return;
+        }
+        let now = Timestamp::now();
+        for q in self.engine.unstamped_live_paths() {
+            if let Some(st) = self.stamp_now(&q) {
+                self.observe_file(&self.engine, &q, st, now);
+            }
+        }
+    }
+
     /// What the backing directory holds at `p` now, for the write decision (a file with
     /// several names is marked: the fence follows the inode), with the fingerprint the
     /// decision needs to judge a changed stamp.
@@ -699,6 +714,9 @@ impl Volume {
             None => At::new(p, Found::Absent),
             Some((_, true, _)) => At::new(p, Found::Dir),
             Some((s, false, n)) => {
+                if n > 1 {
+                    self.stamp_handed();
+                }
                 let (s, print) = self.print_if_wanted(&self.engine, p, s);
                 At::new(p, Found::File(s)).linked(n > 1).print(print)
             }

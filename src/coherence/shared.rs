@@ -63,6 +63,21 @@ impl Engine {
         })
     }
 
+    /// The existing paths with a live record that this host has no stamp of yet (taken in
+    /// from another host, not looked at here since): their inode on this host's copy is
+    /// unknown until they are looked at.
+    pub fn unstamped_live_paths(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for sh in self.shards.iter() {
+            for (k, e) in sh.lock().iter() {
+                if e.exists && e.stamp.is_none() && e.live().is_some() {
+                    out.push(k.to_string());
+                }
+            }
+        }
+        out
+    }
+
     /// Does `path` have any record (live or ended)? Such a path is shared.
     pub fn has_records(&self, path: &str) -> bool {
         self.lock_one(path)
