@@ -29,8 +29,8 @@ mod sys;
 mod types;
 
 use handles::{handle_at, open_handle, FdCache, FileHandle, HandleOf};
-use sys::{backing_flags, cstr, cvt, fstat_fd, fstatat, open_path_at, proc_path, xattr_reply};
 pub use print::{fingerprint_at, has_content, Fingerprint};
+use sys::{backing_flags, cstr, cvt, fstat_fd, fstatat, open_path_at, proc_path, xattr_reply};
 pub use types::*;
 
 /// The inode number of the mount root.

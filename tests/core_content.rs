@@ -112,7 +112,10 @@ fn without_a_fingerprint_size_and_mtime_decide() {
         let before = h.count(EventKind::ExternalChange);
         let t = h.t();
         h.e.observe(P, Some(stamp), t);
-        assert_eq!(h.count(EventKind::ExternalChange) - before, counted as usize);
+        assert_eq!(
+            h.count(EventKind::ExternalChange) - before,
+            counted as usize
+        );
     }
 }
 

@@ -48,7 +48,11 @@ fn in_run(m: &Vol, scratch: &Path, cmd: &str) -> Run {
 
 /// `f`, handed from alice to bob: its record is live, pending.
 fn handed(m: &Vol, f: &str) {
-    sh_ok(m, Some("alice"), &format!("echo plan > {f}; cat {f} >/dev/null"));
+    sh_ok(
+        m,
+        Some("alice"),
+        &format!("echo plan > {f}; cat {f} >/dev/null"),
+    );
     transfer(m, "alice", "bob", &[f]);
     let rec = live_record(m, f).unwrap_or_else(|| panic!("{f}: no live record"));
     assert_eq!(rec["status"], "pending", "{rec}");

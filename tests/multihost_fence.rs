@@ -319,7 +319,11 @@ fn a_read_on_another_hosts_copy_never_ends_a_record() {
     transfer(&p.a, "alice", "bob", &[FILE]);
     // Plain reads on B's copy (its own inode and ctime), by anyone, and a stat.
     assert_eq!(sh_ok(&p.b, None, &format!("cat {FILE}")), ORIGINAL);
-    sh_ok(&p.b, Some("bob"), &format!("cat {FILE} >/dev/null; stat {FILE} >/dev/null"));
+    sh_ok(
+        &p.b,
+        Some("bob"),
+        &format!("cat {FILE} >/dev/null; stat {FILE} >/dev/null"),
+    );
     sh_ok(&p.a, None, &format!("cat {FILE} >/dev/null"));
     fenced_on(&p.b, "B", "alice", "bob", 1);
     fenced_on(&p.a, "A", "alice", "bob", 1);
@@ -327,7 +331,11 @@ fn a_read_on_another_hosts_copy_never_ends_a_record() {
     // on B's copy: still no change.
     sync(&p.a, &p.b);
     let b = p.b.backing.join(FILE).display().to_string();
-    sh_ok(&p.b, None, &format!("touch -a {b}; chmod $(stat -c %a {b}) {b}"));
+    sh_ok(
+        &p.b,
+        None,
+        &format!("touch -a {b}; chmod $(stat -c %a {b}) {b}"),
+    );
     sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
     fenced_on(&p.b, "B", "alice", "bob", 1);
     fenced_on(&p.a, "A", "alice", "bob", 1);
@@ -349,7 +357,11 @@ fn a_copy_that_lags_behind_is_behind_and_a_real_change_on_a_copy_ends_the_record
     sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
     // The successor writes on A (v2) and hands it back to alice there; B's sync has not
     // brought v2 yet: B's copy holds v1's content, which is behind, not a change.
-    sh_ok(&p.a, Some("bob"), &format!("cat {FILE} >/dev/null; echo bob >> {FILE}"));
+    sh_ok(
+        &p.a,
+        Some("bob"),
+        &format!("cat {FILE} >/dev/null; echo bob >> {FILE}"),
+    );
     transfer(&p.a, "bob", "alice", &[FILE]);
     assert_eq!(sh_ok(&p.b, Some("carol"), &format!("cat {FILE}")), ORIGINAL);
     fenced_on(&p.b, "B", "bob", "alice", 2);
@@ -372,7 +384,9 @@ fn a_copy_that_lags_behind_is_behind_and_a_real_change_on_a_copy_ends_the_record
     sh_ok(
         &p.b,
         None,
-        &format!("t=$(stat -c %y {b}); printf 'ORIGINAL TEXT\\nBOB\\n' > {b}; touch -m -d \"$t\" {b}"),
+        &format!(
+            "t=$(stat -c %y {b}); printf 'ORIGINAL TEXT\\nBOB\\n' > {b}; touch -m -d \"$t\" {b}"
+        ),
     );
     sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
     let ev = await_events(&p.b, "external_change", FILE, None, 1);

@@ -34,9 +34,9 @@ impl Engine {
         now: Timestamp,
     ) -> Content {
         let mut sh = self.lock_one(path);
-        let verdict = sh
-            .get(path)
-            .map_or(Content::Unchanged, |e| judge(e, stamp, print, self.copies()));
+        let verdict = sh.get(path).map_or(Content::Unchanged, |e| {
+            judge(e, stamp, print, self.copies())
+        });
         self.observe_in(&mut sh, path, Some(stamp), print, now);
         verdict
     }

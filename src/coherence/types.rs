@@ -77,7 +77,12 @@ pub struct Print {
 
 impl std::fmt::Debug for Print {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Print({} bytes, {})", self.size, hex32::encode(&self.digest))
+        write!(
+            f,
+            "Print({} bytes, {})",
+            self.size,
+            hex32::encode(&self.digest)
+        )
     }
 }
 

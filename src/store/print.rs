@@ -163,7 +163,11 @@ mod tests {
         let fp = |n: &str| fingerprint_at(root.as_fd(), n).unwrap();
         let (a, b, c) = (fp("a"), fp("b"), fp("c"));
         assert_ne!(a.stamp.ino, b.stamp.ino);
-        assert_eq!((a.size, a.digest), (b.size, b.digest), "a copy prints the same");
+        assert_eq!(
+            (a.size, a.digest),
+            (b.size, b.digest),
+            "a copy prints the same"
+        );
         assert_eq!(a.size, c.size);
         assert_ne!(a.digest, c.digest, "same size, other bytes");
         assert_eq!(a.digest, *blake3::hash(b"plan v1\n").as_bytes());
@@ -171,6 +175,9 @@ mod tests {
         let l = fp("l");
         assert_eq!((l.size, l.digest), (6, *blake3::hash(b"target").as_bytes()));
         assert!(fingerprint_at(root.as_fd(), "missing").is_none());
-        assert!(fingerprint_at(root.as_fd(), ".").is_none(), "a directory has none");
+        assert!(
+            fingerprint_at(root.as_fd(), ".").is_none(),
+            "a directory has none"
+        );
     }
 }
