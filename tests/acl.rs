@@ -471,7 +471,9 @@ fn private_mount_creates_as_natively() {
 fn a_plain_users_mount_creates_as_natively() {
     let u1 = users::u1();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Sticky, as /tmp is: the daemon refuses a state directory under a directory anyone
+    // could replace entries of.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
     let d = dir.path().display();
     let file = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
     file(
