@@ -95,7 +95,7 @@ pub fn validate_session_name(name: &str) -> Result<(), String> {
 
 /// A value quoted for a message (a name here, any request argument in `control`),
 /// shortened so a huge value never floods a reply or a log.
-pub(crate) fn quote_for_message(s: &str) -> String {
+pub fn quote_for_message(s: &str) -> String {
     const MAX: usize = 120;
     if s.len() <= MAX {
         return format!("{s:?}");
