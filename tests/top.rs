@@ -83,8 +83,8 @@ fn the_board_shows_a_transfer_and_the_refused_write_of_its_giver() {
     assert!(r.denied(), "{}", r.show());
     wait_row(
         &t,
-        "\"alice\" open_write: 1/min",
-        &["(1 total, fenced \"plan.md\")"],
+        "\"alice\" open_write 1/min",
+        &["1 total: fenced \"plan.md\""],
     );
 
     // the successor writes: the record completes and ends, the fence lifts
@@ -118,7 +118,7 @@ fn the_filter_narrows_the_rows_to_a_session_or_a_path() {
 
     // by path, after Esc cleared the session filter
     t.send(b"\x1b");
-    t.wait_for(SHOW, |s| s.contains(" files 1/2 "))
+    t.wait_for(SHOW, |s| s.contains("/2 ") && s.contains("\"a.md\""))
         .unwrap_or_else(|| panic!("Esc did not clear the filter:\n{}", t.contents()));
     t.send(b"/a.m\r");
     t.wait_for(SHOW, |s| {

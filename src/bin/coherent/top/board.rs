@@ -273,6 +273,8 @@ impl Board {
                 f.version = version.or(f.version.map(|v| v + 1));
                 f.removed = ev["removed"].as_bool().unwrap_or(false);
                 f.maker = Some(who.to_string());
+                // a commit on close logs no `release`: the maker shows as `M` from here
+                f.writers.retain(|w| w != who);
                 // the version moved: a live record handed at another version has ended
                 if let Some(live) = &f.live {
                     if live.version.is_some() && live.version != f.version {

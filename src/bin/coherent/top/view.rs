@@ -174,9 +174,9 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
     let [sess, offers, refusals, hosts] = Layout::default()
         .direction(Direction::Horizontal)
         .constraints([
-            Constraint::Percentage(25),
+            Constraint::Percentage(20),
             Constraint::Percentage(30),
-            Constraint::Percentage(25),
+            Constraint::Percentage(30),
             Constraint::Percentage(20),
         ])
         .areas(panes);
@@ -262,7 +262,7 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
         .take(lines)
         .map(|((s, route), per_min, r)| {
             format!(
-                "{} {route}: {per_min}/min ({} total, {} {})",
+                "{} {route} {per_min}/min, {} total: {} {}",
                 q(s),
                 r.total,
                 r.last_reason,
