@@ -24,8 +24,9 @@ fn board(m: &impl Root, who: Who) -> pty::Pty {
         c.env("COHERENT_SESSION", w);
     }
     let t = pty::Pty::spawn(&mut c, 50, 200);
-    t.wait_for(SHOW, |s| s.contains(" files ") && s.contains(" refusals "))
-        .unwrap_or_else(|| panic!("no board within {SHOW:?}:\n{}", t.contents()));
+    wait_screen(&t, "the board", |s| {
+        s.contains(" files ") && s.contains(" refusals ")
+    });
     t
 }
 
@@ -37,16 +38,24 @@ fn line_of(screen: &str, needle: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Waits until a line holding `needle` also holds every one of `want`.
-fn wait_row(t: &pty::Pty, needle: &str, want: &[&str]) -> Instant {
-    t.wait_for(SHOW, |s| {
-        line_of(s, needle).is_some_and(|l| want.iter().all(|w| l.contains(w)))
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "no line with {needle:?} and {want:?} within {SHOW:?}:\n{}",
+/// Waits until the screen satisfies `f`; fails the test (at the caller's line) with the
+/// screen after [`SHOW`].
+#[track_caller]
+fn wait_screen(t: &pty::Pty, what: &str, f: impl Fn(&str) -> bool) -> Instant {
+    match t.wait_for(SHOW, f) {
+        Some(at) => at,
+        None => panic!(
+            "{what}: not on the screen within {SHOW:?}:\n{}",
             t.contents()
-        )
+        ),
+    }
+}
+
+/// Waits until a line holding `needle` also holds every one of `want`.
+#[track_caller]
+fn wait_row(t: &pty::Pty, needle: &str, want: &[&str]) -> Instant {
+    wait_screen(t, &format!("a line with {needle:?} and {want:?}"), |s| {
+        line_of(s, needle).is_some_and(|l| want.iter().all(|w| l.contains(w)))
     })
 }
 
@@ -109,22 +118,21 @@ fn the_filter_narrows_the_rows_to_a_session_or_a_path() {
     assert!(t.contents().contains(" files 1/2 "), "{}", t.contents());
 
     t.send(b"/dave\r");
-    t.wait_for(SHOW, |s| {
+    wait_screen(&t, "the filter narrowing to b.md", |s| {
         s.contains(" files 1/1 ") && !s.contains("\"a.md\"")
-    })
-    .unwrap_or_else(|| panic!("the filter did not narrow:\n{}", t.contents()));
+    });
     wait_row(&t, "\"b.md\"", &["\"carol\" -> \"dave\""]);
     assert!(t.contents().contains("filter \"dave\" (1 row(s))"));
 
     // by path, after Esc cleared the session filter
     t.send(b"\x1b");
-    t.wait_for(SHOW, |s| s.contains("/2 ") && s.contains("\"a.md\""))
-        .unwrap_or_else(|| panic!("Esc did not clear the filter:\n{}", t.contents()));
+    wait_screen(&t, "both rows after Esc", |s| {
+        s.contains("/2 ") && s.contains("\"a.md\"")
+    });
     t.send(b"/a.m\r");
-    t.wait_for(SHOW, |s| {
+    wait_screen(&t, "the path filter narrowing to a.md", |s| {
         s.contains(" files 1/1 ") && !s.contains("\"b.md\"")
-    })
-    .unwrap_or_else(|| panic!("the path filter did not narrow:\n{}", t.contents()));
+    });
     wait_row(&t, "\"a.md\"", &["\"alice\" -> \"bob\""]);
 }
 
@@ -139,24 +147,20 @@ fn w_then_y_withdraws_the_selected_record_and_n_does_not() {
     wait_row(&t, "\"plan.md\"", &["\"alice\" -> \"bob\"", "pending"]);
 
     t.send(b"w");
-    t.wait_for(SHOW, |s| s.contains("withdraw \"plan.md\"? y/n"))
-        .unwrap_or_else(|| panic!("no confirmation:\n{}", t.contents()));
+    wait_screen(&t, "the confirmation", |s| {
+        s.contains("withdraw \"plan.md\"? y/n")
+    });
     t.send(b"n");
-    t.wait_for(SHOW, |s| s.contains("cancelled"))
-        .unwrap_or_else(|| panic!("n did not cancel:\n{}", t.contents()));
+    wait_screen(&t, "cancelled", |s| s.contains("cancelled"));
     assert_eq!(record(&m, "plan.md").unwrap()["status"], "pending");
 
     t.send(b"w");
-    t.wait_for(SHOW, |s| s.contains("withdraw \"plan.md\"? y/n"))
-        .unwrap_or_else(|| panic!("no confirmation:\n{}", t.contents()));
+    wait_screen(&t, "the confirmation", |s| {
+        s.contains("withdraw \"plan.md\"? y/n")
+    });
     t.send(b"y");
     wait_row(&t, "\"plan.md\"", &["\"alice\" -> \"bob\"", "withdrawn"]);
-    assert!(
-        t.wait_for(SHOW, |s| s.contains("withdrew plan.md"))
-            .is_some(),
-        "{}",
-        t.contents()
-    );
+    wait_screen(&t, "the reply", |s| s.contains("withdrew plan.md"));
     let rec = record(&m, "plan.md").unwrap();
     assert_eq!(
         (rec["status"].as_str(), rec["live"].as_bool()),
@@ -169,12 +173,9 @@ fn w_then_y_withdraws_the_selected_record_and_n_does_not() {
     let mut b = board(&m, Some("bob"));
     wait_row(&b, "\"plan.md\"", &["pending"]);
     b.send(b"wy");
-    assert!(
-        b.wait_for(SHOW, |s| s.contains("refused (handoff_not_giver)"))
-            .is_some(),
-        "{}",
-        b.contents()
-    );
+    wait_screen(&b, "the refusal", |s| {
+        s.contains("refused (handoff_not_giver)")
+    });
     assert_eq!(live_record(&m, "plan.md").unwrap()["status"], "pending");
     t.send(b"q");
     assert!(t.exit(SHOW).is_some_and(|s| s.success()), "q did not quit");
