@@ -6,6 +6,7 @@ mod coherent;
 mod common;
 #[path = "common/pty.rs"]
 mod pty;
+use common::users;
 
 use coherent::*;
 use std::process::Command;
@@ -16,10 +17,29 @@ const SHOW: Duration = Duration::from_secs(10);
 /// `coherent top` in the mount root in a 50x200 terminal, as `who` (None: unattributed).
 fn board(m: &impl Root, who: Who) -> pty::Pty {
     let mut c = Command::new(CLI);
-    c.arg("top").current_dir(m.root());
+    c.arg("top");
     for t in TAGS {
         c.env_remove(t);
     }
+    shown(m, who, c)
+}
+
+/// The same as the test user `u`. Not through [`users::User::argv`]: its `timeout` puts the
+/// program in a process group of its own, which a terminal treats as a background job (it
+/// is stopped as soon as it sets the terminal up).
+fn board_as(m: &impl Root, u: &users::User, who: Who) -> pty::Pty {
+    let mut c = Command::new("setpriv");
+    c.arg(format!("--reuid={}", u.uid))
+        .arg(format!("--regid={}", u.gid))
+        .args(["--init-groups", "--", CLI, "top"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", "/");
+    shown(m, who, c)
+}
+
+fn shown(m: &impl Root, who: Who, mut c: Command) -> pty::Pty {
+    c.current_dir(m.root());
     if let Some(w) = who {
         c.env("COHERENT_SESSION", w);
     }
@@ -216,4 +236,50 @@ fn a_transfer_reaches_the_screen_within_100_ms() {
         median <= Duration::from_millis(100),
         "median {median:?}: {lat:?}"
     );
+}
+
+/// The board reads what the volume gives its reader: a user who cannot look a path up
+/// sees neither its row nor its note, while its owner sees both.
+#[test]
+fn each_reader_sees_only_the_paths_it_could_look_up() {
+    let (u1, u2) = (users::u1(), users::u2());
+    let m = mount(false);
+    // other users reach the mount root (the harness's temporary directories are 0700)
+    for (dir, mode) in [(m.mnt.parent().unwrap(), 0o755), (m.mnt.as_path(), 0o777)] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let (alice, bob) = (unique("alice"), unique("bob"));
+    let run = |u: &users::User, who: &str, cmd: &str| {
+        let o = u.sh(m.root(), &[("COHERENT_SESSION", who)], cmd);
+        assert!(o.status.success(), "{cmd}: {o:?}");
+    };
+    run(
+        &u1,
+        &alice,
+        "mkdir -m 700 private && echo s > private/hidden.md && cat private/hidden.md && \
+         echo p > public.md && chmod 644 public.md",
+    );
+    run(&u1, &bob, &format!("{CLI} register"));
+    run(
+        &u1,
+        &alice,
+        &format!(
+            "{CLI} transfer --to {bob} --note secret-note-7f3a private/hidden.md && \
+             {CLI} transfer --to {bob} --note open-note public.md"
+        ),
+    );
+    let owner = board_as(&m, &u1, Some(&alice));
+    wait_row(
+        &owner,
+        "\"private/hidden.md\"",
+        &["pending", "secret-note-7f3a"],
+    );
+    wait_row(&owner, "\"public.md\"", &["pending", "open-note"]);
+
+    let other = board_as(&m, &u2, None);
+    wait_row(&other, "\"public.md\"", &["pending", "open-note"]);
+    let s = other.contents();
+    assert!(!s.contains("hidden") && !s.contains("secret-note"), "{s}");
+    assert!(s.contains(" files 1/1 "), "{s}");
 }
