@@ -104,7 +104,7 @@ fn the_board_shows_a_transfer_and_the_refused_write_of_its_giver() {
         line_of(&s, "\"alice\" waits on \"bob\" (1 file(s))").is_some(),
         "{s}"
     );
-    let fenced = format!("\"alice\" {} FENCED on 1", short_of("alice"));
+    let fenced = format!("\"alice\" {} FENCED 1", short_of("alice"));
     assert!(line_of(&s, &fenced).is_some(), "{s}");
 
     // the giver's write is refused: it shows under refusals, by session and route

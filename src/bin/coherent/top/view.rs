@@ -10,6 +10,9 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table, TableState};
 use ratatui::Frame;
 
+/// From this width on, the panes under the files sit side by side.
+const WIDE: u16 = 160;
+
 /// A file or session name as the board shows it.
 pub(crate) fn q(name: &str) -> String {
     coherent::names::quote_for_message(name)
@@ -71,10 +74,8 @@ fn file_row<'a>(path: &str, f: &File, now: i64) -> Row<'a> {
     let mut cells = vec![q(path), ver, holder(f)];
     match rec {
         Some(r) => {
-            let mut status = r.status.clone();
-            if let (Some(c), "overtaken") = (&r.counterparty, r.status.as_str()) {
-                status = format!("overtaken by {}", q(c));
-            }
+            // who overtook it is its holder (it acquired or wrote the file)
+            let status = r.status.clone();
             cells.push(format!("{} -> {}", q(&r.giver), who(&r.successor)));
             cells.push(status);
             cells.push(age(now, r.updated));
@@ -92,12 +93,14 @@ fn file_row<'a>(path: &str, f: &File, now: i64) -> Row<'a> {
 
 pub(crate) fn render(frame: &mut Frame, app: &mut App) {
     let area = frame.area();
+    // the four panes side by side on a wide terminal, two by two on a narrower one
+    let wide = area.width >= WIDE;
     let [head, table, panes, foot] = Layout::default()
         .direction(Direction::Vertical)
         .constraints([
             Constraint::Length(1),
             Constraint::Min(5),
-            Constraint::Length(10),
+            Constraint::Length(if wide { 10 } else { 16 }),
             Constraint::Length(1),
         ])
         .areas(area);
@@ -153,11 +156,11 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
     let t = Table::new(
         visible,
         [
-            Constraint::Percentage(25),
+            Constraint::Percentage(24),
             Constraint::Length(5),
             Constraint::Length(16),
             Constraint::Percentage(22),
-            Constraint::Length(12),
+            Constraint::Length(11),
             Constraint::Length(4),
             Constraint::Min(8),
         ],
@@ -171,16 +174,31 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
     )));
     frame.render_stateful_widget(t, table, &mut state);
 
-    let [sess, offers, refusals, hosts] = Layout::default()
-        .direction(Direction::Horizontal)
-        .constraints([
-            Constraint::Percentage(20),
-            Constraint::Percentage(30),
-            Constraint::Percentage(30),
-            Constraint::Percentage(20),
-        ])
-        .areas(panes);
-    let lines = panes.height.saturating_sub(2) as usize;
+    let [sess, offers, refusals, hosts] = if wide {
+        Layout::default()
+            .direction(Direction::Horizontal)
+            .constraints([
+                Constraint::Percentage(20),
+                Constraint::Percentage(30),
+                Constraint::Percentage(30),
+                Constraint::Percentage(20),
+            ])
+            .areas(panes)
+    } else {
+        let halves = |r| {
+            Layout::default()
+                .direction(Direction::Horizontal)
+                .constraints([Constraint::Percentage(45), Constraint::Percentage(55)])
+                .areas::<2>(r)
+        };
+        let [top, bottom] = Layout::default()
+            .direction(Direction::Vertical)
+            .constraints([Constraint::Ratio(1, 2), Constraint::Ratio(1, 2)])
+            .areas(panes);
+        let ([a, b], [c, d]) = (halves(top), halves(bottom));
+        [a, b, d, c]
+    };
+    let lines = sess.height.saturating_sub(2) as usize;
     let pane = |title: &str, body: Vec<String>| {
         Paragraph::new(body.into_iter().map(Line::from).collect::<Vec<_>>()).block(
             Block::default()
@@ -208,7 +226,7 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
                 .unwrap_or_default();
             match n {
                 0 => format!("{}{id}", q(s)),
-                n => format!("{}{id} FENCED on {n}", q(s)),
+                n => format!("{}{id} FENCED {n}", q(s)),
             }
         })
         .collect();
