@@ -124,6 +124,18 @@ fn the_board_shows_a_transfer_and_the_refused_write_of_its_giver() {
 }
 
 #[test]
+fn without_a_terminal_it_says_what_to_use_instead() {
+    let m = mount(false);
+    let r = cli(&m, None, &["top"]);
+    assert_eq!(r.code, Some(1), "{}", r.show());
+    assert!(
+        r.err.contains("not one") && r.err.contains("coherent watch"),
+        "{}",
+        r.show()
+    );
+}
+
+#[test]
 fn the_filter_narrows_the_rows_to_a_session_or_a_path() {
     let m = mount(false);
     sh_ok(&m, Some("alice"), "echo a > a.md");

@@ -98,3 +98,36 @@ fn a_verb_waits_for_yes() {
         Some((Action::Decline, "src/f00001.rs".to_string()))
     );
 }
+
+#[test]
+fn the_hosts_pane_names_each_host_and_its_lease() {
+    let mut b = Board::default();
+    b.apply_status(
+        &json!({"sessions": [], "live": [], "ended": [], "coordinator": {
+        "host": "h1", "connected": true, "confirmed": true,
+        "hosts": [{"host": "h1", "applied": 12}, {"host": "h2", "applied": 11}]}}),
+    );
+    b.apply_event(
+        &json!({"seq": 1, "ts": T, "event": "commit", "path": "a", "session": "s",
+        "version": 2, "host": "h2"}),
+    );
+    let s = screen(&mut app_of(b), 200, 40);
+    assert!(s.contains("etcd: connected, lease confirmed"), "{s}");
+    assert!(s.contains("\"h1\" (this) leased rev 12"), "{s}");
+    assert!(s.contains("\"h2\" leased rev 11 last event 5s"), "{s}");
+
+    // a host whose lease ended is no longer listed by status
+    let mut b = Board::default();
+    b.apply_status(
+        &json!({"sessions": [], "live": [], "ended": [], "coordinator": {
+        "host": "h1", "connected": false, "confirmed": false, "error": "timed out",
+        "hosts": [{"host": "h1", "applied": 12}]}}),
+    );
+    b.apply_event(
+        &json!({"seq": 1, "ts": T, "event": "commit", "path": "a", "session": "s",
+        "version": 2, "host": "h2"}),
+    );
+    let s = screen(&mut app_of(b), 200, 40);
+    assert!(s.contains("lease NOT confirmed (timed out)"), "{s}");
+    assert!(s.contains("\"h2\" no lease"), "{s}");
+}
