@@ -53,16 +53,15 @@ impl Follower {
     /// One `read(2)`: the complete lines it finished (each with its newline), or the end
     /// of the log. `Err` is the message for a volume that went away.
     pub(crate) fn step(&mut self) -> Result<Step, String> {
-        let n = loop {
-            match self.file.read(&mut self.buf) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(Step::Lines(vec![])),
-                Err(e) => {
-                    return Err(format!(
-                        "coherent: the volume at {} went away ({e})",
-                        self.root.display()
-                    ))
-                }
+        let n = match self.file.read(&mut self.buf) {
+            Ok(n) => n,
+            // a signal: the caller may want to stop before the next read
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(Step::Lines(vec![])),
+            Err(e) => {
+                return Err(format!(
+                    "coherent: the volume at {} went away ({e})",
+                    self.root.display()
+                ))
             }
         };
         if n == 0 {
