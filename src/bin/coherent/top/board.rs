@@ -378,40 +378,55 @@ impl Board {
         out
     }
 
-    /// Sessions with live records they gave: they cannot write those paths.
-    pub(crate) fn fenced(&self) -> HashMap<&str, usize> {
-        let mut m: HashMap<&str, usize> = HashMap::new();
-        for f in self.files.values() {
-            if let Some(r) = &f.live {
-                *m.entry(r.giver.as_str()).or_default() += 1;
+    /// What the panes show that takes a pass over every file, in one pass.
+    pub(crate) fn summary(&self) -> Summary {
+        let mut sum = Summary::default();
+        let mut waits: BTreeMap<(&str, &str), (usize, i64)> = BTreeMap::new();
+        for (p, f) in &self.files {
+            let Some(r) = &f.live else {
+                continue;
+            };
+            sum.live += 1;
+            // the giver of a live record cannot write its file
+            match sum.fenced.get_mut(&r.giver) {
+                Some(n) => *n += 1,
+                None => {
+                    sum.fenced.insert(r.giver.clone(), 1);
+                }
+            }
+            // and waits on its successor (or on the session that overtook it, or on
+            // anyone for an open offer) until it writes or declines, or the giver withdraws
+            let on = match (&r.counterparty, r.status.as_str()) {
+                (Some(c), "overtaken") => c.as_str(),
+                _ => r.successor.as_str(),
+            };
+            let w = waits.entry((r.giver.as_str(), on)).or_insert((0, i64::MAX));
+            w.0 += 1;
+            w.1 = w.1.min(r.created);
+            if r.unclaimed() {
+                sum.offers.push((p.clone(), r.clone()));
             }
         }
-        m
-    }
-
-    /// Who waits on whom: the giver of a live record waits on its successor (or on the
-    /// session that overtook it, or on anyone for an unclaimed offer) until it writes,
-    /// declines, or the giver withdraws. (giver, on whom, paths, since when (ms)).
-    pub(crate) fn waits(&self) -> Vec<(String, String, usize, i64)> {
-        let mut m: BTreeMap<(&str, &str), (usize, i64)> = BTreeMap::new();
-        for f in self.files.values() {
-            if let Some(r) = &f.live {
-                let on = match (&r.counterparty, r.status.as_str()) {
-                    (Some(c), "overtaken") => c.as_str(),
-                    _ => r.successor.as_str(),
-                };
-                let e = m.entry((r.giver.as_str(), on)).or_insert((0, i64::MAX));
-                e.0 += 1;
-                e.1 = e.1.min(r.created);
-            }
-        }
-        let mut v: Vec<_> = m
+        sum.waits = waits
             .into_iter()
             .map(|((g, on), (n, since))| (g.to_string(), on.to_string(), n, since))
             .collect();
-        v.sort_by_key(|w| w.3);
-        v
+        sum.waits.sort_by_key(|w| w.3);
+        sum
     }
+}
+
+/// The board's totals and cross-file views (see [`Board::summary`]).
+#[derive(Debug, Default)]
+pub(crate) struct Summary {
+    /// Files with a live record.
+    pub live: usize,
+    /// Sessions fenced, with the number of files.
+    pub fenced: HashMap<String, usize>,
+    /// (giver, on whom, files, since when (ms)), the oldest first.
+    pub waits: Vec<(String, String, usize, i64)>,
+    /// Open offers to anyone: (path, record).
+    pub offers: Vec<(String, Rec)>,
 }
 
 #[cfg(test)]
@@ -445,7 +460,7 @@ mod tests {
             (live.status.as_str(), live.id, live.note_head()),
             ("pending", Some(2), Some("first"))
         );
-        assert_eq!(b.fenced().get("alice"), Some(&1));
+        assert_eq!(b.summary().fenced.get("alice"), Some(&1));
         ev(
             &mut b,
             json!({"seq":3,"ts":t,"event":"accept","path":"p","session":"bob","record":2}),
@@ -458,7 +473,7 @@ mod tests {
         );
         assert!(b.files["p"].live.is_none());
         assert_eq!(b.files["p"].ended.as_ref().unwrap().status, "completed");
-        assert!(b.fenced().is_empty());
+        assert!(b.summary().fenced.is_empty());
         ev(
             &mut b,
             json!({"seq":5,"ts":t,"event":"denied","path":"p","session":"alice",

@@ -89,6 +89,8 @@ pub(crate) struct App {
     quit: bool,
     /// The rows, kept until the board or the filter changes.
     rows: Option<(u64, String, std::rc::Rc<Vec<String>>)>,
+    /// The summary, kept until the board changes.
+    summary: Option<(u64, std::rc::Rc<board::Summary>)>,
     /// For tests: a fixed clock (ms).
     clock: Option<i64>,
 }
@@ -106,6 +108,7 @@ impl App {
             message: String::new(),
             quit: false,
             rows: None,
+            summary: None,
             clock: None,
         }
     }
@@ -113,6 +116,17 @@ impl App {
     pub(crate) fn now(&self) -> i64 {
         self.clock
             .unwrap_or_else(|| coherent::coherence::Timestamp::now().millis())
+    }
+
+    pub(crate) fn summary(&mut self) -> std::rc::Rc<board::Summary> {
+        match &self.summary {
+            Some((g, s)) if *g == self.board.generation => s.clone(),
+            _ => {
+                let s = std::rc::Rc::new(self.board.summary());
+                self.summary = Some((self.board.generation, s.clone()));
+                s
+            }
+        }
     }
 
     /// The paths shown, in order: files with a live record, then with an ended one, then

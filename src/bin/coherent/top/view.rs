@@ -109,9 +109,10 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
     // the files: only the rows that fit are built
     let height = table.height.saturating_sub(3) as usize;
     app.fit(rows.len(), height);
-    let fenced = app.board.fenced();
+    let sum = app.summary();
+    let fenced = &sum.fenced;
     let b = &app.board;
-    let live = b.files.values().filter(|f| f.live.is_some()).count();
+    let live = sum.live;
     let mut title = format!(
         "coherent top {} | {} session(s), {} file(s), {} live record(s), {} fenced session(s), {} event(s)",
         q(&app.root.to_string_lossy()),
@@ -233,10 +234,9 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
     frame.render_widget(pane("sessions", body), sess);
 
     // open offers, then who waits on whom
-    let mut body: Vec<String> = b
-        .files
+    let mut body: Vec<String> = sum
+        .offers
         .iter()
-        .filter_map(|(p, f)| f.live.as_ref().filter(|r| r.unclaimed()).map(|r| (p, r)))
         .filter(|(p, r)| {
             app.filter.is_empty() || p.contains(&app.filter) || r.giver.contains(&app.filter)
         })
@@ -253,7 +253,7 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
             )
         })
         .collect();
-    for (giver, on, n, since) in b.waits() {
+    for (giver, on, n, since) in &sum.waits {
         if body.len() >= lines {
             break;
         }
@@ -262,9 +262,9 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
         }
         body.push(format!(
             "{} waits on {} ({n} file(s)) since {}",
-            q(&giver),
-            who(&on),
-            age(now, since)
+            q(giver),
+            who(on),
+            age(now, *since)
         ));
     }
     frame.render_widget(pane("offers (--to any) and waits", body), offers);
