@@ -295,3 +295,55 @@ fn each_reader_sees_only_the_paths_it_could_look_up() {
     assert!(!s.contains("hidden") && !s.contains("secret-note"), "{s}");
     assert!(s.contains(" files 1/1 "), "{s}");
 }
+
+/// The same over a board of 10 000 live records: the board reads them from the log and
+/// status at start, then each new transfer is one more event and one redraw. Printed for
+/// docs/board.md; held to a looser bound than the small board's, since every redraw of a
+/// debug build passes over the 10 000 records.
+#[test]
+fn a_transfer_reaches_a_board_of_ten_thousand_records() {
+    let m = mount(false);
+    sh_ok(
+        &m,
+        Some("alice"),
+        "mkdir d && for i in $(seq -w 0 9999); do echo x > d/f$i.md; done && \
+         for i in $(seq -w 0 19); do echo x > a$i.md; done",
+    );
+    touch_session(&m, "bob");
+    let r = sh(
+        &m,
+        Some("alice"),
+        &format!("{CLI} transfer --to bob d/*.md >/dev/null"),
+    );
+    assert!(r.ok(), "{}", r.show());
+    let started = Instant::now();
+    let t = board(&m, None);
+    wait_screen(&t, "10 000 live records", |s| {
+        s.contains(" 10000 live record(s)")
+    });
+    println!(
+        "a board of 10000 live records up in {:?}",
+        started.elapsed()
+    );
+    let mut lat = Vec::new();
+    for i in 0..20 {
+        let f = format!("a{i:02}.md");
+        transfer(&m, "alice", "bob", &[&f]);
+        let returned = Instant::now();
+        // the newest live records sort first by path: a.. before d/..
+        let shown = wait_row(&t, &format!("\"{f}\""), &["pending"]);
+        lat.push(shown.saturating_duration_since(returned));
+    }
+    lat.sort();
+    let median = lat[lat.len() / 2];
+    println!(
+        "event to screen with 10000 live records, 20 transfers: median {median:?}, min {:?}, \
+         max {:?}",
+        lat[0],
+        lat[lat.len() - 1]
+    );
+    assert!(
+        median <= Duration::from_millis(250),
+        "median {median:?}: {lat:?}"
+    );
+}
