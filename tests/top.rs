@@ -14,9 +14,15 @@ use std::time::{Duration, Instant};
 
 const SHOW: Duration = Duration::from_secs(10);
 
+/// The `coherent` that draws the board: this build's, or `COHERENT_TOP_BIN` (to measure
+/// a release build: `COHERENT_TOP_BIN=target/release/coherent cargo test --test top`).
+fn top_bin() -> String {
+    std::env::var("COHERENT_TOP_BIN").unwrap_or_else(|_| CLI.to_string())
+}
+
 /// `coherent top` in the mount root in a 50x200 terminal, as `who` (None: unattributed).
 fn board(m: &impl Root, who: Who) -> pty::Pty {
-    let mut c = Command::new(CLI);
+    let mut c = Command::new(top_bin());
     c.arg("top");
     for t in TAGS {
         c.env_remove(t);
@@ -31,7 +37,7 @@ fn board_as(m: &impl Root, u: &users::User, who: Who) -> pty::Pty {
     let mut c = Command::new("setpriv");
     c.arg(format!("--reuid={}", u.uid))
         .arg(format!("--regid={}", u.gid))
-        .args(["--init-groups", "--", CLI, "top"])
+        .args(["--init-groups", "--", &top_bin(), "top"])
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("HOME", "/");
