@@ -142,6 +142,15 @@ fn without_a_terminal_it_says_what_to_use_instead() {
 }
 
 #[test]
+fn outside_a_volume_it_exits_4() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Command::new(top_bin());
+    let r = run_in(dir.path(), &[], c.arg("top"));
+    assert_eq!(r.code, Some(4), "{}", r.show());
+    assert!(r.err.contains("no coherent volume here"), "{}", r.show());
+}
+
+#[test]
 fn the_filter_narrows_the_rows_to_a_session_or_a_path() {
     let m = mount(false);
     sh_ok(&m, Some("alice"), "echo a > a.md");
