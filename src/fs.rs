@@ -134,8 +134,8 @@ pub struct Fs {
 
 impl Fs {
     /// A filesystem over the backing directory `root` (an `O_PATH` descriptor, opened
-    /// before mounting). Sets the process umask to 0: modes from the kernel are already
-    /// masked.
+    /// before mounting). Sets the process umask to 0: a create applies the caller's umask
+    /// (the `*_umask` methods), on its own thread only (docs/permissions.md).
     pub fn new(
         root: std::os::fd::OwnedFd,
         policy: Arc<dyn Policy>,
@@ -167,6 +167,13 @@ impl Fs {
 
     pub fn counters(&self) -> &Arc<Counters> {
         &self.counters
+    }
+
+    /// Tell the pseudo tree how file data flows (see [`PseudoFs::set_data_mode`]).
+    pub fn set_data_mode(&self, mode: &str) {
+        if let Some(p) = &self.pseudo {
+            p.set_data_mode(mode);
+        }
     }
 
     /// Were FUSE passthrough opens asked for?
@@ -415,12 +422,28 @@ impl Fs {
         }
     }
 
+    /// `mknod` of a mode already masked (umask 0).
     pub fn mknod(
         &self,
         caller: &Caller,
         parent: u64,
         name: &OsStr,
         mode: u32,
+        rdev: u32,
+    ) -> FsResult<Entry> {
+        self.mknod_umask(caller, parent, name, mode, 0, rdev)
+    }
+
+    /// `mknod` of `mode` as the kernel sends it with POSIX ACLs (unmasked) and the
+    /// caller's `umask`, which the backing filesystem applies unless a default ACL of the
+    /// parent takes its place.
+    pub fn mknod_umask(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         rdev: u32,
     ) -> FsResult<Entry> {
         self.refuse_pseudo(&[], &[(parent, name)], libc::EACCES)?;
@@ -431,11 +454,24 @@ impl Fs {
             rdev,
         };
         self.entry(self.guarded(caller, &route, || {
-            self.store.mknod(caller, parent, name, mode, rdev)
+            self.store.mknod(caller, parent, name, mode, umask, rdev)
         }))
     }
 
+    /// `mkdir` of a mode already masked (umask 0).
     pub fn mkdir(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32) -> FsResult<Entry> {
+        self.mkdir_umask(caller, parent, name, mode, 0)
+    }
+
+    /// `mkdir` of an unmasked `mode` with the caller's `umask` (see [`Fs::mknod_umask`]).
+    pub fn mkdir_umask(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Entry> {
         self.refuse_pseudo(&[], &[(parent, name)], libc::EEXIST)?;
         let path = self.store.child_path(parent, name);
         let route = WriteRoute::Mkdir {
@@ -443,7 +479,7 @@ impl Fs {
             mode,
         };
         self.entry(self.guarded(caller, &route, || {
-            self.store.mkdir(caller, parent, name, mode)
+            self.store.mkdir(caller, parent, name, mode, umask)
         }))
     }
 
@@ -570,13 +606,27 @@ impl Fs {
         Ok(o)
     }
 
-    /// `open(2)` with `O_CREAT` of a name that did not exist.
+    /// `open(2)` with `O_CREAT` of a name that did not exist, of a mode already masked.
     pub fn create(
         &self,
         caller: &Caller,
         parent: u64,
         name: &OsStr,
         mode: u32,
+        flags: i32,
+    ) -> FsResult<Created> {
+        self.create_umask(caller, parent, name, mode, 0, flags)
+    }
+
+    /// [`Fs::create`] of an unmasked `mode` with the caller's `umask` (see
+    /// [`Fs::mknod_umask`]).
+    pub fn create_umask(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         flags: i32,
     ) -> FsResult<Created> {
         self.refuse_pseudo(&[], &[(parent, name)], libc::EACCES)?;
@@ -587,7 +637,7 @@ impl Fs {
             mode,
         };
         let permit = self.policy.before_write(caller, &route)?;
-        let (attr, made) = match self.store.create(caller, parent, name, mode, flags) {
+        let (attr, made) = match self.store.create(caller, parent, name, mode, umask, flags) {
             Ok((attr, fh, h)) => (Some(attr), Ok((fh, h))),
             Err(e) => (None, Err(e)),
         };
@@ -819,7 +869,7 @@ impl Fs {
             name,
         };
         self.guarded(caller, &route, || {
-            self.store.setxattr(ino, name, value, flags)
+            self.store.setxattr(caller, ino, name, value, flags)
         })
     }
 
@@ -830,7 +880,7 @@ impl Fs {
             path: path.as_deref(),
             name,
         };
-        self.guarded(caller, &route, || self.store.removexattr(ino, name))
+        self.guarded(caller, &route, || self.store.removexattr(caller, ino, name))
     }
 
     /// An xattr's value (`size` 0: only its length): computed by the policy, or the

@@ -63,16 +63,26 @@ impl CoherentFs {
         &self.fs
     }
 
-    /// Every request: count it, and who sent it.
+    /// Every request: count it, note when it began (what it may block on is bounded from
+    /// then: [`crate::request_timeout`]), and who sent it.
     fn begin(&self, op: Op, req: &Request) -> Caller {
         self.counters.count(op);
+        crate::request_timeout::begin();
         caller(req)
     }
 
     /// The backing id for an opened backing file, when passthrough is in use.
     fn passthrough_of(&self, o: &Opened, reply: &impl OpenBacking) -> Option<Arc<BackingId>> {
         let h = o.handle.as_ref()?;
-        self.backings.id(h, || reply.open_backing(&h.file))
+        let was = self.backings.active();
+        let id = self.backings.id(h, || reply.open_backing(&h.file));
+        if was && !self.backings.active() {
+            // Given up for the rest of the mount: `status` must not say passthrough.
+            self.fs.set_data_mode(
+                "through the daemon (registering a passthrough backing file failed; see the log)",
+            );
+        }
+        id
     }
 }
 
@@ -87,6 +97,19 @@ impl Filesystem for CoherentFs {
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             let _ = config.add_capabilities(flag);
+        }
+        // POSIX ACLs (docs/permissions.md): the kernel's permission check (on always with
+        // them, as `default_permissions`) then reads `system.posix_acl_access` through
+        // GETXATTR, and leaves the umask to us: the mode comes unmasked with the caller's
+        // umask beside it (FUSE_DONT_MASK), for the backing filesystem to apply or to
+        // replace by the parent's default ACL. Both or neither: ACL checks with the kernel
+        // still masking would lose the default ACL's inheritance.
+        let acl = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+        if let Err(missing) = config.add_capabilities(acl) {
+            tracing::warn!(
+                "the kernel does not offer {missing:?}: permission checks count the mode \
+                 only, not POSIX ACLs (needs Linux 4.9+)"
+            );
         }
         let _ = config.set_max_write(MAX_IO);
         if let Err(max) = config.set_max_readahead(MAX_IO) {
@@ -116,6 +139,7 @@ impl Filesystem for CoherentFs {
             }
         };
         tracing::info!("data mode: {mode}");
+        self.fs.set_data_mode(mode);
         Ok(())
     }
 
@@ -187,12 +211,12 @@ impl Filesystem for CoherentFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
         let c = self.begin(Op::Mknod, req);
-        let r = self.fs.mknod(&c, parent.0, name, mode, rdev);
+        let r = self.fs.mknod_umask(&c, parent.0, name, mode, umask, rdev);
         answer(Op::Mknod, r, reply, entry)
     }
 
@@ -202,16 +226,12 @@ impl Filesystem for CoherentFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let c = self.begin(Op::Mkdir, req);
-        answer(
-            Op::Mkdir,
-            self.fs.mkdir(&c, parent.0, name, mode),
-            reply,
-            entry,
-        )
+        let r = self.fs.mkdir_umask(&c, parent.0, name, mode, umask);
+        answer(Op::Mkdir, r, reply, entry)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -292,12 +312,12 @@ impl Filesystem for CoherentFs {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let c = self.begin(Op::Create, req);
-        let r = self.fs.create(&c, parent.0, name, mode, flags);
+        let r = self.fs.create_umask(&c, parent.0, name, mode, umask, flags);
         answer(Op::Create, r, reply, |reply, made| {
             let (o, ttl) = (made.opened, made.entry.ttl);
             let fa = made

@@ -124,6 +124,12 @@ pub enum JournalError {
     },
     /// The coordinator (`--coordinator`) could not be reached at start.
     Coordinator(String),
+    /// Another user could change what the state directory's path names (a directory of
+    /// theirs on the way): `why` names the component.
+    UnsafePath {
+        dir: PathBuf,
+        why: String,
+    },
 }
 
 impl std::fmt::Display for JournalError {
@@ -151,6 +157,12 @@ impl std::fmt::Display for JournalError {
                 dir.display()
             ),
             JournalError::Coordinator(why) => f.write_str(why),
+            JournalError::UnsafePath { dir, why } => write!(
+                f,
+                "refusing the state directory {}: {why}; choose one on a path only root or \
+                 this daemon's user can change (--state-dir)",
+                dir.display()
+            ),
         }
     }
 }
@@ -354,7 +366,7 @@ impl Journal {
         if good < log_len {
             // Keep the damaged bytes for a human, then cut them off so appends follow the
             // last good event.
-            let mut f = File::open(&log_path).map_err(io_err("reopen log"))?;
+            let mut f = dir::open_private(&log_path).map_err(io_err("reopen log"))?;
             f.seek(SeekFrom::Start(good)).map_err(io_err("seek log"))?;
             let mut tail = Vec::new();
             f.read_to_end(&mut tail).map_err(io_err("read log tail"))?;

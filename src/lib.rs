@@ -16,7 +16,8 @@
 //!    only what it may see ([`visibility`], [`access`], [`beneath`]).
 //!
 //! Underneath: [`error`] (reason codes and errnos), [`names`] (the session-name rule),
-//! [`sys`] (`/proc` readers), [`bypass`] (processes inside an in-place mount).
+//! [`sys`] (`/proc` readers), [`bypass`] (processes inside an in-place mount),
+//! [`request_timeout`] (how long the kernel lets a request be held).
 
 // 1. The kernel's side.
 pub mod fs;
@@ -43,4 +44,5 @@ pub mod visibility;
 pub mod bypass;
 pub mod error;
 pub mod names;
+pub mod request_timeout;
 pub mod sys;

@@ -24,10 +24,13 @@ use parking_lot::{Mutex, RwLock};
 
 mod creds;
 mod handles;
+mod print;
 mod sys;
 mod types;
+mod umask;
 
 use handles::{handle_at, open_handle, FdCache, FileHandle, HandleOf};
+pub use print::{fingerprint_at, has_content, Fingerprint};
 use sys::{backing_flags, cstr, cvt, fstat_fd, fstatat, open_path_at, proc_path, xattr_reply};
 pub use types::*;
 
@@ -649,22 +652,38 @@ impl Store {
         self.lookup(parent, name)
     }
 
+    /// `mknod` of `mode` (unmasked) with the caller's `umask` (see [`umask`]).
     pub fn mknod(
         &self,
         caller: &Caller,
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
         rdev: u32,
     ) -> FsResult<Attr> {
         self.create_node(caller, parent, name, |d, n| {
-            cvt(unsafe { libc::mknodat(d, n.as_ptr(), mode, rdev as libc::dev_t) }).map(drop)
+            umask::with_umask(mode, umask, |mode| {
+                cvt(unsafe { libc::mknodat(d, n.as_ptr(), mode, rdev as libc::dev_t) })
+            })
+            .map(drop)
         })
     }
 
-    pub fn mkdir(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32) -> FsResult<Attr> {
+    /// `mkdir` of `mode` (unmasked) with the caller's `umask` (see [`umask`]).
+    pub fn mkdir(
+        &self,
+        caller: &Caller,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Attr> {
         self.create_node(caller, parent, name, |d, n| {
-            cvt(unsafe { libc::mkdirat(d, n.as_ptr(), mode) }).map(drop)
+            umask::with_umask(mode, umask, |mode| {
+                cvt(unsafe { libc::mkdirat(d, n.as_ptr(), mode) })
+            })
+            .map(drop)
         })
     }
 
@@ -681,13 +700,15 @@ impl Store {
         })
     }
 
-    /// Create and open a regular file; counts one lookup and returns a handle id.
+    /// Create and open a regular file of `mode` (unmasked) with the caller's `umask` (see
+    /// [`umask`]); counts one lookup and returns a handle id.
     pub fn create(
         &self,
         caller: &Caller,
         parent: u64,
         name: &OsStr,
         mode: u32,
+        umask: u32,
         flags: i32,
     ) -> FsResult<(Attr, u64, Arc<Handle>)> {
         if self.is_hidden(parent, name) {
@@ -697,13 +718,15 @@ impl Store {
         let c = cstr(name)?;
         let fd = {
             let _as = creds::AsCaller::enter(caller);
-            cvt(unsafe {
-                libc::openat(
-                    dir_fd.as_raw_fd(),
-                    c.as_ptr(),
-                    backing_flags(flags) | libc::O_CREAT | libc::O_CLOEXEC,
-                    mode,
-                )
+            umask::with_umask(mode, umask, |mode| {
+                cvt(unsafe {
+                    libc::openat(
+                        dir_fd.as_raw_fd(),
+                        c.as_ptr(),
+                        backing_flags(flags) | libc::O_CREAT | libc::O_CLOEXEC,
+                        mode,
+                    )
+                })
             })?
         };
         let file = unsafe { File::from_raw_fd(fd) };
@@ -1182,6 +1205,10 @@ impl Store {
     }
 
     /// Get an xattr; `size` 0 asks for the length only (returned as an empty vec + len).
+    ///
+    /// The kernel asks for `system.posix_acl_access` to check permissions (POSIX ACLs are
+    /// negotiated): a backing filesystem without ACL support has no ACLs, and its answer
+    /// `EOPNOTSUPP` would fail every check, so it is `ENODATA` (no ACL: the mode decides).
     pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> FsResult<XattrReply> {
         let (node, p, _fd) = self.xattr_target(ino)?;
         if node.kind == Kind::Symlink {
@@ -1191,8 +1218,11 @@ impl Store {
         let mut buf = vec![0u8; size as usize];
         let r = cvt(unsafe {
             libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        })?;
-        Ok(xattr_reply(buf, r as usize, size))
+        });
+        match r {
+            Err(FsError(libc::EOPNOTSUPP)) if is_posix_acl(name) => Err(FsError(libc::ENODATA)),
+            r => Ok(xattr_reply(buf, r? as usize, size)),
+        }
     }
 
     pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
@@ -1205,12 +1235,21 @@ impl Store {
         Ok(xattr_reply(buf, r as usize, size))
     }
 
-    pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> FsResult<()> {
+    /// Set an xattr. A POSIX ACL is set as the caller (see [`acl_as_caller`]).
+    pub fn setxattr(
+        &self,
+        caller: &Caller,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+    ) -> FsResult<()> {
         let (node, p, _fd) = self.xattr_target(ino)?;
         if node.kind == Kind::Symlink {
             return Err(FsError(libc::EPERM));
         }
         let n = cstr(name)?;
+        let _as = acl_as_caller(caller, name);
         cvt(unsafe {
             libc::setxattr(
                 p.as_ptr(),
@@ -1223,16 +1262,20 @@ impl Store {
         .map(drop)
     }
 
-    pub fn removexattr(&self, ino: u64, name: &OsStr) -> FsResult<()> {
+    /// Remove an xattr. A POSIX ACL is removed as the caller (see [`acl_as_caller`]).
+    pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<()> {
         let (node, p, _fd) = self.xattr_target(ino)?;
         if node.kind == Kind::Symlink {
             return Err(FsError(libc::ENODATA));
         }
         let n = cstr(name)?;
+        let _as = acl_as_caller(caller, name);
         cvt(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
     }
 
-    /// `access(2)` for the caller, from the mode bits (used without `default_permissions`).
+    /// `access(2)` for the caller, from the mode bits. The kernel sends ACCESS only when it
+    /// does not check permissions itself, which with POSIX ACLs negotiated it always does
+    /// (docs/permissions.md): this serves a kernel that does not offer them.
     pub fn access(&self, caller: &Caller, ino: u64, mask: i32) -> FsResult<()> {
         let attr = self.getattr(ino)?;
         if mask == libc::F_OK {
@@ -1259,6 +1302,23 @@ impl Store {
             Err(FsError(libc::EACCES))
         }
     }
+}
+
+/// The two xattrs that hold POSIX ACLs.
+pub fn is_posix_acl(name: &OsStr) -> bool {
+    matches!(
+        name.as_bytes(),
+        b"system.posix_acl_access" | b"system.posix_acl_default"
+    )
+}
+
+/// A POSIX ACL is set or removed with the caller's fs uid, gid and groups: the backing
+/// filesystem then decides as for the caller's own `setfacl` (only the owner may, and
+/// setting an access ACL clears set-group-ID when the caller is not in the file's group,
+/// which it never does for root). Other xattrs are set as the daemon: the kernel has
+/// checked them for the caller already.
+fn acl_as_caller(caller: &Caller, name: &OsStr) -> Option<creds::AsCaller> {
+    is_posix_acl(name).then(|| creds::AsCaller::enter(caller))
 }
 
 #[cfg(test)]
@@ -1342,12 +1402,14 @@ mod tests {
     fn bounded_descriptors(handles: bool) {
         let (d, s) = small_store(handles);
         assert_eq!(s.mount.is_some(), handles);
-        let sub = s.mkdir(&ROOT, ROOT_INO, OsStr::new("sub"), 0o755).unwrap();
+        let sub = s
+            .mkdir(&ROOT, ROOT_INO, OsStr::new("sub"), 0o755, 0)
+            .unwrap();
         let mut inos = Vec::new();
         for i in 0..300 {
             let name = format!("f{i}");
             let (a, fh, _) = s
-                .create(&ROOT, sub.ino, OsStr::new(&name), 0o644, libc::O_WRONLY)
+                .create(&ROOT, sub.ino, OsStr::new(&name), 0o644, 0, libc::O_WRONLY)
                 .unwrap();
             s.write(fh, 0, name.as_bytes()).unwrap();
             s.release(fh);
@@ -1465,7 +1527,7 @@ mod tests {
             .collect();
         assert_eq!(names, vec![OsString::from("."), OsString::from("..")]);
         assert_eq!(
-            s.mkdir(&ROOT, ROOT_INO, OsStr::new(".coherent"), 0o755),
+            s.mkdir(&ROOT, ROOT_INO, OsStr::new(".coherent"), 0o755, 0),
             Err(FsError(libc::EEXIST))
         );
     }

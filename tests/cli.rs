@@ -58,6 +58,12 @@ fn usage_errors_exit_1() {
         &["wait", "plan.md", "--until", "soon"],
         &["wait", "plan.md", "--timeout", "-1"],
         &["wait", "plan.md", "--timeout", "soon"],
+        // past what a `Duration` holds, or not a number at all: a usage error, no panic
+        &["wait", "plan.md", "--timeout", "1e300"],
+        &["wait", "plan.md", "--timeout", "1e20"],
+        &["wait", "plan.md", "--timeout", "inf"],
+        &["wait", "plan.md", "--timeout", "nan"],
+        &["wait", "plan.md", "--timeout", "86401"],
         &["run", "--", "true"],
         &["run", "--session", "a/b", "--", "true"],
         &["run", "--session", "..", "--", "true"],

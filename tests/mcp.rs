@@ -606,6 +606,61 @@ fn mcp_answers_every_malformed_frame_with_its_jsonrpc_error() {
     assert!(s.alive());
 }
 
+/// Issue 29, item 8: a frame with a key twice (at the top, in `params`, deeper) is
+/// answered -32600 naming the key, never left unanswered; the id is echoed only when it is
+/// not the repeated key.
+#[test]
+fn mcp_answers_a_frame_with_a_repeated_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Raw::start(dir.path(), "alice");
+    let cases: [(&[u8], Value, &str); 4] = [
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"ping"}"#,
+            json!(1),
+            "\"method\"",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":2,"id":3,"method":"ping"}"#,
+            Value::Null,
+            "\"id\"",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":"t","method":"tools/call","params":{"name":"status","name":"whoami"}}"#,
+            json!("t"),
+            "\"name\"",
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"status","arguments":{"path":[{"a":1,"a":2}]}}}"#,
+            json!(4),
+            "\"a\"",
+        ),
+    ];
+    for (frame, id, key) in cases {
+        let shown = String::from_utf8_lossy(frame).into_owned();
+        let mut line = frame.to_vec();
+        line.push(b'\n');
+        s.send_bytes(&line);
+        let r = s
+            .reply(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("no reply to {shown}"));
+        assert_eq!(error_code(&r), Some(-32600), "{shown}: {r}");
+        assert_eq!(r["id"], id, "{shown}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            msg.contains(&format!("the key {key} appears twice")),
+            "{shown}: {r}"
+        );
+    }
+    // equal keys in different objects are fine
+    s.send_bytes(
+        b"{\"jsonrpc\":\"2.0\",\"id\":\"p\",\"method\":\"ping\",\"params\":{\"_meta\":{\"id\":1}}}\n",
+    );
+    let r = s.reply(Duration::from_secs(20)).expect("ping answered");
+    assert_eq!(r["id"], "p", "{r}");
+    assert!(r.get("result").is_some(), "{r}");
+    s.assert_serving("after");
+}
+
 /// Limits and bad arguments are tool errors with the reason code `bad_request` and say
 /// which limit; no argument panics the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,9 +88,10 @@ fn daemons_of(mnt: &Path) -> Vec<i32> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
+        // As the helper link, or as the command mount.fuse3 runs (`coherent-mount-t...`).
         if args
             .first()
-            .is_some_and(|a| a.contains("mount.fuse.coherent"))
+            .is_some_and(|a| a.contains("mount.fuse.coherent") || a.contains("coherent-mount-t"))
             && args.contains(&want)
         {
             out.push(pid);
@@ -349,4 +350,94 @@ fn coherent_mount_refuses_unknown_options_and_users_without_dev_fuse() {
         "{err}"
     );
     assert!(!is_mounted(&udir.path().join("m")));
+}
+
+/// The command mount.fuse3 runs for type `fuse.NAME` (NAME, found on the shell's default
+/// PATH, since mount(8) passes none): a link of this test's own in /usr/local/bin, and no
+/// helper link in /sbin, removed on drop.
+struct Command3 {
+    link: PathBuf,
+}
+
+impl Drop for Command3 {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.link);
+    }
+}
+
+/// `mount -t fuse.TYPE` with no `mount.fuse.TYPE` helper: mount(8) goes through mount.fuse3,
+/// which runs `coherent-mount` through `/bin/sh` and waits for it. It must come back at
+/// once with a working, detached volume (main hung here until killed), as nodev,nosuid as
+/// through the helper link, and its log must name the `ln -s` step it did without.
+#[test]
+fn mount_t_without_the_helper_link_returns_mounted_instead_of_hanging() {
+    let h = Helper::new();
+    // This test's own type, without its helper link: mount.fuse3 it is.
+    fs::remove_file(&h.link).unwrap();
+    let name = h.fstype.strip_prefix("fuse.").unwrap().to_string();
+    let cmd = Command3 {
+        link: PathBuf::from("/usr/local/bin").join(&name),
+    };
+    let _ = fs::remove_file(&cmd.link);
+    std::os::unix::fs::symlink(BIN, &cmd.link).expect("link the command in /usr/local/bin");
+    let (b, m) = (h.p("b"), h.p("m"));
+    let log = h.p("daemon.log");
+    // mount's output goes to a file, not a pipe: a daemon left in the foreground would
+    // keep a pipe open, and the test would hang on it instead of failing.
+    let err_file = h.p("mount.err");
+    let mut child = Command::new("mount")
+        .args(["-t", &h.fstype])
+        .arg(&b)
+        .arg(&m)
+        .arg("-o")
+        .arg(format!(
+            "state_dir={},log_file={}",
+            h.p("state").display(),
+            log.display()
+        ))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(fs::File::create(&err_file).unwrap())
+        .spawn()
+        .expect("spawn mount");
+    let status = common::wait_child_quiet(&mut child, Duration::from_secs(30));
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        for pid in daemons_of(&m) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        lazy_umount(&m);
+        panic!("mount -t through mount.fuse3 hung: killed after 30 s");
+    };
+    let err = fs::read_to_string(&err_file).unwrap();
+    assert!(
+        status.success(),
+        "mount -t through mount.fuse3 failed: {status}: {err}"
+    );
+    assert!(err.is_empty(), "{err}");
+    // Not a silent success: the volume is there and answers, served by one detached daemon.
+    assert_eq!(mount_fstype(&m).as_deref(), Some("fuse"));
+    let who = fs::read_to_string(m.join(".coherent/whoami")).expect("the volume answers");
+    assert!(who.contains("\"session\""), "{who}");
+    assert_eq!(daemons_of(&m).len(), 1, "one detached daemon");
+    // mount.fuse3 appended dev,suid; the volume is nodev,nosuid all the same.
+    let flags = nix::sys::statvfs::statvfs(&m).unwrap().flags();
+    use nix::sys::statvfs::FsFlags;
+    assert!(
+        flags.contains(FsFlags::ST_NOSUID) && flags.contains(FsFlags::ST_NODEV),
+        "{flags:?}"
+    );
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("started by mount.fuse3") && text.contains("ln -s"),
+        "{text}"
+    );
+    let o = run(Command::new("umount").arg(&m));
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        wait_until(TIMEOUT, || daemons_of(&m).is_empty()),
+        "the daemon outlived umount"
+    );
+    drop(cmd);
 }

@@ -14,11 +14,15 @@ use common::{lazy_umount, spawn_mounted, wait_child, wait_until, BIN, TIMEOUT};
 use std::path::Path;
 use std::process::{Child, Command};
 
+/// The kernel's Landlock ABI (0: none).
+fn landlock_abi() -> i64 {
+    // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    unsafe { libc::syscall(444, std::ptr::null::<u8>(), 0usize, 1u32) }.max(0)
+}
+
 /// Does this kernel enforce Landlock ABI >= 3?
 fn landlock() -> bool {
-    // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    let abi = unsafe { libc::syscall(444, std::ptr::null::<u8>(), 0usize, 1u32) };
-    abi >= 3
+    landlock_abi() >= 3
 }
 
 /// `coherent run --session NAME [ARGS] -- sh -c CMD` in `dir`, with `writable` as the
@@ -261,5 +265,177 @@ fn outside_a_volume_nothing_is_restricted_and_it_says_so() {
         out.err.contains("not inside a coherent volume"),
         "{}",
         out.show()
+    );
+}
+
+/// A process started outside any `coherent run`, killed at the end of the test.
+struct Outside(Child);
+
+impl Outside {
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+    fn alive(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Outside {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A helper of the same user outside the session: it listens on the abstract unix socket
+/// `name` and appends whatever a client sends to `target` (as a tmux server's `run-shell`
+/// would), answering `done`.
+fn abstract_writer(name: &str, target: &Path) -> Outside {
+    use std::io::BufRead;
+    let mut c = python()
+        .arg("-c")
+        .arg(
+            "import socket,sys\n\
+             s=socket.socket(socket.AF_UNIX); s.bind('\\0'+sys.argv[1]); s.listen(4)\n\
+             print('ready', flush=True)\n\
+             while True:\n\
+             \x20   c,_=s.accept(); d=c.recv(100)\n\
+             \x20   open(sys.argv[2],'a').write(d.decode()); c.send(b'done'); c.close()\n",
+        )
+        .arg(name)
+        .arg(target)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    Outside(c)
+}
+
+/// Connects to the abstract socket `name`, sends `evil`, prints the answer or `errno N`.
+fn abstract_client(name: &str) -> String {
+    format!(
+        "python3 -c \"import socket\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect('\\0{name}'); \
+         s.send(b'evil'); print('answer', s.recv(9).decode())\nexcept OSError as e:\n \
+         print('errno', e.errno)\""
+    )
+}
+
+/// Issue 29, item 3: a helper of the same user started outside `coherent run` and
+/// listening on an abstract unix socket cannot be asked to write the backing directory,
+/// and no process outside the session can be signalled (Landlock ABI 6 scoping).
+#[test]
+fn a_session_cannot_reach_a_helper_outside_it_by_abstract_socket_or_signal() {
+    if landlock_abi() < 6 {
+        eprintln!("SKIP: this kernel has no Landlock ABI >= 6 (IPC scoping)");
+        return;
+    }
+    let m = mount(true);
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let s = scratch();
+    let sp = s.path().display().to_string();
+    let name = unique("coherent-ipc");
+    let _helper = abstract_writer(&name, &m.backing.join("plan.md"));
+    let out = run(m.root(), &sp, &["-v"], &abstract_client(&name));
+    assert!(
+        out.out.contains(&format!("errno {}", libc::EPERM)),
+        "the abstract socket outside was reached: {}",
+        out.show()
+    );
+    assert!(
+        out.err
+            .contains("no abstract unix socket or signal reaches outside"),
+        "{}",
+        out.show()
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.path("plan.md")).unwrap(),
+        "plan\n"
+    );
+    // A signal to a process outside: refused, and it lives on.
+    let mut sleeper = Outside(Command::new("sleep").arg("600").spawn().unwrap());
+    let pid = sleeper.pid();
+    let out = run(
+        m.root(),
+        &sp,
+        &[],
+        &format!("kill -TERM {pid} 2>&1; echo status=$?"),
+    );
+    assert!(
+        out.out.contains("Operation not permitted") && !out.out.contains("status=0"),
+        "{}",
+        out.show()
+    );
+    assert!(sleeper.alive(), "the signal reached {pid}: {}", out.show());
+    // Inside the session, its own processes still talk and signal each other.
+    let out = run(
+        m.root(),
+        &sp,
+        &[],
+        "sleep 600 & p=$!; kill -TERM $p && wait $p; echo status=$?",
+    );
+    assert!(out.out.contains("status=143"), "{}", out.show());
+    // Without the ruleset both reach outside (the hole this closes).
+    let out = run(m.root(), "", &["--no-landlock"], &abstract_client(&name));
+    assert!(out.out.contains("answer done"), "{}", out.show());
+    assert_eq!(
+        std::fs::read_to_string(m.path("plan.md")).unwrap(),
+        "plan\nevil"
+    );
+    let out = run(m.root(), "", &["--no-landlock"], &format!("kill -0 {pid}"));
+    assert!(out.ok(), "{}", out.show());
+}
+
+/// What the ruleset does not close, pinned so docs/sessions.md stays true: Landlock before
+/// ABI 9 does not check `connect` to a pathname unix socket, so a tmux server of the same
+/// user started outside, on a socket outside the mount, still runs a command for the
+/// session. If this starts failing, the kernel closed it: update docs/sessions.md.
+#[test]
+fn a_pathname_socket_outside_is_still_reachable_as_documented() {
+    if !landlock() {
+        eprintln!("SKIP: this kernel has no Landlock ABI >= 3");
+        return;
+    }
+    if Command::new("tmux").arg("-V").output().is_err() {
+        panic!("tmux is not installed (apt-get install tmux): this test needs a real tmux");
+    }
+    let m = mount(true);
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let s = scratch();
+    let sp = s.path().display().to_string();
+    let sock = s.path().join("tmux.sock");
+    let sock_s = sock.display().to_string();
+    let started = Command::new("tmux")
+        .args(["-S", &sock_s, "new-session", "-d", "sleep 600"])
+        .status()
+        .unwrap();
+    assert!(started.success());
+    struct Server(String);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux")
+                .args(["-S", &self.0, "kill-server"])
+                .status();
+        }
+    }
+    let _server = Server(sock_s.clone());
+    let b = m.backing.display().to_string();
+    let out = run(
+        m.root(),
+        &sp,
+        &[],
+        &format!("tmux -S {sock_s} run-shell 'echo tmux >> {b}/plan.md'"),
+    );
+    assert!(out.ok(), "{}", out.show());
+    let abi = landlock_abi();
+    let text = std::fs::read_to_string(m.path("plan.md")).unwrap();
+    assert_eq!(
+        text,
+        "plan\ntmux\n",
+        "on Landlock ABI {abi} a pathname socket is {}: update docs/sessions.md",
+        if text == "plan\n" { "closed" } else { "open" }
     );
 }

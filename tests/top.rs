@@ -98,8 +98,8 @@ fn the_board_shows_a_transfer_and_the_refused_write_of_its_giver() {
     );
     wait_row(
         &t,
-        "\"plan.md\"",
-        &["v1", "\"alice\" -> \"bob\"", "pending", "\"your turn\""],
+        "plan.md",
+        &["v1", "alice -> bob", "pending", "your turn"],
     );
     let s = t.contents();
     assert!(
@@ -107,24 +107,20 @@ fn the_board_shows_a_transfer_and_the_refused_write_of_its_giver() {
         "only the note's first line:\n{s}"
     );
     assert!(
-        line_of(&s, "\"alice\" waits on \"bob\" (1 file(s))").is_some(),
+        line_of(&s, "alice waits on bob (1 file(s))").is_some(),
         "{s}"
     );
-    let fenced = format!("\"alice\" {} FENCED 1", short_of("alice"));
+    let fenced = format!("alice {} FENCED 1", short_of("alice"));
     assert!(line_of(&s, &fenced).is_some(), "{s}");
 
     // the giver's write is refused: it shows under refusals, by session and route
     let r = sh(&m, Some("alice"), "echo two >> plan.md");
     assert!(r.denied(), "{}", r.show());
-    wait_row(
-        &t,
-        "\"alice\" open_write 1/min",
-        &["1 total: fenced \"plan.md\""],
-    );
+    wait_row(&t, "alice open_write 1/min", &["1 total: fenced plan.md"]);
 
     // the successor writes: the record completes and ends, the fence lifts
     sh_ok(&m, Some("bob"), "echo three >> plan.md");
-    wait_row(&t, "\"plan.md\"", &["v2", "\"bob\" M", "completed"]);
+    wait_row(&t, "plan.md", &["v2", "bob M", "completed"]);
     let s = t.contents();
     assert!(!s.contains("FENCED"), "{s}");
 }
@@ -160,27 +156,27 @@ fn the_filter_narrows_the_rows_to_a_session_or_a_path() {
     transfer(&m, "alice", "bob", &["a.md"]);
     transfer(&m, "carol", "dave", &["b.md"]);
     let mut t = board(&m, None);
-    wait_row(&t, "\"a.md\"", &["\"alice\" -> \"bob\""]);
-    wait_row(&t, "\"b.md\"", &["\"carol\" -> \"dave\""]);
+    wait_row(&t, "a.md", &["alice -> bob"]);
+    wait_row(&t, "b.md", &["carol -> dave"]);
     assert!(t.contents().contains(" files 1/2 "), "{}", t.contents());
 
     t.send(b"/dave\r");
     wait_screen(&t, "the filter narrowing to b.md", |s| {
-        s.contains(" files 1/1 ") && !s.contains("\"a.md\"")
+        s.contains(" files 1/1 ") && !s.contains("a.md")
     });
-    wait_row(&t, "\"b.md\"", &["\"carol\" -> \"dave\""]);
-    assert!(t.contents().contains("filter \"dave\" (1 row(s))"));
+    wait_row(&t, "b.md", &["carol -> dave"]);
+    assert!(t.contents().contains("filter dave (1 row(s))"));
 
     // by path, after Esc cleared the session filter
     t.send(b"\x1b");
     wait_screen(&t, "both rows after Esc", |s| {
-        s.contains("/2 ") && s.contains("\"a.md\"")
+        s.contains("/2 ") && s.contains("a.md")
     });
     t.send(b"/a.m\r");
     wait_screen(&t, "the path filter narrowing to a.md", |s| {
-        s.contains(" files 1/1 ") && !s.contains("\"b.md\"")
+        s.contains(" files 1/1 ") && !s.contains("b.md")
     });
-    wait_row(&t, "\"a.md\"", &["\"alice\" -> \"bob\""]);
+    wait_row(&t, "a.md", &["alice -> bob"]);
 }
 
 #[test]
@@ -191,11 +187,11 @@ fn w_then_y_withdraws_the_selected_record_and_n_does_not() {
     transfer(&m, "alice", "bob", &["plan.md"]);
     // the giver's own board: the verbs go to ctl as its session
     let mut t = board(&m, Some("alice"));
-    wait_row(&t, "\"plan.md\"", &["\"alice\" -> \"bob\"", "pending"]);
+    wait_row(&t, "plan.md", &["alice -> bob", "pending"]);
 
     t.send(b"w");
     wait_screen(&t, "the confirmation", |s| {
-        s.contains("withdraw \"plan.md\"? y/n")
+        s.contains("withdraw plan.md? y/n")
     });
     t.send(b"n");
     wait_screen(&t, "cancelled", |s| s.contains("cancelled"));
@@ -203,10 +199,10 @@ fn w_then_y_withdraws_the_selected_record_and_n_does_not() {
 
     t.send(b"w");
     wait_screen(&t, "the confirmation", |s| {
-        s.contains("withdraw \"plan.md\"? y/n")
+        s.contains("withdraw plan.md? y/n")
     });
     t.send(b"y");
-    wait_row(&t, "\"plan.md\"", &["\"alice\" -> \"bob\"", "withdrawn"]);
+    wait_row(&t, "plan.md", &["alice -> bob", "withdrawn"]);
     wait_screen(&t, "the reply", |s| s.contains("withdrew plan.md"));
     let rec = record(&m, "plan.md").unwrap();
     assert_eq!(
@@ -218,7 +214,7 @@ fn w_then_y_withdraws_the_selected_record_and_n_does_not() {
     // a verb the volume refuses says why: bob's board cannot withdraw alice's handoff
     transfer(&m, "alice", "bob", &["plan.md"]);
     let mut b = board(&m, Some("bob"));
-    wait_row(&b, "\"plan.md\"", &["pending"]);
+    wait_row(&b, "plan.md", &["pending"]);
     b.send(b"wy");
     wait_screen(&b, "the refusal", |s| {
         s.contains("refused (handoff_not_giver)")
@@ -249,7 +245,7 @@ fn a_transfer_reaches_the_screen_within_100_ms() {
     for f in &files {
         transfer(&m, "alice", "bob", &[f]);
         let returned = Instant::now();
-        let shown = wait_row(&t, &format!("\"{f}\""), &["pending"]);
+        let shown = wait_row(&t, &f, &["pending"]);
         lat.push(shown.saturating_duration_since(returned));
     }
     lat.sort();
@@ -299,13 +295,13 @@ fn each_reader_sees_only_the_paths_it_could_look_up() {
     let owner = board_as(&m, &u1, Some(&alice));
     wait_row(
         &owner,
-        "\"private/hidden.md\"",
+        "private/hidden.md",
         &["pending", "secret-note-7f3a"],
     );
-    wait_row(&owner, "\"public.md\"", &["pending", "open-note"]);
+    wait_row(&owner, "public.md", &["pending", "open-note"]);
 
     let other = board_as(&m, &u2, None);
-    wait_row(&other, "\"public.md\"", &["pending", "open-note"]);
+    wait_row(&other, "public.md", &["pending", "open-note"]);
     let s = other.contents();
     assert!(!s.contains("hidden") && !s.contains("secret-note"), "{s}");
     assert!(s.contains(" files 1/1 "), "{s}");
@@ -346,7 +342,7 @@ fn a_transfer_reaches_a_board_of_ten_thousand_records() {
         transfer(&m, "alice", "bob", &[&f]);
         let returned = Instant::now();
         // the newest live records sort first by path: a.. before d/..
-        let shown = wait_row(&t, &format!("\"{f}\""), &["pending"]);
+        let shown = wait_row(&t, &f, &["pending"]);
         lat.push(shown.saturating_duration_since(returned));
     }
     lat.sort();

@@ -105,6 +105,9 @@ pub(super) struct Entry {
     /// The stamp of the last logged commit: what a restart knows (`stamp` may be newer,
     /// adopted silently at first sight or by `restamp`).
     pub(super) logged_stamp: Option<Stamp>,
+    /// The fingerprint of the content at `version`, when known (taken at a transfer, or
+    /// at a commit whose print another host needs); see [`Entry::current_print`].
+    pub(super) print: Option<Print>,
     /// Some logged event touched this path: it is part of the durable state.
     pub(super) logged: bool,
     pub(super) holders: Vec<Holder>,
@@ -134,6 +137,30 @@ impl Entry {
             }
         };
         &mut self.holders[i]
+    }
+
+    /// The fingerprint of the content at the current version: the entry's own, or the
+    /// one a record handed on at this version carries (it survives a restart).
+    pub(super) fn current_print(&self) -> Option<Print> {
+        self.print.or_else(|| {
+            self.records
+                .iter()
+                .filter(|r| r.version_at_transfer == self.version)
+                .find_map(|r| r.print)
+        })
+    }
+
+    /// Fingerprints of older versions of the path known here (their records'), newest
+    /// first: a copy still holding one of them lags behind (docs/multi-host.md#copies).
+    pub(super) fn older_prints(&self) -> impl Iterator<Item = (u64, Print)> + '_ {
+        let mut v: Vec<(u64, Print)> = self
+            .records
+            .iter()
+            .filter(|r| r.version_at_transfer < self.version)
+            .filter_map(|r| r.print.map(|p| (r.version_at_transfer, p)))
+            .collect();
+        v.sort_by_key(|p| std::cmp::Reverse(p.0));
+        v.into_iter()
     }
 
     pub(super) fn writing(&self) -> bool {
@@ -246,7 +273,10 @@ pub fn valid_path(p: &str) -> bool {
 pub(super) fn bad_path(p: &str) -> Refusal {
     Refusal::new(
         Reason::BadRequest,
-        format!("'{p}' is not a path inside the volume"),
+        format!(
+            "{} is not a path inside the volume",
+            crate::names::quote_for_message(p)
+        ),
     )
 }
 
@@ -254,20 +284,24 @@ pub(super) fn bad_path(p: &str) -> Refusal {
 pub fn deny_text(path: &str, successor: &SessionInfo, version: u64) -> String {
     if successor.name == crate::names::ANY {
         return format!(
-            "write denied: you offered {path} to any session at v{version}, so this session \
+            "write denied: you offered {path_q} to any session at v{version}, so this session \
              can no longer write it. The handoff ends when a session claims it (coherent \
-             accept {path}) and writes it, when another session writes it first, or when you \
-             withdraw it (coherent withdraw {path}). Stop and tell your user that {path} was \
-             offered on. Retrying will be denied the same way."
+             accept {path_w}) and writes it, when another session writes it first, or when you \
+             withdraw it (coherent withdraw {path_w}). Stop and tell your user that {path_q} was \
+             offered on. Retrying will be denied the same way.",
+            path_q = crate::names::display_name(path),
+            path_w = crate::names::shell_word(path)
         );
     }
     let id = successor.short_id();
     format!(
-        "write denied: you handed {path} to agent {id} ({name}) at v{version}, so this session \
-         can no longer write it. The handoff ends when {id} writes {path}, when {id} declines \
-         it, or when you withdraw it (coherent withdraw {path}). Stop and tell your user that \
-         {path} was handed off. Retrying will be denied the same way.",
-        name = successor.name
+        "write denied: you handed {path_q} to agent {id} ({name}) at v{version}, so this session \
+         can no longer write it. The handoff ends when {id} writes {path_q}, when {id} declines \
+         it, or when you withdraw it (coherent withdraw {path_w}). Stop and tell your user that \
+         {path_q} was handed off. Retrying will be denied the same way.",
+        name = successor.name,
+        path_q = crate::names::display_name(path),
+        path_w = crate::names::shell_word(path)
     )
 }
 
@@ -319,6 +353,7 @@ impl Engine {
                 exists: p.exists,
                 logged_stamp: p.stamp,
                 stamp: p.stamp,
+                print: None,
                 logged: true,
                 holders: Vec::new(),
                 records: Vec::new(),
@@ -510,6 +545,7 @@ impl Engine {
                 e.exists = !ev.removed;
                 e.stamp = ev.stamp;
                 e.logged_stamp = ev.stamp;
+                e.print = ev.print;
                 e.logged = true;
                 for h in &mut e.holders {
                     if ev.event == EventKind::Commit && h.session.name == who {
@@ -540,6 +576,9 @@ impl Engine {
                     e.exists = true;
                 }
                 e.logged = true;
+                if ev.print.is_some() && version == e.version {
+                    e.print = ev.print;
+                }
                 let giver = self.known(who, ev.agent);
                 let succ_name = ev.successor.as_deref().unwrap_or("");
                 let offer = succ_name == crate::names::ANY;
@@ -563,6 +602,7 @@ impl Engine {
                     updated: ev.ts,
                     seen: false,
                     offer,
+                    print: ev.print,
                 });
             }
             EventKind::HandoffSeen => {

@@ -177,6 +177,9 @@ impl Engine {
             ev.version = Some(version);
             ev.hold = Some(hold);
             ev.note = note.clone();
+            // What is handed on: while the record is live, only content that differs from
+            // this is a change behind the volume's back (docs/versions-and-holds.md#content).
+            ev.print = e.current_print();
             let id = self.next_record_id();
             ev.record = id;
             let seq = self.emit(e, ev);
@@ -208,11 +211,10 @@ impl Engine {
                 return Err(Refusal::new(
                     Reason::HandoffOtherHolder,
                     format!(
-                        "{p} is already handed on by {} to {} (at v{}); only one handoff of a file at a time",
+                        "{p_q} is already handed on by {} to {} (at v{}); only one handoff of a file at a time",
                         r.giver.display(),
                         r.successor.display(),
-                        r.version_at_transfer
-                    ),
+                        r.version_at_transfer, p_q = crate::names::display_name(p)),
                 )
                 .with_status(r.status));
             }
@@ -230,7 +232,8 @@ impl Engine {
             return Err(Refusal::new(
                 Reason::HandoffInFlight,
                 format!(
-                    "this session still has {p} open for writing: close it first, then transfer"
+                    "this session still has {p_q} open for writing: close it first, then transfer",
+                    p_q = crate::names::display_name(p)
                 ),
             ));
         }
@@ -240,9 +243,8 @@ impl Engine {
                 return Err(Refusal::new(
                     Reason::HandoffNotHeld,
                     format!(
-                        "this session has not read or written {p} at its current version v{}: read it first",
-                        e.version
-                    ),
+                        "this session has not read or written {p_q} at its current version v{}: read it first",
+                        e.version, p_q = crate::names::display_name(p)),
                 ))
             }
         };
@@ -357,10 +359,9 @@ fn ended_before(e: &Entry, p: &str, s: &Session, succ: &Session) -> Result<(), R
         return Err(Refusal::new(
             Reason::HandoffEnded,
             format!(
-                "the handoff of {p} at v{} to {} already ended (declined or withdrawn); it can be sent again once {p} changes",
+                "the handoff of {p_q} at v{} to {} already ended (declined or withdrawn); it can be sent again once {p_q} changes",
                 e.version,
-                succ.display()
-            ),
+                succ.display(), p_q = crate::names::display_name(p)),
         )
         .with_status(r.status));
     }
@@ -378,7 +379,10 @@ fn status_name(st: Status) -> String {
 fn no_such_path(p: &str) -> Refusal {
     Refusal::new(
         Reason::NoSuchPath,
-        format!("{p} does not exist in this volume (or the volume has not seen it yet)"),
+        format!(
+            "{p_q} does not exist in this volume (or the volume has not seen it yet)",
+            p_q = crate::names::display_name(p)
+        ),
     )
     .at(p)
 }
@@ -405,8 +409,9 @@ fn plan_answer(e: &Entry, p: &str, s: &Session, kind: EventKind) -> Result<Plan,
             return refuse(
                 Reason::HandoffNotGiver,
                 format!(
-                    "{p} was handed on by {}, not by this session",
-                    r.giver.display()
+                    "{p_q} was handed on by {}, not by this session",
+                    r.giver.display(),
+                    p_q = crate::names::display_name(p)
                 ),
             );
         }
@@ -421,11 +426,13 @@ fn plan_answer(e: &Entry, p: &str, s: &Session, kind: EventKind) -> Result<Plan,
         return refuse(
             Reason::HandoffNotSuccessor,
             if r.giver.name == s.name {
-                format!("{p} is this session's own offer to anyone: withdraw it instead")
+                format!(
+                    "{p_q} is this session's own offer to anyone: withdraw it instead",
+                    p_q = crate::names::display_name(p)
+                )
             } else {
                 format!(
-                    "{p} is offered to any session and nobody has claimed it: accept it to claim it"
-                )
+                    "{p_q} is offered to any session and nobody has claimed it: accept it to claim it", p_q = crate::names::display_name(p))
             },
         );
     }
@@ -433,8 +440,9 @@ fn plan_answer(e: &Entry, p: &str, s: &Session, kind: EventKind) -> Result<Plan,
         return refuse(
             Reason::HandoffNotSuccessor,
             format!(
-                "{p} was handed to {}, not to this session",
-                r.successor.display()
+                "{p_q} was handed to {}, not to this session",
+                r.successor.display(),
+                p_q = crate::names::display_name(p)
             ),
         );
     }
@@ -450,21 +458,18 @@ fn not_live(e: &Entry, p: &str, verb: &str) -> Refusal {
     let last = e.records.iter().max_by_key(|r| r.id);
     let msg = match last {
         Some(r) if r.status.may_be_live() => format!(
-            "the handoff of {p} to {} ({}) ended when {p} changed (v{} -> v{}); nothing to {verb}",
+            "the handoff of {p_q} to {} ({}) ended when {p_q} changed (v{} -> v{}); nothing to {verb}",
             r.successor.display(),
             status_name(r.status),
             r.version_at_transfer,
-            e.version
-        ),
+            e.version, p_q = crate::names::display_name(p)),
         Some(r) => format!(
-            "the handoff of {p} to {} already ended ({}); nothing to {verb}",
+            "the handoff of {p_q} to {} already ended ({}); nothing to {verb}",
             r.successor.display(),
-            status_name(r.status)
-        ),
+            status_name(r.status), p_q = crate::names::display_name(p)),
         None => format!(
-            "{p} has no live handoff at v{}; nothing to {verb}",
-            e.version
-        ),
+            "{p_q} has no live handoff at v{}; nothing to {verb}",
+            e.version, p_q = crate::names::display_name(p)),
     };
     let r = Refusal::new(Reason::HandoffNotLive, msg);
     match last {

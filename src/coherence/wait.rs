@@ -43,7 +43,10 @@ impl Engine {
         let Some(e) = sh.get(path).filter(|e| e.version > 0) else {
             return Err(Refusal::new(
                 Reason::NoSuchPath,
-                format!("{path} does not exist in this volume (or the volume has not seen it yet)"),
+                format!(
+                    "{path_q} does not exist in this volume (or the volume has not seen it yet)",
+                    path_q = crate::names::display_name(path)
+                ),
             )
             .at(path));
         };
@@ -53,7 +56,10 @@ impl Engine {
             .ok_or_else(|| {
                 Refusal::new(
                     Reason::HandoffNotLive,
-                    format!("{path} has no handoff record to wait for"),
+                    format!(
+                        "{path_q} has no handoff record to wait for",
+                        path_q = crate::names::display_name(path)
+                    ),
                 )
                 .at(path)
             })
@@ -70,7 +76,10 @@ impl Engine {
         let Some((e, r)) = found else {
             return Err(Refusal::new(
                 Reason::HandoffNotLive,
-                format!("the handoff record of {path} is gone (evicted or moved)"),
+                format!(
+                    "the handoff record of {path_q} is gone (evicted or moved)",
+                    path_q = crate::names::display_name(path)
+                ),
             )
             .at(path));
         };
@@ -81,12 +90,13 @@ impl Engine {
             Some(false) => Err(Refusal::new(
                 Reason::HandoffEnded,
                 format!(
-                    "the handoff of {path} ended as {} and can no longer be {}",
+                    "the handoff of {path_q} ended as {} and can no longer be {}",
                     serde_json::to_value(r.status)
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_default(),
-                    until.as_str()
+                    until.as_str(),
+                    path_q = crate::names::display_name(path)
                 ),
             )
             .at(path)

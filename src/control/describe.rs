@@ -2,6 +2,7 @@
 //! reply messages and the CLI's output.
 
 use super::request::Verb;
+use crate::names::display_name;
 use serde_json::Value;
 
 /// How a session was resolved, as words, from the `via` JSON of [`session_json`].
@@ -37,7 +38,7 @@ pub fn via_text(via: &Value) -> String {
 /// The whoami line from its JSON (`session`, `agent`, `via`, optional `ignored`): who the
 /// reader is, how that was found, and which tags were ignored and why.
 pub fn whoami_text(body: &Value) -> String {
-    let name = body["session"].as_str().unwrap_or("?");
+    let name = display_name(body["session"].as_str().unwrap_or("?"));
     let agent = body["agent"].as_str().unwrap_or("?");
     let mut line = format!(
         "you are session {name} ({}), agent id {agent}, resolved by {}",
@@ -60,18 +61,7 @@ pub fn short_id(agent: &str) -> String {
 }
 
 /// A path as a shell word, for "run: coherent withdraw PATH" hints.
-pub fn shell_word(s: &str) -> String {
-    let safe = !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_-./+:@,%=".contains(c));
-    if safe && !s.starts_with('-') {
-        s.to_string()
-    } else if safe {
-        format!("./{s}")
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
+pub use crate::names::shell_word;
 
 /// `path` (mount-relative) as seen from the directory `from` (mount-relative).
 pub fn relative_from(path: &str, from: &str) -> String {
@@ -92,7 +82,7 @@ fn field<'a>(rec: &'a Value, key: &str) -> &'a str {
 }
 
 fn who(rec: &Value, role: &str) -> String {
-    let name = field(rec, role);
+    let name = display_name(field(rec, role));
     match rec.get(format!("{role}_agent")).and_then(Value::as_str) {
         Some(agent) => format!("{name} ({})", short_id(agent)),
         None => name.to_string(),
@@ -109,17 +99,18 @@ pub fn describe_record(verb: Verb, rec: &Value) -> String {
 /// CLI maps it to the path as seen from the reader's directory, so the command can be
 /// pasted as is); the file itself is still named by its mount-relative path.
 pub fn describe_record_from(verb: Verb, rec: &Value, hint: impl Fn(&str) -> String) -> String {
-    let path = field(rec, "path");
+    let raw_path = field(rec, "path");
+    let path = &display_name(raw_path);
     let version = match rec.get("version_at_transfer").and_then(Value::as_u64) {
         Some(v) => format!("v{v}"),
         None => "v?".to_string(),
     };
     let status = field(rec, "status");
     let live = rec.get("live").and_then(Value::as_bool).unwrap_or(false);
-    let giver = field(rec, "giver");
-    let successor = field(rec, "successor");
+    let giver = &display_name(field(rec, "giver"));
+    let successor = &display_name(field(rec, "successor"));
     let (g, s) = (who(rec, "giver"), who(rec, "successor"));
-    let hint_path = shell_word(&hint(path));
+    let hint_path = shell_word(&hint(raw_path));
     let offer = rec.get("offer").and_then(Value::as_bool).unwrap_or(false);
     let claimed_by = rec.get("claimed_by").and_then(Value::as_str);
     match verb {
@@ -156,7 +147,7 @@ pub fn describe_record_from(verb: Verb, rec: &Value, hint: impl Fn(&str) -> Stri
             let mut line = format!("{path} ({version}): {g} -> {to}, {status}");
             if status == "overtaken" {
                 if let Some(c) = rec.get("counterparty").and_then(Value::as_str) {
-                    line.push_str(&format!(" by {c}"));
+                    line.push_str(&format!(" by {}", display_name(c)));
                 }
             }
             line.push_str(if live {

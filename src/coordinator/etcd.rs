@@ -11,8 +11,9 @@
 //! - `e/HOST/N`: every host's events, for the others' logs (short-lived).
 //!
 //! Threads: a tokio runtime runs the link (connect, lease, watch); FUSE threads call etcd
-//! with `block_on` and bounded timeouts; one thread publishes the event feed and paths
-//! changed while etcd could not be reached.
+//! with `block_on` and bounded timeouts, each deadline also cut to what the kernel lets a
+//! FUSE request be held ([`request_timeout::deadline`]); one thread publishes the event
+//! feed and paths changed while etcd could not be reached.
 
 use super::{unavailable, Coordinator, StepKind, Stepped, Ticket};
 use crate::coherence::{
@@ -21,6 +22,7 @@ use crate::coherence::{
 use crate::error::Refusal;
 use crate::identity::Session;
 use crate::journal::{Journal, Tap};
+use crate::request_timeout;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
     TxnOpResponse, WatchOptions,
@@ -771,7 +773,7 @@ impl Etcd {
     /// Waits until every other live host applied revision `rev` (or left: its lease
     /// ended). Returns the records some host found in flight.
     fn wait_acks(&self, rev: i64, made: &[(String, u64)]) -> Result<Vec<(String, u64)>, Refusal> {
-        let deadline = Instant::now() + self.spec.ttl + STEP_TIMEOUT;
+        let deadline = request_timeout::deadline(self.spec.ttl + STEP_TIMEOUT);
         let mut l = self.link.lock();
         loop {
             let found: Vec<(String, u64)> = l
@@ -794,12 +796,14 @@ impl Etcd {
                 return Ok(Vec::new());
             }
             if Instant::now() >= deadline || !l.connected {
+                // `pending`: recorded, not acknowledged; a client sends it again.
                 return Err(unavailable(format!(
                     "the handoff is recorded but host(s) {} have not confirmed it: until they \
                      do or their lease ends, the fence may not hold there. Run the same \
                      transfer again to wait once more",
                     behind.join(", ")
-                )));
+                ))
+                .with_status(crate::error::Status::Pending));
             }
             self.changed.wait_until(&mut l, deadline);
         }
@@ -908,13 +912,26 @@ impl Coordinator for Etcd {
         kind: StepKind,
         op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Result<Stepped, Refusal> {
-        let guard = self.steps.lock();
+        let deadline = request_timeout::deadline(STEP_TIMEOUT);
+        // A commit already happened and must be counted: it waits its turn (each step
+        // ahead of it ends by its own deadline). A decision gives up at its deadline.
+        let guard = match kind {
+            StepKind::Commit => self.steps.lock(),
+            _ => self.steps.try_lock_until(deadline).ok_or_else(|| {
+                unavailable(format!(
+                    "this host ({}) is still waiting for the coordinator (etcd at {}) on \
+                     another change, past the time a request may wait. Nothing was \
+                     changed; files handed on stay fenced; try again",
+                    self.spec.host,
+                    self.spec.endpoints.join(",")
+                ))
+            })?,
+        };
         if kind != StepKind::Verb {
             if let Some(st) = self.decided_here(paths, kind, op) {
                 return Ok(st);
             }
         }
-        let deadline = Instant::now() + STEP_TIMEOUT;
         for _ in 0..8 {
             let synced = self.sync(deadline);
             if kind == StepKind::Verb {
@@ -944,6 +961,14 @@ impl Coordinator for Etcd {
                     return Err(r.clone());
                 }
                 self.write_events(evs, true);
+                // A verb that changed nothing (a transfer sent again) answers as the first
+                // one would: once every live host has applied its paths' state. The
+                // first may have given up waiting at its deadline ("run it again").
+                let rev = revs.values().copied().max().unwrap_or(0);
+                if ok && kind == StepKind::Verb && rev > 0 {
+                    drop(guard);
+                    self.wait_acks(rev, &[])?;
+                }
                 return Ok(Stepped {
                     ok,
                     in_flight: Vec::new(),
@@ -1031,7 +1056,7 @@ impl Coordinator for Etcd {
         if !s.is_attributed() || engine.owner(&s.name).is_some() {
             return Ok(engine.claim(s, uid, now));
         }
-        let deadline = Instant::now() + STEP_TIMEOUT;
+        let deadline = request_timeout::deadline(STEP_TIMEOUT);
         let key = self.key("s", &s.name);
         let mine = SharedSession {
             info: s.as_ref().clone(),
@@ -1065,7 +1090,7 @@ impl Coordinator for Etcd {
     }
 
     fn catch_up(&self) {
-        if let Err(r) = self.sync(Instant::now() + CALL_TIMEOUT) {
+        if let Err(r) = self.sync(request_timeout::deadline(CALL_TIMEOUT)) {
             tracing::debug!("not caught up: {}", r.message);
         }
     }

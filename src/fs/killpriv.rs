@@ -49,7 +49,7 @@ impl Fs {
             };
             self.store.setattr(ino, &set, None)?;
         }
-        match self.store.removexattr(ino, OsStr::new(CAPS)) {
+        match self.store.removexattr(caller, ino, OsStr::new(CAPS)) {
             Ok(()) | Err(FsError(libc::ENODATA | libc::EOPNOTSUPP)) => Ok(keep != perm),
             Err(e) => Err(e),
         }

@@ -34,4 +34,7 @@ pub trait PseudoFs: Send + Sync + 'static {
     fn read(&self, caller: &Caller, token: u64, offset: u64, size: u32, done: ReadDone);
     fn write(&self, caller: &Caller, token: u64, data: &[u8]) -> FsResult<u32>;
     fn release(&self, token: u64);
+    /// How file data flows (passthrough or through the daemon, and why), once the kernel
+    /// has said what it offers: shown in `status` (`coherent doctor` reads it).
+    fn set_data_mode(&self, _mode: &str) {}
 }

@@ -16,11 +16,21 @@ pub(super) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Journ
 }
 
 /// Options for a file of the state directory: created 0600 whatever the umask (the daemon
-/// runs with umask 0). Every file written there goes through this.
+/// runs with umask 0), never opened through a symlink. Every file written there goes
+/// through this.
 pub fn private_file() -> OpenOptions {
     let mut o = OpenOptions::new();
-    o.mode(0o600);
+    o.mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
     o
+}
+
+/// A file of the state directory opened for reading, never through a symlink.
+pub fn open_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
 }
 
 /// Makes `dir` (creating it 0700) the daemon's private state directory: refuses one that
@@ -33,12 +43,33 @@ pub(super) fn prepare_dir(dir: &Path) -> Result<(), JournalError> {
         .mode(0o700)
         .create(dir)
         .map_err(io_err(format!("create {}", dir.display())))?;
-    let md = std::fs::metadata(dir).map_err(io_err(format!("stat {}", dir.display())))?;
-    let me = unsafe { libc::geteuid() };
+    // the directory itself, never what a symlink there leads to
+    let handle = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir);
     let not_private = |why: String| JournalError::NotPrivate {
         dir: dir.to_path_buf(),
         why,
     };
+    let handle = match handle {
+        Ok(h) => h,
+        // O_DIRECTORY with O_NOFOLLOW on a symlink: ENOTDIR or ELOOP
+        Err(e)
+            if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
+                && std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink()) =>
+        {
+            return Err(JournalError::UnsafePath {
+                dir: dir.to_path_buf(),
+                why: "it is a symlink, and the daemon follows none to its own files".into(),
+            })
+        }
+        Err(e) => return Err(io_err(format!("open {}", dir.display()))(e)),
+    };
+    let md = handle
+        .metadata()
+        .map_err(io_err(format!("stat {}", dir.display())))?;
+    let me = unsafe { libc::geteuid() };
     if md.uid() != me {
         return Err(not_private(format!(
             "is owned by uid {}, not {me}",
@@ -57,7 +88,8 @@ pub(super) fn prepare_dir(dir: &Path) -> Result<(), JournalError> {
         )));
     }
     if md.mode() & 0o7777 != 0o700 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        handle
+            .set_permissions(std::fs::Permissions::from_mode(0o700))
             .map_err(io_err(format!("chmod 700 {}", dir.display())))?;
     }
     for tmp in [format!("{SNAPSHOT}.tmp"), format!("{LOG}.tmp")] {

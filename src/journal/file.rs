@@ -34,6 +34,7 @@ impl LogIo for DiskIo {
     fn open_log(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
         let f = std::fs::OpenOptions::new()
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .create(true)
             .read(true)
             .append(true)

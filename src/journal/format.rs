@@ -1,7 +1,6 @@
 //! The files of the state directory and their formats: the names, the header line of a
 //! compacted log, the snapshot's header and checksum.
 
-use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 
@@ -18,7 +17,7 @@ pub(super) struct LogHeader {
 
 /// The header of the log at `path`, with its length in bytes (None: a log from offset 0).
 pub(super) fn read_log_header(path: &Path) -> io::Result<Option<(LogHeader, u64)>> {
-    let mut f = match File::open(path) {
+    let mut f = match super::dir::open_private(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),

@@ -15,7 +15,10 @@ use crate::coherence::{DurableState, Event};
 
 /// Reads and checks `snapshot.json`. Err: why it cannot be used.
 pub(super) fn read_snapshot(dir: &Path) -> Result<Option<(SnapHeader, DurableState)>, String> {
-    let data = match std::fs::read(dir.join(SNAPSHOT)) {
+    let data = match super::dir::open_private(&dir.join(SNAPSHOT)).and_then(|mut f| {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut b).map(|_| b)
+    }) {
         Ok(d) => d,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.to_string()),
@@ -58,7 +61,7 @@ pub fn replay_log(
     after: u64,
     apply: impl FnMut(&Event),
 ) -> io::Result<(u64, u64, u64, Option<Damage>)> {
-    let mut f = match File::open(path) {
+    let mut f = match super::dir::open_private(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, after, 0, None)),
         Err(e) => return Err(e),

@@ -102,6 +102,8 @@ pub(crate) struct Surface {
     gid: u32,
     /// `ctl` handles waiting for a `wait` request's answer, and their kept reads.
     waits: Waits,
+    /// How file data flows, as the FUSE layer found it at `init` (`data_mode` in `status`).
+    data_mode: Mutex<Option<String>>,
 }
 
 fn time_now() -> Time {
@@ -126,6 +128,7 @@ impl Surface {
             uid: unsafe { libc::getuid() },
             gid: unsafe { libc::getgid() },
             waits: Waits::default(),
+            data_mode: Mutex::new(None),
         }
     }
 }
@@ -135,7 +138,8 @@ impl Surface {
 fn why_text(t: Option<(String, Option<Timestamp>)>) -> Vec<u8> {
     match t {
         Some((t, at)) => {
-            let mut out = t.trim_end().to_string();
+            // one line whatever a message holds: no name in it can forge a second
+            let mut out = crate::names::one_line(t.trim_end()).into_owned();
             if let Some(at) = at {
                 out.push_str(&format!("\n(at {})", at.rfc3339()));
             }
@@ -490,6 +494,10 @@ impl PseudoFs for Volume {
     fn release(&self, token: u64) {
         self.surface.release(token)
     }
+
+    fn set_data_mode(&self, mode: &str) {
+        *self.surface.data_mode.lock() = Some(mode.to_string());
+    }
 }
 
 /// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
@@ -644,6 +652,7 @@ impl Surface {
             Request::Transfer { paths, to, note } => {
                 tracked_paths(vol, paths)?;
                 observe_paths(vol, e, paths, now)?;
+                fingerprint_paths(vol, e, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
                 successor_owner_may_write(vol, to, sight.who(), paths)?;
                 no_unseen_writer(vol, paths)?;
@@ -677,12 +686,13 @@ impl Surface {
                 let c = st.counts;
                 let msg = match path {
                     Some(p) => format!(
-                        "{p}: {}; {} live and {} ended handoff record(s)",
+                        "{p_q}: {}; {} live and {} ended handoff record(s)",
                         st.version
                             .map(|v| format!("v{v}"))
                             .unwrap_or_else(|| "not in the volume".into()),
                         c.live,
-                        c.ended
+                        c.ended,
+                        p_q = crate::names::display_name(p)
                     ),
                     None => format!(
                         "{} session(s), {} path(s), {} live and {} ended handoff record(s)",
@@ -692,6 +702,9 @@ impl Surface {
                 let mut body = serde_json::to_value(&st).unwrap_or(Value::Null);
                 if let Some(c) = vol.coord.describe() {
                     body["coordinator"] = c;
+                }
+                if let Some(m) = vol.surface.data_mode.lock().clone() {
+                    body["data_mode"] = Value::String(m);
                 }
                 let msg = match journal_json(vol) {
                     Some((j, line)) => {
@@ -749,9 +762,10 @@ fn no_unseen_writer(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
                 return Err(Refusal::new(
                     Reason::HandoffInFlight,
                     format!(
-                        "{p} is open for writing by a process this volume does not see (a \
+                        "{p_q} is open for writing by a process this volume does not see (a \
                          descriptor opened before the volume was last restarted, or one in \
-                         the backing directory): close it first, then transfer"
+                         the backing directory): close it first, then transfer",
+                        p_q = crate::names::display_name(p)
                     ),
                 )
                 .at(p.as_str()))
@@ -774,7 +788,10 @@ fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
             Some(
                 Refusal::new(
                     Reason::NotTracked,
-                    format!("{p} is not tracked by the volume, so it cannot be handed on: {why}"),
+                    format!(
+                        "{p_q} is not tracked by the volume, so it cannot be handed on: {why}",
+                        p_q = crate::names::display_name(p)
+                    ),
                 )
                 .at(p.as_str()),
             )
@@ -802,9 +819,43 @@ fn observe_paths(
         if vol.observe_in(e, p, now).is_some_and(|x| x.1) {
             return Err(Refusal::new(
                 Reason::BadRequest,
-                format!("bad request: {p} is a directory; hand on the files in it"),
+                format!(
+                    "bad request: {p_q} is a directory; hand on the files in it",
+                    p_q = crate::names::display_name(p)
+                ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// A transfer hands on content: each file's fingerprint is taken now (and counted, should
+/// the file have changed since it was observed), so while the record is live only content
+/// that differs from it ends it (docs/versions-and-holds.md#content). A file that cannot be
+/// read to take it is not handed on (fail closed: without it, no metadata change could be
+/// told from a rewrite).
+fn fingerprint_paths(
+    vol: &Volume,
+    e: &Engine,
+    paths: &[String],
+    now: Timestamp,
+) -> Result<(), Refusal> {
+    for p in paths {
+        if e.version(p).is_none() || !crate::store::has_content(vol.root.as_fd(), p) {
+            continue; // the engine refuses it (`no_such_path`), or a special file
+        }
+        let Some((st, print)) = vol.print_of(p) else {
+            return Err(Refusal::new(
+                Reason::IoError,
+                format!(
+                    "{p} could not be read to take its content's fingerprint (it is changing \
+                     right now, or the volume may not read it): the handoff needs one; try \
+                     again once it is still"
+                ),
+            )
+            .at(p.as_str()));
+        };
+        e.observe_content(p, st, Some(print), now);
     }
     Ok(())
 }
@@ -970,7 +1021,10 @@ fn wait_check(vol: &Volume, caller: &Caller, req: &Request) -> Check {
 fn not_there(p: &str) -> Refusal {
     Refusal::new(
         Reason::NoSuchPath,
-        format!("{p} does not exist in this volume (or the volume has not seen it yet)"),
+        format!(
+            "{p_q} does not exist in this volume (or the volume has not seen it yet)",
+            p_q = crate::names::display_name(p)
+        ),
     )
 }
 
@@ -984,9 +1038,10 @@ fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusa
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(
-                    "you may not write {p} (its mode or ACL does not let uid {} write it), \
+                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), \
                      so you cannot hand it on",
-                    who.uid
+                    who.uid,
+                    p_q = crate::names::display_name(p)
                 ),
             ));
         }
@@ -1024,10 +1079,11 @@ fn successor_may_write(
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(
-                    "you may not write {p} (its mode or ACL does not let uid {} write it), so \
+                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), so \
                      this session cannot {} it: {way}",
                     who.uid,
-                    if claim { "claim" } else { "accept" }
+                    if claim { "claim" } else { "accept" },
+                    p_q = crate::names::display_name(p)
                 ),
             )
             .at(p.as_str())
@@ -1065,9 +1121,10 @@ fn successor_owner_may_write(
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(
-                    "session {} belongs to uid {uid}, which may not write {p}, so it cannot be \
+                    "session {} belongs to uid {uid}, which may not write {p_q}, so it cannot be \
                      its successor: hand it to a session that can write it",
-                    succ.name
+                    succ.name,
+                    p_q = crate::names::display_name(p)
                 ),
             )
             .at(p.as_str()));
@@ -1099,9 +1156,10 @@ fn owner_only(
                 return Err(Refusal::new(
                     Reason::SessionNotYours,
                     format!(
-                        "the {role} of {p} is session {name}, which belongs to uid {owner}: \
+                        "the {role} of {p_q} is session {name}, which belongs to uid {owner}: \
                          only that uid may {} it",
-                        verb.as_str()
+                        verb.as_str(),
+                        p_q = crate::names::display_name(p)
                     ),
                 ))
             }

@@ -8,8 +8,9 @@
 //! requests. One thread (`coherent-wait`) sleeps on the engine's record-change counter
 //! ([`Engine::wait_change`]), so it looks again as soon as any record changes, and answers
 //! the kept reads when their state is reached, when their request's deadline passes (at
-//! most [`MAX_WAIT_SECS`]: the reply says `"reached": false` and the client asks again),
-//! or when the reader was killed.
+//! most [`MAX_WAIT_SECS`], and at most half the kernel's FUSE request timeout when one is
+//! set: [`request_timeout`]; the reply says `"reached": false` and the client asks
+//! again), or when the reader was killed.
 //!
 //! Why the read and not the write: the kernel holds a FUSE file's inode lock for the whole
 //! of a write to a file of size 0, so a pending write on `ctl` would hold up every other
@@ -28,6 +29,7 @@ use crate::coherence::{Engine, RecordJson, Until, WaitState};
 use crate::control::{describe_record, Reply, Verb, MAX_WAIT_SECS};
 use crate::error::Refusal;
 use crate::fs::ReadDone;
+use crate::request_timeout;
 use crate::store::FsError;
 
 /// The longest the wait thread sleeps without a change.
@@ -73,12 +75,17 @@ fn answer(path: &str, until: Until, rec: &RecordJson, reached: bool, waited: Dur
     let rec = serde_json::to_value(rec).unwrap_or(Value::Null);
     let line = describe_record(Verb::Wait, &rec);
     let message = if reached {
-        format!("{path}: {} reached; {line}", until.as_str())
+        format!(
+            "{path_q}: {} reached; {line}",
+            until.as_str(),
+            path_q = crate::names::display_name(path)
+        )
     } else {
         format!(
-            "{path}: not {} yet after {:.1} s; {line}",
+            "{path_q}: not {} yet after {:.1} s; {line}",
             until.as_str(),
-            waited.as_secs_f64()
+            waited.as_secs_f64(),
+            path_q = crate::names::display_name(path)
         )
     };
     let mut m = Map::new();
@@ -97,7 +104,8 @@ fn refused(path: &str, f: &Refusal) -> Reply {
 /// Check a new `wait` request (the write): now, or later.
 pub(super) fn check(engine: &Engine, path: &str, until: Until, timeout_ms: Option<u64>) -> Check {
     let started = Instant::now();
-    let cap = Duration::from_secs_f64(MAX_WAIT_SECS);
+    // The read that waits is a FUSE request: never longer than the kernel lets it be held.
+    let cap = request_timeout::cap(Duration::from_secs_f64(MAX_WAIT_SECS));
     let limit = timeout_ms.map_or(cap, |t| Duration::from_millis(t).min(cap));
     let record = match engine.wait_target(path) {
         Ok(id) => id,
@@ -129,7 +137,11 @@ pub(super) fn placeholder(w: &Wait) -> Reply {
     Reply::ok(
         Verb::Wait,
         m,
-        format!("{path}: waiting for {}", until.as_str()),
+        format!(
+            "{path_q}: waiting for {}",
+            until.as_str(),
+            path_q = crate::names::display_name(path)
+        ),
     )
 }
 

@@ -190,6 +190,26 @@ impl Etcd {
         self.script(&["kill", "--member", &k.to_string()]);
     }
 
+    /// Send `sig` to member `k` (1-based), e.g. `SIGSTOP` for an etcd that keeps its
+    /// sockets but answers nothing. Only the process the script started for this cluster:
+    /// its pid file, checked against its command line (our data directory).
+    pub fn signal_member(&self, k: usize, sig: i32) {
+        let pidf = self.dir().join(format!("member-{k}.pid"));
+        let pid: i32 = std::fs::read_to_string(&pidf)
+            .unwrap_or_else(|e| panic!("{}: {e}", pidf.display()))
+            .trim()
+            .parse()
+            .expect("a pid");
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let data = self.dir().join(format!("member-{k}.data"));
+        assert!(
+            String::from_utf8_lossy(&cmd).contains(&*data.to_string_lossy()),
+            "pid {pid} is not member {k} of {}",
+            self.dir().display()
+        );
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
+    }
+
     /// Start every stopped member again (same data, same ports); waits until they answer.
     pub fn restart(&self) {
         self.script(&["restart"]);

@@ -10,8 +10,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use super::{fail, Fail};
@@ -54,14 +53,10 @@ impl Sink {
         };
     }
 
-    /// Sends every later line to `path` (created 0600, appended to), after the lines kept
-    /// since [`Sink::keep_early`].
-    pub fn to_file(path: &Path) -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)?;
+    /// Sends every later line to `f` (the log file, opened by
+    /// [`coherent::volume::state_dir::open_log_file`]), after the lines kept since
+    /// [`Sink::keep_early`].
+    pub fn to_file(mut f: File) -> std::io::Result<()> {
         let mut dest = log();
         if let Dest::Stderr {
             early: Some(early), ..
@@ -138,8 +133,8 @@ pub struct Readiness {
     pub probe: PathBuf,
     /// The `--daemon` parent's pipe.
     pub parent: Option<OwnedFd>,
-    /// Where a detached daemon logs.
-    pub log_file: Option<PathBuf>,
+    /// Where a detached daemon logs: the path and the file, opened before the mount.
+    pub log_file: Option<(PathBuf, File)>,
 }
 
 impl Readiness {
@@ -160,8 +155,8 @@ impl Readiness {
             return;
         }
         let mut to_file = false;
-        if let Some(path) = &self.log_file {
-            match Sink::to_file(path) {
+        if let Some((path, f)) = self.log_file {
+            match Sink::to_file(f) {
                 Ok(()) => {
                     to_file = true;
                     tracing::info!("logging to {}", path.display());

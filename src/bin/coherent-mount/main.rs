@@ -370,8 +370,31 @@ fn make_policy(
     Ok((volume.clone(), Some(volume)))
 }
 
+/// Opens the log file before anything is mounted: one that cannot be used (a path another
+/// user could change, a symlink, no permission) fails the mount here, clearly, instead of
+/// leaving a detached daemon with nowhere to log but the caller's terminal.
+fn open_log(path: &Path) -> Result<(PathBuf, std::fs::File), Fail> {
+    coherent::volume::state_dir::open_log_file(path)
+        .map(|f| (path.to_path_buf(), f))
+        .map_err(|why| {
+            Fail(format!(
+                "cannot log to {}: {why}; fix log_file (--log-file) or leave it out",
+                path.display()
+            ))
+        })
+}
+
 fn run(args: Args) -> Result<(), Fail> {
+    if VIA_MOUNT_FUSE.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::info!(
+            "started by mount.fuse3 (no mount.fuse.coherent-mount helper link): mounting as \
+             the mount helper, nodev,nosuid unless -o dev/suid; to let mount(8) run it \
+             directly: {}",
+            mount_opts::LN_HELPER
+        );
+    }
     let plan = validate(&args)?;
+    let mut log_file = args.log_file.as_deref().map(open_log).transpose()?;
     // Open the backing directory before mounting, so an in-place mount still reaches it.
     let root = Store::open_root(&plan.backing).map_err(|e| {
         Fail(format!(
@@ -413,6 +436,10 @@ fn run(args: Args) -> Result<(), Fail> {
     let (policy, volume) = daemon::with_progress("loading the state", || {
         make_policy(&args, &plan, &root, bypassers)
     })?;
+    if let (None, true, Some(d)) = (&log_file, args.daemon, &plan.state_dir) {
+        // the state directory is made and checked by now
+        log_file = Some(open_log(&d.join("coherent-mount.log"))?);
+    }
     let mut fs_opts = FsOptions::for_mount(plan.in_place);
     fs_opts.passthrough = !args.no_passthrough;
     if let Some(ttl) = args.cache_ttl {
@@ -462,6 +489,15 @@ fn run(args: Args) -> Result<(), Fail> {
         state_dir = ?args.state_dir,
         "mounting"
     );
+    // What the kernel lets a request wait, read for the connection about to be made.
+    if let Some(t) = coherent::request_timeout::at_mount() {
+        tracing::info!(
+            "the kernel aborts this mount if a request waits over {t} s \
+             (fs.fuse.default_request_timeout, max_request_timeout): no request is held \
+             over {:.1} s",
+            coherent::request_timeout::budget().map_or(0.0, |b| b.as_secs_f64())
+        );
+    }
     let inodes = fs.fs().store().inode_gauge();
     let counters = fs.counters.clone();
     let inval = fs.inval.clone();
@@ -507,11 +543,6 @@ fn run(args: Args) -> Result<(), Fail> {
         })
         .map_err(|e| Fail(format!("thread: {e}")))?;
 
-    let log_file = match (&args.log_file, args.daemon, &plan.state_dir) {
-        (Some(f), _, _) => Some(f.clone()),
-        (None, true, Some(d)) => Some(d.join("coherent-mount.log")),
-        _ => None,
-    };
     daemon::Readiness {
         probe: match volume {
             Some(_) => plan.mountpoint.join(".coherent"),
@@ -534,6 +565,9 @@ fn run(args: Args) -> Result<(), Fail> {
     }
 }
 
+/// Started by mount(8) through mount.fuse3 rather than the helper link (said in the log).
+static VIA_MOUNT_FUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The arguments, with `-o` expanded and the mount-helper convention read, and whether
 /// it runs as mount(8)'s helper; `Ok(None)`: nothing to mount (`--man`, or mount(8)'s
 /// `-f` after every check passed).
@@ -546,13 +580,19 @@ fn parse_args() -> Result<Option<(Args, bool)>, Fail> {
             .map_err(|e| Fail(format!("cannot write the man page: {e}")))?;
         return Ok(None);
     }
-    let inv = mount_opts::rewrite::<Args>(argv).map_err(Fail)?;
+    // mount(8) waits for its helper, also one it reached through mount.fuse3 (no
+    // `mount.fuse.coherent-mount` link): a daemon in the foreground would hang it.
+    let by_mount = mount_opts::started_by_mount(&argv, &mount_opts::ancestors(3));
+    let inv = mount_opts::rewrite::<Args>(argv, by_mount).map_err(Fail)?;
     let matches = Args::command()
         .try_get_matches_from(&inv.args)
         .unwrap_or_else(|e| e.exit());
     let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // mount(8) waits for its helper: detach once usable.
     args.daemon |= inv.helper;
+    if inv.via_mount_fuse {
+        VIA_MOUNT_FUSE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if inv.fake {
         validate(&args)?;
         mount_options(

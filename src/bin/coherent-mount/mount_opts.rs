@@ -10,6 +10,12 @@
 //! Run as `mount.fuse.coherent-mount` (the helper mount(8) looks for when asked for type
 //! `fuse.coherent-mount`), the program takes mount(8)'s arguments (`SOURCE DIR [-sfnv] [-o
 //! OPTS] [-t TYPE] [-N NS]`) and detaches once the mount is usable, as mount(8) expects.
+//!
+//! Without that link, mount(8) runs `mount.fuse3`, which runs `/bin/sh -c "'coherent-mount'
+//! 'SOURCE' 'DIR' '-o' 'OPTS,dev,suid'"` (the type after `fuse.` is the command, found on
+//! the shell's default PATH, since mount(8) passes none) and waits for it: a daemon in the
+//! foreground would hang mount(8) for good. [`started_by_mount`] recognises that start
+//! from the process's ancestors, and the program then acts as the helper all the same.
 
 use std::ffi::OsString;
 
@@ -104,6 +110,72 @@ pub fn is_helper(argv0: &OsString) -> bool {
         .is_some_and(|n| n.starts_with("mount."))
 }
 
+/// One ancestor process: its command line and, where readable, its executable.
+#[derive(Debug, Default, Clone)]
+pub struct Ancestor {
+    pub argv: Vec<OsString>,
+    pub exe: Option<std::path::PathBuf>,
+}
+
+/// This process's parent, grandparent, ... (up to `n`), from /proc.
+pub fn ancestors(n: usize) -> Vec<Ancestor> {
+    let ppid = |pid: &str| -> Option<String> {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The command name is in parentheses and may hold anything: split after the last.
+        let rest = &st[st.rfind(')')? + 1..];
+        rest.split_whitespace().nth(1).map(String::from)
+    };
+    let mut out = Vec::new();
+    let mut pid = "self".to_string();
+    while out.len() < n {
+        let Some(p) = ppid(&pid).filter(|p| p != "0") else {
+            break;
+        };
+        let Ok(cmd) = std::fs::read(format!("/proc/{p}/cmdline")) else {
+            break;
+        };
+        let argv = cmd
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| {
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(a).to_os_string()
+            })
+            .collect();
+        // Unreadable for another user's process (mount(8) run setuid): argv still tells.
+        let exe = std::fs::read_link(format!("/proc/{p}/exe")).ok();
+        out.push(Ancestor { argv, exe });
+        pid = p;
+    }
+    out
+}
+
+/// `arg` as mount.fuse3 quotes each word of the command it gives `/bin/sh -c`.
+fn sh_quoted(arg: &OsString) -> String {
+    format!("'{}'", arg.to_string_lossy().replace('\'', r"'\''"))
+}
+
+/// Was this process started by mount(8), directly or through `mount.fuse3`, so that
+/// mount(8) waits for it to return? Either an ancestor (up to the shell, `su` and mount(8)
+/// itself) is mount(8), or the parent is the `/bin/sh -c` that `mount.fuse3` runs with
+/// exactly this command line, word by word quoted (`mount.fuse3` called by hand).
+pub fn started_by_mount(argv: &[OsString], ancestors: &[Ancestor]) -> bool {
+    let is_mount = |a: &Ancestor| {
+        let name = |p: &std::path::Path| p.file_name().is_some_and(|n| n == "mount");
+        a.exe.as_deref().is_some_and(name)
+            || a.argv
+                .first()
+                .is_some_and(|a0| name(std::path::Path::new(a0)))
+    };
+    if ancestors.iter().take(3).any(is_mount) {
+        return true;
+    }
+    let Some(parent) = ancestors.first() else {
+        return false;
+    };
+    let cmd = argv.iter().map(sh_quoted).collect::<Vec<_>>().join(" ");
+    parent.argv.len() == 3 && parent.argv[1] == "-c" && parent.argv[2] == *cmd
+}
+
 /// How the command line must be read, after [`rewrite`].
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Invocation {
@@ -114,6 +186,8 @@ pub struct Invocation {
     pub helper: bool,
     /// mount(8)'s `-f`: check everything, mount nothing.
     pub fake: bool,
+    /// Started through `mount.fuse3` (no helper link): the helper all the same.
+    pub via_mount_fuse: bool,
 }
 
 /// The long flags of `coherent-mount` as option names (`state-dir` → `state_dir`), and
@@ -134,6 +208,26 @@ fn flag_options<C: CommandFactory>() -> Vec<(String, String, bool)> {
             ))
         })
         .collect()
+}
+
+/// The command that makes mount(8) run coherent-mount as its helper directly.
+pub const LN_HELPER: &str =
+    "ln -s \"$(command -v coherent-mount)\" /usr/sbin/mount.fuse.coherent-mount";
+
+/// The option list mount.fuse3 built, without the `dev` and `suid` it appends (it adds
+/// `dev` unless `nodev` was given, then `suid` unless `nosuid` was).
+fn without_mount_fuse_additions(list: &str) -> String {
+    let mut opts = split_options(list);
+    for (added, unless) in [("suid", "nosuid"), ("dev", "nodev")] {
+        if !opts.iter().any(|o| o == unless) && opts.last().is_some_and(|o| o == added) {
+            opts.pop();
+        }
+    }
+    // Put back the escapes split_options took out.
+    opts.iter()
+        .map(|o| o.replace('\\', "\\\\").replace(',', "\\,"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Splits an option list at commas not preceded by a backslash.
@@ -158,15 +252,25 @@ pub fn split_options(s: &str) -> Vec<String> {
 /// Reads `argv` (program name first): expands every `-o` list into long flags and FUSE
 /// options, drops what fstab and mount(8) add, and in helper mode takes mount(8)'s own
 /// arguments. An unknown option is an error that names the accepted ones.
-pub fn rewrite<C: CommandFactory>(argv: Vec<OsString>) -> Result<Invocation, String> {
+///
+/// A process `by_mount` started (see [`started_by_mount`]) is the helper whatever its
+/// name. Under another name than `mount.*` it came through `mount.fuse3`, which appends
+/// `dev` and `suid` unless `nodev`/`nosuid` were given: those two are dropped again, so
+/// the volume is `nodev,nosuid` as when mount(8) runs the helper link.
+pub fn rewrite<C: CommandFactory>(
+    argv: Vec<OsString>,
+    by_mount: bool,
+) -> Result<Invocation, String> {
+    let through_mount_fuse = by_mount && !argv.first().is_some_and(is_helper);
     let mut it = argv.into_iter();
     let argv0 = it.next().unwrap_or_else(|| "coherent-mount".into());
-    let helper = is_helper(&argv0);
+    let helper = is_helper(&argv0) || by_mount;
     let flags = flag_options::<C>();
     let mut inv = Invocation {
         args: vec![argv0],
         helper,
         fake: false,
+        via_mount_fuse: through_mount_fuse,
     };
     let mut fuse = Vec::new();
     let mut sloppy = false;
@@ -209,6 +313,22 @@ pub fn rewrite<C: CommandFactory>(argv: Vec<OsString>) -> Result<Invocation, Str
             }
         } else {
             inv.args.push(a);
+        }
+    }
+    if through_mount_fuse {
+        if inv
+            .args
+            .iter()
+            .skip(1)
+            .any(|a| a.to_string_lossy().starts_with("/dev/fd/"))
+        {
+            return Err(format!(
+                "started by mount.fuse3 with drop_privileges, which coherent-mount does not \
+                 support: mount without it, through the helper link ({LN_HELPER})"
+            ));
+        }
+        if let Some(last) = lists.last_mut() {
+            *last = without_mount_fuse_additions(last);
         }
     }
     for list in lists {
@@ -271,7 +391,7 @@ mod tests {
     }
 
     fn run(args: &[&str]) -> Result<Invocation, String> {
-        rewrite::<Demo>(args.iter().map(OsString::from).collect())
+        rewrite::<Demo>(args.iter().map(OsString::from).collect(), false)
     }
 
     fn strs(inv: &Invocation) -> Vec<String> {
@@ -394,5 +514,80 @@ mod tests {
             strs(&run(&["coherent-mount", "-f"]).unwrap()),
             ["coherent-mount", "-f"]
         );
+    }
+
+    fn os(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn started_by_mount_through_mount_fuse3_or_directly_and_not_otherwise() {
+        let argv = os(&["coherent-mount", "/b", "/it's", "-o", "rw,dev,suid"]);
+        // dash runs the command as a child: the parent is mount.fuse3's shell, word by
+        // word quoted (a quote inside as '\''), its parent mount(8).
+        let sh = Ancestor {
+            argv: os(&[
+                "/bin/sh",
+                "-c",
+                r"'coherent-mount' '/b' '/it'\''s' '-o' 'rw,dev,suid'",
+            ]),
+            exe: Some("/usr/bin/dash".into()),
+        };
+        let mount = Ancestor {
+            argv: os(&["mount", "-t", "fuse.coherent-mount", "/b", "/it's"]),
+            exe: Some("/usr/bin/mount".into()),
+        };
+        let shell = Ancestor {
+            argv: os(&["-bash"]),
+            exe: Some("/usr/bin/bash".into()),
+        };
+        assert!(started_by_mount(&argv, &[sh.clone(), mount.clone()]));
+        // mount.fuse3 run by hand: its shell alone tells.
+        assert!(started_by_mount(&argv, &[sh.clone(), shell.clone()]));
+        // bash as /bin/sh execs the command: mount(8) is the parent (exe unreadable for a
+        // setuid mount: argv[0] tells).
+        let hidden = Ancestor {
+            exe: None,
+            ..mount.clone()
+        };
+        assert!(started_by_mount(&argv, &[hidden, shell.clone()]));
+        // From a terminal, or a script's `sh -c` with other words: the foreground daemon.
+        assert!(!started_by_mount(&argv, std::slice::from_ref(&shell)));
+        let script = Ancestor {
+            argv: os(&["sh", "-c", "coherent-mount /b /it's -o rw,dev,suid"]),
+            exe: Some("/usr/bin/dash".into()),
+        };
+        assert!(!started_by_mount(&argv, &[script, shell]));
+        assert!(!started_by_mount(&argv, &[]));
+    }
+
+    #[test]
+    fn through_mount_fuse3_it_is_the_helper_and_drops_the_dev_suid_it_added() {
+        let by = |args: &[&str]| rewrite::<Demo>(os(args), true);
+        let inv = by(&[
+            "coherent-mount",
+            "/b",
+            "/m",
+            "-o",
+            "rw,state_dir=/s,dev,suid",
+        ])
+        .unwrap();
+        assert!(inv.helper && inv.via_mount_fuse);
+        assert_eq!(
+            strs(&inv),
+            ["coherent-mount", "/b", "/m", "--state-dir=/s", "-o", "rw"]
+        );
+        // Asked for by the user: kept (mount.fuse3 then adds nothing for it).
+        let inv = by(&["coherent-mount", "/b", "/m", "-o", "nodev,suid"]).unwrap();
+        assert_eq!(strs(&inv), ["coherent-mount", "/b", "/m", "-o", "nodev"]);
+        let inv = by(&["coherent-mount", "/b", "/m", "-o", "suid,dev,suid"]).unwrap();
+        assert_eq!(strs(&inv), ["coherent-mount", "/b", "/m", "-o", "suid"]);
+        // Under the helper name, mount(8) called it: nothing was added.
+        let inv = rewrite::<Demo>(os(&["mount.fuse.x", "/b", "/m", "-o", "dev"]), true).unwrap();
+        assert!(!inv.via_mount_fuse);
+        assert_eq!(strs(&inv), ["mount.fuse.x", "/b", "/m", "-o", "dev"]);
+        // drop_privileges hands over /dev/fd/N: refused with the helper link to use.
+        let e = by(&["coherent-mount", "/b", "/dev/fd/5", "-o", "dev,suid"]).unwrap_err();
+        assert!(e.contains("drop_privileges") && e.contains("ln -s"), "{e}");
     }
 }

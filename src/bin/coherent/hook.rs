@@ -16,11 +16,12 @@ use crate::{call, locate_cwd, shellwrites};
 use coherent::coherence::deny_text;
 use coherent::control::{shell_word, Request};
 use coherent::identity::{SessionInfo, Via};
+use coherent::names::{display_name, one_line};
 use serde_json::{json, Value};
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The tools that write the file named in their input.
 const WRITE_TOOLS: [&str; 4] = ["Write", "Edit", "MultiEdit", "NotebookEdit"];
@@ -32,11 +33,27 @@ pub fn claude_code() {
         let mut input = String::new();
         std::io::stdin().read_to_string(&mut input).ok()?;
         let event: Value = serde_json::from_str(&input).ok()?;
-        answer(&event)
+        answer(&event).map(|mut out| {
+            keep_lines(&mut out);
+            out
+        })
     });
     if let Ok(Some(out)) = answer {
         // a reader that went away is not an error of ours
         let _ = writeln!(std::io::stdout(), "{out}");
+    }
+}
+
+/// The text the hook hands the agent, each of its lines kept to itself: the texts are
+/// built with names quoted ([`display_name`]); this is the last guard, so no name, note
+/// or message in them can start a line that reads like the hook's own.
+fn keep_lines(out: &mut Value) {
+    if let Some(h) = out.get_mut("hookSpecificOutput") {
+        for key in ["additionalContext", "permissionDecisionReason"] {
+            if let Some(Value::String(t)) = h.get_mut(key) {
+                *t = coherent::names::lines_only(t);
+            }
+        }
     }
 }
 
@@ -227,9 +244,9 @@ fn post_context(
     let mut out = vec![format!(
         "coherent volume at {}: this command was refused writing {}, handed on by this \
          session; those files are unchanged.",
-        root.display(),
+        display_name(&root.to_string_lossy()),
         hits.iter()
-            .map(|(p, _)| p.as_str())
+            .map(|(p, _)| display_name(p))
             .collect::<Vec<_>>()
             .join(", ")
     )];
@@ -240,6 +257,7 @@ fn post_context(
     // message names the temporary file, which it removed
     for temp in sed_temp_files(output) {
         if let Some((file, _)) = hits.first() {
+            let (temp, file) = (display_name(&temp), display_name(file));
             out.push(format!(
                 "`{temp}` in sed's message is sed's temporary copy of {file}: `sed -i` writes \
                  a new file and renames it over {file}, and that rename was refused; sed \
@@ -281,7 +299,7 @@ fn git_explanation(command: &str, output: &str, hits: &[(String, &Value)]) -> Op
     let sub = words[at + 1..].iter().find(|w| !w.starts_with('-'))?;
     let files = hits
         .iter()
-        .map(|(p, _)| p.as_str())
+        .map(|(p, _)| display_name(p))
         .collect::<Vec<_>>()
         .join(", ");
     let stopped = output.contains("unable to unlink old")
@@ -343,6 +361,9 @@ fn own_live_transfers(root: &Path, me: &str) -> Option<Vec<Value>> {
 fn session_context(start: bool) -> Option<String> {
     let root = locate_cwd().ok()?;
     let (me, attributed) = whoami(&root)?;
+    let me_raw = me;
+    let me = display_name(&me_raw);
+    let root_shown = display_name(&root.to_string_lossy());
     let mut out = Vec::new();
     if !attributed {
         // only once per session: the fix needs a restart anyway
@@ -354,7 +375,7 @@ fn session_context(start: bool) -> Option<String> {
              not attributed to a session on it (it resolves to {me}): files cannot be handed \
              to it or by it, and its writes count as an anonymous user's. To fix it, quit and \
              start Claude Code in its own session: coherent run --session NAME -- claude",
-            root = root.display()
+            root = root_shown
         ));
     }
     let inbox: Vec<Value> = std::fs::read_to_string(root.join(".coherent/inbox"))
@@ -363,12 +384,11 @@ fn session_context(start: bool) -> Option<String> {
         .unwrap_or_default();
     if !inbox.is_empty() {
         out.push(format!(
-            "Files handed to you (session {me}) on the coherent volume {}:",
-            root.display()
+            "Files handed to you (session {me}) on the coherent volume {root_shown}:"
         ));
         let uids = session_uids(&root);
         for r in &inbox {
-            out.push(inbox_entry(r, &me, &uids));
+            out.push(inbox_entry(r, &me_raw, &uids));
         }
         // Name only the ways that work: an open offer is claimed by `accept` (declining
         // it, or writing it unclaimed, does not answer it).
@@ -390,18 +410,18 @@ fn session_context(start: bool) -> Option<String> {
             );
         }
     }
-    let mine = own_live_transfers(&root, &me).unwrap_or_default();
+    let mine = own_live_transfers(&root, &me_raw).unwrap_or_default();
     if !mine.is_empty() {
         out.push(format!(
             "Files you (session {me}) handed on and can no longer write (EACCES), paths \
-             relative to {}:",
-            root.display()
+             relative to {root_shown}:"
         ));
         for r in &mine {
             let path = r.get("path").and_then(Value::as_str).unwrap_or("?");
             out.push(format!(
-                "- {path}: to {} at v{}, {}; `coherent withdraw {}` takes it back",
-                r.get("successor").and_then(Value::as_str).unwrap_or("?"),
+                "- {}: to {} at v{}, {}; `coherent withdraw {}` takes it back",
+                display_name(path),
+                display_name(r.get("successor").and_then(Value::as_str).unwrap_or("?")),
                 r.get("version_at_transfer")
                     .and_then(Value::as_u64)
                     .unwrap_or(0),
@@ -412,9 +432,8 @@ fn session_context(start: bool) -> Option<String> {
     }
     if out.is_empty() && start {
         out.push(format!(
-            "This workspace is a coherent volume ({}); you are session {me}. Files handed \
-             to you appear in `coherent status` and the MCP `inbox` tool.",
-            root.display()
+            "This workspace is a coherent volume ({root_shown}); you are session {me}. Files \
+             handed to you appear in `coherent status` and the MCP `inbox` tool."
         ));
     }
     (!out.is_empty()).then(|| out.join("\n"))
@@ -424,8 +443,8 @@ fn inbox_line(r: &Value) -> String {
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("?");
     let mut line = format!(
         "- {} from {} (v{}, {})",
-        s("path"),
-        s("giver"),
+        display_name(s("path")),
+        display_name(s("giver")),
         r.get("version_at_transfer")
             .and_then(Value::as_u64)
             .unwrap_or(0),
@@ -476,6 +495,7 @@ fn uid_of(session: &str, uids: &std::collections::HashMap<String, u32>) -> Optio
 /// (so no line of it can pass for the hook's own text or end the quote), control
 /// characters shown escaped, and an explicit end.
 fn quoted_note(note: &str, session: &str, uid: Option<u32>) -> String {
+    let session = display_name(session);
     let who = match uid {
         Some(u) => format!("session {session} (uid {u})"),
         None => format!("session {session} (uid unknown)"),
@@ -486,13 +506,12 @@ fn quoted_note(note: &str, session: &str, uid: Option<u32>) -> String {
     );
     for line in note.split('\n') {
         out.push_str("\n> ");
-        for c in line.chars() {
-            if c.is_control() && c != '\t' {
-                out.extend(c.escape_default());
-            } else {
-                out.push(c);
-            }
+        // tabs stay: they break no line
+        for part in line.split('\t') {
+            out.push_str(&one_line(part));
+            out.push('\t');
         }
+        out.pop();
     }
     out.push_str(&format!("\n[end of the note from {session}]"));
     out
@@ -547,6 +566,10 @@ fn pre_bash(ev: &Value) -> Option<Value> {
     }
     let (me, _) = whoami(&root)?;
     let fenced = own_live_transfers(&root, &me)?;
+    // git names paths by their real directory
+    let real_root = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
+    let mut asked: std::collections::HashMap<&shellwrites::GitCheck, Option<Vec<PathBuf>>> =
+        std::collections::HashMap::new();
     let mut hits: Vec<(String, &Value)> = Vec::new();
     for t in &targets {
         for r in &fenced {
@@ -554,12 +577,20 @@ fn pre_bash(ev: &Value) -> Option<Value> {
                 continue;
             };
             let abs = root.join(rel);
-            let hit = abs == t.path || (t.tree && abs.starts_with(&t.path));
-            if !hit || (t.if_modified && !differs_from_head(&abs)) {
+            let named = abs == t.path || (t.tree && abs.starts_with(&t.path));
+            let hit = match &t.git {
+                // what git would change; when git cannot answer, what the words name
+                Some(check) => match asked.entry(check).or_insert_with(|| git_changes(check)) {
+                    Some(changed) => changed.contains(&real_root.join(rel)),
+                    None => named,
+                },
+                None => named && (!t.if_modified || differs_from_head(&abs)),
+            };
+            if !hit {
                 continue;
             }
             if !hits.iter().any(|(_, h)| std::ptr::eq(*h, r)) {
-                hits.push((format!("{rel} ({})", t.how), r));
+                hits.push((format!("{} ({})", display_name(rel), t.how), r));
             }
         }
     }
@@ -577,6 +608,45 @@ fn pre_bash(ev: &Value) -> Option<Value> {
             "permissionDecisionReason": reason,
         }
     }))
+}
+
+/// The files `git checkout`/`git restore` of `check`'s pathspec would write: those that
+/// differ between the work tree and the source (`git diff --name-only`), as absolute real
+/// paths. None when git cannot answer (no repository, an unknown revision, no git): the
+/// caller then fails closed.
+fn git_changes(check: &shellwrites::GitCheck) -> Option<Vec<PathBuf>> {
+    let git = |args: &[&str]| -> Option<Vec<u8>> {
+        let o = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&check.dir)
+            .args(["--no-optional-locks", "-c", "core.quotepath=off"])
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()?;
+        o.status.success().then_some(o.stdout)
+    };
+    let top = git(&["rev-parse", "--show-toplevel"])?;
+    let top = std::str::from_utf8(&top).ok()?.trim_end_matches('\n');
+    let top = std::fs::canonicalize(top).ok()?;
+    let mut args = vec!["diff", "--no-ext-diff", "--name-only", "-z"];
+    if let Some(src) = &check.source {
+        // a revision, never an option
+        if src.starts_with('-') {
+            return None;
+        }
+        args.push(src);
+    }
+    args.push("--");
+    args.extend(check.pathspec.iter().map(String::as_str));
+    let out = git(&args)?;
+    Some(
+        out.split(|b| *b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| top.join(std::ffi::OsStr::from_bytes(n)))
+            .collect(),
+    )
 }
 
 /// Does git see `file` changed from HEAD (so `git stash`, `reset --hard` would rewrite it)?

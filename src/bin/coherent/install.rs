@@ -556,6 +556,39 @@ fn is_our_server(v: &Value) -> bool {
         && v.get("args") == Some(&json!(["mcp"]))
 }
 
+/// What `coherent doctor` checks an install against: the same rules as install itself.
+pub(crate) mod probe {
+    use super::*;
+
+    /// The Claude Code hook events an install registers.
+    pub fn claude_hook_events() -> Vec<&'static str> {
+        HOOKS.iter().map(|(e, _)| *e).collect()
+    }
+
+    /// Is this hook command one `coherent install claude-code` wrote?
+    pub fn is_claude_hook(cmd: &str) -> bool {
+        is_our_hook(cmd)
+    }
+
+    /// Is this `mcpServers` entry the one `coherent install claude-code` wrote?
+    pub fn is_mcp_server(v: &Value) -> bool {
+        is_our_server(v)
+    }
+
+    /// The name the MCP server is registered under.
+    pub const MCP_SERVER: &str = SERVER;
+
+    /// The first executable `name` on PATH.
+    pub fn which(name: &str) -> Option<PathBuf> {
+        on_path(name)
+    }
+
+    /// Is this `core.fsmonitor` value the one `coherent install git` set?
+    pub fn is_fsmonitor(v: &str) -> bool {
+        is_our_fsmonitor(v)
+    }
+}
+
 /// How a JSON file was written, to write it back the same way: its indentation (None:
 /// on one line) and whether it ends with a newline. Keys keep their order (serde_json's
 /// `preserve_order`); nothing is sorted.

@@ -7,6 +7,7 @@
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
+mod doctor;
 mod follow;
 mod fsmonitor;
 mod hook;
@@ -18,6 +19,7 @@ mod top;
 mod whoami;
 use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
 use coherent::error::Reason;
+use coherent::names::{display_name, one_line};
 use coherent::{identity, names, sys};
 use serde_json::Value;
 use std::ffi::OsString;
@@ -174,8 +176,8 @@ enum Cmd {
         /// The state to wait for: accepted, completed, or ended (any status but pending).
         #[arg(long, value_enum, default_value_t = Until::Ended, value_name = "STATE")]
         until: Until,
-        /// Give up after SECS seconds (default: wait as long as it takes).
-        #[arg(long, value_name = "SECS")]
+        /// Give up after SECS seconds, at most 86400 (default: wait as long as it takes).
+        #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
         timeout: Option<f64>,
         #[command(flatten)]
         out: JsonFlag,
@@ -227,6 +229,19 @@ enum Cmd {
         /// claude-code only: the user's own settings instead of a project's.
         #[arg(long, conflicts_with = "dir")]
         user: bool,
+    },
+    /// Check that this install works: the mount, data mode, binaries, hooks (registered and
+    /// firing), the MCP server, git's fsmonitor, kernel features, etcd.
+    ///
+    /// One line per check (ok, warn or FAIL), each problem with its fix. Exit 0 unless a
+    /// check FAILed (3).
+    Doctor {
+        /// A directory on the volume, where the agents start (default: the current one).
+        #[arg(value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Print the checks as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a shell completion script (e.g. `coherent completions bash >
     /// /etc/bash_completion.d/coherent`).
@@ -309,7 +324,7 @@ impl Fail {
     fn refused(reason: &str, message: &str) -> Fail {
         Fail {
             code: EXIT_REFUSED,
-            message: format!("coherent: refused ({reason}): {message}"),
+            message: format!("coherent: refused ({reason}): {}", one_line(message)),
         }
     }
 }
@@ -341,7 +356,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             if !f.message.is_empty() {
-                eprintln!("{}", f.message);
+                // a name in a message never starts a line of its own
+                eprintln!("{}", coherent::names::lines_only(&f.message));
             }
             ExitCode::from(f.code)
         }
@@ -376,7 +392,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         } => {
             let (root, paths) = locate_paths(&paths)?;
             let req = Request::Transfer { paths, to, note };
-            verb_call(&root, &req, json(out))
+            verb_call_again(&root, &req, json(out), unconfirmed)
         }
         Cmd::Accept(a) => {
             let (root, paths) = locate_paths(&a.paths)?;
@@ -496,6 +512,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 }),
             }
         }
+        Cmd::Doctor { dir, json } => doctor::run(dir.as_deref(), top_json || json),
         Cmd::Completions { shell } => {
             no_json("completions")?;
             let mut cmd = Cli::command();
@@ -515,10 +532,14 @@ fn run(cli: Cli) -> Result<(), Fail> {
 /// time this request may still wait (it caps each request at [`control::MAX_WAIT_SECS`]
 /// and replies `"reached": false`): then it is sent again, until the client's timeout.
 fn wait(path: &Path, until: Until, timeout: Option<f64>, json: bool) -> Result<(), Fail> {
+    // The MCP `wait` tool's range: a longer one is a typo, and past u64 seconds
+    // `Duration` cannot even hold it.
     let timeout = match timeout {
-        Some(t) if !(t.is_finite() && t >= 0.0) => {
+        Some(t) if !(t.is_finite() && (0.0..=mcp::WAIT_MAX_SECS).contains(&t)) => {
             return Err(Fail::usage(format!(
-                "--timeout {t}: give a number of seconds"
+                "--timeout {t:?}: give a number of seconds from 0 to {}, or leave --timeout \
+                 out to wait as long as it takes",
+                mcp::WAIT_MAX_SECS
             )))
         }
         t => t.map(Duration::from_secs_f64),
@@ -835,8 +856,35 @@ fn read_all_at(file: &File) -> io::Result<Vec<u8>> {
     }
 }
 
+/// How long `coherent transfer` sends a transfer again while other hosts have not
+/// confirmed it (the volume answers each request within the kernel's request timeout; the
+/// wait it stands for lasts up to a host's lease, 10 s by default).
+const ACK_WAIT: Duration = Duration::from_secs(60);
+
+/// A transfer recorded but not yet confirmed by every host (`coordinator_unavailable`
+/// with the record `pending`): send it again, for up to [`ACK_WAIT`].
+fn unconfirmed(reply: &Reply) -> bool {
+    !reply.is_ok()
+        && reply.body()["reason"] == "coordinator_unavailable"
+        && reply.body()["status"] == "pending"
+}
+
 fn verb_call(root: &Path, req: &Request, json: bool) -> Result<(), Fail> {
-    let reply = call(root, req)?;
+    verb_call_again(root, req, json, |_| false)
+}
+
+/// One verb; sent again while `again` says so (for up to [`ACK_WAIT`]).
+fn verb_call_again(
+    root: &Path,
+    req: &Request,
+    json: bool,
+    again: impl Fn(&Reply) -> bool,
+) -> Result<(), Fail> {
+    let start = Instant::now();
+    let mut reply = call(root, req)?;
+    while again(&reply) && start.elapsed() < ACK_WAIT {
+        reply = call(root, req)?;
+    }
     if json {
         println!("{}", reply.body());
         return if reply.is_ok() {
@@ -853,7 +901,7 @@ fn verb_call(root: &Path, req: &Request, json: bool) -> Result<(), Fail> {
         return Err(Fail::refused(reason, reply.message()));
     }
     for line in human_lines(req.verb(), &reply, &hint_mapper(root)) {
-        println!("{line}");
+        println!("{}", one_line(&line));
     }
     Ok(())
 }
@@ -883,12 +931,12 @@ fn human_lines(verb: Verb, reply: &Reply, hint: &dyn Fn(&str) -> String) -> Vec<
                     .iter()
                     .map(|r| describe_record_from(verb, r, hint))
                     .collect(),
-                _ => vec![reply.message().to_string()],
+                _ => vec![one_line(reply.message()).into_owned()],
             }
         }
         Verb::Whoami if body.get("session").is_some() => vec![control::whoami_text(body)],
         Verb::Status => status_lines(reply),
-        _ => vec![reply.message().to_string()],
+        _ => vec![one_line(reply.message()).into_owned()],
     }
 }
 
@@ -897,7 +945,7 @@ fn human_lines(verb: Verb, reply: &Reply, hint: &dyn Fn(&str) -> String) -> Vec<
 fn status_lines(reply: &Reply) -> Vec<String> {
     let mut out = Vec::new();
     if !reply.message().is_empty() {
-        out.push(reply.message().to_string());
+        out.push(one_line(reply.message()).into_owned());
     }
     let status = &reply.body()["status"];
     let Some(obj) = status.as_object() else {
@@ -917,9 +965,10 @@ fn status_lines(reply: &Reply) -> Vec<String> {
                     .and_then(Value::as_str)
                     .or(s.as_str())
                     .unwrap_or("?");
+                let name = display_name(name);
                 match s.get("agent").and_then(Value::as_str) {
                     Some(a) => format!("{name} ({})", control::short_id(a)),
-                    None => name.to_string(),
+                    None => name,
                 }
             })
             .collect();
@@ -1109,10 +1158,10 @@ fn event_line(raw: &str) -> String {
     }
     line.push_str(s("event").unwrap_or("?"));
     if let Some(p) = s("path") {
-        line.push_str(&format!(" {p}"));
+        line.push_str(&format!(" {}", display_name(p)));
     }
     if let Some(sess) = s("session") {
-        line.push_str(&format!(" by {sess}"));
+        line.push_str(&format!(" by {}", display_name(sess)));
         if let Some(a) = s("agent") {
             line.push_str(&format!(" ({})", control::short_id(a)));
         }
@@ -1130,9 +1179,11 @@ fn event_line(raw: &str) -> String {
         })
         .filter(|(_, v)| !v.is_null())
         .map(|(k, v)| {
+            // a string as a name is shown (quoted when it holds a space or anything that
+            // could forge a line), anything else as JSON
             let shown = match v {
-                Value::String(t) if !t.is_empty() && !t.contains(char::is_whitespace) => t.clone(),
-                other => other.to_string(),
+                Value::String(t) if !t.contains(' ') => display_name(t),
+                other => one_line(&other.to_string()).into_owned(),
             };
             format!("{k}={}", shorten(&shown, 80))
         })
@@ -1188,22 +1239,42 @@ fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<(), Fail> {
         )));
     }
     match sandbox::restrict(&root, &writable).map_err(refuse)? {
-        sandbox::Outcome::Enforced { partial: false } if verbose => eprintln!(
-            "coherent: run: writes only under {} and {} (Landlock)",
-            root.display(),
-            writable
-                .iter()
-                .filter(|p| p.exists())
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        sandbox::Outcome::Enforced { partial: false } => {}
-        sandbox::Outcome::Enforced { partial: true } => eprintln!(
-            "coherent: run: warning: this kernel's Landlock lacks part of the ruleset (ABI < 3: \
-             truncate is not restricted); writes elsewhere than under {} are partly restricted",
-            root.display()
-        ),
+        sandbox::Outcome::Enforced { truncate, ipc } => {
+            if verbose {
+                eprintln!(
+                    "coherent: run: writes only under {} and {} (Landlock){}",
+                    root.display(),
+                    writable
+                        .iter()
+                        .filter(|p| p.exists())
+                        .map(|p| p.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if ipc {
+                        "; no abstract unix socket or signal reaches outside the session"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            if !truncate {
+                eprintln!(
+                    "coherent: run: warning: this kernel's Landlock lacks part of the ruleset \
+                     (ABI < 3: truncate is not restricted); writes elsewhere than under {} are \
+                     partly restricted",
+                    root.display()
+                );
+            }
+            if !ipc {
+                eprintln!(
+                    "coherent: run: warning: this kernel's Landlock cannot scope abstract unix \
+                     sockets and signals (ABI < 6, Linux < 6.12), so the session can still ask \
+                     a process of the same user started outside it to write the backing \
+                     directory {} for it",
+                    backing.display()
+                );
+            }
+        }
         sandbox::Outcome::Unsupported => eprintln!(
             "coherent: run: warning: this kernel has no Landlock, so the session can still \
              write the backing directory {} directly (behind the volume's back)",

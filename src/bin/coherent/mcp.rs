@@ -300,24 +300,30 @@ fn from_reply(reply: &Reply) -> CallToolResult {
     let body = reply.body().clone();
     if reply.is_ok() {
         let mut r = CallToolResult::structured(body.clone());
-        r.content = vec![ContentBlock::text(body.to_string())];
+        r.content = vec![ContentBlock::text(coherent::names::json_text(&body))];
         r
     } else {
         let reason = body["reason"].as_str().unwrap_or("refused").to_string();
         let mut r = CallToolResult::structured_error(body);
-        r.content = vec![ContentBlock::text(format!("{reason}: {}", reply.message()))];
+        r.content = vec![ContentBlock::text(format!(
+            "{reason}: {}",
+            coherent::names::one_line(reply.message())
+        ))];
         r
     }
 }
 
 /// A failure before or instead of a reply (no volume here, a bad argument, ...).
 fn from_fail(f: Fail) -> CallToolResult {
-    let text = f.message.trim_start_matches("coherent: ").to_string();
+    let text = coherent::names::one_line(f.message.trim_start_matches("coherent: ")).into_owned();
     CallToolResult::error(vec![ContentBlock::text(text)])
 }
 
 fn usage(text: &str) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(format!("bad_request: {text}"))])
+    CallToolResult::error(vec![ContentBlock::text(format!(
+        "bad_request: {}",
+        coherent::names::one_line(text)
+    ))])
 }
 
 fn string_arg(args: &JsonObject, key: &str) -> Result<Option<String>, CallToolResult> {
@@ -525,10 +531,10 @@ async fn wait_tool(
         if start.elapsed() >= total {
             return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
                 "timeout: {} did not become {} within {} s; {}",
-                w.rel,
+                coherent::names::display_name(&w.rel),
                 w.until,
                 w.secs,
-                reply.message()
+                coherent::names::one_line(reply.message())
             ))]));
         }
         if let Some(token) = &token {
@@ -537,7 +543,7 @@ async fn wait_tool(
             p.total = Some(w.secs);
             p.message = Some(format!(
                 "waiting for {} to become {} ({:.0} s of {} s)",
-                w.rel,
+                coherent::names::display_name(&w.rel),
                 w.until,
                 start.elapsed().as_secs_f64(),
                 w.secs
@@ -721,6 +727,75 @@ mod frame {
     pub const INVALID_REQUEST: i64 = -32600;
     pub const INVALID_PARAMS: i64 = -32602;
 
+    /// Ok when no JSON object in `text` (already parsed once) has a key twice; else the
+    /// first repeated key.
+    fn unique_keys(text: &str) -> Result<(), String> {
+        use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+        use std::fmt;
+
+        /// Walks a value; `first` holds the first repeated key found.
+        struct Walk<'a> {
+            first: &'a mut Option<String>,
+        }
+        impl<'de> DeserializeSeed<'de> for Walk<'_> {
+            type Value = ();
+            fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                d.deserialize_any(self)
+            }
+        }
+        impl<'de> Visitor<'de> for Walk<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_unit<E>(self) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+                while a
+                    .next_element_seed(Walk {
+                        first: &mut *self.first,
+                    })?
+                    .is_some()
+                {}
+                Ok(())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                while let Some(k) = a.next_key::<String>()? {
+                    a.next_value_seed(Walk {
+                        first: &mut *self.first,
+                    })?;
+                    if !seen.insert(k.clone()) && self.first.is_none() {
+                        *self.first = Some(k);
+                    }
+                }
+                Ok(())
+            }
+        }
+        let mut first = None;
+        let mut de = serde_json::Deserializer::from_str(text);
+        // the text parsed as a Value already: an error here cannot happen, and is no
+        // duplicate
+        let _ = Walk { first: &mut first }.deserialize(&mut de);
+        first.map_or(Ok(()), Err)
+    }
+
     /// A valid JSON-RPC id for rmcp: a string or an integer that fits i64.
     fn valid_id(id: &Value) -> bool {
         id.is_string() || id.as_i64().is_some()
@@ -759,6 +834,25 @@ mod frame {
             Ok(v) => v,
             Err(e) => return error(Value::Null, PARSE_ERROR, format!("Parse error: {e}")),
         };
+        // serde_json keeps the last of two equal keys, rmcp's typed structs refuse them and
+        // drop the line without a word: answer here, naming the key (issue 29).
+        if let Err(key) = unique_keys(text) {
+            // the id is echoed only when it is unambiguous
+            let id = match (&v, key.as_str()) {
+                (_, "id") => None,
+                (Value::Object(o), _) => o.get("id").filter(|i| valid_id(i)).cloned(),
+                _ => None,
+            }
+            .unwrap_or(Value::Null);
+            return error(
+                id,
+                INVALID_REQUEST,
+                format!(
+                    "Invalid Request: the key {} appears twice in one object; send each key once",
+                    serde_json::to_string(&key).unwrap_or_default()
+                ),
+            );
+        }
         let Value::Object(o) = &v else {
             let why = if v.is_array() {
                 "batches are not supported; send one message per line"

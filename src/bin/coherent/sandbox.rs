@@ -5,10 +5,15 @@
 //! were. A giver whose writes all go through the mount cannot go around its fence by
 //! writing the backing files directly, through an old working directory inside an
 //! in-place mount's directory, or by any other name of the backing directory.
+//!
+//! Where the kernel has Landlock ABI 6 the ruleset is also scoped (issue 29): the session
+//! cannot connect to an abstract unix socket nor signal a process created outside it, so
+//! it cannot ask a helper of the same user started outside (a server listening on an
+//! abstract socket) to write for it. What stays open is listed in docs/sessions.md.
 
 use landlock::{
-    path_beneath_rules, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, ABI,
+    path_beneath_rules, Access, AccessFs, CompatLevel, Compatible, LandlockStatus, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -149,13 +154,16 @@ pub fn conflict(root: &Path, backing: &Path, writable: &[PathBuf]) -> Option<Pat
 
 /// What [`restrict`] did.
 pub enum Outcome {
-    /// Enforced (`partial`: the kernel lacks part of it, e.g. ABI < 3: no `truncate`).
-    Enforced { partial: bool },
+    /// Enforced. `truncate`: writes by truncation are covered (ABI >= 3); `ipc`: abstract
+    /// unix sockets and signals are scoped to the session (ABI >= 6).
+    Enforced { truncate: bool, ipc: bool },
     /// The kernel has no Landlock: nothing restricted.
     Unsupported,
 }
 
-/// Restricts this process (and what it execs) to writing under `root` and `writable`.
+/// Restricts this process (and what it execs) to writing under `root` and `writable`,
+/// and, where the kernel can, to reaching no abstract unix socket and signalling no
+/// process made outside the ruleset.
 pub fn restrict(root: &Path, writable: &[PathBuf]) -> Result<Outcome, String> {
     let access = write_access();
     let mut paths: Vec<PathBuf> = vec![root.to_path_buf()];
@@ -163,14 +171,22 @@ pub fn restrict(root: &Path, writable: &[PathBuf]) -> Result<Outcome, String> {
     let status = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(access)
+        .and_then(|r| r.scope(Scope::from_all(ABI::V6)))
         .and_then(|r| r.create())
         .and_then(|r| r.add_rules(path_beneath_rules(&paths, access)))
         .and_then(|r| r.restrict_self())
         .map_err(|e| format!("cannot set up the Landlock ruleset: {e}"))?;
+    // Best effort drops what the kernel lacks; the ABI it ran with says what was kept.
+    let abi = match status.landlock {
+        LandlockStatus::Available { effective_abi, .. } => effective_abi,
+        _ => ABI::Unsupported,
+    };
     Ok(match status.ruleset {
-        RulesetStatus::FullyEnforced => Outcome::Enforced { partial: false },
-        RulesetStatus::PartiallyEnforced => Outcome::Enforced { partial: true },
         RulesetStatus::NotEnforced => Outcome::Unsupported,
+        _ => Outcome::Enforced {
+            truncate: abi >= ABI::V3,
+            ipc: abi >= ABI::V6,
+        },
     })
 }
 

@@ -23,6 +23,21 @@ pub struct Target {
     pub if_modified: bool,
     /// What writes it: `> redirection`, `sed -i`, ...
     pub how: String,
+    /// `git checkout`/`restore` of pathspecs: git writes only the files that differ from
+    /// the source, so ask git which (the paths above are what the words name, for when
+    /// git cannot answer).
+    pub git: Option<GitCheck>,
+}
+
+/// Which paths a `git checkout`/`git restore` of pathspecs would change: those `git diff
+/// --name-only [SOURCE] -- PATHSPEC...`, run in `dir`, lists (the work tree against the
+/// index, or against SOURCE).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GitCheck {
+    pub dir: PathBuf,
+    /// The tree-ish the files come from; None: the index.
+    pub source: Option<String>,
+    pub pathspec: Vec<String>,
 }
 
 /// The targets of `command` run in `cwd`; None if it does not parse.
@@ -183,6 +198,7 @@ impl Walker {
             tree,
             if_modified: false,
             how: how.to_string(),
+            git: None,
         });
     }
 
@@ -630,6 +646,7 @@ impl Walker {
                 tree: true,
                 if_modified: true,
                 how: how.to_string(),
+                git: None,
             });
         };
         match sub.as_str() {
@@ -643,8 +660,23 @@ impl Walker {
                     self.cwd = saved;
                     return;
                 }
+                // the source: `checkout TREE-ISH [--] PATH...`, `restore -s/--source X`;
+                // `restore --staged --worktree` takes HEAD; otherwise the index
+                let before_dashdash = match args.iter().position(|w| w == "--") {
+                    Some(p) => &args[..p],
+                    None => args,
+                };
+                let mut source = None;
                 let paths: Vec<String> = match after_dashdash {
-                    Some(p) => p,
+                    Some(p) => {
+                        if sub == "checkout" {
+                            source = before_dashdash
+                                .iter()
+                                .find(|w| !w.starts_with('-'))
+                                .and_then(|w| plain(w));
+                        }
+                        p
+                    }
                     None if sub == "restore" => {
                         let mut out = Vec::new();
                         let mut i = 0;
@@ -659,15 +691,60 @@ impl Walker {
                         out
                     }
                     // `git checkout [TREE-ISH] PATH...`: the words that name existing paths
-                    None => args
-                        .iter()
-                        .filter(|w| !w.starts_with('-'))
-                        .filter(|w| plain(w).is_some_and(|p| self.abs(&p).exists()))
-                        .cloned()
-                        .collect(),
+                    None => {
+                        let (named, other): (Vec<&String>, Vec<&String>) = args
+                            .iter()
+                            .filter(|w| !w.starts_with('-'))
+                            .partition(|w| plain(w).is_some_and(|p| self.abs(&p).exists()));
+                        source = other.first().and_then(|w| plain(w));
+                        named.into_iter().cloned().collect()
+                    }
                 };
+                if sub == "restore" {
+                    let mut i = 0;
+                    while i < before_dashdash.len() {
+                        let w = &before_dashdash[i];
+                        if w == "-s" || w == "--source" {
+                            source = before_dashdash.get(i + 1).and_then(|w| plain(w));
+                            i += 1;
+                        } else if let Some(v) = w
+                            .strip_prefix("--source=")
+                            .or_else(|| w.strip_prefix("-s").filter(|v| !v.is_empty()))
+                        {
+                            source = plain(v);
+                        }
+                        i += 1;
+                    }
+                    let staged = args.iter().any(|w| w == "--staged" || w == "-S");
+                    if source.is_none() && staged {
+                        source = Some("HEAD".into());
+                    }
+                }
+                let first = self.out.len();
                 for p in &paths {
                     self.add_word(p, &format!("git {sub}"), true);
+                }
+                let pathspec: Vec<String> = paths.iter().filter_map(|w| plain(w)).collect();
+                if !pathspec.is_empty() {
+                    let check = GitCheck {
+                        dir: self.cwd.clone(),
+                        source,
+                        pathspec,
+                    };
+                    // one check for the command: what its words name is kept for when
+                    // git cannot answer
+                    for t in &mut self.out[first..] {
+                        t.git = Some(check.clone());
+                    }
+                    if self.out.len() == first {
+                        self.out.push(Target {
+                            path: self.cwd.clone(),
+                            tree: true,
+                            if_modified: false,
+                            how: format!("git {sub}"),
+                            git: Some(check),
+                        });
+                    }
                 }
                 if paths.is_empty() && force {
                     every_modified(self, "git checkout -f");
@@ -749,5 +826,40 @@ mod tests {
         assert_eq!(paths("echo $X > \"$OUT\""), Vec::<String>::new());
         assert_eq!(paths("ls > /dev/null 2>&1"), Vec::<String>::new());
         assert!(targets("echo 'unterminated", Path::new("/w")).is_none());
+    }
+
+    #[test]
+    fn git_checkout_and_restore_say_what_git_compares() {
+        // `git checkout PATH` without `--` counts the words that name existing paths
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        let w = d.path().display().to_string();
+        let check = |cmd: &str| {
+            let t = targets(cmd, d.path()).expect("parses");
+            let c = t[0].git.clone().expect("a git check");
+            assert!(t.iter().all(|x| x.git.as_ref() == Some(&c)), "{cmd}");
+            (c.dir.display().to_string(), c.source, c.pathspec)
+        };
+        let s = |x: &str| Some(x.to_string());
+        assert_eq!(check("git checkout ."), (w.clone(), None, vec![".".into()]));
+        assert_eq!(
+            check("cd sub && git checkout -- a 'b c'"),
+            (format!("{w}/sub"), None, vec!["a".into(), "b c".into()])
+        );
+        assert_eq!(check("git checkout HEAD -- .").1, s("HEAD"));
+        assert_eq!(check("git checkout HEAD sub").1, s("HEAD"));
+        assert_eq!(check("git restore --source=HEAD~1 a").1, s("HEAD~1"));
+        assert_eq!(check("git restore -s main a").1, s("main"));
+        assert_eq!(check("git restore -smain a").1, s("main"));
+        assert_eq!(check("git restore a").1, None);
+        assert_eq!(check("git restore --staged --worktree a").1, s("HEAD"));
+        assert_eq!(check("git -C sub restore .").0, format!("{w}/sub"));
+        // --staged alone writes no file; a variable is not guessed at
+        assert!(targets("git restore --staged a", Path::new("/w"))
+            .unwrap()
+            .is_empty());
+        assert!(targets("git checkout -- \"$F\"", Path::new("/w"))
+            .unwrap()
+            .is_empty());
     }
 }

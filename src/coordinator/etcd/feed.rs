@@ -109,7 +109,8 @@ impl Etcd {
             .collect();
         for p in paths {
             let _g = self.steps.lock();
-            let deadline = Instant::now() + STEP_TIMEOUT;
+            // Bounded like a request's: a FUSE step may be waiting for this lock.
+            let deadline = request_timeout::deadline(STEP_TIMEOUT);
             let st = self.engine.shared_state(&p);
             let revs = HashMap::from([(
                 p.clone(),

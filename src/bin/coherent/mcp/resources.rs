@@ -120,7 +120,7 @@ pub fn content(root: &Path, res: Res) -> Result<Content, String> {
         .filter_map(|r| r["path"].as_str().map(String::from))
         .collect();
     Ok(Content {
-        text: records.to_string(),
+        text: coherent::names::json_text(&records),
         paths,
     })
 }

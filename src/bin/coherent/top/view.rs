@@ -13,20 +13,15 @@ use ratatui::Frame;
 /// From this width on, the panes under the files sit side by side.
 const WIDE: u16 = 160;
 
-/// A file or session name as the board shows it.
+/// A file or session name as the board shows it: the volume's one rule for names in text
+/// (as it is when plain, else quoted with whatever could forge a line escaped).
 pub(crate) fn q(name: &str) -> String {
-    coherent::names::quote_for_message(name)
+    coherent::names::display_name(name)
 }
 
-/// Free text from the volume (a reply's message): every character that could steer the
-/// terminal or fake a line is escaped, the rest left as it is.
+/// Free text from the volume (a reply's message), kept to its line.
 pub(crate) fn plain(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            '"' | '\'' | '\\' => c.to_string(),
-            c => c.escape_debug().to_string(),
-        })
-        .collect()
+    coherent::names::one_line(text).into_owned()
 }
 
 /// A successor as shown: `any` for an unclaimed offer is a keyword, not a name.
@@ -350,13 +345,11 @@ mod tests {
         let evil = "a\nb\u{1b}[2J\u{2028}\u{202e}c";
         for shown in [q(evil), plain(evil)] {
             assert!(
-                !shown
-                    .chars()
-                    .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{202e}')),
+                !shown.chars().any(coherent::names::is_unsafe_char),
                 "{shown:?}"
             );
         }
-        assert_eq!(plain("it's \"fine\""), "it's \"fine\"");
+        assert_eq!(q("plan.md"), "plan.md");
     }
 
     #[test]
