@@ -358,3 +358,24 @@ fn a_transfer_reaches_a_board_of_ten_thousand_records() {
         "median {median:?}: {lat:?}"
     );
 }
+
+/// A file name holding a newline or an escape sequence is one escaped, quoted row: it can
+/// neither fake a row of its own nor clear the screen.
+#[test]
+fn a_name_cannot_forge_a_row_or_steer_the_terminal() {
+    let m = mount(false);
+    let (newline, escape) = ("a\nb.md", "\x1b[2Jc.md");
+    sh_ok(
+        &m,
+        Some("alice"),
+        r#"printf x > "$(printf 'a\nb.md')" && printf x > "$(printf '\033[2Jc.md')""#,
+    );
+    touch_session(&m, "bob");
+    let t = board(&m, None);
+    transfer(&m, "alice", "bob", &[newline, escape]);
+    wait_row(&t, r#""a\nb.md""#, &["alice -> bob", "pending"]);
+    wait_row(&t, r#""\u{001B}[2Jc.md""#, &["alice -> bob", "pending"]);
+    let s = t.contents();
+    assert!(!s.lines().any(|l| l.starts_with("│b.md")), "{s}");
+    assert!(s.contains(" files 1/2 "), "the screen was cleared:\n{s}");
+}
