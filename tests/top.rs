@@ -245,7 +245,7 @@ fn a_transfer_reaches_the_screen_within_100_ms() {
     for f in &files {
         transfer(&m, "alice", "bob", &[f]);
         let returned = Instant::now();
-        let shown = wait_row(&t, &f, &["pending"]);
+        let shown = wait_row(&t, f, &["pending"]);
         lat.push(shown.saturating_duration_since(returned));
     }
     lat.sort();
