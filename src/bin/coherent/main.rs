@@ -8,12 +8,14 @@
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
 mod doctor;
+mod follow;
 mod fsmonitor;
 mod hook;
 mod install;
 mod mcp;
 mod sandbox;
 mod shellwrites;
+mod top;
 mod whoami;
 use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
 use coherent::error::Reason;
@@ -22,7 +24,7 @@ use coherent::{identity, names, sys};
 use serde_json::Value;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Component, Path, PathBuf};
@@ -121,6 +123,16 @@ enum Cmd {
         /// Print each event as its raw JSON line.
         #[arg(long)]
         json: bool,
+    },
+    /// A live board of the volume: files, handoffs, fenced sessions, offers, waits,
+    /// refusals and hosts, with keys to filter and to withdraw, accept or decline.
+    ///
+    /// Keys: up/down move, / filter by session or path, w/a/d withdraw/accept/decline the
+    /// selected file's handoff (y confirms), r reads the status again, q quits.
+    Top {
+        /// A directory on the volume (default: the current directory).
+        #[arg(value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// Run CMD (default: $SHELL) in session NAME (env tag, and a cgroup where possible).
     ///
@@ -430,6 +442,14 @@ fn run(cli: Cli) -> Result<(), Fail> {
                 None => locate_cwd()?,
             };
             watch(&root, if all { usize::MAX } else { lines }, top_json || raw)
+        }
+        Cmd::Top { dir } => {
+            no_json("top")?;
+            let root = match dir {
+                Some(d) => locate(&d)?.0,
+                None => locate_cwd()?,
+            };
+            top::run(&root)
         }
         Cmd::Run {
             session,
@@ -1059,77 +1079,54 @@ fn install_stop_handler() {
     }
 }
 
-fn still_mounted(root: &Path) -> bool {
-    match mounts() {
-        Some(t) => t
-            .iter()
-            .rev()
-            .find(|m| m.mount_point == root)
-            .is_some_and(|m| m.is_fuse()),
-        None => root.join(".coherent/ctl").exists(),
-    }
-}
-
 fn watch(root: &Path, backlog: usize, json: bool) -> Result<(), Fail> {
     install_stop_handler();
-    let path = root.join(".coherent/events");
-    let mut file = File::open(&path).map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOTCONN) | Some(libc::ENODEV) => gone(root, &e),
-        _ => Fail::no_volume(format!("cannot open {}: {e}", path.display())),
-    })?;
+    let mut log = follow::Follower::open(root)?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
-    let mut pending: Vec<u8> = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
     // the existing log: keep only its last `backlog` lines
     let mut first: std::collections::VecDeque<Vec<u8>> = std::collections::VecDeque::new();
     let mut caught_up = false;
-    let mut last_check = Instant::now();
     loop {
         if STOP.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let n = match file.read(&mut buf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                eprintln!("coherent: the volume at {} went away ({e})", root.display());
-                return Ok(());
+        let step = log.step().and_then(|step| {
+            if matches!(step, follow::Step::AtEnd) && caught_up {
+                log.idle(Duration::from_millis(200))?;
             }
-        };
-        if n > 0 {
-            pending.extend_from_slice(&buf[..n]);
-            while let Some(nl) = pending.iter().position(|&c| c == b'\n') {
-                let line: Vec<u8> = pending.drain(..=nl).collect();
-                if caught_up {
-                    if !emit(&mut out, &line, json) {
-                        return Ok(());
+            Ok(step)
+        });
+        match step {
+            Ok(follow::Step::Lines(lines)) => {
+                for line in lines {
+                    if caught_up {
+                        if !emit(&mut out, &line, json) {
+                            return Ok(());
+                        }
+                    } else if backlog > 0 {
+                        if first.len() == backlog {
+                            first.pop_front();
+                        }
+                        first.push_back(line);
                     }
-                } else if backlog > 0 {
-                    if first.len() == backlog {
-                        first.pop_front();
-                    }
-                    first.push_back(line);
                 }
             }
-            continue;
-        }
-        if !caught_up {
-            caught_up = true;
-            for line in first.drain(..) {
-                if !emit(&mut out, &line, json) {
-                    return Ok(());
+            Ok(follow::Step::AtEnd) => {
+                if !caught_up {
+                    caught_up = true;
+                    for line in first.drain(..) {
+                        if !emit(&mut out, &line, json) {
+                            return Ok(());
+                        }
+                    }
                 }
             }
-        }
-        if last_check.elapsed() >= Duration::from_secs(1) {
-            last_check = Instant::now();
-            if !still_mounted(root) {
-                eprintln!("coherent: the volume at {} was unmounted", root.display());
+            Err(message) => {
+                eprintln!("{message}");
                 return Ok(());
             }
         }
-        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
