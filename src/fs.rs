@@ -134,15 +134,14 @@ pub struct Fs {
 
 impl Fs {
     /// A filesystem over the backing directory `root` (an `O_PATH` descriptor, opened
-    /// before mounting). Sets the process umask to 0: a create applies the caller's umask
-    /// (the `*_umask` methods), on its own thread only (docs/permissions.md).
+    /// before mounting). Leaves the process umask alone: every create sets the caller's
+    /// umask on its own thread for the call (the `*_umask` methods, docs/permissions.md).
     pub fn new(
         root: std::os::fd::OwnedFd,
         policy: Arc<dyn Policy>,
         pseudo: Option<Arc<dyn PseudoFs>>,
         opts: FsOptions,
     ) -> FsResult<Self> {
-        unsafe { libc::umask(0) };
         let name = pseudo.as_ref().map(|p| p.root_name());
         let store = Store::new(root, name.clone())?;
         let p = policy.clone();

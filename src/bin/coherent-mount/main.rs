@@ -456,6 +456,9 @@ fn run(args: Args) -> Result<(), Fail> {
         }
     );
     let pseudo = volume.clone().map(|v| v as Arc<dyn PseudoFs>);
+    // The daemon's own umask is 0: creates set the caller's on their own thread, and a
+    // thread that cannot have one masks the mode itself (src/store/umask.rs).
+    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     let fs = daemon::with_progress("opening the backing directory", || {
         Fs::new(root, policy, pseudo, fs_opts)
     })
