@@ -473,3 +473,101 @@ fn a_host_with_its_clock_ahead_evicts_nobodys_records() {
         );
     }
 }
+
+/// What one try to map the file came to, in a python child: `ok` or the errno's name,
+/// for `open_flags`/`mmap` arguments given as python expressions.
+const MAP_TRY: &str = r#"
+import errno, mmap, os, sys
+fd = os.open(sys.argv[1], eval(sys.argv[2]))
+try:
+    m = mmap.mmap(fd, 0, flags=eval(sys.argv[3]), prot=eval(sys.argv[4]))
+    if eval(sys.argv[4]) & mmap.PROT_WRITE:
+        m[0:1] = b"M"
+        m.flush()
+    m.close()
+    print("ok")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"#;
+
+fn map_try(h: &Host, who: Option<&str>, open: &str, flags: &str, prot: &str) -> String {
+    let cmd = format!(
+        "python3 -c '{}' {FILE} '{open}' '{flags}' '{prot}'",
+        MAP_TRY.replace('\'', "\"")
+    );
+    let r = sh(h, who, &cmd);
+    assert!(r.ok(), "{cmd}: {}", r.show());
+    r.out.trim().to_string()
+}
+
+/// Issue 30 item 4: a shared writable mapping's dirty pages are written back through
+/// whichever writable handle of the file the kernel picks, so a giver's pages could land
+/// as another session's write. On a multi-host volume an agent's write handle of a tracked
+/// file is opened without page cache (`FOPEN_DIRECT_IO`), and the kernel refuses to map
+/// it shared (`ENODEV`); private mappings, read-only shared ones and plain writes work,
+/// and unattributed processes (never givers) map as before.
+#[test]
+fn an_agent_cannot_map_a_tracked_file_shared_and_writable_on_a_multi_host_volume() {
+    let dir = tempfile::Builder::new()
+        .prefix("coherent-mhf-")
+        .tempdir()
+        .unwrap();
+    let base = dir.path().canonicalize().unwrap();
+    let etcd = Etcd::start(1);
+    let a = Host::start(&base, "A", etcd.url(), true);
+    let (rdwr, rdonly) = ("os.O_RDWR", "os.O_RDONLY");
+    let (shared, private) = ("mmap.MAP_SHARED", "mmap.MAP_PRIVATE");
+    let (rw, r) = ("mmap.PROT_READ|mmap.PROT_WRITE", "mmap.PROT_READ");
+    assert_eq!(
+        map_try(&a, Some("alice"), rdwr, shared, rw),
+        "ENODEV",
+        "alice's shared writable mapping"
+    );
+    assert_eq!(a.backing_text(), ORIGINAL, "bytes landed on A");
+    assert_eq!(
+        map_try(&a, Some("alice"), rdwr, private, rw),
+        "ok",
+        "a private one"
+    );
+    assert_eq!(
+        map_try(&a, Some("alice"), rdonly, shared, r),
+        "ok",
+        "read-only"
+    );
+    assert_eq!(
+        a.backing_text(),
+        ORIGINAL,
+        "a private mapping wrote through"
+    );
+    // Plain writes through such a handle work, and a descriptor that read the file before
+    // (its pages cached) reads what they wrote.
+    let coherent_read = r#"
+import os
+r = os.open("h.md", os.O_RDONLY)
+os.read(r, 100)
+w = os.open("h.md", os.O_WRONLY)
+os.pwrite(w, b"NEW", 0)
+print(os.pread(r, 3, 0).decode())
+os.close(w)
+"#;
+    let out = sh_ok(
+        &a,
+        Some("alice"),
+        &format!("python3 -c '{}'", coherent_read.replace('\'', "\"")),
+    );
+    assert_eq!(out.trim(), "NEW", "a read after the direct write");
+    assert!(
+        a.backing_text().starts_with("NEWginal"),
+        "{}",
+        a.backing_text()
+    );
+    assert_eq!(
+        map_try(&a, None, rdwr, shared, rw),
+        "ok",
+        "an unattributed process"
+    );
+    assert!(
+        a.backing_text().starts_with("MEW"),
+        "its mapping wrote back"
+    );
+}
