@@ -27,15 +27,19 @@
 #                                                      data and ports), wait until healthy
 #   scripts/etcd.sh status  [--dir DIR]                which members run; endpoint health
 #                                                      (exit 0 only if all run and answer)
-# Without --dir, stop/kill/restart/status use the DIR of the last start (/tmp/coherent-etcd.last).
+# Without --dir, stop/kill/restart/status use the DIR of the last start by this user.
+# This script's own state (that DIR, the port blocks it handed out) is kept in a 0700
+# directory of the caller: $ETCD_SH_STATE if set, else $XDG_RUNTIME_DIR/coherent-etcd,
+# else /tmp/coherent-etcd-UID; one another user owns or can write is refused.
 # Tunables: ETCD_SH_TIMEOUT (seconds to wait for health or exit, default 30).
 set -euo pipefail
 
-LAST=/tmp/coherent-etcd.last
-# Port blocks handed out by `start`, one file per base port holding its DIR; a block is
-# taken while that DIR still has its cluster file (so a stopped cluster keeps its ports
-# for `restart`). The lock makes choosing a block and claiming it one step.
-CLAIMS=/tmp/coherent-etcd.ports
+# STATE/last: the DIR of the last start. STATE/ports: port blocks handed out by `start`,
+# one file per base port holding its DIR; a block is taken while that DIR still has its
+# cluster file (so a stopped cluster keeps its ports for `restart`). The lock makes
+# choosing a block and claiming it one step. (Another user's clusters are seen only by
+# their sockets: a stopped one of theirs may lose its ports.)
+STATE='' LAST='' CLAIMS=''
 DEFAULT_BASE=23790
 TIMEOUT=${ETCD_SH_TIMEOUT:-30}
 # Fast failure detection for tests: heartbeat 50 ms, election 500 ms.
@@ -62,6 +66,32 @@ need_tools() {
         die "etcd not found; install it with: sudo bash scripts/deps.sh (Debian package etcd-server)"
     command -v etcdctl >/dev/null ||
         die "etcdctl not found; install it with: sudo bash scripts/deps.sh (Debian package etcd-client)"
+}
+
+# --- this script's own state ---------------------------------------------------------------
+# Never a fixed name in /tmp: a local user who made it first could have this script (run by
+# root, say) truncate a file through a symlink, or point `stop` at another cluster. So a
+# directory of the caller's alone, checked before anything in it is used.
+use_state() {
+    local d=${ETCD_SH_STATE:-}
+    if [[ -z $d ]]; then
+        if [[ -n ${XDG_RUNTIME_DIR:-} && -d $XDG_RUNTIME_DIR && -O $XDG_RUNTIME_DIR && ! -L $XDG_RUNTIME_DIR ]]; then
+            d=$XDG_RUNTIME_DIR/coherent-etcd
+        else
+            d=/tmp/coherent-etcd-$(id -u)
+        fi
+    fi
+    [[ -e $d || -L $d ]] || (umask 077 && mkdir -- "$d") 2>/dev/null || true
+    local fix="remove it, or set ETCD_SH_STATE to a directory of your own"
+    [[ ! -L $d ]] || die "$d (this script's state) is a symbolic link: $fix"
+    [[ -d $d ]] || die "$d (this script's state) is not a directory: $fix"
+    [[ -O $d ]] || die "$d (this script's state) belongs to another user: $fix"
+    local mode
+    mode=$(stat -c %a -- "$d") || die "cannot stat $d"
+    if (((8#$mode & 8#077) != 0)); then
+        chmod 0700 -- "$d" || die "cannot make $d private (chmod 0700): $fix"
+    fi
+    STATE=$d LAST=$d/last CLAIMS=$d/ports
 }
 
 # --- the cluster directory ---------------------------------------------------------------
@@ -384,7 +414,8 @@ cmd_start() {
         use_credentials
     fi
 
-    mkdir -p "$CLAIMS"
+    use_state
+    (umask 077 && mkdir -p "$CLAIMS")
     exec 9>"$CLAIMS/.lock"
     flock 9
     local used claim
@@ -434,6 +465,7 @@ cmd_start() {
 
 pick_dir() {
     if [[ -z $DIR ]]; then
+        use_state
         [[ -f $LAST ]] || die "no --dir given and no earlier 'etcd.sh start' ($LAST missing)"
         DIR=$(<"$LAST")
     fi
