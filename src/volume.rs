@@ -871,6 +871,11 @@ impl Volume {
             Ok(s) if !s.is_attributed() => return None,
             Ok(s) | Err(s) => s.clone(),
         };
+        // A giver fenced on the path hears `fenced` (the deny text and its ways out): the
+        // engine refuses it on what this host knows, which a lost lease cannot make laxer.
+        if w.names().iter().any(|(p, _)| self.engine.is_fenced(&s, p)) {
+            return None;
+        }
         let p = w.names().first().map_or("", |x| x.0).to_string();
         Some((s, r.at(p)))
     }

@@ -2,8 +2,9 @@
 //! `coherent-mount` hosts of one backing directory, each in its own network namespace with
 //! a veth link to a three-member etcd in the root namespace, driven by a seeded random
 //! schedule of verbs, writes (fresh opens and descriptors held open across faults) and
-//! faults (links cut and healed, slowed and lossy links, daemons stopped, killed and
-//! restarted, etcd members killed and restarted). Every operation goes into a history; a
+//! faults (links cut and healed, slowed and lossy links, daemons stopped, put to sleep as
+//! in a suspend (their monotonic clock stops too: tests/common/clock.rs), killed and
+//! restarted, etcd members killed and restarted), with ended records evicted after 1 s. Every operation goes into a history; a
 //! checker then proves over the history and the backing files:
 //!
 //! 1. no write by a giver was admitted or landed after its transfer was acknowledged
@@ -24,6 +25,7 @@ mod coherent;
 mod common;
 
 use coherent::*;
+use common::clock::ClockShim;
 use common::etcd::Etcd;
 use common::hosts::Daemon;
 use common::netns::{Degrade, Net};
@@ -36,6 +38,9 @@ use std::time::{Duration, Instant};
 
 /// Each host's lease (the shortest the daemon takes: faults show sooner).
 const TTL: &str = "2s";
+/// Ended records are evicted this soon (each host evicts once a path's shared state has
+/// not changed for this long on its own boot clock): a path's key comes and goes all run.
+const EVICT_AFTER: &str = "1s";
 const HOSTS: [&str; 3] = ["A", "B", "C"];
 const FILES: [&str; 3] = ["f0.md", "f1.md", "f2.md"];
 /// The schedule of the CI run.
@@ -142,7 +147,12 @@ struct Host {
     state: PathBuf,
     log: PathBuf,
     daemon: Option<Daemon>,
+    /// Its daemon's clock shim (a suspend: the monotonic clock stops).
+    clock: ClockShim,
     paused: bool,
+    /// Paused as a machine's sleep (since when): on resume its monotonic clock will not
+    /// have moved meanwhile, while etcd's and its boot clock did.
+    asleep: Option<Instant>,
     cut: bool,
     degraded: Option<Degrade>,
 }
@@ -223,13 +233,17 @@ impl World {
             _dir: dir,
         };
         for (k, name) in HOSTS.iter().enumerate() {
+            let clock_dir = base.join(format!("clock-{name}"));
+            std::fs::create_dir_all(&clock_dir).unwrap();
             let h = Host {
                 name,
                 mnt: base.join(format!("mnt-{name}")),
                 state: base.join(format!("state-{name}")),
                 log: base.join(format!("daemon-{name}.log")),
                 daemon: None,
+                clock: ClockShim::build(&clock_dir),
                 paused: false,
+                asleep: None,
                 cut: false,
                 degraded: None,
             };
@@ -255,7 +269,8 @@ impl World {
             .arg("--state-dir")
             .arg(&h.state)
             .args(["--coordinator", &self.url, "--host-id", h.name])
-            .args(["--coordinator-ttl", TTL]);
+            .args(["--coordinator-ttl", TTL, "--evict-after", EVICT_AFTER])
+            .envs(h.clock.env());
         let d = Daemon::spawn(cmd, &h.mnt, &h.log);
         self.hosts[k].daemon = Some(d);
     }
@@ -513,9 +528,28 @@ except OSError as e:
     }
 
     fn resume(&mut self, k: usize) {
+        if let Some(since) = self.hosts[k].asleep.take() {
+            return self.fault("wake", k, "monotonic clock held back, SIGCONT", |w| {
+                let h = &mut w.hosts[k];
+                let pid = h.daemon.as_ref().unwrap().pid();
+                h.clock.wake(pid, since);
+                h.paused = false;
+            });
+        }
         self.fault("resume", k, "SIGCONT", |w| {
             w.hosts[k].daemon.as_ref().unwrap().signal(libc::SIGCONT);
             w.hosts[k].paused = false;
+        });
+    }
+
+    /// A pause as a machine's suspend: the daemon stops, and when it runs again its
+    /// monotonic clock has not moved in between (see [`World::resume`]).
+    fn sleep(&mut self, k: usize) {
+        self.fault("sleep", k, "SIGSTOP, clocks as in a suspend", |w| {
+            let h = &mut w.hosts[k];
+            let pid = h.daemon.as_ref().unwrap().pid();
+            h.asleep = Some(h.clock.sleep(pid));
+            h.paused = true;
         });
     }
 
@@ -524,6 +558,7 @@ except OSError as e:
             let mut d = w.hosts[k].daemon.take().unwrap();
             d.kill9();
             w.hosts[k].paused = false;
+            w.hosts[k].asleep = None;
         });
     }
 
@@ -667,6 +702,8 @@ except OSError as e:
                 let how = *rng.pick(&[Degrade::Delay, Degrade::Loss]);
                 self.degrade(k, how)
             }
+            // Half the pauses are suspends (the monotonic clock stops too).
+            2 if fine && away < 2 && rng.below(2) == 0 => self.sleep(k),
             2 if fine && away < 2 => self.pause(k),
             3 if fine && away < 2 && !dead => self.kill(k),
             4 if self.etcd_down.is_none() => {
@@ -874,8 +911,11 @@ fn faults_at(history: &[Op], i: usize) -> String {
         match o.kind.as_str() {
             "cut" => drop(on.insert(format!("host {}", o.host), "cut")),
             "pause" => drop(on.insert(format!("host {}", o.host), "stopped")),
+            "sleep" => drop(on.insert(format!("host {}", o.host), "asleep")),
             "kill" => drop(on.insert(format!("host {}", o.host), "dead")),
-            "heal" | "resume" | "restart" => drop(on.remove(&format!("host {}", o.host))),
+            "heal" | "resume" | "wake" | "restart" => {
+                on.remove(&format!("host {}", o.host));
+            }
             "delay" | "loss" => drop(on.insert(format!("link {}", o.host), o.kind.as_str())),
             "restore" => drop(on.remove(&format!("link {}", o.host))),
             "etcd-kill" => drop(on.insert(key("etcd"), "down")),
@@ -945,15 +985,26 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
         }
         w.violations.push(msg);
     } else {
-        // Every acknowledged transfer is known to every host.
+        // Every acknowledged transfer is known to every host, or its record ended and was
+        // evicted (a host logged an `evict` of a record of that path and giver).
         let (recs, _) = views[0].clone().unwrap();
+        let evicted: BTreeSet<(String, String)> = w
+            .hosts
+            .iter()
+            .flat_map(|h| events(h))
+            .filter(|e| e["event"] == "evict")
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+                (s("path"), s("giver"))
+            })
+            .collect();
         for x in w.history.iter().filter(|o| o.kind == "transfer" && o.ok) {
             let known = recs.iter().any(|r| {
                 r.starts_with(&format!("{} {}->{} ", x.path, x.session, x.arg))
                     && x.created
                         .as_ref()
                         .is_none_or(|c| r.ends_with(&format!("created={c}")))
-            });
+            }) || evicted.contains(&(x.path.clone(), x.session.clone()));
             if !known {
                 w.violations.push(format!(
                     "an acknowledged transfer is not among the hosts' records:\n  {}",

@@ -131,6 +131,13 @@ impl ClockShim {
     /// it takes is the suspend's length), then its monotonic clocks are moved back by the
     /// whole time it was stopped and it runs again (`SIGCONT`). Returns how long it slept.
     pub fn suspend(&mut self, pid: i32, during: impl FnOnce()) -> Duration {
+        let since = self.sleep(pid);
+        during();
+        self.wake(pid, since)
+    }
+
+    /// The first half of [`ClockShim::suspend`]: stops `pid`; returns when.
+    pub fn sleep(&self, pid: i32) -> Instant {
         assert_eq!(
             unsafe { libc::kill(pid, libc::SIGSTOP) },
             0,
@@ -140,9 +147,12 @@ impl ClockShim {
             super::wait_until(super::TIMEOUT, || stopped(pid)),
             "process {pid} did not stop"
         );
-        let t0 = Instant::now();
-        during();
-        let slept = t0.elapsed();
+        Instant::now()
+    }
+
+    /// The second half: its monotonic clocks lose the time since `since`, then it runs.
+    pub fn wake(&mut self, pid: i32, since: Instant) -> Duration {
+        let slept = since.elapsed();
         self.skipped += slept;
         self.set(0, self.skipped.as_nanos() as i64);
         assert_eq!(
