@@ -1,5 +1,7 @@
 //! Partition tests (issue 22, item 4; docs/multi-host.md "Partition tests"): three
-//! `coherent-mount` hosts of one backing directory, each in its own network namespace with
+//! `coherent-mount` hosts of one backing directory (or, with `PARTITION_COPIES=1`, each of
+//! its own copy, which the test keeps in step with rsync after every write, as a synced
+//! directory would), each in its own network namespace with
 //! a veth link to a three-member etcd in the root namespace, driven by a seeded random
 //! schedule of verbs, writes (fresh opens and descriptors held open across faults) and
 //! faults (links cut and healed, slowed and lossy links, daemons stopped, put to sleep as
@@ -187,7 +189,9 @@ struct World {
     hosts: Vec<Host>,
     etcd: Etcd,
     net: Net,
-    backing: PathBuf,
+    /// The backing directory of each host: one shared by all, or (`PARTITION_COPIES=1`)
+    /// one copy per host, kept in step by the test as a sync would.
+    backings: Vec<PathBuf>,
     url: String,
     sessions: Vec<String>,
     etcd_down: Option<usize>,
@@ -210,17 +214,26 @@ impl World {
             .tempdir()
             .unwrap();
         let base = dir.path().canonicalize().unwrap();
-        let backing = base.join("backing");
-        std::fs::create_dir(&backing).unwrap();
-        for f in FILES {
-            std::fs::write(backing.join(f), format!("{f}\n")).unwrap();
+        let backings: Vec<PathBuf> = if copies() {
+            HOSTS
+                .iter()
+                .map(|h| base.join(format!("backing-{h}")))
+                .collect()
+        } else {
+            vec![base.join("backing")]
+        };
+        for backing in &backings {
+            std::fs::create_dir(backing).unwrap();
+            for f in FILES {
+                std::fs::write(backing.join(f), format!("{f}\n")).unwrap();
+            }
         }
         let mut w = World {
             held: Vec::new(),
             hosts: Vec::new(),
             etcd,
             net,
-            backing,
+            backings,
             url,
             sessions: (0..3).map(|i| unique(&format!("s{i}"))).collect(),
             etcd_down: None,
@@ -264,7 +277,7 @@ impl World {
     fn spawn(&mut self, k: usize) {
         let h = &self.hosts[k];
         let mut cmd = self.net.command(k, BIN);
-        cmd.arg(&self.backing)
+        cmd.arg(self.backing(k))
             .arg(&h.mnt)
             .arg("--state-dir")
             .arg(&h.state)
@@ -273,6 +286,34 @@ impl World {
             .envs(h.clock.env());
         let d = Daemon::spawn(cmd, &h.mnt, &h.log);
         self.hosts[k].daemon = Some(d);
+    }
+
+    /// Host `k`'s backing directory.
+    fn backing(&self, k: usize) -> &Path {
+        &self.backings[k.min(self.backings.len() - 1)]
+    }
+
+    /// With a copy per host: what host `k`'s copy holds now reaches the others, as a sync
+    /// tool would carry it (in place: a descriptor open on another host keeps its file).
+    fn sync_from(&self, k: usize) {
+        if self.backings.len() < 2 {
+            return;
+        }
+        let from = format!("{}/", self.backing(k).display());
+        for (j, to) in self.backings.iter().enumerate().filter(|(j, _)| *j != k) {
+            let out = std::process::Command::new("rsync")
+                .args(["-rt", "--inplace", &from])
+                .arg(format!("{}/", to.display()))
+                .output()
+                .expect("rsync (Debian package rsync)");
+            assert!(
+                out.status.success(),
+                "rsync {} -> {}: {}",
+                HOSTS[k],
+                HOSTS[j],
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     fn now(&self) -> f64 {
@@ -290,6 +331,11 @@ impl World {
     }
 
     fn finish(&mut self, mut op: Op) {
+        if matches!(op.kind.as_str(), "write" | "close") {
+            if let Some(k) = HOSTS.iter().position(|h| *h == op.host) {
+                self.sync_from(k);
+            }
+        }
         op.end = self.now();
         if std::env::var_os("PARTITION_VERBOSE").is_some() {
             eprintln!("{}", op.line());
@@ -781,12 +827,21 @@ except OSError as e:
             return None;
         }
         let st = status(h);
-        let recs = ["live", "ended"]
+        let recs: BTreeSet<String> = ["live", "ended"]
             .iter()
             .flat_map(|k| st[*k].as_array().cloned().unwrap_or_default())
             .map(|r| record_key(&r))
             .collect();
-        let versions = FILES.iter().map(|f| version(h, f)).collect();
+        // Only a path with records has a shared version: once its ended records are
+        // evicted, each host counts its changes on its own again (docs/multi-host.md).
+        let shared = |f: &str| {
+            recs.iter()
+                .any(|r: &String| r.starts_with(&format!("{f} ")))
+        };
+        let versions = FILES
+            .iter()
+            .map(|f| shared(f).then(|| version(h, f)).flatten())
+            .collect();
         Some((recs, versions))
     }
 }
@@ -941,6 +996,11 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     }
 }
 
+/// `PARTITION_COPIES=1`: each host mounts its own copy of the workspace.
+fn copies() -> bool {
+    std::env::var("PARTITION_COPIES").is_ok_and(|v| v == "1")
+}
+
 /// The seed: `PARTITION_SEED` (a number or `random`), else the CI run's.
 fn seed() -> u64 {
     match std::env::var("PARTITION_SEED").as_deref() {
@@ -964,7 +1024,12 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
     let mut rng = Rng(seed);
     let mut w = World::new();
     eprintln!(
-        "partition: seed {seed}, {steps} steps, 3 hosts, 3-member etcd, link faults by {}",
+        "partition: seed {seed}, {steps} steps, 3 hosts ({}), 3-member etcd, link faults by {}",
+        if copies() {
+            "each on its own copy, synced by the test"
+        } else {
+            "one backing directory"
+        },
         w.net.degrade_kind()
     );
     for _ in 0..steps {
@@ -1013,7 +1078,8 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
             }
         }
     }
-    let landed = landed(&w.backing);
+    // With copies, every copy holds the same (each write was carried to the others).
+    let landed = landed(w.backing(0));
     let mut violations = std::mem::take(&mut w.violations);
     violations.extend(check(&w.history, &landed));
     // The history, kept for a look after the run.
@@ -1031,9 +1097,15 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
         .iter()
         .filter(|o| o.kind == "write" && o.ok)
         .count();
+    // Host A's log holds every host's events.
+    let evictions = events(&w.hosts[0])
+        .iter()
+        .filter(|e| e["event"] == "evict")
+        .count();
     eprintln!(
         "partition: seed {seed}: {} operations ({} transfers, {acked} acknowledged; {} writes, \
-         {admitted} admitted, {} landed; {} held opens), faults {:?}, {} violations, {:.1}s; \
+         {admitted} admitted, {} landed; {} held opens; {evictions} records evicted), faults \
+         {:?}, {} violations, {:.1}s; \
          history in {}",
         w.history.len(),
         count("transfer"),
