@@ -28,6 +28,8 @@
 #   scripts/etcd.sh status  [--dir DIR]                which members run; endpoint health
 #                                                      (exit 0 only if all run and answer)
 # Without --dir, stop/kill/restart/status use the DIR of the last start by this user.
+# A start that finds a port of its block bound meanwhile (another user's cluster) takes the
+# next free block, up to five times (not with --base-port).
 # This script's own state (that DIR, the port blocks it handed out) is kept in a 0700
 # directory of the caller: $ETCD_SH_STATE if set, else $XDG_RUNTIME_DIR/coherent-etcd,
 # else /tmp/coherent-etcd-UID; one another user owns or can write is refused.
@@ -423,35 +425,47 @@ cmd_start() {
         [[ -f $claim && ! -f $(<"$claim")/cluster ]] && rm -f "$claim"
     done
     used=$(used_ports)
-    if [[ -n $BASE_OPT ]]; then
-        [[ $BASE_OPT =~ ^[0-9]+$ ]] && ((BASE_OPT >= 1024 && BASE_OPT <= 65529)) ||
-            die "--base-port must be a number in 1024..65529 (got '$BASE_OPT')"
-        block_free "$BASE_OPT" "$used" ||
-            die "ports $BASE_OPT..$((BASE_OPT + 5)) are in use; pick another --base-port or omit it"
-        BASE=$BASE_OPT
-    else
-        BASE=$DEFAULT_BASE
-        until block_free "$BASE" "$used"; do
-            BASE=$((BASE + 10))
-            # Stay below the kernel's ephemeral ports (32768 up), where clients bind.
-            ((BASE + 5 < 32768)) || die "no free block of 6 ports in $DEFAULT_BASE..32767"
-        done
-    fi
-    echo "$DIR" >"$CLAIMS/$BASE"
-    printf 'members=%s\nbase_port=%s\ntoken=%s\nsecure=%s\nvolume=%s\n' \
-        "$MEMBERS" "$BASE" "$TOKEN" "$SECURE" "$VOLUME" >"$DIR/cluster"
-    [[ -z $LISTEN_IP ]] || printf 'listen_ip=%s\n' "$LISTEN_IP" >>"$DIR/cluster"
-    echo "$DIR" >"$LAST"
-    local k
-    for k in $(all_members); do launch "$k"; done
-    # Keep the lock until the members listen, so a parallel start cannot take these ports.
-    if ! (wait_healthy $(all_members)) || { ((SECURE)) && ! enable_auth; }; then
+    local k attempt
+    for attempt in 1 2 3 4 5; do
+        if [[ -n $BASE_OPT ]]; then
+            [[ $BASE_OPT =~ ^[0-9]+$ ]] && ((BASE_OPT >= 1024 && BASE_OPT <= 65529)) ||
+                die "--base-port must be a number in 1024..65529 (got '$BASE_OPT')"
+            block_free "$BASE_OPT" "$used" ||
+                die "ports $BASE_OPT..$((BASE_OPT + 5)) are in use; pick another --base-port or omit it"
+            BASE=$BASE_OPT
+        else
+            BASE=$DEFAULT_BASE
+            until block_free "$BASE" "$used"; do
+                BASE=$((BASE + 10))
+                # Stay below the kernel's ephemeral ports (32768 up), where clients bind.
+                ((BASE + 5 < 32768)) || die "no free block of 6 ports in $DEFAULT_BASE..32767"
+            done
+        fi
+        echo "$DIR" >"$CLAIMS/$BASE"
+        printf 'members=%s\nbase_port=%s\ntoken=%s\nsecure=%s\nvolume=%s\n' \
+            "$MEMBERS" "$BASE" "$TOKEN" "$SECURE" "$VOLUME" >"$DIR/cluster"
+        [[ -z $LISTEN_IP ]] || printf 'listen_ip=%s\n' "$LISTEN_IP" >>"$DIR/cluster"
+        echo "$DIR" >"$LAST"
+        for k in $(all_members); do launch "$k"; done
+        # Keep the lock until the members listen, so a parallel start cannot take these ports.
+        if (wait_healthy $(all_members)) && { ((!SECURE)) || enable_auth; }; then
+            break
+        fi
         # Leave DIR as if never started (logs kept), so the same start can be retried.
         signal_members KILL $(all_members)
         for k in $(all_members); do rm -rf "$(member_data "$k")"; done
         rm -f "$DIR/cluster" "$CLAIMS/$BASE"
+        # Another user's cluster (whose claims are in their own state directory) bound a
+        # port of the block between the check and the start: the next block, a few times.
+        if [[ -z $BASE_OPT ]] && ((attempt < 5)) &&
+            grep -qs 'address already in use' "$DIR"/member-*.log; then
+            say "ports $BASE..$((BASE + 5)) were taken meanwhile; trying the next block"
+            for k in $(all_members); do mv -f "$DIR/member-$k.log" "$DIR/member-$k.log.try$attempt"; done
+            for ((k = BASE; k < BASE + 6; k++)); do used+=$'\n'$k; done
+            continue
+        fi
         exit 1
-    fi
+    done
     local url
     if ((SECURE)); then
         url="etcds://$(hostports_of $(all_members))/$VOLUME?auth=$DIR/auth"

@@ -330,3 +330,63 @@ echo "refused=$? $(cat /tmp/err)"
         "a state directory made by another user: {refused}"
     );
 }
+
+/// Port blocks are claimed in the caller's own state directory, so another user's start
+/// does not see this user's claims: a port of the block chosen can be bound by someone
+/// else between the check and the members' start. `start` then takes the next block (a
+/// few times). In a private network namespace (only `lo`) and /tmp, ports 23791 and 23801
+/// (the peer ports of the first two blocks) are bound by a process that never listens, so
+/// the socket check cannot see them: the cluster comes up on the third block.
+#[test]
+fn start_moves_to_the_next_block_when_a_port_was_taken_meanwhile() {
+    let script = std::fs::canonicalize(SCRIPT).unwrap();
+    let body = format!(
+        r#"
+set -u
+ip link set lo up || exit 90
+mount -t tmpfs -o mode=1777 tmpfs /tmp || exit 91
+S={script}
+python3 -c '
+import socket, sys, time
+held = []
+for p in (23791, 23801):
+    s = socket.socket()
+    s.bind(("127.0.0.1", p))
+    held.append(s)
+print("bound", flush=True)
+time.sleep(120)
+' >/tmp/bound &
+holder=$!
+trap 'bash $S stop >/dev/null 2>&1 || true; kill $holder' EXIT
+for _ in $(seq 100); do grep -q bound /tmp/bound && break; sleep 0.05; done
+url=$(bash $S start --insecure 2>/tmp/err) || {{ cat /tmp/err; exit 92; }}
+echo "url=$url"
+echo "retries=$(grep -c 'were taken meanwhile' /tmp/err)"
+"#,
+        script = script.display(),
+    );
+    let out = run_timeout(
+        Command::new("unshare")
+            .args([
+                "--net",
+                "--mount",
+                "--propagation",
+                "private",
+                "bash",
+                "-c",
+                &body,
+            ])
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("ETCD_SH_STATE"),
+        Duration::from_secs(120),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "({:?}) {text}\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("url=etcd://127.0.0.1:23810\n"), "{text}");
+    assert!(text.contains("retries=2\n"), "{text}");
+}
