@@ -94,6 +94,7 @@ fn stamp(i: usize) -> Option<Stamp> {
         ino: i as u64,
         ctime_ns: i as i64,
         size: 100,
+        mtime_ns: i as i64,
     })
 }
 

@@ -24,10 +24,12 @@ use parking_lot::{Mutex, RwLock};
 
 mod creds;
 mod handles;
+mod print;
 mod sys;
 mod types;
 
 use handles::{handle_at, open_handle, FdCache, FileHandle, HandleOf};
+pub use print::{fingerprint_at, has_content, Fingerprint};
 use sys::{backing_flags, cstr, cvt, fstat_fd, fstatat, open_path_at, proc_path, xattr_reply};
 pub use types::*;
 

@@ -173,6 +173,27 @@ fn refused(r: Refusal) -> FsError {
     FsError(r.write_errno())
 }
 
+/// The daemon's line for a content check that counted nothing (a changed one is in the
+/// state log as `external_change`).
+fn log_content(p: &str, c: coherence::Content) {
+    use coherence::Content;
+    match c {
+        Content::Unchanged | Content::Changed => {}
+        Content::Same => tracing::info!(
+            "{p}: changed behind the volume's back but its content is the same (a \
+             metadata-only change, or this copy caught up): restamped, not a change"
+        ),
+        Content::Behind(v) => tracing::info!(
+            "{p}: this copy still holds the content of v{v} (its sync has not arrived): \
+             behind, not a change"
+        ),
+        Content::Unknown => tracing::warn!(
+            "{p}: changed behind the volume's back and could not be read to compare its \
+             content: nothing counted, any record on it stays live"
+        ),
+    }
+}
+
 /// The write handle kept in an open file's handle (None: a handle without state).
 fn write_handle(h: &HandleInfo<'_>) -> Option<Arc<WriteHandle>> {
     h.state?.clone().downcast::<WriteHandle>().ok()
@@ -183,12 +204,14 @@ fn key(w: &Arc<WriteHandle>) -> usize {
     Arc::as_ptr(w) as usize
 }
 
-/// The engine's stamp of a backing file: (ino, ctime, size).
+/// The engine's stamp of a backing file: (ino, ctime, mtime, size).
 fn stamp(s: &Stamp) -> coherence::Stamp {
+    let ns = |t: crate::store::Time| t.sec * 1_000_000_000 + i64::from(t.nsec);
     coherence::Stamp {
         ino: s.ino,
-        ctime_ns: s.ctime.sec * 1_000_000_000 + i64::from(s.ctime.nsec),
+        ctime_ns: ns(s.ctime),
         size: s.size,
+        mtime_ns: ns(s.mtime),
     }
 }
 
@@ -609,7 +632,7 @@ impl Volume {
         match st {
             Some((_, true)) => {}
             Some((s, false)) => {
-                e.observe(p, Some(s), now);
+                self.observe_file(e, p, s, now);
             }
             None => {
                 e.observe(p, None, now);
@@ -618,13 +641,89 @@ impl Volume {
         st
     }
 
+    /// Shows `e` the file at `p` with stamp `st`, with its fingerprint when only the
+    /// content can tell what a changed stamp means (docs/versions-and-holds.md#content).
+    fn observe_file(&self, e: &Engine, p: &str, st: coherence::Stamp, now: Timestamp) {
+        match self.print_if_wanted(e, p, st) {
+            (st, Some(print)) => {
+                e.observe_content(p, st, Some(print), now);
+            }
+            (st, None) => {
+                e.observe(p, Some(st), now);
+            }
+        }
+    }
+
+    /// The fingerprint of the file at `p` (seen with stamp `st`) if `e` needs it to judge
+    /// the stamp ([`Engine::wants_print`]), with the stamp it was taken at (maybe newer
+    /// than `st`). Logs what the content check will find when it counts nothing.
+    fn print_if_wanted(
+        &self,
+        e: &Engine,
+        p: &str,
+        st: coherence::Stamp,
+    ) -> (coherence::Stamp, Option<coherence::Print>) {
+        if !e.wants_print(p, &st) {
+            return (st, None);
+        }
+        let (st, print) = match self.print_of(p) {
+            Some((now, print)) => (now, Some(print)),
+            None => (st, None),
+        };
+        log_content(p, e.content(p, st, print));
+        (st, print)
+    }
+
+    /// The fingerprint of the file at `p` now, with the stamp it had while it was read.
+    fn print_of(&self, p: &str) -> Option<(coherence::Stamp, coherence::Print)> {
+        let fp = crate::store::fingerprint_at(self.root.as_fd(), p)?;
+        let print = coherence::Print {
+            size: fp.size,
+            digest: fp.digest,
+        };
+        Some((stamp(&fp.stamp), print))
+    }
+
+    /// With a coordinator: the fingerprint of what a commit of `p` (a path with records,
+    /// which hosts share) made, for the other hosts to compare their copies with.
+    fn print_commit(&self, e: &Engine, p: &str, st: coherence::Stamp) {
+        if self.etcd.is_none() || !e.has_records(p) {
+            return;
+        }
+        if let Some((now, print)) = self.print_of(p).filter(|(now, _)| *now == st) {
+            e.note_print(p, now, print);
+        }
+    }
+
+    /// Before a write through a file with several names (the fence follows the inode):
+    /// the handed paths taken in from another host and not looked at here yet are looked
+    /// at now, so this host knows their inode on its own copy (hosts share no stamps).
+    fn stamp_handed(&self) {
+        if self.etcd.is_none() {
+            return;
+        }
+        let now = Timestamp::now();
+        for q in self.engine.unstamped_live_paths() {
+            if let Some(st) = self.stamp_now(&q) {
+                self.observe_file(&self.engine, &q, st, now);
+            }
+        }
+    }
+
     /// What the backing directory holds at `p` now, for the write decision (a file with
-    /// several names is marked: the fence follows the inode).
+    /// several names is marked: the fence follows the inode), with the fingerprint the
+    /// decision needs to judge a changed stamp.
     fn at<'a>(&self, p: &'a str) -> At<'a> {
         match self.stat_links(p) {
             None => At::new(p, Found::Absent),
             Some((_, true, _)) => At::new(p, Found::Dir),
-            Some((s, false, n)) => At::new(p, Found::File(s)).linked(n > 1),
+            Some((s, false, n)) => {
+                if n > 1 {
+                    self.stamp_handed();
+                }
+                let (s, print) = self.print_if_wanted(&self.engine, p, s);
+                At::new(p, Found::File(s)).linked(n > 1).print(print)
+            }
         }
     }
 
@@ -912,6 +1011,7 @@ impl Volume {
                     // commit; any other change of size is a commit of its own.
                     Some(after) if set.size.is_some() && !holds_e => {
                         e.commit(s, p, CommitOp::Truncate, Some(after), now);
+                        self.print_commit(e, p, after);
                     }
                     Some(after) => {
                         e.restamp(p, after);
@@ -1173,7 +1273,7 @@ impl Policy for Volume {
                 }
                 let s = self.session(caller);
                 let before = self.engine.last_seq();
-                self.engine.observe(p, Some(stamp(&open.stamp)), now);
+                self.observe_file(&self.engine, p, stamp(&open.stamp), now);
                 self.engine.open_read(&s, p, now);
                 // A successor's first open logs `handoff_seen`: in the log when it returns.
                 if self.engine.last_seq() != before {
@@ -1267,6 +1367,7 @@ impl Policy for Volume {
             let now = Timestamp::now();
             self.counted(&[(p, false)], |e| {
                 e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+                self.print_commit(e, p, stamp(&h.now));
             });
             // The handle's own commit moved the path's epoch: still known good (under
             // the same lease), so a later lease compares with the epoch it made.
@@ -1299,6 +1400,7 @@ impl Policy for Volume {
             let Some(p) = rel(h.path) else { return false };
             self.counted(&[(p, false)], |e| {
                 e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+                self.print_commit(e, p, stamp(&h.now));
             });
             true
         });

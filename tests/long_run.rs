@@ -172,6 +172,7 @@ fn churn_in_own_process() {
             ino: i,
             ctime_ns: i as i64,
             size: i,
+            mtime_ns: i as i64,
         };
         o.engine
             .commit(&a, &p, CommitOp::Write, Some(st), Timestamp(t0 + i as i64));

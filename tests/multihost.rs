@@ -774,3 +774,25 @@ fn the_successors_commits_after_completing_are_counted_on_its_host_and_published
         "{c}"
     );
 }
+
+/// The fence follows the inode on every host (docs/design.md#write-routes): a giver who
+/// hands `plan.md` on host A cannot write it through another name of the file on host B,
+/// which never looked at `plan.md` (its stamps are its own: it learns the inode from its
+/// own copy, not from A).
+#[test]
+fn another_name_of_a_handed_file_is_fenced_on_the_other_host() {
+    let p = Pair::new(1, "5s");
+    std::fs::hard_link(p.a.backing.join("plan.md"), p.a.backing.join("alias.md")).unwrap();
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "plan.md");
+    let r = write(&p.b, Some("alice"), "alias.md");
+    assert!(r.denied(), "giver through another name on B: {}", r.show());
+    assert_eq!(
+        denied_reason(&p.b, "alice", "plan.md").as_deref(),
+        Some("fenced")
+    );
+    assert_eq!(
+        std::fs::read_to_string(p.a.backing.join("plan.md")).unwrap(),
+        "plan.md\n"
+    );
+}

@@ -571,3 +571,129 @@ os.close(w)
         "its mapping wrote back"
     );
 }
+
+/// Issue 30 item 1: each host on its own copy, kept in step as a sync would (`cp
+/// --preserve=all`: the same bytes and mtime, another inode and ctime). What hosts share
+/// is the version and the content's fingerprint, never a stamp
+/// (docs/multi-host.md#copies), so a read on the other copy is no change.
+fn sync(from: &Host, to: &Host) {
+    let st = Command::new("cp")
+        .arg("--preserve=all")
+        .arg(from.backing.join(FILE))
+        .arg(to.backing.join(FILE))
+        .status()
+        .unwrap();
+    assert!(st.success(), "cp --preserve=all");
+}
+
+/// The record of the file on host `h`: live and pending, no change counted there, and the
+/// giver's append through `h` refused (`fenced`).
+fn fenced_on(h: &Host, name: &str, giver: &str, successor: &str, v: u64) {
+    let rec = live_record(h, FILE)
+        .unwrap_or_else(|| panic!("{name}: the record ended: {:?}", record(h, FILE)));
+    assert_eq!(rec["status"], "pending", "{name}: {rec}");
+    assert_eq!(rec["version_at_transfer"], v, "{name}: {rec}");
+    assert!(
+        events_of(h, "external_change", FILE, None).is_empty(),
+        "{name} counted a change behind its back:\n{}",
+        h.log()
+    );
+    let before = events_of(h, "denied", FILE, Some(giver)).len();
+    let r = sh(h, Some(giver), &format!("echo EVIL >> {FILE}"));
+    assert!(r.denied(), "{giver} on {name}: {}", r.show());
+    let d = await_events(h, "denied", FILE, Some(giver), before + 1);
+    assert_eq!(d[before]["reason"], "fenced", "{name}: {}", d[before]);
+    if let Some(bad) = check_deny_text(&why(h, Some(giver)), FILE, successor, v) {
+        panic!("{name}: {bad}");
+    }
+}
+
+#[test]
+fn a_read_on_another_hosts_copy_never_ends_a_record() {
+    let p = Pair::new(true);
+    sync(&p.a, &p.b);
+    touch_session(&p.b, "bob");
+    sh_ok(&p.a, Some("alice"), &format!("cat {FILE} >/dev/null"));
+    transfer(&p.a, "alice", "bob", &[FILE]);
+    // Plain reads on B's copy (its own inode and ctime), by anyone, and a stat.
+    assert_eq!(sh_ok(&p.b, None, &format!("cat {FILE}")), ORIGINAL);
+    sh_ok(
+        &p.b,
+        Some("bob"),
+        &format!("cat {FILE} >/dev/null; stat {FILE} >/dev/null"),
+    );
+    sh_ok(&p.a, None, &format!("cat {FILE} >/dev/null"));
+    fenced_on(&p.b, "B", "alice", "bob", 1);
+    fenced_on(&p.a, "A", "alice", "bob", 1);
+    // The sync runs again (a new inode on B, same bytes), and a metadata-only change
+    // on B's copy: still no change.
+    sync(&p.a, &p.b);
+    let b = p.b.backing.join(FILE).display().to_string();
+    sh_ok(
+        &p.b,
+        None,
+        &format!("touch -a {b}; chmod $(stat -c %a {b}) {b}"),
+    );
+    sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+    fenced_on(&p.b, "B", "alice", "bob", 1);
+    fenced_on(&p.a, "A", "alice", "bob", 1);
+    assert_eq!(p.a.backing_text(), ORIGINAL);
+    assert!(
+        p.b.log().contains("its content is the same"),
+        "no restamp line in B's log:\n{}",
+        p.b.log()
+    );
+}
+
+#[test]
+fn a_copy_that_lags_behind_is_behind_and_a_real_change_on_a_copy_ends_the_record() {
+    let p = Pair::new(true);
+    sync(&p.a, &p.b);
+    touch_session(&p.b, "bob");
+    sh_ok(&p.a, Some("alice"), &format!("cat {FILE} >/dev/null"));
+    transfer(&p.a, "alice", "bob", &[FILE]);
+    sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+    // The successor writes on A (v2) and hands it back to alice there; B's sync has not
+    // brought v2 yet: B's copy holds v1's content, which is behind, not a change.
+    sh_ok(
+        &p.a,
+        Some("bob"),
+        &format!("cat {FILE} >/dev/null; echo bob >> {FILE}"),
+    );
+    transfer(&p.a, "bob", "alice", &[FILE]);
+    assert_eq!(sh_ok(&p.b, Some("carol"), &format!("cat {FILE}")), ORIGINAL);
+    fenced_on(&p.b, "B", "bob", "alice", 2);
+    fenced_on(&p.a, "A", "bob", "alice", 2);
+    assert!(
+        p.b.log().contains("behind, not a change"),
+        "no lag line in B's log:\n{}",
+        p.b.log()
+    );
+    // The sync arrives: B's copy caught up, still no change.
+    sync(&p.a, &p.b);
+    assert_eq!(
+        sh_ok(&p.b, None, &format!("cat {FILE}")),
+        format!("{ORIGINAL}bob\n")
+    );
+    fenced_on(&p.b, "B", "bob", "alice", 2);
+    // A real change of B's copy behind its volume (same size, other bytes, the mtime put
+    // back): counted on B, and the record ends on both hosts.
+    let b = p.b.backing.join(FILE).display().to_string();
+    sh_ok(
+        &p.b,
+        None,
+        &format!(
+            "t=$(stat -c %y {b}); printf 'ORIGINAL TEXT\\nBOB\\n' > {b}; touch -m -d \"$t\" {b}"
+        ),
+    );
+    sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+    let ev = await_events(&p.b, "external_change", FILE, None, 1);
+    assert!(!ev.is_empty(), "B did not count the change:\n{}", p.b.log());
+    for (name, h) in [("B", &p.b), ("A", &p.a)] {
+        let ended = wait_until(TIMEOUT, || {
+            record(h, FILE).is_some_and(|r| r["status"] == "overtaken" && r["live"] == false)
+        });
+        assert!(ended, "{name}: {:?}", record(h, FILE));
+        assert_eq!(record(h, FILE).unwrap()["counterparty"], "external");
+    }
+}

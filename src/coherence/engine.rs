@@ -105,6 +105,9 @@ pub(super) struct Entry {
     /// The stamp of the last logged commit: what a restart knows (`stamp` may be newer,
     /// adopted silently at first sight or by `restamp`).
     pub(super) logged_stamp: Option<Stamp>,
+    /// The fingerprint of the content at `version`, when known (taken at a transfer, or
+    /// at a commit whose print another host needs); see [`Entry::current_print`].
+    pub(super) print: Option<Print>,
     /// Some logged event touched this path: it is part of the durable state.
     pub(super) logged: bool,
     pub(super) holders: Vec<Holder>,
@@ -134,6 +137,30 @@ impl Entry {
             }
         };
         &mut self.holders[i]
+    }
+
+    /// The fingerprint of the content at the current version: the entry's own, or the
+    /// one a record handed on at this version carries (it survives a restart).
+    pub(super) fn current_print(&self) -> Option<Print> {
+        self.print.or_else(|| {
+            self.records
+                .iter()
+                .filter(|r| r.version_at_transfer == self.version)
+                .find_map(|r| r.print)
+        })
+    }
+
+    /// Fingerprints of older versions of the path known here (their records'), newest
+    /// first: a copy still holding one of them lags behind (docs/multi-host.md#copies).
+    pub(super) fn older_prints(&self) -> impl Iterator<Item = (u64, Print)> + '_ {
+        let mut v: Vec<(u64, Print)> = self
+            .records
+            .iter()
+            .filter(|r| r.version_at_transfer < self.version)
+            .filter_map(|r| r.print.map(|p| (r.version_at_transfer, p)))
+            .collect();
+        v.sort_by(|a, b| b.0.cmp(&a.0));
+        v.into_iter()
     }
 
     pub(super) fn writing(&self) -> bool {
@@ -319,6 +346,7 @@ impl Engine {
                 exists: p.exists,
                 logged_stamp: p.stamp,
                 stamp: p.stamp,
+                print: None,
                 logged: true,
                 holders: Vec::new(),
                 records: Vec::new(),
@@ -510,6 +538,7 @@ impl Engine {
                 e.exists = !ev.removed;
                 e.stamp = ev.stamp;
                 e.logged_stamp = ev.stamp;
+                e.print = ev.print;
                 e.logged = true;
                 for h in &mut e.holders {
                     if ev.event == EventKind::Commit && h.session.name == who {
@@ -540,6 +569,9 @@ impl Engine {
                     e.exists = true;
                 }
                 e.logged = true;
+                if ev.print.is_some() && version == e.version {
+                    e.print = ev.print;
+                }
                 let giver = self.known(who, ev.agent);
                 let succ_name = ev.successor.as_deref().unwrap_or("");
                 let offer = succ_name == crate::names::ANY;
@@ -563,6 +595,7 @@ impl Engine {
                     updated: ev.ts,
                     seen: false,
                     offer,
+                    print: ev.print,
                 });
             }
             EventKind::HandoffSeen => {

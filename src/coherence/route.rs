@@ -49,6 +49,9 @@ pub struct At<'a> {
     /// The file there has other names (hard links: `st_nlink` > 1): the fence follows the
     /// inode, so those names are checked too.
     pub linked: bool,
+    /// The fingerprint of the file there, when the mount took one (it does when
+    /// [`Engine::wants_print`] asks): the content check of a changed stamp.
+    pub print: Option<Print>,
 }
 
 impl<'a> At<'a> {
@@ -57,7 +60,14 @@ impl<'a> At<'a> {
             path,
             found,
             linked: false,
+            print: None,
         }
+    }
+
+    /// The same, with the file's fingerprint (see [`At::print`]).
+    pub fn print(mut self, print: Option<Print>) -> Self {
+        self.print = print;
+        self
     }
 
     /// The same, for a file with other names (see [`At::linked`]).
@@ -308,8 +318,10 @@ impl Engine {
         };
         for at in paths.iter().flatten() {
             match at.found {
-                Found::Absent => self.observe_in(locked.shard(at.path), at.path, None, now),
-                Found::File(st) => self.observe_in(locked.shard(at.path), at.path, Some(st), now),
+                Found::Absent => self.observe_in(locked.shard(at.path), at.path, None, None, now),
+                Found::File(st) => {
+                    self.observe_in(locked.shard(at.path), at.path, Some(st), at.print, now)
+                }
                 Found::Dir | Found::Unseen => None,
             };
         }

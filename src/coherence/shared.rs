@@ -21,7 +21,11 @@ use std::sync::Arc;
 pub struct SharedPath {
     pub version: u64,
     pub exists: bool,
-    pub stamp: Option<Stamp>,
+    /// The fingerprint of the content at `version`, when known. Hosts share it, never a
+    /// stamp: an inode number or a ctime means nothing on another host's copy
+    /// (docs/multi-host.md#copies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub print: Option<Print>,
     pub records: Vec<Record>,
 }
 
@@ -54,9 +58,24 @@ impl Engine {
         Some(SharedPath {
             version: e.version,
             exists: e.exists,
-            stamp: e.stamp,
+            print: e.current_print(),
             records: e.records.clone(),
         })
+    }
+
+    /// The existing paths with a live record that this host has no stamp of yet (taken in
+    /// from another host, not looked at here since): their inode on this host's copy is
+    /// unknown until they are looked at.
+    pub fn unstamped_live_paths(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for sh in self.shards.iter() {
+            for (k, e) in sh.lock().iter() {
+                if e.exists && e.stamp.is_none() && e.live().is_some() {
+                    out.push(k.to_string());
+                }
+            }
+        }
+        out
     }
 
     /// Does `path` have any record (live or ended)? Such a path is shared.
@@ -120,17 +139,23 @@ impl Engine {
             self.changes.bump();
             return Vec::new();
         };
-        if s.version != e.version || s.stamp != e.stamp {
+        if s.version != e.version {
             for h in &mut e.holders {
                 if h.writers == 0 {
                     h.hold = Hold::I;
                 }
             }
+            // This host's stamp was of its copy at the older version: the next look at
+            // the copy judges it by content (caught up, behind, or changed).
+            e.stamp = None;
+            e.logged_stamp = None;
+            e.print = None;
         }
         e.version = s.version;
         e.exists = s.exists;
-        e.stamp = s.stamp;
-        e.logged_stamp = s.stamp;
+        if s.print.is_some() {
+            e.print = s.print;
+        }
         e.logged = true;
         let inflight = s
             .records

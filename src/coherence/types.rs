@@ -50,14 +50,66 @@ impl Default for Config {
     }
 }
 
-/// What the backing file looked like when the volume last counted it: (ino, ctime, size)
-/// from `fstat` (docs/design.md#versions). A different stamp at the next open is a change behind
-/// the volume's back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// What this host's backing file looked like when the volume last counted it: (ino,
+/// ctime, mtime, size) from `fstat` (docs/design.md#versions). A different stamp at the next open
+/// means something changed behind the volume's back, maybe only metadata: the content check
+/// ([`Print`]) decides whether it is a change. Local to one host's copy: never shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct Stamp {
     pub ino: u64,
     pub ctime_ns: i64,
     pub size: u64,
+    /// 0 in stamps logged before mtimes were kept: such a stamp never passes the mtime
+    /// check (a difference counts as a change, as it did then).
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub mtime_ns: i64,
+}
+
+/// A portable fingerprint of a file's content (docs/versions-and-holds.md#content): its size
+/// and a BLAKE3 digest of its bytes (of its target, for a symlink). Equal on every host whose
+/// copy holds the same bytes, whatever its inode or times, so it is what hosts share.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Print {
+    pub size: u64,
+    #[serde(with = "hex32")]
+    pub digest: [u8; 32],
+}
+
+impl std::fmt::Debug for Print {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Print({} bytes, {})",
+            self.size,
+            hex32::encode(&self.digest)
+        )
+    }
+}
+
+/// A digest as 64 lowercase hex digits on the wire.
+mod hex32 {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn encode(d: &[u8; 32]) -> String {
+        d.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn serialize<S: Serializer>(d: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&encode(d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
+        let s = String::deserialize(d)?;
+        let bad = || D::Error::custom("a digest is 64 hex digits");
+        if s.len() != 64 || !s.is_ascii() {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(out)
+    }
 }
 
 /// The write routes of docs/design.md#write-routes; named in `denied` events.
@@ -125,6 +177,10 @@ pub enum EventKind {
     EventsMissed,
 }
 
+fn is_zero_i64(n: &i64) -> bool {
+    *n == 0
+}
+
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -159,6 +215,10 @@ pub struct Event {
     pub from: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stamp: Option<Stamp>,
+    /// `transfer`: the fingerprint of the handed content; a commit or `external_change`:
+    /// of the content it made, when the volume took one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub print: Option<Print>,
     /// The record an event is about: the `seq` of its `transfer` event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<u64>,
@@ -237,6 +297,7 @@ impl Event {
             removed: false,
             from: None,
             stamp: None,
+            print: None,
             record: None,
             giver: None,
             successor: None,
@@ -277,6 +338,11 @@ pub struct Record {
     /// claims it by `accept`, then that session.
     #[serde(default, skip_serializing_if = "is_false")]
     pub offer: bool,
+    /// The fingerprint of the content handed on (at `version_at_transfer`): while the
+    /// record is live, only content that differs from it is a change behind the volume's
+    /// back (None: a record made before fingerprints were taken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub print: Option<Print>,
 }
 
 impl Record {

@@ -177,6 +177,9 @@ impl Engine {
             ev.version = Some(version);
             ev.hold = Some(hold);
             ev.note = note.clone();
+            // What is handed on: while the record is live, only content that differs from
+            // this is a change behind the volume's back (docs/versions-and-holds.md#content).
+            ev.print = e.current_print();
             let id = self.next_record_id();
             ev.record = id;
             let seq = self.emit(e, ev);

@@ -27,6 +27,9 @@ impl Volume {
         if !records && !self.linked.lock().contains(&st.ino) {
             return None;
         }
+        if records {
+            self.stamp_handed();
+        }
         (!self.engine.paths_of_inode(st.ino).is_empty()).then_some(st)
     }
 

@@ -644,6 +644,7 @@ impl Surface {
             Request::Transfer { paths, to, note } => {
                 tracked_paths(vol, paths)?;
                 observe_paths(vol, e, paths, now)?;
+                fingerprint_paths(vol, e, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
                 successor_owner_may_write(vol, to, sight.who(), paths)?;
                 no_unseen_writer(vol, paths)?;
@@ -805,6 +806,37 @@ fn observe_paths(
                 format!("bad request: {p} is a directory; hand on the files in it"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// A transfer hands on content: each file's fingerprint is taken now (and counted, should
+/// the file have changed since it was observed), so while the record is live only content
+/// that differs from it ends it (docs/versions-and-holds.md#content). A file that cannot be
+/// read to take it is not handed on (fail closed: without it, no metadata change could be
+/// told from a rewrite).
+fn fingerprint_paths(
+    vol: &Volume,
+    e: &Engine,
+    paths: &[String],
+    now: Timestamp,
+) -> Result<(), Refusal> {
+    for p in paths {
+        if e.version(p).is_none() || !crate::store::has_content(vol.root.as_fd(), p) {
+            continue; // the engine refuses it (`no_such_path`), or a special file
+        }
+        let Some((st, print)) = vol.print_of(p) else {
+            return Err(Refusal::new(
+                Reason::IoError,
+                format!(
+                    "{p} could not be read to take its content's fingerprint (it is changing \
+                     right now, or the volume may not read it): the handoff needs one; try \
+                     again once it is still"
+                ),
+            )
+            .at(p.as_str()));
+        };
+        e.observe_content(p, st, Some(print), now);
     }
     Ok(())
 }

@@ -26,6 +26,8 @@ pub fn stamp(n: u64) -> Option<Stamp> {
         ino: 7,
         ctime_ns: n as i64,
         size: n,
+        // No mtime (0): a different stamp is a change, as before mtimes were kept.
+        mtime_ns: 0,
     })
 }
 
