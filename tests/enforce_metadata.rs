@@ -47,7 +47,7 @@ fn in_run(m: &Vol, scratch: &Path, cmd: &str) -> Run {
 }
 
 /// `f`, handed from alice to bob: its record is live, pending.
-fn handed(m: &Vol, f: &str) {
+fn handed(m: &impl Root, f: &str) {
     sh_ok(
         m,
         Some("alice"),
@@ -60,7 +60,7 @@ fn handed(m: &Vol, f: &str) {
 
 /// After a metadata route on `f`: the record is still live and pending, no change was
 /// counted, the version is the one handed, and `.coherent/why` names the handoff.
-fn still_fenced(m: &Vol, f: &str, route: &str) {
+fn still_fenced(m: &impl Root, f: &str, route: &str) {
     let rec = live_record(m, f)
         .unwrap_or_else(|| panic!("{route} on {f}: the record ended: {:?}", record(m, f)));
     assert_eq!(rec["status"], "pending", "{route} on {f}: {rec}");
@@ -173,4 +173,31 @@ fn a_same_size_rewrite_with_its_mtime_put_back_still_ends_the_record() {
     assert_eq!(rec["live"], false, "{rec}");
     // The version moved: the fence lifted (as for any change behind the volume's back).
     sh_ok(&m, Some("alice"), "echo alice >> plan.md");
+}
+
+/// The handed content's fingerprint is in the state log with the transfer: after a crash
+/// or a clean stop of the daemon, a metadata change behind the volume still ends nothing.
+#[test]
+fn the_handed_fingerprint_survives_a_restart() {
+    for sig in [libc::SIGKILL, libc::SIGTERM] {
+        let dir = tempfile::Builder::new()
+            .prefix("coherent-fp-")
+            .tempdir()
+            .unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let mut m = Remount::start(&base, &[]);
+        touch_session(&m, "bob");
+        handed(&m, "plan.md");
+        m.stop_with(sig);
+        drop(m);
+        let m = Remount::start(&base, &[]);
+        let b = m.backing.join("plan.md").display().to_string();
+        sh_ok(
+            &m,
+            None,
+            &format!("touch -m {b}; chmod $(stat -c %a {b}) {b}"),
+        );
+        sh_refused(&m, "alice", "echo EVIL >> plan.md", "plan.md", "fenced");
+        still_fenced(&m, "plan.md", &format!("touch -m after signal {sig}"));
+    }
 }

@@ -159,7 +159,7 @@ impl Entry {
             .filter(|r| r.version_at_transfer < self.version)
             .filter_map(|r| r.print.map(|p| (r.version_at_transfer, p)))
             .collect();
-        v.sort_by(|a, b| b.0.cmp(&a.0));
+        v.sort_by_key(|p| std::cmp::Reverse(p.0));
         v.into_iter()
     }
 

@@ -635,10 +635,10 @@ fn needs_print(e: &Entry, st: &Stamp, copies: bool) -> bool {
 
 /// The content check. With a fingerprint of the current version: the content decides
 /// (size first, then the digest); with `copies`, an older version's fingerprint means
-/// behind. Without
-/// one (a path never handed on): a stamp first seen here is taken as it is, and another
-/// one with the same size and mtime is a metadata-only change (the check `make` and rsync
-/// rely on; a rewrite that puts the mtime back is only caught where a fingerprint is kept).
+/// behind. Without one (a path never handed on): a stamp first seen here is taken as it
+/// is, and another one with the same size and mtime is a metadata-only change (the check
+/// `make` and rsync rely on; a rewrite that puts the mtime back is only caught where a
+/// fingerprint is kept).
 fn judge(e: &Entry, st: Stamp, print: Option<Print>, copies: bool) -> Content {
     let current = e.current_print();
     if e.stamp == Some(st) && print.is_none_or(|p| current.is_none_or(|c| c == p)) {
