@@ -1056,7 +1056,7 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
         let evicted: BTreeSet<(String, String)> = w
             .hosts
             .iter()
-            .flat_map(|h| events(h))
+            .flat_map(events)
             .filter(|e| e["event"] == "evict")
             .map(|e| {
                 let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
