@@ -27,15 +27,21 @@
 #                                                      data and ports), wait until healthy
 #   scripts/etcd.sh status  [--dir DIR]                which members run; endpoint health
 #                                                      (exit 0 only if all run and answer)
-# Without --dir, stop/kill/restart/status use the DIR of the last start (/tmp/coherent-etcd.last).
+# Without --dir, stop/kill/restart/status use the DIR of the last start by this user.
+# A start that finds a port of its block bound meanwhile (another user's cluster) takes the
+# next free block, up to five times (not with --base-port).
+# This script's own state (that DIR, the port blocks it handed out) is kept in a 0700
+# directory of the caller: $ETCD_SH_STATE if set, else $XDG_RUNTIME_DIR/coherent-etcd,
+# else /tmp/coherent-etcd-UID; one another user owns or can write is refused.
 # Tunables: ETCD_SH_TIMEOUT (seconds to wait for health or exit, default 30).
 set -euo pipefail
 
-LAST=/tmp/coherent-etcd.last
-# Port blocks handed out by `start`, one file per base port holding its DIR; a block is
-# taken while that DIR still has its cluster file (so a stopped cluster keeps its ports
-# for `restart`). The lock makes choosing a block and claiming it one step.
-CLAIMS=/tmp/coherent-etcd.ports
+# STATE/last: the DIR of the last start. STATE/ports: port blocks handed out by `start`,
+# one file per base port holding its DIR; a block is taken while that DIR still has its
+# cluster file (so a stopped cluster keeps its ports for `restart`). The lock makes
+# choosing a block and claiming it one step. (Another user's clusters are seen only by
+# their sockets: a stopped one of theirs may lose its ports.)
+STATE='' LAST='' CLAIMS=''
 DEFAULT_BASE=23790
 TIMEOUT=${ETCD_SH_TIMEOUT:-30}
 # Fast failure detection for tests: heartbeat 50 ms, election 500 ms.
@@ -62,6 +68,32 @@ need_tools() {
         die "etcd not found; install it with: sudo bash scripts/deps.sh (Debian package etcd-server)"
     command -v etcdctl >/dev/null ||
         die "etcdctl not found; install it with: sudo bash scripts/deps.sh (Debian package etcd-client)"
+}
+
+# --- this script's own state ---------------------------------------------------------------
+# Never a fixed name in /tmp: a local user who made it first could have this script (run by
+# root, say) truncate a file through a symlink, or point `stop` at another cluster. So a
+# directory of the caller's alone, checked before anything in it is used.
+use_state() {
+    local d=${ETCD_SH_STATE:-}
+    if [[ -z $d ]]; then
+        if [[ -n ${XDG_RUNTIME_DIR:-} && -d $XDG_RUNTIME_DIR && -O $XDG_RUNTIME_DIR && ! -L $XDG_RUNTIME_DIR ]]; then
+            d=$XDG_RUNTIME_DIR/coherent-etcd
+        else
+            d=/tmp/coherent-etcd-$(id -u)
+        fi
+    fi
+    [[ -e $d || -L $d ]] || (umask 077 && mkdir -- "$d") 2>/dev/null || true
+    local fix="remove it, or set ETCD_SH_STATE to a directory of your own"
+    [[ ! -L $d ]] || die "$d (this script's state) is a symbolic link: $fix"
+    [[ -d $d ]] || die "$d (this script's state) is not a directory: $fix"
+    [[ -O $d ]] || die "$d (this script's state) belongs to another user: $fix"
+    local mode
+    mode=$(stat -c %a -- "$d") || die "cannot stat $d"
+    if (((8#$mode & 8#077) != 0)); then
+        chmod 0700 -- "$d" || die "cannot make $d private (chmod 0700): $fix"
+    fi
+    STATE=$d LAST=$d/last CLAIMS=$d/ports
 }
 
 # --- the cluster directory ---------------------------------------------------------------
@@ -384,7 +416,8 @@ cmd_start() {
         use_credentials
     fi
 
-    mkdir -p "$CLAIMS"
+    use_state
+    (umask 077 && mkdir -p "$CLAIMS")
     exec 9>"$CLAIMS/.lock"
     flock 9
     local used claim
@@ -392,35 +425,47 @@ cmd_start() {
         [[ -f $claim && ! -f $(<"$claim")/cluster ]] && rm -f "$claim"
     done
     used=$(used_ports)
-    if [[ -n $BASE_OPT ]]; then
-        [[ $BASE_OPT =~ ^[0-9]+$ ]] && ((BASE_OPT >= 1024 && BASE_OPT <= 65529)) ||
-            die "--base-port must be a number in 1024..65529 (got '$BASE_OPT')"
-        block_free "$BASE_OPT" "$used" ||
-            die "ports $BASE_OPT..$((BASE_OPT + 5)) are in use; pick another --base-port or omit it"
-        BASE=$BASE_OPT
-    else
-        BASE=$DEFAULT_BASE
-        until block_free "$BASE" "$used"; do
-            BASE=$((BASE + 10))
-            # Stay below the kernel's ephemeral ports (32768 up), where clients bind.
-            ((BASE + 5 < 32768)) || die "no free block of 6 ports in $DEFAULT_BASE..32767"
-        done
-    fi
-    echo "$DIR" >"$CLAIMS/$BASE"
-    printf 'members=%s\nbase_port=%s\ntoken=%s\nsecure=%s\nvolume=%s\n' \
-        "$MEMBERS" "$BASE" "$TOKEN" "$SECURE" "$VOLUME" >"$DIR/cluster"
-    [[ -z $LISTEN_IP ]] || printf 'listen_ip=%s\n' "$LISTEN_IP" >>"$DIR/cluster"
-    echo "$DIR" >"$LAST"
-    local k
-    for k in $(all_members); do launch "$k"; done
-    # Keep the lock until the members listen, so a parallel start cannot take these ports.
-    if ! (wait_healthy $(all_members)) || { ((SECURE)) && ! enable_auth; }; then
+    local k attempt
+    for attempt in 1 2 3 4 5; do
+        if [[ -n $BASE_OPT ]]; then
+            [[ $BASE_OPT =~ ^[0-9]+$ ]] && ((BASE_OPT >= 1024 && BASE_OPT <= 65529)) ||
+                die "--base-port must be a number in 1024..65529 (got '$BASE_OPT')"
+            block_free "$BASE_OPT" "$used" ||
+                die "ports $BASE_OPT..$((BASE_OPT + 5)) are in use; pick another --base-port or omit it"
+            BASE=$BASE_OPT
+        else
+            BASE=$DEFAULT_BASE
+            until block_free "$BASE" "$used"; do
+                BASE=$((BASE + 10))
+                # Stay below the kernel's ephemeral ports (32768 up), where clients bind.
+                ((BASE + 5 < 32768)) || die "no free block of 6 ports in $DEFAULT_BASE..32767"
+            done
+        fi
+        echo "$DIR" >"$CLAIMS/$BASE"
+        printf 'members=%s\nbase_port=%s\ntoken=%s\nsecure=%s\nvolume=%s\n' \
+            "$MEMBERS" "$BASE" "$TOKEN" "$SECURE" "$VOLUME" >"$DIR/cluster"
+        [[ -z $LISTEN_IP ]] || printf 'listen_ip=%s\n' "$LISTEN_IP" >>"$DIR/cluster"
+        echo "$DIR" >"$LAST"
+        for k in $(all_members); do launch "$k"; done
+        # Keep the lock until the members listen, so a parallel start cannot take these ports.
+        if (wait_healthy $(all_members)) && { ((!SECURE)) || enable_auth; }; then
+            break
+        fi
         # Leave DIR as if never started (logs kept), so the same start can be retried.
         signal_members KILL $(all_members)
         for k in $(all_members); do rm -rf "$(member_data "$k")"; done
         rm -f "$DIR/cluster" "$CLAIMS/$BASE"
+        # Another user's cluster (whose claims are in their own state directory) bound a
+        # port of the block between the check and the start: the next block, a few times.
+        if [[ -z $BASE_OPT ]] && ((attempt < 5)) &&
+            grep -qs 'address already in use' "$DIR"/member-*.log; then
+            say "ports $BASE..$((BASE + 5)) were taken meanwhile; trying the next block"
+            for k in $(all_members); do mv -f "$DIR/member-$k.log" "$DIR/member-$k.log.try$attempt"; done
+            for ((k = BASE; k < BASE + 6; k++)); do used+=$'\n'$k; done
+            continue
+        fi
         exit 1
-    fi
+    done
     local url
     if ((SECURE)); then
         url="etcds://$(hostports_of $(all_members))/$VOLUME?auth=$DIR/auth"
@@ -434,6 +479,7 @@ cmd_start() {
 
 pick_dir() {
     if [[ -z $DIR ]]; then
+        use_state
         [[ -f $LAST ]] || die "no --dir given and no earlier 'etcd.sh start' ($LAST missing)"
         DIR=$(<"$LAST")
     fi

@@ -8,6 +8,7 @@
 //! a step runs the same engine code as one host does, and the coordinator publishes what
 //! it changed. See docs/multi-host.md for the safety argument.
 
+pub mod boot;
 pub mod etcd;
 
 use crate::coherence::{Engine, Timestamp};
@@ -72,6 +73,14 @@ pub trait Coordinator: Send + Sync {
     /// `Err`: `coordinator_unavailable`, saying what to do.
     fn admits(&self, _t: &mut Ticket, _path: &str) -> Result<(), Refusal> {
         Ok(())
+    }
+
+    /// May this host evict the ended records of `path` now? One host: yes, the records'
+    /// own times decide. Several: only once the path's shared state has not changed for
+    /// `--evict-after`, as this host measures it, so one host's wall clock cannot evict
+    /// the others' records early.
+    fn may_evict(&self, _path: &str) -> bool {
+        true
     }
 
     /// Is `path` shared (its changes need the coordinator)?

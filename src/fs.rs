@@ -91,7 +91,8 @@ pub struct AttrOut {
 /// How the kernel is to treat an open handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Fopen {
-    /// No page cache (files of the pseudo tree).
+    /// No page cache (files of the pseudo tree; an agent's write handle of a tracked file
+    /// on a multi-host volume, so it cannot be mapped shared).
     pub direct_io: bool,
     /// No FLUSH at `close` (the policy has nothing to learn from it).
     pub noflush: bool,
@@ -273,6 +274,7 @@ impl Fs {
             }
         };
         let stateless = state.is_none();
+        let direct_io = state.as_ref().is_some_and(|st| self.policy.direct_io(st));
         if let Some(st) = state {
             let _ = h.state.set(st);
         }
@@ -284,6 +286,7 @@ impl Fs {
             fh,
             fopen: Fopen {
                 noflush,
+                direct_io,
                 ..Fopen::default()
             },
             handle: Some(h),

@@ -403,7 +403,11 @@ impl Volume {
                     return;
                 }
             }
-            match self.journal.maintain(&self.engine, Timestamp::now()) {
+            let may_evict = |p: &str| self.coord.may_evict(p);
+            match self
+                .journal
+                .maintain_with(&self.engine, Timestamp::now(), &may_evict)
+            {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("evicted {n} ended handoff record(s)"),
                 Err(e) => tracing::warn!("state maintenance failed: {e}"),
@@ -983,6 +987,11 @@ impl Volume {
             Ok(s) if !s.is_attributed() => return None,
             Ok(s) | Err(s) => s.clone(),
         };
+        // A giver fenced on the path hears `fenced` (the deny text and its ways out): the
+        // engine refuses it on what this host knows, which a lost lease cannot make laxer.
+        if w.names().iter().any(|(p, _)| self.engine.is_fenced(&s, p)) {
+            return None;
+        }
         let p = w.names().first().map_or("", |x| x.0).to_string();
         Some((s, r.at(p)))
     }
@@ -1326,6 +1335,18 @@ impl Policy for Volume {
 
     fn sees_every_write(&self) -> bool {
         self.coord.host().is_some()
+    }
+
+    /// Multi-host: an agent's write handle (one with a ticket) gets no page cache. The
+    /// kernel writes a shared mapping's dirty pages back through whichever writable
+    /// handle of the file it picks, so a giver's pages could land as another session's
+    /// write, past every check of the giver's own handle; with `FOPEN_DIRECT_IO` (and no
+    /// `FUSE_DIRECT_IO_ALLOW_MMAP`) the kernel refuses a shared `mmap` of the handle
+    /// (`ENODEV`), so such pages never exist (docs/multi-host.md, shared mappings).
+    fn direct_io(&self, state: &HandleState) -> bool {
+        state
+            .downcast_ref::<WriteHandle>()
+            .is_some_and(|w| w.ticket.lock().is_some())
     }
 
     fn before_handle_write(&self, state: Option<&HandleState>) -> Result<(), FsError> {

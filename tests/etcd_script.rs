@@ -9,6 +9,7 @@ use std::process::Command;
 
 use common::etcd::{Etcd, SCRIPT};
 use common::{run_timeout, wait_until, TIMEOUT};
+use std::time::Duration;
 
 /// Is `pid` a live (not zombie) process? (Members are reparented away from us, so an
 /// exited one can linger as a zombie nobody reaps.)
@@ -249,4 +250,143 @@ fn missing_etcd_says_run_deps() {
         "the error says to run scripts/deps.sh: {err}"
     );
     assert!(out.stdout.is_empty(), "nothing on stdout when start fails");
+}
+
+/// Issue 30 item 5: the script keeps no fixed names in /tmp. A local user who creates the
+/// names older versions used (`/tmp/coherent-etcd.ports/` with `.lock` a symlink to a file
+/// of root's, `/tmp/coherent-etcd.last` naming a directory of theirs) before root starts a
+/// cluster changes nothing: the file is not truncated, and `status`/`stop` without `--dir`
+/// act on root's cluster. The script's own state is a 0700 directory of root's; one made
+/// first by another user is refused with a line saying what to do. Run in a private mount
+/// namespace with its own /tmp, so the names are free whatever else runs on the machine.
+#[test]
+fn a_local_user_creating_the_scripts_names_first_changes_nothing() {
+    let u1 = common::users::u1();
+    let script = std::fs::canonicalize(SCRIPT).unwrap();
+    let body = format!(
+        r#"
+set -u
+mount -t tmpfs -o mode=1777 tmpfs /tmp || exit 90
+S={script}
+trap 'bash $S stop >/dev/null 2>&1 || true' EXIT
+echo precious >/tmp/victim
+runuser -u {user} -- sh -c 'mkdir /tmp/coherent-etcd.ports &&
+    ln -s /tmp/victim /tmp/coherent-etcd.ports/.lock &&
+    mkdir /tmp/theirs && echo /tmp/theirs >/tmp/coherent-etcd.last' || exit 91
+bash $S start --insecure >/tmp/url || exit 92
+echo "url=$(cat /tmp/url)"
+bash $S status >/tmp/status 2>&1
+echo "status=$?"
+grep -q "member 1: running" /tmp/status && echo status-ours
+bash $S stop && echo stopped
+echo "victim=$(cat /tmp/victim)"
+echo "state=$(stat -c '%U %a' /tmp/coherent-etcd-0)"
+# The new name, made first by the other user: refused.
+rm -rf /tmp/coherent-etcd-0
+runuser -u {user} -- mkdir -m 0777 /tmp/coherent-etcd-0
+bash $S start --insecure >/dev/null 2>/tmp/err
+echo "refused=$? $(cat /tmp/err)"
+"#,
+        script = script.display(),
+        user = u1.name,
+    );
+    let out = run_timeout(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "bash", "-c", &body])
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("ETCD_SH_STATE"),
+        Duration::from_secs(120),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the run failed ({:?}): {text}\n{err}",
+        out.status.code()
+    );
+    let line = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k}= in: {text}\n{err}"))
+            .to_string()
+    };
+    assert!(line("url").starts_with("etcd://127.0.0.1:"), "{text}");
+    assert_eq!(
+        line("victim"),
+        "precious",
+        "root's file through the symlink: {text}\n{err}"
+    );
+    assert_eq!(line("status"), "0", "status without --dir: {text}\n{err}");
+    assert!(
+        text.contains("status-ours\n") && text.contains("stopped\n"),
+        "{text}\n{err}"
+    );
+    assert_eq!(line("state"), "root 700", "the script's state directory");
+    let refused = line("refused");
+    assert!(
+        refused.starts_with("1 ")
+            && refused.contains("belongs to another user")
+            && refused.contains("ETCD_SH_STATE"),
+        "a state directory made by another user: {refused}"
+    );
+}
+
+/// Port blocks are claimed in the caller's own state directory, so another user's start
+/// does not see this user's claims: a port of the block chosen can be bound by someone
+/// else between the check and the members' start. `start` then takes the next block (a
+/// few times). In a private network namespace (only `lo`) and /tmp, ports 23791 and 23801
+/// (the peer ports of the first two blocks) are bound by a process that never listens, so
+/// the socket check cannot see them: the cluster comes up on the third block.
+#[test]
+fn start_moves_to_the_next_block_when_a_port_was_taken_meanwhile() {
+    let script = std::fs::canonicalize(SCRIPT).unwrap();
+    let body = format!(
+        r#"
+set -u
+ip link set lo up || exit 90
+mount -t tmpfs -o mode=1777 tmpfs /tmp || exit 91
+S={script}
+python3 -c '
+import socket, sys, time
+held = []
+for p in (23791, 23801):
+    s = socket.socket()
+    s.bind(("127.0.0.1", p))
+    held.append(s)
+print("bound", flush=True)
+time.sleep(120)
+' >/tmp/bound &
+holder=$!
+trap 'bash $S stop >/dev/null 2>&1 || true; kill $holder' EXIT
+for _ in $(seq 100); do grep -q bound /tmp/bound && break; sleep 0.05; done
+url=$(bash $S start --insecure 2>/tmp/err) || {{ cat /tmp/err; exit 92; }}
+echo "url=$url"
+echo "retries=$(grep -c 'were taken meanwhile' /tmp/err)"
+"#,
+        script = script.display(),
+    );
+    let out = run_timeout(
+        Command::new("unshare")
+            .args([
+                "--net",
+                "--mount",
+                "--propagation",
+                "private",
+                "bash",
+                "-c",
+                &body,
+            ])
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("ETCD_SH_STATE"),
+        Duration::from_secs(120),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "({:?}) {text}\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("url=etcd://127.0.0.1:23810\n"), "{text}");
+    assert!(text.contains("retries=2\n"), "{text}");
 }

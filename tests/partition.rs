@@ -1,9 +1,12 @@
 //! Partition tests (issue 22, item 4; docs/multi-host.md "Partition tests"): three
-//! `coherent-mount` hosts of one backing directory, each in its own network namespace with
+//! `coherent-mount` hosts of one backing directory (or, with `PARTITION_COPIES=1`, each of
+//! its own copy, which the test keeps in step with rsync after every write, as a synced
+//! directory would), each in its own network namespace with
 //! a veth link to a three-member etcd in the root namespace, driven by a seeded random
 //! schedule of verbs, writes (fresh opens and descriptors held open across faults) and
-//! faults (links cut and healed, slowed and lossy links, daemons stopped, killed and
-//! restarted, etcd members killed and restarted). Every operation goes into a history; a
+//! faults (links cut and healed, slowed and lossy links, daemons stopped, put to sleep as
+//! in a suspend (their monotonic clock stops too: tests/common/clock.rs), killed and
+//! restarted, etcd members killed and restarted), with ended records evicted after 1 s. Every operation goes into a history; a
 //! checker then proves over the history and the backing files:
 //!
 //! 1. no write by a giver was admitted or landed after its transfer was acknowledged
@@ -24,6 +27,7 @@ mod coherent;
 mod common;
 
 use coherent::*;
+use common::clock::ClockShim;
 use common::etcd::Etcd;
 use common::hosts::Daemon;
 use common::netns::{Degrade, Net};
@@ -36,6 +40,9 @@ use std::time::{Duration, Instant};
 
 /// Each host's lease (the shortest the daemon takes: faults show sooner).
 const TTL: &str = "2s";
+/// Ended records are evicted this soon (each host evicts once a path's shared state has
+/// not changed for this long on its own boot clock): a path's key comes and goes all run.
+const EVICT_AFTER: &str = "1s";
 const HOSTS: [&str; 3] = ["A", "B", "C"];
 const FILES: [&str; 3] = ["f0.md", "f1.md", "f2.md"];
 /// The schedule of the CI run.
@@ -142,7 +149,12 @@ struct Host {
     state: PathBuf,
     log: PathBuf,
     daemon: Option<Daemon>,
+    /// Its daemon's clock shim (a suspend: the monotonic clock stops).
+    clock: ClockShim,
     paused: bool,
+    /// Paused as a machine's sleep (since when): on resume its monotonic clock will not
+    /// have moved meanwhile, while etcd's and its boot clock did.
+    asleep: Option<Instant>,
     cut: bool,
     degraded: Option<Degrade>,
 }
@@ -177,7 +189,9 @@ struct World {
     hosts: Vec<Host>,
     etcd: Etcd,
     net: Net,
-    backing: PathBuf,
+    /// The backing directory of each host: one shared by all, or (`PARTITION_COPIES=1`)
+    /// one copy per host, kept in step by the test as a sync would.
+    backings: Vec<PathBuf>,
     url: String,
     sessions: Vec<String>,
     etcd_down: Option<usize>,
@@ -200,17 +214,26 @@ impl World {
             .tempdir()
             .unwrap();
         let base = dir.path().canonicalize().unwrap();
-        let backing = base.join("backing");
-        std::fs::create_dir(&backing).unwrap();
-        for f in FILES {
-            std::fs::write(backing.join(f), format!("{f}\n")).unwrap();
+        let backings: Vec<PathBuf> = if copies() {
+            HOSTS
+                .iter()
+                .map(|h| base.join(format!("backing-{h}")))
+                .collect()
+        } else {
+            vec![base.join("backing")]
+        };
+        for backing in &backings {
+            std::fs::create_dir(backing).unwrap();
+            for f in FILES {
+                std::fs::write(backing.join(f), format!("{f}\n")).unwrap();
+            }
         }
         let mut w = World {
             held: Vec::new(),
             hosts: Vec::new(),
             etcd,
             net,
-            backing,
+            backings,
             url,
             sessions: (0..3).map(|i| unique(&format!("s{i}"))).collect(),
             etcd_down: None,
@@ -223,13 +246,17 @@ impl World {
             _dir: dir,
         };
         for (k, name) in HOSTS.iter().enumerate() {
+            let clock_dir = base.join(format!("clock-{name}"));
+            std::fs::create_dir_all(&clock_dir).unwrap();
             let h = Host {
                 name,
                 mnt: base.join(format!("mnt-{name}")),
                 state: base.join(format!("state-{name}")),
                 log: base.join(format!("daemon-{name}.log")),
                 daemon: None,
+                clock: ClockShim::build(&clock_dir),
                 paused: false,
+                asleep: None,
                 cut: false,
                 degraded: None,
             };
@@ -250,14 +277,43 @@ impl World {
     fn spawn(&mut self, k: usize) {
         let h = &self.hosts[k];
         let mut cmd = self.net.command(k, BIN);
-        cmd.arg(&self.backing)
+        cmd.arg(self.backing(k))
             .arg(&h.mnt)
             .arg("--state-dir")
             .arg(&h.state)
             .args(["--coordinator", &self.url, "--host-id", h.name])
-            .args(["--coordinator-ttl", TTL]);
+            .args(["--coordinator-ttl", TTL, "--evict-after", EVICT_AFTER])
+            .envs(h.clock.env());
         let d = Daemon::spawn(cmd, &h.mnt, &h.log);
         self.hosts[k].daemon = Some(d);
+    }
+
+    /// Host `k`'s backing directory.
+    fn backing(&self, k: usize) -> &Path {
+        &self.backings[k.min(self.backings.len() - 1)]
+    }
+
+    /// With a copy per host: what host `k`'s copy holds now reaches the others, as a sync
+    /// tool would carry it (in place: a descriptor open on another host keeps its file).
+    fn sync_from(&self, k: usize) {
+        if self.backings.len() < 2 {
+            return;
+        }
+        let from = format!("{}/", self.backing(k).display());
+        for (j, to) in self.backings.iter().enumerate().filter(|(j, _)| *j != k) {
+            let out = std::process::Command::new("rsync")
+                .args(["-rt", "--inplace", &from])
+                .arg(format!("{}/", to.display()))
+                .output()
+                .expect("rsync (Debian package rsync)");
+            assert!(
+                out.status.success(),
+                "rsync {} -> {}: {}",
+                HOSTS[k],
+                HOSTS[j],
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     fn now(&self) -> f64 {
@@ -275,6 +331,11 @@ impl World {
     }
 
     fn finish(&mut self, mut op: Op) {
+        if matches!(op.kind.as_str(), "write" | "close") {
+            if let Some(k) = HOSTS.iter().position(|h| *h == op.host) {
+                self.sync_from(k);
+            }
+        }
         op.end = self.now();
         if std::env::var_os("PARTITION_VERBOSE").is_some() {
             eprintln!("{}", op.line());
@@ -513,9 +574,28 @@ except OSError as e:
     }
 
     fn resume(&mut self, k: usize) {
+        if let Some(since) = self.hosts[k].asleep.take() {
+            return self.fault("wake", k, "monotonic clock held back, SIGCONT", |w| {
+                let h = &mut w.hosts[k];
+                let pid = h.daemon.as_ref().unwrap().pid();
+                h.clock.wake(pid, since);
+                h.paused = false;
+            });
+        }
         self.fault("resume", k, "SIGCONT", |w| {
             w.hosts[k].daemon.as_ref().unwrap().signal(libc::SIGCONT);
             w.hosts[k].paused = false;
+        });
+    }
+
+    /// A pause as a machine's suspend: the daemon stops, and when it runs again its
+    /// monotonic clock has not moved in between (see [`World::resume`]).
+    fn sleep(&mut self, k: usize) {
+        self.fault("sleep", k, "SIGSTOP, clocks as in a suspend", |w| {
+            let h = &mut w.hosts[k];
+            let pid = h.daemon.as_ref().unwrap().pid();
+            h.asleep = Some(h.clock.sleep(pid));
+            h.paused = true;
         });
     }
 
@@ -524,6 +604,7 @@ except OSError as e:
             let mut d = w.hosts[k].daemon.take().unwrap();
             d.kill9();
             w.hosts[k].paused = false;
+            w.hosts[k].asleep = None;
         });
     }
 
@@ -667,6 +748,8 @@ except OSError as e:
                 let how = *rng.pick(&[Degrade::Delay, Degrade::Loss]);
                 self.degrade(k, how)
             }
+            // Half the pauses are suspends (the monotonic clock stops too).
+            2 if fine && away < 2 && rng.below(2) == 0 => self.sleep(k),
             2 if fine && away < 2 => self.pause(k),
             3 if fine && away < 2 && !dead => self.kill(k),
             4 if self.etcd_down.is_none() => {
@@ -744,12 +827,21 @@ except OSError as e:
             return None;
         }
         let st = status(h);
-        let recs = ["live", "ended"]
+        let recs: BTreeSet<String> = ["live", "ended"]
             .iter()
             .flat_map(|k| st[*k].as_array().cloned().unwrap_or_default())
             .map(|r| record_key(&r))
             .collect();
-        let versions = FILES.iter().map(|f| version(h, f)).collect();
+        // Only a path with records has a shared version: once its ended records are
+        // evicted, each host counts its changes on its own again (docs/multi-host.md).
+        let shared = |f: &str| {
+            recs.iter()
+                .any(|r: &String| r.starts_with(&format!("{f} ")))
+        };
+        let versions = FILES
+            .iter()
+            .map(|f| shared(f).then(|| version(h, f)).flatten())
+            .collect();
         Some((recs, versions))
     }
 }
@@ -874,8 +966,11 @@ fn faults_at(history: &[Op], i: usize) -> String {
         match o.kind.as_str() {
             "cut" => drop(on.insert(format!("host {}", o.host), "cut")),
             "pause" => drop(on.insert(format!("host {}", o.host), "stopped")),
+            "sleep" => drop(on.insert(format!("host {}", o.host), "asleep")),
             "kill" => drop(on.insert(format!("host {}", o.host), "dead")),
-            "heal" | "resume" | "restart" => drop(on.remove(&format!("host {}", o.host))),
+            "heal" | "resume" | "wake" | "restart" => {
+                on.remove(&format!("host {}", o.host));
+            }
             "delay" | "loss" => drop(on.insert(format!("link {}", o.host), o.kind.as_str())),
             "restore" => drop(on.remove(&format!("link {}", o.host))),
             "etcd-kill" => drop(on.insert(key("etcd"), "down")),
@@ -901,6 +996,11 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     }
 }
 
+/// `PARTITION_COPIES=1`: each host mounts its own copy of the workspace.
+fn copies() -> bool {
+    std::env::var("PARTITION_COPIES").is_ok_and(|v| v == "1")
+}
+
 /// The seed: `PARTITION_SEED` (a number or `random`), else the CI run's.
 fn seed() -> u64 {
     match std::env::var("PARTITION_SEED").as_deref() {
@@ -924,7 +1024,12 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
     let mut rng = Rng(seed);
     let mut w = World::new();
     eprintln!(
-        "partition: seed {seed}, {steps} steps, 3 hosts, 3-member etcd, link faults by {}",
+        "partition: seed {seed}, {steps} steps, 3 hosts ({}), 3-member etcd, link faults by {}",
+        if copies() {
+            "each on its own copy, synced by the test"
+        } else {
+            "one backing directory"
+        },
         w.net.degrade_kind()
     );
     for _ in 0..steps {
@@ -945,15 +1050,26 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
         }
         w.violations.push(msg);
     } else {
-        // Every acknowledged transfer is known to every host.
+        // Every acknowledged transfer is known to every host, or its record ended and was
+        // evicted (a host logged an `evict` of a record of that path and giver).
         let (recs, _) = views[0].clone().unwrap();
+        let evicted: BTreeSet<(String, String)> = w
+            .hosts
+            .iter()
+            .flat_map(events)
+            .filter(|e| e["event"] == "evict")
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+                (s("path"), s("giver"))
+            })
+            .collect();
         for x in w.history.iter().filter(|o| o.kind == "transfer" && o.ok) {
             let known = recs.iter().any(|r| {
                 r.starts_with(&format!("{} {}->{} ", x.path, x.session, x.arg))
                     && x.created
                         .as_ref()
                         .is_none_or(|c| r.ends_with(&format!("created={c}")))
-            });
+            }) || evicted.contains(&(x.path.clone(), x.session.clone()));
             if !known {
                 w.violations.push(format!(
                     "an acknowledged transfer is not among the hosts' records:\n  {}",
@@ -962,7 +1078,8 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
             }
         }
     }
-    let landed = landed(&w.backing);
+    // With copies, every copy holds the same (each write was carried to the others).
+    let landed = landed(w.backing(0));
     let mut violations = std::mem::take(&mut w.violations);
     violations.extend(check(&w.history, &landed));
     // The history, kept for a look after the run.
@@ -980,9 +1097,15 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
         .iter()
         .filter(|o| o.kind == "write" && o.ok)
         .count();
+    // Host A's log holds every host's events.
+    let evictions = events(&w.hosts[0])
+        .iter()
+        .filter(|e| e["event"] == "evict")
+        .count();
     eprintln!(
         "partition: seed {seed}: {} operations ({} transfers, {acked} acknowledged; {} writes, \
-         {admitted} admitted, {} landed; {} held opens), faults {:?}, {} violations, {:.1}s; \
+         {admitted} admitted, {} landed; {} held opens; {evictions} records evicted), faults \
+         {:?}, {} violations, {:.1}s; \
          history in {}",
         w.history.len(),
         count("transfer"),

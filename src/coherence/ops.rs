@@ -562,19 +562,38 @@ impl Engine {
     /// (`evict`). The only time-driven change; live records are never touched. Returns
     /// how many were evicted.
     pub fn evict(&self, now: Timestamp) -> usize {
+        self.evict_if(now, &|_| true)
+    }
+
+    /// [`Engine::evict`] of the paths `may` allows (on a multi-host volume the
+    /// coordinator decides when a shared path's records are old enough, not this host's
+    /// wall clock alone).
+    pub fn evict_if(&self, now: Timestamp, may: &dyn Fn(&str) -> bool) -> usize {
         let cutoff = now.millis() - self.config.evict_after.as_millis() as i64;
+        let old = |r: &Record, v: u64| !r.is_live(v) && r.updated.millis() <= cutoff;
         let mut n = 0;
         for shard in self.shards.iter() {
+            // Asked with no shard locked (`may` takes the coordinator's own lock).
+            let due: Vec<String> = shard
+                .lock()
+                .iter()
+                .filter(|(_, e)| e.records.iter().any(|r| old(r, e.version)))
+                .map(|(k, _)| k.to_string())
+                .filter(|k| may(k))
+                .collect();
             let mut sh = shard.lock();
-            for e in sh.values_mut() {
+            for path in due {
+                let Some(e) = sh.get_mut(path.as_str()) else {
+                    continue;
+                };
                 let v = e.version;
-                let old: Vec<(u64, String, String)> = e
+                let ended: Vec<(u64, String, String)> = e
                     .records
                     .iter()
-                    .filter(|r| !r.is_live(v) && r.updated.millis() <= cutoff)
+                    .filter(|r| old(r, v))
                     .map(|r| (r.id, r.path.clone(), r.giver.name.clone()))
                     .collect();
-                for (id, path, giver) in old {
+                for (id, path, giver) in ended {
                     let mut ev = Event::new(EventKind::Evict, now, Some(&path), None);
                     ev.record = Some(id);
                     ev.giver = Some(giver);

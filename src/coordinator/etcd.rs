@@ -15,6 +15,7 @@
 //! FUSE request be held ([`request_timeout::deadline`]); one thread publishes the event
 //! feed and paths changed while etcd could not be reached.
 
+use super::boot::BootTime;
 use super::{unavailable, Coordinator, StepKind, Stepped, Ticket};
 use crate::coherence::{
     Engine, Event, EventKind, EventSink, Saved, SharedPath, SharedSession, Timestamp,
@@ -221,8 +222,9 @@ struct Link {
     /// Registered with the current lease and applied past the registration.
     caught_up: bool,
     /// Until then no transfer can be acknowledged without this host (its lease, counted
-    /// from when the last renewal was sent, less a margin).
-    confirmed_until: Option<Instant>,
+    /// from when the last renewal was sent, less a margin, on the boot clock: a suspend
+    /// counts). Cleared the moment the link fails.
+    confirmed_until: Option<BootTime>,
     /// The etcd revision applied here.
     applied: i64,
     /// The revision the shared state was last loaded at: the watch may start before it
@@ -231,6 +233,17 @@ struct Link {
     loaded_at: i64,
     /// The mod revision of each `p/` key as taken in here.
     revs: HashMap<String, i64>,
+    /// Paths whose `p/` key was deleted (records evicted) while this host watched: the
+    /// revision of the deletion, the path's epoch from then on, so that a key deleted
+    /// never reads as the same epoch as no key yet (see [`Link::epoch`]).
+    gone: HashMap<String, i64>,
+    /// The epoch of a path with no key and no entry in `gone`: the revision of the last
+    /// full load of the shared state (a key made and deleted before it is not known
+    /// here), raised when `gone` is dropped to stay bounded.
+    gone_floor: i64,
+    /// For eviction: each key's mod revision when this host first saw it, and when
+    /// (see [`Etcd::may_evict`]).
+    aged: HashMap<String, (i64, BootTime)>,
     hosts: HashMap<String, HostState>,
     in_flight: Vec<(String, u64)>,
     error: Option<String>,
@@ -243,6 +256,38 @@ struct Link {
     down_since: Option<Instant>,
     /// etcd refused the credentials or certificates (a start stops waiting).
     refused: bool,
+}
+
+/// At most this many deleted keys are remembered one by one (then `gone_floor` rises).
+const MAX_GONE: usize = 100_000;
+
+impl Link {
+    /// The epoch of `path`: the mod revision of its key; with no key, the revision its key
+    /// was deleted at, or the floor. Revisions never repeat, so neither do epochs: a
+    /// descriptor's ticket from before a key was made, changed or deleted never matches
+    /// the epoch after.
+    fn epoch(&self, path: &str) -> i64 {
+        match self.revs.get(path) {
+            Some(r) => *r,
+            None => self.gone.get(path).copied().unwrap_or(self.gone_floor),
+        }
+    }
+
+    /// `path`'s key was deleted at revision `rev` (or is known to be gone as of it).
+    fn forget(&mut self, path: &str, rev: i64) {
+        self.revs.remove(path);
+        self.aged.remove(path);
+        if self.gone.len() >= MAX_GONE {
+            // Every path without a key moves to an epoch past each deletion dropped here:
+            // a descriptor of such a path from an earlier lease is refused (never one
+            // admitted wrongly).
+            let top = self.gone.values().copied().max().unwrap_or(0);
+            self.gone_floor = self.gone_floor.max(top).max(rev);
+            self.gone.clear();
+        }
+        let e = self.gone.entry(path.to_string()).or_insert(rev);
+        *e = (*e).max(rev);
+    }
 }
 
 /// Where the events of a step wait, in order and not yet numbered, while the hosts agree
@@ -268,8 +313,8 @@ type Current = Option<(SharedPath, i64)>;
 
 enum Publish {
     /// Another host changed one of the paths first: what is there now, to take in
-    /// once the step is undone.
-    Conflict(Vec<(String, Current)>),
+    /// once the step is undone, and the revision it was read at.
+    Conflict(Vec<(String, Current)>, i64),
     Unavailable(Refusal),
 }
 
@@ -721,7 +766,7 @@ impl Etcd {
                     let r = l.revs.entry(p.clone()).or_insert(0);
                     *r = (*r).max(rev);
                 } else {
-                    l.revs.remove(p);
+                    l.forget(p, rev);
                 }
             }
             drop(l);
@@ -737,11 +782,11 @@ impl Etcd {
             });
             now.push((changed[i].0.clone(), cur));
         }
-        Err(Publish::Conflict(now))
+        Err(Publish::Conflict(now, rev))
     }
 
-    /// Takes in what etcd holds for paths (after a step was undone).
-    fn take_in(&self, current: Vec<(String, Current)>) {
+    /// Takes in what etcd holds for paths (after a step was undone), as read at `rev`.
+    fn take_in(&self, current: Vec<(String, Current)>, rev: i64) {
         for (p, cur) in current {
             match cur {
                 Some((st, rev)) => {
@@ -750,7 +795,7 @@ impl Etcd {
                 }
                 None => {
                     self.engine.adopt(&p, None);
-                    self.link.lock().revs.remove(&p);
+                    self.link.lock().forget(&p, rev);
                 }
             }
         }
@@ -844,7 +889,7 @@ impl Coordinator for Etcd {
 
     fn confirmed(&self) -> Result<(), Refusal> {
         let l = self.link.lock();
-        if l.confirmed_until.is_some_and(|t| Instant::now() < t) {
+        if l.confirmed_until.is_some_and(|t| BootTime::now() < t) {
             return Ok(());
         }
         let why = l.error.clone().unwrap_or_else(|| "not connected".into());
@@ -862,7 +907,7 @@ impl Coordinator for Etcd {
         let l = self.link.lock();
         Some(Ticket {
             lease: if l.caught_up { l.lease } else { -1 },
-            epoch: l.revs.get(path).copied().unwrap_or(0),
+            epoch: l.epoch(path),
         })
     }
 
@@ -881,7 +926,7 @@ impl Coordinator for Etcd {
         // transfer while the handle was open here was refused `handoff_in_flight`. Under a
         // later lease the other hosts may have stopped waiting for this one in between:
         // only a path whose shared state did not move since is known not to be handed on.
-        let epoch = l.revs.get(path).copied().unwrap_or(0);
+        let epoch = l.epoch(path);
         if l.lease == t.lease || epoch == t.epoch {
             if l.caught_up {
                 *t = Ticket {
@@ -898,6 +943,26 @@ impl Coordinator for Etcd {
              write. {again}",
             self.spec.host
         )))
+    }
+
+    fn may_evict(&self, path: &str) -> bool {
+        let mut l = self.link.lock();
+        // Not caught up, or not published yet: its age here says nothing.
+        let Some(rev) = l.revs.get(path).copied().filter(|r| *r > 0 && l.caught_up) else {
+            return false;
+        };
+        // Revisions never repeat: the key is unchanged since this host first saw `rev`,
+        // counted on this host's boot clock (its rate, never its wall time). Every
+        // record's last change is at least that old on every host.
+        let now = BootTime::now();
+        let since = match l.aged.get(path) {
+            Some((r, t)) if *r == rev => *t,
+            _ => {
+                l.aged.insert(path.to_string(), (rev, now));
+                now
+            }
+        };
+        now >= since + self.engine.config().evict_after
     }
 
     fn shared(&self, engine: &Engine, path: &str) -> bool {
@@ -1006,9 +1071,9 @@ impl Coordinator for Etcd {
                     };
                     return Ok(Stepped { ok, in_flight });
                 }
-                Err(Publish::Conflict(current)) => {
+                Err(Publish::Conflict(current, rev)) => {
                     undo(saved);
-                    self.take_in(current);
+                    self.take_in(current, rev);
                 }
                 Err(Publish::Unavailable(r)) => {
                     if kind == StepKind::Commit {
@@ -1097,9 +1162,13 @@ impl Coordinator for Etcd {
 
     fn describe(&self) -> Option<serde_json::Value> {
         let l = self.link.lock();
+        // The live hosts as last seen are only known while the watch runs: cut off, this
+        // host cannot tell which leases ended, so it shows none rather than a stale list.
+        let known = l.connected && l.caught_up;
         let mut hosts: Vec<serde_json::Value> = l
             .hosts
             .iter()
+            .filter(|_| known)
             .map(|(n, h)| serde_json::json!({"host": n, "applied": h.applied}))
             .collect();
         hosts.sort_by(|a, b| a["host"].as_str().cmp(&b["host"].as_str()));
@@ -1109,9 +1178,10 @@ impl Coordinator for Etcd {
             "volume": self.spec.volume,
             "host": self.spec.host,
             "connected": l.connected && l.caught_up,
-            "confirmed": l.confirmed_until.is_some_and(|t| Instant::now() < t),
+            "confirmed": l.confirmed_until.is_some_and(|t| BootTime::now() < t),
             "applied": l.applied,
             "hosts": hosts,
+            "hosts_known": known,
             "error": l.error,
             "tls": self.spec.tls,
             "user": self.spec.auth.as_ref().and_then(|a| a.user.as_ref()).map(|u| &u.0),

@@ -160,6 +160,12 @@ pub trait Policy: Send + Sync + 'static {
     ) -> Result<Option<HandleState>, FsError> {
         Ok(None)
     }
+    /// Must the handle `on_open` kept `state` for be opened with `FOPEN_DIRECT_IO`? The
+    /// kernel then refuses a shared `mmap` of it (`ENODEV`), so no dirty page of it can be
+    /// written back later through another handle of the file.
+    fn direct_io(&self, state: &HandleState) -> bool {
+        false
+    }
     /// At each `close(2)` of a descriptor of the handle (there may be several).
     fn on_flush(&self, caller: &Caller, handle: &HandleInfo<'_>) {}
     /// Must [`Policy::on_flush`] be called? When false, files are opened with

@@ -152,7 +152,17 @@ impl Journal {
     /// writes a snapshot once `snapshot_every` events have accumulated. Returns the number
     /// of records evicted.
     pub fn maintain(&self, engine: &Engine, now: Timestamp) -> io::Result<usize> {
-        let n = engine.evict(now);
+        self.maintain_with(engine, now, &|_| true)
+    }
+
+    /// [`Journal::maintain`] evicting only the paths `may_evict` allows.
+    pub fn maintain_with(
+        &self,
+        engine: &Engine,
+        now: Timestamp,
+        may_evict: &dyn Fn(&str) -> bool,
+    ) -> io::Result<usize> {
+        let n = engine.evict_if(now, may_evict);
         engine.prune();
         if self.shared.mode.load(Ordering::SeqCst) == SHED {
             // Past the bound: a snapshot covers the events not kept, once the disk takes it.

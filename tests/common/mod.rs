@@ -10,6 +10,8 @@
 //! ```
 #![allow(dead_code)]
 
+/// A suspend and a wrong wall clock, as a daemon sees them (an LD_PRELOAD clock shim).
+pub mod clock;
 /// A real etcd (scripts/etcd.sh) for the etcd coordinator's tests.
 pub mod etcd;
 pub mod hosts;

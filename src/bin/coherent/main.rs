@@ -1047,7 +1047,9 @@ fn describe_coordinator(c: &serde_json::Map<String, Value>) -> String {
                 .join(","))
             .unwrap_or_default(),
         s("host"),
-        if hosts.is_empty() {
+        if c.get("hosts_known").and_then(Value::as_bool) == Some(false) {
+            "unknown while cut off from etcd".into()
+        } else if hosts.is_empty() {
             "none".into()
         } else {
             hosts.join(", ")

@@ -122,7 +122,7 @@ impl Etcd {
             };
             match r {
                 Ok(_) => {}
-                Err(Publish::Conflict(current)) => self.take_in(current),
+                Err(Publish::Conflict(current, rev)) => self.take_in(current, rev),
                 Err(Publish::Unavailable(_)) => {
                     self.dirty.lock().insert(p);
                 }

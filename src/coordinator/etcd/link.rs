@@ -23,6 +23,9 @@ impl Etcd {
                 }
                 l.connected = false;
                 l.caught_up = false;
+                // Whatever the lease's time left, this host can no longer show that it
+                // holds it: agent writes wait for the next link (docs/multi-host.md).
+                l.confirmed_until = None;
                 l.error = err;
             }
             *self.client.lock() = None;
@@ -45,7 +48,8 @@ impl Etcd {
     pub(super) async fn link_once(self: Arc<Self>) -> Result<(), String> {
         let mut client = self.connect_one().await?;
         let ttl = self.spec.ttl.as_secs() as i64;
-        let granted_at = Instant::now();
+        // Lease times are on the boot clock: a suspend in between counts (see `boot`).
+        let granted_at = BootTime::now();
         let lease = timed(client.lease_grant(ttl, None))
             .await
             .map_err(|e| format!("lease: {}", short(&e)))?
@@ -125,7 +129,7 @@ impl Etcd {
                     self.apply(&resp, &mut client, lease, reg, sent).await?;
                 }
                 _ = renew.tick() => {
-                    sent = Instant::now();
+                    sent = BootTime::now();
                     timed(keeper.keep_alive()).await.map_err(|e| format!("lease renewal: {}", short(&e)))?;
                     let r = tokio::time::timeout(CALL_TIMEOUT, renewals.message())
                         .await
@@ -280,6 +284,25 @@ impl Etcd {
                 .revs
                 .insert(p.to_string(), kv.mod_revision());
         }
+        // Keys this host had that are gone now (deleted while it was not watching): their
+        // state goes too, or the loop below would publish evicted records again.
+        let stale: Vec<String> = {
+            let mut l = self.link.lock();
+            let stale: Vec<String> = l
+                .revs
+                .keys()
+                .filter(|p| !seen.contains(*p))
+                .cloned()
+                .collect();
+            for p in &stale {
+                l.revs.remove(p);
+                l.aged.remove(p);
+            }
+            stale
+        };
+        for p in stale {
+            self.engine.adopt(&p, None);
+        }
         // Records this host has and etcd has not (a volume used alone before): published.
         for p in self.engine.paths_with_records("") {
             if !seen.contains(&p) {
@@ -302,6 +325,10 @@ impl Etcd {
         }
         l.applied = rev;
         l.loaded_at = rev;
+        // Keys made and deleted while this host was not watching are not known here: every
+        // path without a key takes an epoch past them.
+        l.gone.clear();
+        l.gone_floor = rev;
         drop(l);
         self.engine.raise_record_ids(id_floor(rev));
         Ok(rev)
@@ -335,7 +362,7 @@ impl Etcd {
         client: &mut Client,
         lease: i64,
         reg: i64,
-        sent: Instant,
+        sent: BootTime,
     ) -> Result<(), String> {
         // How far this response brings this host: the newest event in it. Not its
         // header, which may name a later revision whose events are still to come; nor a
@@ -381,7 +408,9 @@ impl Etcd {
                     if put {
                         l.revs.insert(name.to_string(), mr);
                     } else {
-                        l.revs.remove(name);
+                        // A delete's kv carries the revision of the deletion.
+                        let at = if mr > 0 { mr } else { rev };
+                        l.forget(name, at);
                     }
                     for id in found {
                         l.in_flight.push((name.to_string(), id));
