@@ -1,4 +1,8 @@
-//! `coherent hook claude-code`: Claude Code's hook JSON on stdin, its answer on stdout.
+//! `coherent hook claude-code` / `coherent hook codex`: the agent's hook JSON on stdin, its
+//! answer on stdout. Both agents speak the same shape for the events used here; Codex adds
+//! `apply_patch` (its file-writing tool, the patch in `tool_input.command`) and `PreCompact`
+//! (answered with a `systemMessage` for the user), and fails a hook whose output has a field
+//! it does not document: every answer below uses only fields both document.
 //!
 //! The hook runs as a child of Claude Code, so the volume sees it as the agent's session.
 //! - `PreToolUse` of a file-writing tool: when this session is fenced on the file (the
@@ -26,14 +30,39 @@ use std::path::{Path, PathBuf};
 /// The tools that write the file named in their input.
 const WRITE_TOOLS: [&str; 4] = ["Write", "Edit", "MultiEdit", "NotebookEdit"];
 
+/// Whose hook protocol the answer speaks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Agent {
+    ClaudeCode,
+    Codex,
+}
+
+impl Agent {
+    /// The agent's name and how to start it, for the text the agent reads.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Agent::ClaudeCode => ("Claude Code", "claude"),
+            Agent::Codex => ("Codex", "codex"),
+        }
+    }
+}
+
 pub fn claude_code() {
+    run(Agent::ClaudeCode)
+}
+
+pub fn codex() {
+    run(Agent::Codex)
+}
+
+fn run(agent: Agent) {
     // a panic would print to stderr and exit 101: the hook says nothing instead
     std::panic::set_hook(Box::new(|_| {}));
     let answer = std::panic::catch_unwind(|| {
         let mut input = String::new();
         std::io::stdin().read_to_string(&mut input).ok()?;
         let event: Value = serde_json::from_str(&input).ok()?;
-        answer(&event).map(|mut out| {
+        answer(&event, agent).map(|mut out| {
             keep_lines(&mut out);
             out
         })
@@ -48,6 +77,9 @@ pub fn claude_code() {
 /// built with names quoted ([`display_name`]); this is the last guard, so no name, note
 /// or message in them can start a line that reads like the hook's own.
 fn keep_lines(out: &mut Value) {
+    if let Some(Value::String(t)) = out.get_mut("systemMessage") {
+        *t = coherent::names::lines_only(t);
+    }
     if let Some(h) = out.get_mut("hookSpecificOutput") {
         for key in ["additionalContext", "permissionDecisionReason"] {
             if let Some(Value::String(t)) = h.get_mut(key) {
@@ -58,17 +90,22 @@ fn keep_lines(out: &mut Value) {
 }
 
 /// The hook's output for one event, or None to say nothing.
-fn answer(ev: &Value) -> Option<Value> {
+fn answer(ev: &Value, agent: Agent) -> Option<Value> {
     let name = ev.get("hook_event_name")?.as_str()?;
     // relative paths and the volume are found from the agent's directory
     if let Some(cwd) = ev.get("cwd").and_then(Value::as_str) {
         std::env::set_current_dir(cwd).ok()?;
     }
     match name {
-        "PreToolUse" => pre_tool_use(ev),
+        "PreToolUse" => pre_tool_use(ev, agent),
         "PostToolUse" => post_tool_use(ev),
+        // Codex's PreCompact answer has no context for the model: what the session holds
+        // and owes is shown to the user, before the context that knew it is summarised
+        "PreCompact" if agent == Agent::Codex => {
+            Some(json!({ "systemMessage": session_context(false, agent)? }))
+        }
         "SessionStart" | "UserPromptSubmit" => {
-            let context = session_context(name == "SessionStart")?;
+            let context = session_context(name == "SessionStart", agent)?;
             Some(json!({
                 "hookSpecificOutput": { "hookEventName": name, "additionalContext": context }
             }))
@@ -77,10 +114,13 @@ fn answer(ev: &Value) -> Option<Value> {
     }
 }
 
-fn pre_tool_use(ev: &Value) -> Option<Value> {
+fn pre_tool_use(ev: &Value, agent: Agent) -> Option<Value> {
     let tool = ev.get("tool_name")?.as_str()?;
     if tool == "Bash" {
         return pre_bash(ev);
+    }
+    if tool == "apply_patch" && agent == Agent::Codex {
+        return pre_patch(ev);
     }
     if !WRITE_TOOLS.contains(&tool) {
         return None;
@@ -90,7 +130,44 @@ fn pre_tool_use(ev: &Value) -> Option<Value> {
         .get("file_path")
         .or_else(|| input.get("notebook_path"))?
         .as_str()?;
-    let rec = handoff_of(Path::new(file))?;
+    deny(file_fence(Path::new(file))?)
+}
+
+/// Codex's `apply_patch`: denied when one of the files its patch adds, updates, deletes or
+/// moves onto is fenced for this session.
+fn pre_patch(ev: &Value) -> Option<Value> {
+    let patch = ev.get("tool_input")?.get("command")?.as_str()?;
+    patch_paths(patch).iter().find_map(|p| {
+        let reason = file_fence(Path::new(p))?;
+        deny(format!(
+            "coherent: this patch would write {}, handed on by this session. {reason}",
+            display_name(p)
+        ))
+    })
+}
+
+/// The files an `apply_patch` patch names in its headers (`*** Add File: P`,
+/// `*** Update File: P`, `*** Delete File: P`, `*** Move to: P`), as written (relative
+/// to the agent's directory, or absolute).
+fn patch_paths(patch: &str) -> Vec<String> {
+    const HEADERS: [&str; 4] = [
+        "*** Add File: ",
+        "*** Update File: ",
+        "*** Delete File: ",
+        "*** Move to: ",
+    ];
+    patch
+        .lines()
+        .filter_map(|l| HEADERS.iter().find_map(|h| l.strip_prefix(h)))
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// Why this session may not write `file`: the deny text (with its own note quoted) when
+/// it gave the file and the record is live, else None.
+fn file_fence(file: &Path) -> Option<String> {
+    let rec = handoff_of(file)?;
     if rec.get("role")?.as_str()? != "giver" || rec.get("live")?.as_bool() != Some(true) {
         return None;
     }
@@ -100,6 +177,11 @@ fn pre_tool_use(ev: &Value) -> Option<Value> {
         reason.push_str(" Your note to them:\n");
         reason.push_str(&quoted_note(note, giver, Some(my_uid())));
     }
+    Some(reason)
+}
+
+/// A PreToolUse denial: the fields both agents document, nothing else.
+fn deny(reason: String) -> Option<Value> {
     Some(json!({
         "hookSpecificOutput": {
             "hookEventName": "PreToolUse",
@@ -358,7 +440,8 @@ fn own_live_transfers(root: &Path, me: &str) -> Option<Vec<Value>> {
 
 /// What the agent should know at the start of a session and before each prompt. None
 /// when there is nothing to say (or no volume here).
-fn session_context(start: bool) -> Option<String> {
+fn session_context(start: bool, agent: Agent) -> Option<String> {
+    let (agent_name, agent_cmd) = agent.names();
     let root = locate_cwd().ok()?;
     let (me, attributed) = whoami(&root)?;
     let me_raw = me;
@@ -371,10 +454,10 @@ fn session_context(start: bool) -> Option<String> {
             return None;
         }
         return Some(format!(
-            "This workspace is a coherent volume ({root}), but this Claude Code session is \
+            "This workspace is a coherent volume ({root}), but this {agent_name} session is \
              not attributed to a session on it (it resolves to {me}): files cannot be handed \
              to it or by it, and its writes count as an anonymous user's. To fix it, quit and \
-             start Claude Code in its own session: coherent run --session NAME -- claude",
+             start {agent_name} in its own session: coherent run --session NAME -- {agent_cmd}",
             root = root_shown
         ));
     }
@@ -601,13 +684,7 @@ fn pre_bash(ev: &Value) -> Option<Value> {
         names.join(", "),
         fence_text(first)?
     );
-    Some(json!({
-        "hookSpecificOutput": {
-            "hookEventName": "PreToolUse",
-            "permissionDecision": "deny",
-            "permissionDecisionReason": reason,
-        }
-    }))
+    deny(reason)
 }
 
 /// The files `git checkout`/`git restore` of `check`'s pathspec would write: those that

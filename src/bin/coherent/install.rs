@@ -1,7 +1,8 @@
 //! `coherent install claude-code [DIR]`: the hooks into `DIR/.claude/settings.json`, the MCP
 //! server into `DIR/.mcp.json` (`--user`: `~/.claude/settings.json`, `~/.claude.json`).
-//! `coherent install codex [DIR]`: `[mcp_servers.coherent]` in `~/.codex/config.toml` and a
-//! marked section in `DIR/AGENTS.md`. Everything else in those files is kept, in its order
+//! `coherent install codex [DIR]`: `[mcp_servers.coherent]` and the `[[hooks.EVENT]]` tables
+//! running `coherent hook codex` in `~/.codex/config.toml`, and a marked section in
+//! `DIR/AGENTS.md`. Everything else in those files is kept, in its order
 //! and layout. Running it again changes nothing; `--uninstall` removes exactly the entries
 //! it adds (recognised by their command, `coherent hook claude-code` and `coherent mcp`,
 //! wherever the binary lives, or by the markers). The settings name `coherent` as found on
@@ -20,6 +21,25 @@ const HOOKS: [(&str, Option<&str>); 4] = [
 ];
 
 const SERVER: &str = "coherent";
+
+/// Codex's hook events the hook is installed for, with their matchers (a regular expression
+/// on the tool name; none: every time). PreToolUse covers Codex's shell and its file-writing
+/// `apply_patch`.
+const CODEX_HOOKS: [(&str, Option<&str>); 5] = [
+    ("PreToolUse", Some("^(Bash|apply_patch)$")),
+    ("PostToolUse", Some("^Bash$")),
+    ("SessionStart", None),
+    ("UserPromptSubmit", None),
+    ("PreCompact", None),
+];
+
+/// Seconds Codex gives one run of the hook before it goes on without it: the hook asks the
+/// volume and at most git, well under this; the volume enforces either way.
+const CODEX_HOOK_TIMEOUT_SECS: i64 = 30;
+
+/// Codex's `tool_timeout_sec` for the coherent MCP server: above the longest `wait` (its
+/// largest `timeout_s`), so Codex never abandons a wait the server is still serving.
+const CODEX_TOOL_TIMEOUT_SECS: f64 = crate::mcp::WAIT_MAX_SECS + 60.0;
 
 /// Where the Claude Code entries go: a project's files, or the user's own.
 struct ClaudeFiles {
@@ -168,7 +188,7 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
     })?;
     let guidance = read_or_empty(&agents)?;
     if uninstall {
-        let a = remove_codex_server(&mut doc);
+        let a = remove_codex_server(&mut doc) | remove_codex_hooks(&mut doc);
         if a {
             let left = doc.to_string();
             if left.trim().is_empty() {
@@ -192,13 +212,15 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
         };
         if a || b {
             println!(
-                "removed the MCP server `{SERVER}` from {} and the coherent section from {}",
+                "removed the MCP server `{SERVER}` and the hooks from {} and the coherent \
+                 section from {}",
                 config.display(),
                 agents.display()
             );
         } else {
             println!(
-                "nothing to remove: no MCP server `{SERVER}` in {} and no coherent section in {}",
+                "nothing to remove: no MCP server `{SERVER}` or coherent hook in {} and no \
+                 coherent section in {}",
                 config.display(),
                 agents.display()
             );
@@ -206,7 +228,8 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
         return Ok(());
     }
     let exe = program();
-    let a = add_codex_server(&mut doc, &exe, &config)?;
+    let a = add_codex_server(&mut doc, &exe, &config)?
+        | add_codex_hooks(&mut doc, &format!("{} hook codex", quoted(&exe)), &config)?;
     if a {
         if let Some(parent) = config.parent() {
             std::fs::create_dir_all(parent)
@@ -220,7 +243,7 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
         write_file(&agents, &new_guidance)?;
     }
     println!(
-        "{}: MCP server `{SERVER}` in {}, guidance in {}",
+        "{}: MCP server `{SERVER}` and hooks in {}, guidance in {}",
         if a || b {
             "installed"
         } else {
@@ -230,6 +253,10 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
         agents.display()
     );
     warn_if_not_on_path(&exe);
+    println!(
+        "Codex runs a new or changed hook only once you trust it: open /hooks in Codex and \
+         trust the coherent hooks."
+    );
     println!(
         "One thing left: start Codex in its own session, so its tools and every shell it \
          spawns are one session:\n    coherent run --session NAME -- codex"
@@ -404,15 +431,24 @@ fn add_codex_server(
                 config.display()
             )));
         }
-        if command.as_deref() == Some(exe) {
-            return Ok(false);
+        let mut changed = false;
+        if command.as_deref() != Some(exe) {
+            existing["command"] = value(exe);
+            changed = true;
         }
-        existing["command"] = value(exe);
-        return Ok(true);
+        // an older install set no timeout: Codex's default would cut a long wait short
+        if existing.get("tool_timeout_sec").and_then(|v| v.as_float())
+            != Some(CODEX_TOOL_TIMEOUT_SECS)
+        {
+            existing["tool_timeout_sec"] = value(CODEX_TOOL_TIMEOUT_SECS);
+            changed = true;
+        }
+        return Ok(changed);
     }
     let mut t = Table::new();
     t["command"] = value(exe);
     t["args"] = value(Array::from_iter(["mcp"]));
+    t["tool_timeout_sec"] = value(CODEX_TOOL_TIMEOUT_SECS);
     servers.insert(SERVER, Item::Table(t));
     Ok(true)
 }
@@ -438,6 +474,129 @@ fn remove_codex_server(doc: &mut toml_edit::DocumentMut) -> bool {
         doc.remove("mcp_servers");
     }
     true
+}
+
+/// Is `cmd` ours: `.../coherent hook codex`?
+fn is_our_codex_hook(cmd: &str) -> bool {
+    let Some(prog) = cmd.strip_suffix(" hook codex") else {
+        return false;
+    };
+    let prog = prog.trim().trim_matches('\'');
+    Path::new(prog).file_name().is_some_and(|n| n == "coherent")
+}
+
+/// A `[[hooks.EVENT]]` group's handlers, when it has them in the table form.
+fn codex_handlers(g: &mut toml_edit::Table) -> Option<&mut toml_edit::ArrayOfTables> {
+    g.get_mut("hooks")
+        .and_then(toml_edit::Item::as_array_of_tables_mut)
+}
+
+/// A `[[hooks.EVENT]]` group for each event running `command`, unless one is there (then
+/// brought up to date); true if anything changed. The rest of the file is untouched.
+fn add_codex_hooks(
+    doc: &mut toml_edit::DocumentMut,
+    command: &str,
+    config: &Path,
+) -> Result<bool, Fail> {
+    use toml_edit::{value, ArrayOfTables, Item, Table};
+    let hooks = doc.entry("hooks").or_insert_with(|| {
+        let mut t = Table::new();
+        t.set_implicit(true);
+        Item::Table(t)
+    });
+    let hooks = hooks.as_table_mut().ok_or_else(|| {
+        Fail::usage(format!(
+            "`hooks` in {} is not a table; fix it, then run again",
+            config.display()
+        ))
+    })?;
+    let mut changed = false;
+    for (event, matcher) in CODEX_HOOKS {
+        let groups = hooks
+            .entry(event)
+            .or_insert_with(|| Item::ArrayOfTables(ArrayOfTables::new()));
+        let groups = groups.as_array_of_tables_mut().ok_or_else(|| {
+            Fail::usage(format!(
+                "`hooks.{event}` in {} is not written as [[hooks.{event}]] tables; write it \
+                 so (or move it to hooks.json), then run again",
+                config.display()
+            ))
+        })?;
+        let mut present = false;
+        for g in groups.iter_mut() {
+            for h in codex_handlers(g).into_iter().flat_map(|hs| hs.iter_mut()) {
+                let cmd = h.get("command").and_then(|c| c.as_str()).unwrap_or("");
+                if is_our_codex_hook(cmd) {
+                    present = true;
+                    if cmd != command {
+                        h["command"] = value(command);
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if present {
+            continue;
+        }
+        let mut handler = Table::new();
+        handler["type"] = value("command");
+        handler["command"] = value(command);
+        handler["timeout"] = value(CODEX_HOOK_TIMEOUT_SECS);
+        let mut handlers = ArrayOfTables::new();
+        handlers.push(handler);
+        let mut group = Table::new();
+        if let Some(m) = matcher {
+            group["matcher"] = value(m);
+        }
+        group.insert("hooks", Item::ArrayOfTables(handlers));
+        groups.push(group);
+        changed = true;
+    }
+    Ok(changed)
+}
+
+/// Remove our handlers, then the groups, events and `hooks` table they leave empty.
+fn remove_codex_hooks(doc: &mut toml_edit::DocumentMut) -> bool {
+    let Some(hooks) = doc.get_mut("hooks").and_then(|h| h.as_table_mut()) else {
+        return false;
+    };
+    let mut changed = false;
+    for (event, _) in CODEX_HOOKS {
+        let Some(groups) = hooks
+            .get_mut(event)
+            .and_then(toml_edit::Item::as_array_of_tables_mut)
+        else {
+            continue;
+        };
+        let mut emptied = Vec::new();
+        for (i, g) in groups.iter_mut().enumerate() {
+            let Some(hs) = codex_handlers(g) else {
+                continue;
+            };
+            let before = hs.len();
+            hs.retain(|h| {
+                !h.get("command")
+                    .and_then(|c| c.as_str())
+                    .is_some_and(is_our_codex_hook)
+            });
+            if hs.len() != before {
+                changed = true;
+                if hs.is_empty() {
+                    emptied.push(i);
+                }
+            }
+        }
+        for i in emptied.into_iter().rev() {
+            groups.remove(i);
+        }
+        if groups.is_empty() {
+            hooks.remove(event);
+        }
+    }
+    if changed && hooks.is_empty() && hooks.is_implicit() {
+        doc.remove("hooks");
+    }
+    changed
 }
 
 /// `AGENTS.md` with the coherent section: appended after a blank line, or the existing one

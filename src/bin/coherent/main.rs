@@ -211,8 +211,8 @@ enum Cmd {
     /// hook into a git repository.
     ///
     /// claude-code: hooks in DIR/.claude/settings.json, the MCP server in DIR/.mcp.json
-    /// (with --user: ~/.claude/settings.json and ~/.claude.json). codex: the MCP server in
-    /// ~/.codex/config.toml ($CODEX_HOME/config.toml) and a short guidance section in
+    /// (with --user: ~/.claude/settings.json and ~/.claude.json). codex: the hooks and the MCP
+    /// server in ~/.codex/config.toml ($CODEX_HOME/config.toml) and a short guidance section in
     /// DIR/AGENTS.md. The settings name `coherent` as found on PATH. git: core.fsmonitor
     /// (this binary, by its absolute path) and core.untrackedCache in the repository of
     /// DIR, which must be on a coherent volume.
@@ -280,6 +280,8 @@ impl Until {
 enum Agent {
     /// Claude Code (hooks in .claude/settings.json, MCP server in .mcp.json).
     ClaudeCode,
+    /// OpenAI Codex CLI (hooks and MCP server in ~/.codex/config.toml).
+    Codex,
 }
 
 /// The agents `coherent install` knows.
@@ -287,7 +289,7 @@ enum Agent {
 enum InstallAgent {
     /// Claude Code: hooks and the MCP server.
     ClaudeCode,
-    /// OpenAI Codex CLI: the MCP server (config.toml) and AGENTS.md guidance.
+    /// OpenAI Codex CLI: hooks and the MCP server (config.toml), AGENTS.md guidance.
     Codex,
     /// git: the volume as the repository's fsmonitor (core.fsmonitor, core.untrackedCache).
     Git,
@@ -479,6 +481,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
             no_json("hook")?;
             match agent {
                 Agent::ClaudeCode => hook::claude_code(),
+                Agent::Codex => hook::codex(),
             }
             Ok(())
         }
