@@ -430,10 +430,15 @@ fn install_codex_registers_the_server_and_the_guidance() {
         "{said}"
     );
     let text = std::fs::read_to_string(codex.join("config.toml")).unwrap();
-    // the table goes next to its sibling; everything else is as it was
+    // the server table goes next to its sibling, the hooks after the rest; everything
+    // else is as it was
+    let (head, _hooks) = text
+        .split_once("\n[[hooks.")
+        .unwrap_or_else(|| panic!("no hooks: {text}"));
     assert_eq!(
-        text.replace(
-            "[mcp_servers.coherent]\ncommand = \"coherent\"\nargs = [\"mcp\"]\n\n",
+        head.replace(
+            "[mcp_servers.coherent]\ncommand = \"coherent\"\nargs = [\"mcp\"]\n\
+             tool_timeout_sec = 86460.0\n\n",
             ""
         ),
         config,
@@ -490,9 +495,12 @@ fn install_codex_registers_the_server_and_the_guidance() {
         .unwrap();
     ok(&out);
     let text = std::fs::read_to_string(ch.join("config.toml")).unwrap();
-    assert_eq!(
-        text,
-        "[mcp_servers.coherent]\ncommand = \"coherent\"\nargs = [\"mcp\"]\n"
+    assert!(
+        text.starts_with(
+            "[mcp_servers.coherent]\ncommand = \"coherent\"\nargs = [\"mcp\"]\n\
+             tool_timeout_sec = 86460.0\n\n[[hooks.PreToolUse]]\n"
+        ),
+        "{text}"
     );
     assert!(e.path().join("AGENTS.md").exists());
     ok(&env
@@ -526,4 +534,146 @@ fn install_codex_registers_the_server_and_the_guidance() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
+}
+
+/// The hook events Codex documents (developers.openai.com/codex/hooks, "Hooks" table of
+/// when each runs), and the fields of a matcher group and of a command handler ("Config
+/// shape": `[[hooks.EVENT]]` is a group `{ matcher?, hooks }`, `[[hooks.EVENT.hooks]]` a
+/// handler `{ type = "command", command, timeout? (seconds), statusMessage? }`).
+/// `state` is the table Codex keeps its trust decisions in, not an event.
+const CODEX_EVENTS: [&str; 12] = [
+    "PreToolUse",
+    "PermissionRequest",
+    "PostToolUse",
+    "PreCompact",
+    "PostCompact",
+    "UserPromptSubmit",
+    "SubagentStop",
+    "Stop",
+    "SessionStart",
+    "SubagentStart",
+    "SessionEnd",
+    "state",
+];
+const CODEX_GROUP_FIELDS: [&str; 2] = ["matcher", "hooks"];
+const CODEX_HANDLER_FIELDS: [&str; 4] = ["type", "command", "timeout", "statusMessage"];
+
+/// Every `[hooks]` entry in `doc` has the documented shape; returns (event, matcher,
+/// command) of each handler.
+fn codex_handlers(doc: &toml_edit::DocumentMut) -> Vec<(String, Option<String>, String)> {
+    let mut found = Vec::new();
+    let hooks = doc["hooks"].as_table().expect("[hooks] is a table");
+    for (event, groups) in hooks.iter() {
+        assert!(CODEX_EVENTS.contains(&event), "undocumented event {event}");
+        if event == "state" {
+            continue;
+        }
+        let groups = groups
+            .as_array_of_tables()
+            .unwrap_or_else(|| panic!("hooks.{event} is not [[hooks.{event}]] tables"));
+        for g in groups.iter() {
+            for (k, _) in g.iter() {
+                assert!(CODEX_GROUP_FIELDS.contains(&k), "{event}: group field {k}");
+            }
+            let matcher = g.get("matcher").map(|m| {
+                m.as_str()
+                    .unwrap_or_else(|| panic!("{event}: matcher is not a string"))
+                    .to_string()
+            });
+            let hs = g["hooks"]
+                .as_array_of_tables()
+                .unwrap_or_else(|| panic!("{event}: hooks is not [[hooks.{event}.hooks]]"));
+            assert!(!hs.is_empty(), "{event}: a group with no handler");
+            for h in hs.iter() {
+                for (k, _) in h.iter() {
+                    assert!(CODEX_HANDLER_FIELDS.contains(&k), "{event}: field {k}");
+                }
+                assert_eq!(h["type"].as_str(), Some("command"), "{event}");
+                if let Some(t) = h.get("timeout") {
+                    assert!(t.as_integer().is_some_and(|t| t > 0), "{event}: {t}");
+                }
+                let cmd = h["command"].as_str().expect("command is a string");
+                found.push((event.to_string(), matcher.clone(), cmd.to_string()));
+            }
+        }
+    }
+    found
+}
+
+/// `coherent install codex` writes its hooks in Codex's documented shape, next to the
+/// user's own hooks and features; the MCP server's `tool_timeout_sec` outlasts the longest
+/// `wait`; a second install changes nothing; `--uninstall` gives the file back byte for
+/// byte, the user's own hooks included.
+#[test]
+fn install_codex_hooks_follow_codex_documented_schema() {
+    let env = Env::new();
+    let d = tempfile::tempdir().unwrap();
+    let ch = d.path().join("codex-home");
+    std::fs::create_dir(&ch).unwrap();
+    let config = "model = \"o3\"\n\n[features]\nhooks = true\n\n\
+                  # my own guard\n[[hooks.PreToolUse]]\nmatcher = \"^Bash$\"\n\n\
+                  [[hooks.PreToolUse.hooks]]\ntype = \"command\"\ncommand = \"my-guard\"\n";
+    std::fs::write(ch.join("config.toml"), config).unwrap();
+    let run = |extra: &[&str]| {
+        ok(&env
+            .cmd()
+            .env("CODEX_HOME", &ch)
+            .args(["install", "codex"])
+            .arg(d.path())
+            .args(extra)
+            .output()
+            .unwrap())
+    };
+    let said = run(&[]);
+    assert!(said.contains("/hooks"), "tells the user to trust: {said}");
+    let text = std::fs::read_to_string(ch.join("config.toml")).unwrap();
+    let doc: toml_edit::DocumentMut = text.parse().unwrap();
+    let handlers = codex_handlers(&doc);
+    let ours = |event: &str| -> Vec<Option<String>> {
+        handlers
+            .iter()
+            .filter(|(e, _, c)| e == event && c == "coherent hook codex")
+            .map(|(_, m, _)| m.clone())
+            .collect()
+    };
+    // PreToolUse: the shell and apply_patch, each matched whole
+    let pre = ours("PreToolUse");
+    assert_eq!(pre.len(), 1, "{text}");
+    let m = pre[0].clone().expect("PreToolUse has a matcher");
+    for tool in ["Bash", "apply_patch"] {
+        assert!(
+            m.starts_with('^') && m.ends_with('$') && m.contains(tool),
+            "{m} must match {tool}"
+        );
+    }
+    assert_eq!(ours("PostToolUse"), [Some("^Bash$".to_string())]);
+    for event in ["SessionStart", "UserPromptSubmit", "PreCompact"] {
+        assert_eq!(ours(event), [None], "{event}: {text}");
+    }
+    // the user's hook is still there, first
+    assert_eq!(
+        handlers[0],
+        (
+            "PreToolUse".to_string(),
+            Some("^Bash$".to_string()),
+            "my-guard".to_string()
+        )
+    );
+    // the longest wait is WAIT_MAX_SECS (86400 s): Codex must wait longer for the tool
+    let t = doc["mcp_servers"]["coherent"]["tool_timeout_sec"]
+        .as_float()
+        .expect("tool_timeout_sec is a number of seconds");
+    assert!(t > 86_400.0, "{t}");
+    // twice: the same bytes
+    assert!(run(&[]).contains("already installed"));
+    assert_eq!(
+        std::fs::read_to_string(ch.join("config.toml")).unwrap(),
+        text
+    );
+    // uninstall: byte for byte, the user's hook and features kept
+    run(&["--uninstall"]);
+    assert_eq!(
+        std::fs::read_to_string(ch.join("config.toml")).unwrap(),
+        config
+    );
 }
