@@ -211,8 +211,8 @@ impl Installed {
     /// The hook's answer, checked against Codex's documented output for the event.
     fn answer(&self, who: Option<&str>, input: &Value) -> Value {
         let out = self.run(who, input);
-        let v: Value =
-            serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"));
+        let v: Value = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {out:?} for {input}"));
         documented(&v, input["hook_event_name"].as_str().unwrap());
         v
     }
