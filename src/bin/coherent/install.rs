@@ -253,6 +253,17 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
         agents.display()
     );
     warn_if_not_on_path(&exe);
+    if let Some(json) = config.parent().map(|d| d.join("hooks.json")) {
+        if json.exists() {
+            // Codex loads both, but warns at each start when one layer has both forms
+            eprintln!(
+                "coherent: note: {} exists too: Codex runs its hooks and these, and warns at \
+                 start that this layer has both; move its entries into config.toml to \
+                 silence that",
+                json.display()
+            );
+        }
+    }
     println!(
         "Codex runs a new or changed hook only once you trust it: open /hooks in Codex and \
          trust the coherent hooks."
