@@ -412,7 +412,7 @@ impl Volume {
                 Ok(n) => tracing::info!("evicted {n} ended handoff record(s)"),
                 Err(e) => tracing::warn!("state maintenance failed: {e}"),
             }
-            // About once a minute: the views of sessions gone (issue 20).
+            // About once a minute: the views of sessions gone.
             rounds += 1;
             if rounds % 12 == 0 {
                 self.forget_gone_readers();
@@ -1094,7 +1094,7 @@ impl Policy for Volume {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
-        // An untracked name of a tracked file (a hard link): fenced by inode (issue 20).
+        // An untracked name of a tracked file (a hard link): fenced by inode.
         if let Some(permit) = self.alias_write(caller, route)? {
             return Ok(Some(permit));
         }
@@ -1193,7 +1193,7 @@ impl Policy for Volume {
         let who = self.writer(caller);
         if let Some(r) = self.shedding_refusal(&w) {
             // Past the journal's bound nothing about a handed file can be recorded: fail
-            // closed on it; other writes go on (issue 20).
+            // closed on it; other writes go on.
             if let Ok(s) = &who {
                 self.engine.tell(s, r.path.as_deref(), &r.message, now);
             }

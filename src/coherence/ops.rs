@@ -538,7 +538,7 @@ impl Engine {
         self.prune()
     }
 
-    /// Drops the per-path entries nothing refers to (issue 20): never logged (so not part of
+    /// Drops the per-path entries nothing refers to: never logged (so not part of
     /// the durable state: a restart would not have them either), no record, and no hold a
     /// rule reads (no write handle, no view a transfer or the stale guard could use: only
     /// `I` holds or none). Memory only, no event; the next sight of such a path starts it

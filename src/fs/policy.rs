@@ -110,7 +110,7 @@ impl HandleInfo<'_> {
 
     /// Did its content change since `before` (a write moves the mtime or the size)? A
     /// change of the ctime alone (`futimens` of the atime as `touch -a` does, `fchmod`,
-    /// xattrs, another name linked or removed) is not a commit (DESIGN.md §5).
+    /// xattrs, another name linked or removed) is not a commit (docs/design.md#handoff).
     pub fn content_changed(&self) -> bool {
         self.before.ino != self.now.ino
             || self.before.mtime != self.now.mtime

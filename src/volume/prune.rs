@@ -1,4 +1,4 @@
-//! Memory the volume keeps per path (issue 20): the views of sessions whose processes
+//! Memory the volume keeps per path: the views of sessions whose processes
 //! are all gone refer to nothing, and neither do the entries of paths only those sessions
 //! read. The maintenance thread drops entries nothing refers to now and then and, once
 //! the volume holds more than [`MANY_PATHS`] entries, the views of gone sessions too (one

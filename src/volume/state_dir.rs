@@ -65,7 +65,7 @@ pub fn default_state_dir(backing: &Path) -> Option<PathBuf> {
     Some(root.join(state_id(backing)))
 }
 
-// ---- paths only root or this daemon's user can change (issue 29) ----------------------
+// ---- paths only root or this daemon's user can change -----------------------------------
 //
 // A root daemon that names its state directory or log file by a path some other user can
 // change (a directory of theirs on the way) would follow their symlink: append its log to

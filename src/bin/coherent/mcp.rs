@@ -358,7 +358,7 @@ fn path_list(args: &JsonObject) -> Result<Vec<String>, CallToolResult> {
 
 /// A path argument checked before the volume is asked: not empty, and, when the server runs
 /// inside a volume, not leaving it (lexically or through a symlink): `bad_request`, "outside
-/// the volume", whether or not the host path exists (DESIGN.md §7).
+/// the volume", whether or not the host path exists (docs/design.md#control-surface).
 fn checked_path(p: &str) -> Result<PathBuf, CallToolResult> {
     if p.is_empty() {
         return Err(usage("the path is empty: name a file on the volume"));
@@ -835,7 +835,7 @@ mod frame {
             Err(e) => return error(Value::Null, PARSE_ERROR, format!("Parse error: {e}")),
         };
         // serde_json keeps the last of two equal keys, rmcp's typed structs refuse them and
-        // drop the line without a word: answer here, naming the key (issue 29).
+        // drop the line without a word: answer here, naming the key.
         if let Err(key) = unique_keys(text) {
             // the id is echoed only when it is unambiguous
             let id = match (&v, key.as_str()) {

@@ -1,4 +1,4 @@
-//! `coherent run` closes the way around the mount (issue 20): the command it starts, and
+//! `coherent run` closes the way around the mount: the command it starts, and
 //! everything that command starts, runs under a Landlock ruleset (unprivileged, inherited,
 //! enforced by the kernel) that allows writes only under the volume's mount and a few
 //! scratch places, never under the backing directory. Reads and execution stay as they
@@ -6,7 +6,7 @@
 //! writing the backing files directly, through an old working directory inside an
 //! in-place mount's directory, or by any other name of the backing directory.
 //!
-//! Where the kernel has Landlock ABI 6 the ruleset is also scoped (issue 29): the session
+//! Where the kernel has Landlock ABI 6 the ruleset is also scoped: the session
 //! cannot connect to an abstract unix socket nor signal a process created outside it, so
 //! it cannot ask a helper of the same user started outside (a server listening on an
 //! abstract socket) to write for it. What stays open is listed in docs/sessions.md.
