@@ -10,6 +10,8 @@
 //!   the tool runs; otherwise say nothing.
 //! - `PostToolUse` of `Bash` whose output shows a permission error on a file this session
 //!   handed on: add `.coherent/why` as context, so the agent learns why instead of retrying.
+//! - `PreCompact`, `SessionEnd`: the relay (`relay`): offer the session's files to any
+//!   session with a note from its own recent events, and show the user what was offered.
 //! - `SessionStart`, `UserPromptSubmit`: add the handoffs waiting for this session (with
 //!   their notes) and its own live transfers; if the session is unattributed, how to fix it.
 //!
@@ -99,10 +101,23 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
     match name {
         "PreToolUse" => pre_tool_use(ev, agent),
         "PostToolUse" => post_tool_use(ev),
-        // Codex's PreCompact answer has no context for the model: what the session holds
-        // and owes is shown to the user, before the context that knew it is summarised
-        "PreCompact" if agent == Agent::Codex => {
-            Some(json!({ "systemMessage": session_context(false, agent)? }))
+        // the relay: before the context that knew the work is summarised (or gone), the
+        // session offers its files to any session; the user is shown what was offered,
+        // the note, and what the session still holds and owes (PreCompact and SessionEnd
+        // answers have no context for the model)
+        "PreCompact" | "SessionEnd" => {
+            let why = if name == "PreCompact" {
+                "its context was about to be compacted"
+            } else {
+                "it ended"
+            };
+            let relay = relay_offer(why);
+            let msg = [relay, session_context(false, agent)]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("\n");
+            (!msg.is_empty()).then(|| json!({ "systemMessage": msg }))
         }
         "SessionStart" | "UserPromptSubmit" => {
             let context = session_context(name == "SessionStart", agent)?;
@@ -424,6 +439,26 @@ fn whoami(root: &Path) -> Option<(String, bool)> {
         .and_then(Value::as_str)
         == Some("uid");
     Some((name, !unattributed))
+}
+
+/// Offers this session's files to any session (see `relay`); the message for the user.
+fn relay_offer(why: &str) -> Option<String> {
+    let root = locate_cwd().ok()?;
+    let (me, attributed) = whoami(&root)?;
+    // an unattributed process has no session of its own to hand work from
+    if !attributed {
+        return None;
+    }
+    crate::relay::offer(&root, &me, why)
+}
+
+/// The paths of the live records `me` gave.
+pub(crate) fn own_live_paths(root: &Path, me: &str) -> Vec<String> {
+    own_live_transfers(root, me)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r.get("path").and_then(Value::as_str).map(String::from))
+        .collect()
 }
 
 /// The live records `me` gave, from `status`.

@@ -13,11 +13,14 @@ use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
 /// (event, matcher) pairs the hook is installed for.
-const HOOKS: [(&str, Option<&str>); 4] = [
+const HOOKS: [(&str, Option<&str>); 6] = [
     ("PreToolUse", Some("Write|Edit|MultiEdit|NotebookEdit|Bash")),
     ("PostToolUse", Some("Bash")),
     ("SessionStart", None),
     ("UserPromptSubmit", None),
+    // the relay: offer the session's files before its context is compacted or it ends
+    ("PreCompact", None),
+    ("SessionEnd", None),
 ];
 
 const SERVER: &str = "coherent";

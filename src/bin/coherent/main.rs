@@ -13,6 +13,7 @@ mod fsmonitor;
 mod hook;
 mod install;
 mod mcp;
+mod relay;
 mod sandbox;
 mod shellwrites;
 mod top;
