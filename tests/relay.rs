@@ -1,0 +1,218 @@
+//! The relay end to end: the hooks `coherent install claude-code` writes, read back from the
+//! installed settings and run through `sh -c` with Claude Code's hook input on stdin, on a
+//! real mount. Three sessions in a row carry two files: each one's PreCompact offers them to
+//! any session, the next one's SessionStart lists them with the note, it claims and writes.
+//! No write is lost, and after each offer the giver's write is refused (EACCES, `fenced`).
+
+#[path = "common/coherent.rs"]
+mod coherent;
+mod common;
+
+use coherent::{await_events, cli, live_record, sh, sh_ok, Root, CLI, TAGS};
+use common::Mount;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// A file name that looks like an OpenAI key: the line naming it must not reach the note.
+const SECRET: &str = "sk-proj-Zq8vR2mXw4Lk9Tb7Yc3Nf6Hd1Gs5Ja0Pe";
+
+/// Claude Code's settings as `coherent install claude-code` writes them, with `coherent`
+/// on PATH.
+struct Installed {
+    _tmp: tempfile::TempDir,
+    path: String,
+    settings: Value,
+}
+
+impl Installed {
+    fn new() -> Installed {
+        let tmp = tempfile::tempdir().unwrap();
+        let (bin, proj) = (tmp.path().join("bin"), tmp.path().join("proj"));
+        for d in [&bin, &proj] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::os::unix::fs::symlink(CLI, bin.join("coherent")).unwrap();
+        let path = format!("{}:/usr/bin:/bin", bin.display());
+        let out = Command::new(CLI)
+            .args(["install", "claude-code"])
+            .arg(&proj)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = std::fs::read_to_string(proj.join(".claude/settings.json")).unwrap();
+        Installed {
+            _tmp: tmp,
+            path,
+            settings: serde_json::from_str(&text).unwrap(),
+        }
+    }
+
+    /// Runs the hook installed for `input`'s event as Claude Code does, as session `who`:
+    /// its JSON answer, after checking it exits 0 with a quiet stderr.
+    fn answer(&self, who: &str, input: &Value) -> Value {
+        let event = input["hook_event_name"].as_str().unwrap();
+        let command = self.settings["hooks"][event][0]["hooks"][0]["command"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {event} hook in {}", self.settings));
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(command)
+            .env("PATH", &self.path)
+            .current_dir(input["cwd"].as_str().unwrap());
+        for t in TAGS {
+            c.env_remove(t);
+        }
+        c.env("COHERENT_SESSION", who);
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let text = input.to_string();
+        let feeder = std::thread::spawn(move || {
+            let _ = stdin.write_all(text.as_bytes());
+        });
+        let o = child.wait_with_output().unwrap();
+        feeder.join().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{event}: {err}");
+        assert!(err.is_empty(), "{event}: stderr {err}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("{who} {event}: not JSON ({e}): {out:?}"))
+    }
+}
+
+/// Claude Code's hook input for `event` (the common fields and the event's own).
+fn input(root: &Path, event: &str) -> Value {
+    let mut v = json!({
+        "session_id": "3f2a-claude",
+        "transcript_path": "/tmp/t.jsonl",
+        "cwd": root,
+        "hook_event_name": event,
+    });
+    match event {
+        "PreCompact" => {
+            v["trigger"] = json!("auto");
+            v["custom_instructions"] = json!("");
+        }
+        "SessionStart" => v["source"] = json!("startup"),
+        "SessionEnd" => v["reason"] = json!("logout"),
+        _ => {}
+    }
+    v
+}
+
+/// `who` appends its line to both files, once the volume logged both commits.
+fn write_both(m: &Mount, who: &str, commits: usize) {
+    sh_ok(m, Some(who), &format!("echo {who} >> a.md && echo {who} >> b.md"));
+    for f in ["a.md", "b.md"] {
+        let got = await_events(m, "commit", f, Some(who), commits);
+        assert!(got.len() >= commits, "{who}'s commit of {f} not logged");
+    }
+}
+
+/// The offer `giver` made of `f`: live, to any session, with a note from the relay.
+fn offered(m: &Mount, f: &str, giver: &str) -> Value {
+    let r = live_record(m, f).unwrap_or_else(|| panic!("no live record of {f}"));
+    assert_eq!(r["giver"], giver, "{r}");
+    assert_eq!(r["offer"], true, "{r}");
+    let note = r["note"].as_str().unwrap_or_else(|| panic!("no note: {r}"));
+    assert!(
+        note.contains(&format!("Relay from session {giver}")),
+        "{note}"
+    );
+    r
+}
+
+/// `who`'s write of `f` is refused: EACCES, and the volume logs it as `fenced`.
+fn fenced(m: &Mount, who: &str, f: &str) {
+    let before = coherent::events_of(m, "denied", f, Some(who)).len();
+    let r = sh(m, Some(who), &format!("echo late-{who} >> {f}"));
+    assert!(r.denied(), "{who}'s write of {f} after its offer: {}", r.show());
+    let got = await_events(m, "denied", f, Some(who), before + 1);
+    assert_eq!(got.last().unwrap()["reason"], "fenced", "{got:?}");
+}
+
+fn system_message(v: &Value) -> String {
+    v["systemMessage"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no systemMessage: {v}"))
+        .to_string()
+}
+
+fn start_context(v: &Value) -> String {
+    assert_eq!(v["hookSpecificOutput"]["hookEventName"], "SessionStart", "{v}");
+    v["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no additionalContext: {v}"))
+        .to_string()
+}
+
+#[test]
+fn a_relay_of_three_sessions_loses_no_write_and_keeps_the_fence() {
+    let hooks = Installed::new();
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+
+    // s1 works, then its context runs out
+    write_both(&m, "s1", 1);
+    sh_ok(&m, Some("s1"), &format!("echo key-notes > {SECRET}.txt"));
+    await_events(&m, "commit", &format!("{SECRET}.txt"), Some("s1"), 1);
+    let msg = system_message(&hooks.answer("s1", &input(&root, "PreCompact")));
+    assert!(msg.contains("offered to any session"), "{msg}");
+    assert!(msg.contains("a.md") && msg.contains("b.md"), "{msg}");
+    assert!(msg.contains("1 line(s) were left out"), "{msg}");
+    for f in ["a.md", "b.md"] {
+        let r = offered(&m, f, "s1");
+        let note = r["note"].as_str().unwrap();
+        assert!(note.contains("- a.md (1 commits)"), "{note}");
+        // the credential-looking line stayed out of the volume
+        assert!(!note.contains(SECRET), "{note}");
+        fenced(&m, "s1", f);
+    }
+    let r = offered(&m, &format!("{SECRET}.txt"), "s1");
+    assert!(!r["note"].as_str().unwrap().contains(SECRET), "{r}");
+
+    // s2 starts fresh: told what waits, with s1's note quoted, and how to claim it
+    let ctx = start_context(&hooks.answer("s2", &input(&root, "SessionStart")));
+    assert!(ctx.contains("a.md from s1"), "{ctx}");
+    assert!(ctx.contains("> Relay from session s1"), "{ctx}");
+    assert!(ctx.contains("coherent accept PATH"), "{ctx}");
+    let r = cli(&m, Some("s2"), &["accept", "a.md", "b.md"]);
+    assert!(r.ok(), "{}", r.show());
+    write_both(&m, "s2", 1);
+    let msg = system_message(&hooks.answer("s2", &input(&root, "PreCompact")));
+    assert!(msg.contains("a.md") && msg.contains("b.md"), "{msg}");
+    for f in ["a.md", "b.md"] {
+        let note = offered(&m, f, "s2")["note"].as_str().unwrap().to_string();
+        assert!(note.contains("- a.md from s1"), "{note}");
+        fenced(&m, "s2", f);
+    }
+
+    // s3 claims from s2; s2 stays fenced until s3 writes
+    let ctx = start_context(&hooks.answer("s3", &input(&root, "SessionStart")));
+    assert!(ctx.contains("b.md from s2"), "{ctx}");
+    assert!(ctx.contains("> Relay from session s2"), "{ctx}");
+    let r = cli(&m, Some("s3"), &["accept", "a.md", "b.md"]);
+    assert!(r.ok(), "{}", r.show());
+    fenced(&m, "s2", "a.md");
+    write_both(&m, "s3", 1);
+    for f in ["a.md", "b.md"] {
+        let text = std::fs::read_to_string(m.at(f)).unwrap();
+        assert_eq!(text, "s1\ns2\ns3\n", "{f}");
+    }
+
+    // s3's session ends: the same relay, said as an end
+    let msg = system_message(&hooks.answer("s3", &input(&root, "SessionEnd")));
+    assert!(msg.contains("it ended"), "{msg}");
+    for f in ["a.md", "b.md"] {
+        offered(&m, f, "s3");
+        fenced(&m, "s3", f);
+    }
+}
