@@ -182,6 +182,7 @@ fn a_relay_of_three_sessions_loses_no_write_and_keeps_the_fence() {
 
     // s2 starts fresh: told what waits, with s1's note quoted, and how to claim it
     let ctx = start_context(&hooks.answer("s2", &input(&root, "SessionStart")));
+    assert!(ctx.contains("Relays waiting to be claimed"), "{ctx}");
     assert!(ctx.contains("a.md from s1"), "{ctx}");
     assert!(ctx.contains("> Relay from session s1"), "{ctx}");
     assert!(ctx.contains("coherent accept PATH"), "{ctx}");

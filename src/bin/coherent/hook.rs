@@ -500,33 +500,43 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
         .ok()
         .and_then(|t| serde_json::from_str(t.trim()).ok())
         .unwrap_or_default();
-    if !inbox.is_empty() {
+    // An open offer is claimed by `accept` (declining it, or writing it unclaimed, does
+    // not answer it): the relays waiting are listed apart, with how to claim them.
+    let offered = |r: &&Value| {
+        r.get("offer").and_then(Value::as_bool) == Some(true) && r.get("claimed_by").is_none()
+    };
+    let (relays, named): (Vec<&Value>, Vec<&Value>) = inbox.iter().partition(offered);
+    let uids = if inbox.is_empty() {
+        Default::default()
+    } else {
+        session_uids(&root)
+    };
+    if !named.is_empty() {
         out.push(format!(
             "Files handed to you (session {me}) on the coherent volume {root_shown}:"
         ));
-        let uids = session_uids(&root);
-        for r in &inbox {
+        for r in &named {
             out.push(inbox_entry(r, &me_raw, &uids));
         }
-        // Name only the ways that work: an open offer is claimed by `accept` (declining
-        // it, or writing it unclaimed, does not answer it).
-        let offered = |r: &Value| {
-            r.get("offer").and_then(Value::as_bool) == Some(true) && r.get("claimed_by").is_none()
-        };
-        if inbox.iter().any(|r| !offered(r)) {
-            out.push(
-                "Writing a file handed to you completes its handoff; `coherent accept PATH` \
-                 or `coherent decline PATH` (or the MCP tools) answer it without writing."
-                    .into(),
-            );
+        out.push(
+            "Writing a file handed to you completes its handoff; `coherent accept PATH` \
+             or `coherent decline PATH` (or the MCP tools) answer it without writing."
+                .into(),
+        );
+    }
+    if !relays.is_empty() {
+        out.push(format!(
+            "Relays waiting to be claimed on the coherent volume {root_shown} (work another \
+             session offered to any session, often as its context ran out):"
+        ));
+        for r in &relays {
+            out.push(inbox_entry(r, &me_raw, &uids));
         }
-        if inbox.iter().any(offered) {
-            out.push(
-                "A file offered to any session is yours once you claim it: `coherent accept \
-                 PATH` (then write it, or decline it)."
-                    .into(),
-            );
-        }
+        out.push(
+            "A file offered to any session is yours once you claim it: `coherent accept \
+             PATH` (then write it, or decline it); the first session to claim it takes it."
+                .into(),
+        );
     }
     let mine = own_live_transfers(&root, &me_raw).unwrap_or_default();
     if !mine.is_empty() {
