@@ -59,7 +59,9 @@ pub(crate) fn recent_work(text: &str, me: &str) -> Work {
                 let to = s("successor").unwrap_or("any");
                 w.gave.push((path.to_string(), to.to_string()));
             }
-            "accept" if mine => w.took.push((path.to_string(), s("giver").map(String::from))),
+            "accept" if mine => w
+                .took
+                .push((path.to_string(), s("giver").map(String::from))),
             _ => {}
         }
     }
