@@ -220,8 +220,21 @@ fn a_relay_of_three_sessions_loses_no_write_and_keeps_the_fence() {
     write_both(&m, "s1", 1);
     sh_ok(&m, Some("s1"), &format!("echo key-notes > {SECRET}.txt"));
     await_events(&m, "commit", &format!("{SECRET}.txt"), Some("s1"), 1);
+    // a file s1 already handed to a named session stays with it: not offered again
+    assert!(cli(&m, Some("rev"), &["register"]).ok());
+    sh_ok(&m, Some("s1"), "echo s1 > c.md");
+    await_events(&m, "commit", "c.md", Some("s1"), 1);
+    let r = cli(&m, Some("s1"), &["transfer", "--to", "rev", "c.md"]);
+    assert!(r.ok(), "{}", r.show());
     let msg = system_message(&claude.answer("s1", &input(&root, "PreCompact")));
     let first = msg.lines().next().unwrap();
+    assert!(!first.contains("c.md"), "{msg}");
+    let c = live_record(&m, "c.md").unwrap();
+    assert_eq!(
+        (&c["successor"], &c["giver"]),
+        (&json!("rev"), &json!("s1")),
+        "{c}"
+    );
     assert!(first.contains("offered to any session"), "{msg}");
     assert!(first.contains(": a.md, b.md, "), "{msg}");
     assert!(msg.contains("1 line(s) were left out"), "{msg}");
@@ -229,6 +242,7 @@ fn a_relay_of_three_sessions_loses_no_write_and_keeps_the_fence() {
         let r = offered(&m, f, "s1");
         let note = r["note"].as_str().unwrap();
         assert!(note.contains("- a.md (1 commits)"), "{note}");
+        assert!(note.contains("- c.md to rev"), "{note}");
         // the credential-looking line stayed out of the volume
         assert!(!note.contains(SECRET), "{note}");
         fenced(&m, "s1", f);
