@@ -249,6 +249,11 @@ fn a_relay_of_three_sessions_loses_no_write_and_keeps_the_fence() {
     }
     let r = offered(&m, &format!("{SECRET}.txt"), "s1");
     assert!(!r["note"].as_str().unwrap().contains(SECRET), "{r}");
+    // s1 goes on after its compaction (the same session): told how to take its relay
+    // back if it carries on with the work itself.
+    let ctx = start_context(&claude.answer("s1", &input(&root, "SessionStart")));
+    assert!(ctx.contains("is a relay you made"), "{ctx}");
+    assert!(ctx.contains("coherent withdraw PATH"), "{ctx}");
 
     // s2 starts fresh: told what waits, with s1's note quoted, and how to claim it
     let ctx = start_context(&codex.answer("s2", &input(&root, "SessionStart")));

@@ -557,6 +557,20 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
                 shell_word(path)
             ));
         }
+        // After a compaction the same session goes on: its relay offers fence it until
+        // another session claims them, so say how to take them back.
+        if mine.iter().any(|r| {
+            r.get("successor")
+                .and_then(Value::as_str)
+                .is_none_or(|s| s == coherent::names::ANY)
+        }) {
+            out.push(
+                "An offer to any session that nobody has claimed yet is a relay you made \
+                 (before a compaction or at the end of a session): if you carry on with that \
+                 work yourself, take it back with `coherent withdraw PATH`."
+                    .into(),
+            );
+        }
     }
     if out.is_empty() && start {
         out.push(format!(
