@@ -272,6 +272,17 @@ const MAX_LINKS: u32 = 40;
 /// [`apply`] through [`Fs`] with no mount: the path walk the kernel would do (lookups from
 /// `top`, symlinks followed), then the requests it would send. Every lookup is given back
 /// at the end, as the kernel's forgets would.
+/// This process's umask, which the kernel would hand to the filesystem with each create
+/// (the reference tree is made natively under it).
+fn umask() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .unwrap();
+    u32::from_str_radix(line.trim(), 8).unwrap()
+}
+
 struct Direct<'a> {
     fs: &'a Fs,
     top: u64,
@@ -354,7 +365,9 @@ impl Direct<'_> {
         let ino = loop {
             match self.lookup(dir, OsStr::new(&name)) {
                 Err(libc::ENOENT) if flags & libc::O_CREAT != 0 => {
-                    let made = self.fs.create(c, dir, OsStr::new(&name), mode, flags);
+                    let made =
+                        self.fs
+                            .create_umask(c, dir, OsStr::new(&name), mode, umask(), flags);
                     let made = made.map_err(FsError::errno)?;
                     let ino = made.entry.attr.unwrap().ino;
                     self.looked.borrow_mut().push(ino);
@@ -485,7 +498,7 @@ impl Direct<'_> {
             }
             Op::Mkdir { p, mode } => {
                 let (d, n) = self.at(p)?;
-                self.made(fs.mkdir(c, d, &name(n), *mode))
+                self.made(fs.mkdir_umask(c, d, &name(n), *mode, umask()))
             }
             Op::Rmdir { p } => {
                 let (d, n) = self.at(p)?;
