@@ -9,14 +9,15 @@
 #          nothing of ours uses it), protobuf-compiler and libprotobuf-dev (protoc and the
 #          .proto files it imports: the etcd-client crate's build), openssl (scripts/etcd.sh
 #          makes each cluster's CA and certificates), iproute2 (ip and tc: the network
-#          namespaces, cut links and slowed links of tests/partition.rs)
+#          namespaces, cut links and slowed links of tests/partition.rs), tmux (a server
+#          outside `coherent run` that its sandbox cannot close: tests/run_landlock.rs)
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
 #   user:  'tests' (pjdfstest switches to nobody and tests); coh-u1, coh-u2 and group
 #          coh-shared (the multi-user tests, scripts/test-users.sh)
 #   /dev/fuse (loads the fuse module if needed)
 set -euo pipefail
 
-APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git ripgrep etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl iproute2)
+APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git ripgrep etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl iproute2 tmux)
 CARGO_CRATES=(pjdfstest@0.2.2 fsx@0.3.2)
 
 die() {
