@@ -47,7 +47,7 @@ fn usage_errors_exit_1() {
         &["run", "-v", "--json", "--session", "x"],
         &["status", "-v"],
         &["hook"],
-        &["hook", "codex"],
+        &["hook", "cursor"],
         &["install", "bogus"],
         &["install", "git", "--user"],
         &["fsmonitor"],
