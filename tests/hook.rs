@@ -22,20 +22,7 @@ fn hook(dir: &Path, who: Option<&str>, input: &str) -> (Option<i32>, String, Str
     if let Some(w) = who {
         c.env("COHERENT_SESSION", w);
     }
-    let mut child = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_string();
-    // fed from a thread, so a hook that stops reading cannot block the test
-    let feeder = std::thread::spawn(move || {
-        let _ = stdin.write_all(input.as_bytes());
-    });
-    let o = child.wait_with_output().unwrap();
-    feeder.join().unwrap();
+    let o = common::run_with_stdin(&mut c, input);
     (
         o.status.code(),
         String::from_utf8_lossy(&o.stdout).into_owned(),

@@ -10,9 +10,8 @@ mod common;
 use coherent::{cli, sh, sh_ok, Root, CLI, TAGS};
 use common::Mount;
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// The output fields Codex documents for each event (openai/codex
 /// `codex-rs/hooks/schema/generated/<event>.command.output.schema.json`, the schemas behind
@@ -189,19 +188,7 @@ impl Installed {
         if let Some(w) = who {
             c.env("COHERENT_SESSION", w);
         }
-        let mut child = c
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        let text = input.to_string();
-        let feeder = std::thread::spawn(move || {
-            let _ = stdin.write_all(text.as_bytes());
-        });
-        let o = child.wait_with_output().unwrap();
-        feeder.join().unwrap();
+        let o = common::run_with_stdin(&mut c, &input.to_string());
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(0), "{event}: {err}");
         assert!(err.is_empty(), "{event}: stderr {err}");

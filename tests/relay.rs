@@ -11,9 +11,8 @@ mod common;
 use coherent::{await_events, cli, live_record, sh, sh_ok, Root, CLI, TAGS};
 use common::Mount;
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// A file name that looks like an OpenAI key: the line naming it must not reach the note.
 const SECRET: &str = "sk-proj-Zq8vR2mXw4Lk9Tb7Yc3Nf6Hd1Gs5Ja0Pe";
@@ -107,19 +106,7 @@ impl Installed {
             c.env_remove(t);
         }
         c.env("COHERENT_SESSION", who);
-        let mut child = c
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        let text = input.to_string();
-        let feeder = std::thread::spawn(move || {
-            let _ = stdin.write_all(text.as_bytes());
-        });
-        let o = child.wait_with_output().unwrap();
-        feeder.join().unwrap();
+        let o = common::run_with_stdin(&mut c, &input.to_string());
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(0), "{event}: {err}");
         assert!(err.is_empty(), "{event}: stderr {err}");

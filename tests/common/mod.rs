@@ -65,6 +65,26 @@ pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 }
 
 /// Run a command with a timeout (killed when it runs over).
+/// Runs `cmd` with `input` on its stdin, fed from a thread so a child that stops reading
+/// cannot block the test; its output once it exits.
+pub fn run_with_stdin(cmd: &mut Command, input: &str) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let text = input.to_string();
+    let feeder = std::thread::spawn(move || {
+        let _ = stdin.write_all(text.as_bytes());
+    });
+    let o = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    o
+}
+
 pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
