@@ -16,10 +16,13 @@
 use crate::{absolute, call, call_bytes, locate, locate_cwd, locate_paths, Fail};
 use coherent::control::{shell_word, Reply, Request, MAX_NOTE};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ContentBlock, ErrorCode, Implementation,
-    InitializeResult, JsonObject, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResult, ServerCapabilities,
-    SubscribeRequestParams, Tool, ToolAnnotations, UnsubscribeRequestParams,
+    CallToolRequestParams, CallToolResult, CancelTaskParams, CancelTaskResult, ContentBlock,
+    CreateTaskResult, ErrorCode, GetTaskParams, GetTaskPayloadParams, GetTaskPayloadResult,
+    GetTaskResult, Implementation, InitializeResult, JsonObject, ListResourcesResult,
+    ListTasksResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResult, ServerCapabilities,
+    SubscribeRequestParams, TaskSupport, TasksCapability, Tool, ToolAnnotations, ToolExecution,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -29,6 +32,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod resources;
+mod tasks;
+
+/// The newest protocol revision served, and the one a client asking for a revision the
+/// server does not know is answered with (the spec's rule for the server's reply). A client
+/// asking for a revision rmcp knows (2024-11-05 to 2026-07-28) gets that one back: rmcp
+/// echoes it after `initialize` (`negotiate_protocol_version`).
+pub const PROTOCOL_LATEST: ProtocolVersion = ProtocolVersion::V_2026_07_28;
 
 const INSTRUCTIONS: &str = "This workspace is a coherent volume: files are handed between \
 agent sessions. After you transfer a file you can no longer write it (EACCES) until the \
@@ -131,6 +141,8 @@ const MAX_FRAME: usize = 16 << 20;
 struct Coherent {
     /// The client's resource subscriptions ([`resources`]).
     subs: resources::Shared,
+    /// `wait` calls running or ended as tasks ([`tasks`]).
+    tasks: tasks::Shared,
 }
 
 fn schema(properties: Value, required: &[&str]) -> Arc<JsonObject> {
@@ -291,7 +303,9 @@ fn tools() -> Vec<Tool> {
             ),
         )
         .with_raw_output_schema(output_schema(json!({ "reached": { "type": "boolean", "description": "false: the time ran out first" } })))
-        .annotate(hints(true, true)),
+        .annotate(hints(true, true))
+        // a client that does tasks may run it as one ([`tasks`]); a plain call still works
+        .with_execution(ToolExecution::new().with_task_support(TaskSupport::Optional)),
     ]
 }
 
@@ -582,7 +596,10 @@ impl ServerHandler for Coherent {
         if let Some(r) = caps.resources.as_mut() {
             r.list_changed = Some(false);
         }
+        // tasks: list, cancel, and task-augmented tools/call (for `wait`)
+        caps.tasks = Some(TasksCapability::server_default());
         InitializeResult::new(caps)
+            .with_protocol_version(PROTOCOL_LATEST)
             .with_server_info(Implementation::new("coherent", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
     }
@@ -608,6 +625,51 @@ impl ServerHandler for Coherent {
         tokio::task::spawn_blocking(move || run_tool(&name, &args))
             .await
             .map_err(|e| McpError::internal_error(e.to_string(), None))
+    }
+
+    /// The tool by name: rmcp checks a call's `task` against its `taskSupport` with it.
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        tools().into_iter().find(|t| t.name == name)
+    }
+
+    async fn enqueue_task(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CreateTaskResult, McpError> {
+        tasks::enqueue(&self.tasks, request, context).await
+    }
+
+    async fn list_tasks(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListTasksResult, McpError> {
+        Ok(tasks::list(&self.tasks))
+    }
+
+    async fn get_task_info(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        tasks::get(&self.tasks, &request.task_id)
+    }
+
+    async fn get_task_result(
+        &self,
+        request: GetTaskPayloadParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskPayloadResult, McpError> {
+        tasks::result(&self.tasks, &request.task_id, context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CancelTaskResult, McpError> {
+        tasks::cancel(&self.tasks, &request.task_id)
     }
 
     async fn list_resources(
