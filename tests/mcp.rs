@@ -8,9 +8,11 @@ mod common;
 use coherent::{cli, inbox, read_ctl_file, sh, sh_ok, wait_event, Root, CLI, TAGS};
 use common::Mount;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ReadResourceRequestParams, ReadResourceResult,
-    ResourceContents, ResourceUpdatedNotificationParam, SubscribeRequestParams,
-    UnsubscribeRequestParams,
+    CallToolRequestParams, CallToolResult, CancelTaskParams, ClientCapabilities, ClientInfo,
+    ClientRequest, ErrorCode, ErrorData, GetTaskParams, GetTaskPayloadParams, Implementation,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResult, Request, ResourceContents,
+    ResourceUpdatedNotificationParam, SubscribeRequestParams, TaskMetadata, TaskSupport,
+    TasksCapability, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
@@ -46,7 +48,11 @@ async fn connect_with<H: ClientHandler>(
         .expect("initialize")
 }
 
-async fn call(c: &Client, tool: &str, args: Value) -> CallToolResult {
+async fn call<H: ClientHandler>(
+    c: &RunningService<RoleClient, H>,
+    tool: &str,
+    args: Value,
+) -> CallToolResult {
     let Value::Object(args) = args else {
         panic!("arguments are an object")
     };
@@ -1322,4 +1328,247 @@ fn mcp_with_a_subscription_ends_with_its_input() {
     s.close_input();
     let ended = common::wait_child(&mut s.child, Duration::from_secs(10));
     assert!(ended.is_some(), "the server did not end with its input");
+}
+
+// ---- protocol revisions and `wait` as a task -------------------------------------------
+
+/// A client that asks for protocol `version` at `initialize` and declares tasks.
+async fn connect_version(
+    dir: &Path,
+    who: &str,
+    version: &str,
+) -> RunningService<RoleClient, ClientInfo> {
+    let version: ProtocolVersion = serde_json::from_value(json!(version)).unwrap();
+    let mut caps = ClientCapabilities::default();
+    caps.tasks = Some(TasksCapability::client_default());
+    let info = ClientInfo::new(caps, Implementation::new("coherent-tests", "0"))
+        .with_protocol_version(version);
+    connect_with(dir, who, info).await
+}
+
+/// One request as the client sends it, its result as JSON (a task request's result types
+/// share shapes, so the JSON is what is compared), or the protocol error.
+async fn request<H: ClientHandler>(
+    c: &RunningService<RoleClient, H>,
+    req: ClientRequest,
+) -> Result<Value, ErrorData> {
+    match tokio::time::timeout(Duration::from_secs(30), c.send_request(req))
+        .await
+        .expect("an answer within 30 s")
+    {
+        Ok(r) => Ok(serde_json::to_value(&r).unwrap()),
+        Err(ServiceError::McpError(e)) => Err(e),
+        Err(e) => panic!("not a protocol answer: {e}"),
+    }
+}
+
+fn task_call(args: Value) -> ClientRequest {
+    let Value::Object(args) = args else {
+        panic!("arguments are an object")
+    };
+    let mut p = CallToolRequestParams::new("wait").with_arguments(args);
+    p.task = Some(TaskMetadata::new().with_ttl(60_000));
+    ClientRequest::CallToolRequest(Request::new(p))
+}
+
+fn task_get(id: &str) -> ClientRequest {
+    ClientRequest::GetTaskRequest(Request::new(GetTaskParams::new(id)))
+}
+
+fn task_result(id: &str) -> ClientRequest {
+    ClientRequest::GetTaskPayloadRequest(Request::new(GetTaskPayloadParams::new(id)))
+}
+
+fn task_cancel(id: &str) -> ClientRequest {
+    ClientRequest::CancelTaskRequest(Request::new(CancelTaskParams::new(id)))
+}
+
+/// Until the daemon's log has more than `before` pending waits.
+async fn wait_pending(m: &Mount, before: usize) {
+    let t = Instant::now();
+    while m.log().matches("wait pending").count() <= before {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the wait never became pending"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The server speaks 2026-07-28 and 2025-11-25, each to the client that asks for it, and
+/// answers a revision it does not know with its latest, 2026-07-28. Under each: the tools
+/// are listed (`wait` may run as a task, the others may not), `whoami` answers, and a task
+/// call of a tool that takes none is refused -32602.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_negotiates_2026_07_28_and_2025_11_25() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    for (asked, served) in [
+        ("2026-07-28", "2026-07-28"),
+        ("2025-11-25", "2025-11-25"),
+        ("2099-01-01", "2026-07-28"),
+    ] {
+        let c = connect_version(&root, "alice", asked).await;
+        let info = c.peer_info().expect("server info").clone();
+        assert_eq!(info.protocol_version.as_str(), served, "asked {asked}");
+        let tasks = info
+            .capabilities
+            .tasks
+            .clone()
+            .expect("the tasks capability");
+        assert!(
+            tasks.supports_tools_call() && tasks.supports_cancel(),
+            "{tasks:?}"
+        );
+        let tools = c.list_all_tools().await.expect("tools/list");
+        let mut names: Vec<&str> = tools.iter().map(|t| &*t.name).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["accept", "decline", "inbox", "status", "transfer", "wait", "whoami", "withdraw"],
+            "asked {asked}"
+        );
+        for t in &tools {
+            let want = if t.name == "wait" {
+                TaskSupport::Optional
+            } else {
+                TaskSupport::Forbidden
+            };
+            assert_eq!(t.task_support(), want, "{}: asked {asked}", t.name);
+        }
+        let v = ok("whoami", &call(&c, "whoami", json!({})).await);
+        assert_eq!(v["session"], "alice", "asked {asked}: {v}");
+        let mut p = CallToolRequestParams::new("whoami");
+        p.task = Some(TaskMetadata::new());
+        let e = request(&c, ClientRequest::CallToolRequest(Request::new(p)))
+            .await
+            .expect_err("whoami as a task");
+        assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "asked {asked}: {e:?}");
+        c.cancel().await.unwrap();
+    }
+}
+
+/// `wait` as a task, under both revisions: the call answers at once with a working task;
+/// `tasks/result` blocks until another session accepts, then gives the wait's result (the
+/// record completed) naming the task; the task is then completed and cannot be cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_wait_as_a_task_reaches_its_result() {
+    let m = Mount::builder().env("RUST_LOG", "debug").start();
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    for version in ["2026-07-28", "2025-11-25"] {
+        let file = format!("plan-{version}.md");
+        sh_ok(&m, Some("alice"), &format!("echo plan > {file}"));
+        let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", &file]);
+        assert!(r.ok(), "{}", r.show());
+        let alice = connect_version(&root, "alice", version).await;
+        let pending = m.log().matches("wait pending").count();
+        let t0 = Instant::now();
+        let created = request(
+            &alice,
+            task_call(json!({"path": file, "until": "accepted", "timeout_s": 60})),
+        )
+        .await
+        .expect("a task");
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "{version}: the call blocked"
+        );
+        assert_eq!(created["task"]["status"], "working", "{version}: {created}");
+        let id = created["task"]["taskId"]
+            .as_str()
+            .expect("a task id")
+            .to_string();
+        let got = request(&alice, task_get(&id)).await.expect("tasks/get");
+        assert_eq!(got["status"], "working", "{version}: {got}");
+        assert_eq!(got["taskId"], json!(id), "{version}: {got}");
+
+        // tasks/result blocks until the wait ends; the accept ends it
+        let result = request(&alice, task_result(&id));
+        let accept = async {
+            wait_pending(&m, pending).await;
+            let r = cli(&m, Some("bob"), &["accept", &file]);
+            assert!(r.ok(), "{}", r.show());
+        };
+        let (result, ()) = tokio::join!(result, accept);
+        let result = result.expect("tasks/result");
+        assert_ne!(result["isError"], true, "{version}: {result}");
+        let s = &result["structuredContent"];
+        assert_eq!(s["reached"], true, "{version}: {result}");
+        assert_eq!(s["record"]["status"], "completed", "{version}: {result}");
+        assert_eq!(
+            result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+            json!(id),
+            "{version}: {result}"
+        );
+        let got = request(&alice, task_get(&id)).await.expect("tasks/get");
+        assert_eq!(got["status"], "completed", "{version}: {got}");
+        let listed = request(&alice, ClientRequest::ListTasksRequest(Default::default()))
+            .await
+            .expect("tasks/list");
+        assert!(
+            listed["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t["taskId"] == json!(id)),
+            "{version}: {listed}"
+        );
+        let e = request(&alice, task_cancel(&id))
+            .await
+            .expect_err("cancel a completed task");
+        assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "{version}: {e:?}");
+        alice.cancel().await.unwrap();
+    }
+}
+
+/// A cancelled task ends the server's wait: `tasks/cancel` answers `cancelled`, the task
+/// stays so and has no result, no new wait reaches the volume after it (one ctl step may
+/// be in flight), the record is untouched and the server serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_wait_task_cancel_ends_the_wait() {
+    let m = Mount::builder().env("RUST_LOG", "debug").start();
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    assert!(cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]).ok());
+    let alice = connect_version(&root, "alice", "2026-07-28").await;
+    let pending = m.log().matches("wait pending").count();
+    let created = request(
+        &alice,
+        task_call(json!({"path": "plan.md", "until": "accepted", "timeout_s": 120})),
+    )
+    .await
+    .expect("a task");
+    let id = created["task"]["taskId"].as_str().unwrap().to_string();
+    wait_pending(&m, pending).await;
+    let blocked = request(&alice, task_result(&id));
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        request(&alice, task_cancel(&id)).await
+    };
+    let (blocked, cancelled) = tokio::join!(blocked, cancel);
+    let cancelled = cancelled.expect("tasks/cancel");
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    // the blocked tasks/result ends with the cancel, without a result
+    let e = blocked.expect_err("a cancelled task has no result");
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "{e:?}");
+    let at_cancel = m.log().matches("wait pending").count();
+    let got = request(&alice, task_get(&id)).await.expect("tasks/get");
+    assert_eq!(got["status"], "cancelled", "{got}");
+    // a running wait asks the volume again every 5 s (its ctl step): over 12 s a live one
+    // would have asked twice more
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let after = m.log().matches("wait pending").count();
+    assert!(
+        after <= at_cancel + 1,
+        "the wait went on after the cancel: {at_cancel} -> {after}"
+    );
+    let got = request(&alice, task_get(&id)).await.expect("tasks/get");
+    assert_eq!(got["status"], "cancelled", "{got}");
+    let r = cli(&m, Some("alice"), &["status", "--json", "plan.md"]);
+    assert!(r.out.contains("pending"), "{}", r.show());
+    let v = ok("whoami", &call(&alice, "whoami", json!({})).await);
+    assert_eq!(v["session"], "alice", "{v}");
+    alice.cancel().await.unwrap();
 }
