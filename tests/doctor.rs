@@ -74,12 +74,28 @@ impl Env {
         assert!(o.status.success(), "{o:?}");
     }
 
+    /// `coherent install codex DIR`: Codex's config in this HOME (`.codex/config.toml`).
+    fn install_codex(&self, dir: &Path) -> PathBuf {
+        let o = run_timeout(
+            self.cmd(dir).args(["install", "codex"]).arg(dir),
+            Duration::from_secs(30),
+        );
+        assert!(o.status.success(), "{o:?}");
+        self.home.join(".codex/config.toml")
+    }
+
     /// `coherent doctor DIR`: exit code and the lines.
     fn doctor(&self, dir: &Path) -> (Option<i32>, String) {
-        let o = run_timeout(
-            self.cmd(dir).arg("doctor").arg(dir),
-            Duration::from_secs(60),
-        );
+        self.doctor_with_path(dir, None)
+    }
+
+    /// [`Env::doctor`] with a PATH of its own (None: the one with `coherent`).
+    fn doctor_with_path(&self, dir: &Path, path: Option<&str>) -> (Option<i32>, String) {
+        let mut c = self.cmd(dir);
+        if let Some(p) = path {
+            c.env("PATH", p);
+        }
+        let o = run_timeout(c.arg("doctor").arg(dir), Duration::from_secs(60));
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
         assert!(
             o.stderr.is_empty(),
@@ -352,4 +368,82 @@ fn etcd_over_tls_with_a_user_is_ok_and_in_the_clear_fails() {
             assert_eq!(code, Some(3), "{out}");
         }
     }
+}
+
+/// Codex installed as `coherent install codex` writes it: its hooks registered and firing
+/// (ok, exit 0). Then each way a Codex install breaks is a FAIL line with its fix and exit
+/// 3: a hook missing from config.toml, the registered command not on PATH, and a command
+/// whose answer has a field Codex does not document (Codex fails such a hook).
+#[test]
+fn codex_hooks_are_checked_registered_and_firing() {
+    let _t = sysctl_turn();
+    let m = Mount::new(true);
+    let env = Env::new();
+    env.install(&m.mnt);
+    let config = env.install_codex(&m.mnt);
+    let installed = std::fs::read_to_string(&config).unwrap();
+    let (code, out) = env.doctor(&m.mnt);
+    assert_eq!(code, Some(0), "{out}");
+    let reg = line(&out, "codex hooks");
+    assert_eq!(level(reg), "ok", "{out}");
+    assert!(reg.contains("registered in"), "{reg}");
+    let fire = line(&out, "codex hooks fire");
+    assert_eq!(level(fire), "ok", "{out}");
+    assert!(fire.contains("only documented fields"), "{fire}");
+
+    // A hook missing: the PreCompact group taken out by hand.
+    let group = "[[hooks.PreCompact]]\n\n[[hooks.PreCompact.hooks]]\ntype = \"command\"\n\
+                 command = \"coherent hook codex\"\ntimeout = 30\n";
+    assert!(installed.contains(group), "{installed}");
+    std::fs::write(&config, installed.replace(group, "")).unwrap();
+    let (code, out) = env.doctor(&m.mnt);
+    assert_eq!(code, Some(3), "{out}");
+    let reg = line(&out, "codex hooks");
+    assert_eq!(level(reg), "FAIL", "{out}");
+    assert!(reg.contains("none for PreCompact"), "{reg}");
+    assert!(reg.contains("fix: coherent install codex"), "{reg}");
+    std::fs::write(&config, &installed).unwrap();
+
+    // The command not on PATH: Codex runs `coherent hook codex` with a PATH without it.
+    let bare = "/usr/sbin:/usr/bin:/sbin:/bin";
+    let (code, out) = env.doctor_with_path(&m.mnt, Some(bare));
+    assert_eq!(code, Some(3), "{out}");
+    assert_eq!(level(line(&out, "codex hooks")), "ok", "{out}");
+    let fire = line(&out, "codex hooks fire");
+    assert_eq!(level(fire), "FAIL", "{out}");
+    assert!(fire.contains("exit 127"), "{fire}");
+    assert!(
+        fire.contains("fix: ") && fire.contains("coherent install codex"),
+        "{fire}"
+    );
+
+    // An answer with a field Codex does not document for SessionStart (`decision` is
+    // documented for other events only): a `coherent` of its own that answers so.
+    let fake = env.home.join("fake");
+    std::fs::create_dir(&fake).unwrap();
+    let script = fake.join("coherent");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\ncat >/dev/null\necho '{\"decision\":\"approve\",\"hookSpecificOutput\":\
+         {\"hookEventName\":\"SessionStart\",\"additionalContext\":\"hi\"}}'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(
+        &config,
+        installed.replace(
+            "command = \"coherent hook codex\"",
+            &format!("command = \"'{}' hook codex\"", script.display()),
+        ),
+    )
+    .unwrap();
+    let (code, out) = env.doctor(&m.mnt);
+    assert_eq!(code, Some(3), "{out}");
+    assert_eq!(level(line(&out, "codex hooks")), "ok", "{out}");
+    let fire = line(&out, "codex hooks fire");
+    assert_eq!(level(fire), "FAIL", "{out}");
+    assert!(
+        fire.contains("`decision`") && fire.contains("does not document"),
+        "{fire}"
+    );
 }

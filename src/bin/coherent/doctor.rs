@@ -3,7 +3,8 @@
 //!
 //! Every check looks at the real thing rather than at a file that says it should work: the
 //! mount answers `.coherent/whoami`, the hook command registered in Claude Code's settings
-//! is run with a synthetic `SessionStart` and must answer hook JSON, the MCP server is
+//! is run with a synthetic `SessionStart` and must answer hook JSON (Codex's, from its
+//! config.toml, with only the fields Codex documents), the MCP server is
 //! started and must list its tools, the binaries on PATH are asked their version.
 
 use crate::install::probe;
@@ -93,7 +94,12 @@ pub fn run(dir: Option<&Path>, json: bool) -> Result<(), Fail> {
             dir.display()
         ))
     })?;
+    // A probed hook that exits before reading its input (a command not found) closes the
+    // pipe the probe writes to: with SIGPIPE's default action that write would kill the
+    // doctor. Ignored, the write fails with EPIPE and the probe reports the exit status.
+    crate::set_sigpipe(libc::SIG_IGN);
     let checks = checks(&dir);
+    let mut stdout = std::io::stdout().lock();
     if json {
         let list: Vec<Value> = checks
             .iter()
@@ -107,13 +113,17 @@ pub fn run(dir: Option<&Path>, json: bool) -> Result<(), Fail> {
             })
             .collect();
         let failed = checks.iter().any(|c| c.level == Level::Fail);
-        println!(
+        // a reader that went away (`| head`) is not the doctor's failure
+        let _ = writeln!(
+            stdout,
             "{}",
             json!({"dir": dir.display().to_string(), "ok": !failed, "checks": list})
         );
     } else {
         for c in &checks {
-            println!("{}", line(c));
+            if writeln!(stdout, "{}", line(c)).is_err() {
+                break;
+            }
         }
     }
     if checks.iter().any(|c| c.level == Level::Fail) {
@@ -155,6 +165,7 @@ fn checks(dir: &Path) -> Vec<Check> {
     binaries(&mut out);
     out.push(mount_helper());
     hooks(dir, root.is_some(), &mut out);
+    codex_hooks(dir, root.is_some(), &mut out);
     out.push(mcp(dir));
     out.push(fsmonitor(dir));
     out.push(passthrough_kernel());
@@ -591,6 +602,255 @@ fn probe_hook(cmd: &str, dir: &Path) -> Result<String, String> {
         return Err(format!("its answer is not a SessionStart answer: {v}"));
     }
     Ok("hook JSON with the session's context".into())
+}
+
+// ---- Codex --------------------------------------------------------------------------------
+
+/// The fields Codex documents for a `SessionStart` hook's answer (its hooks reference, the
+/// `session-start.command.output` schema; the objects there are closed): top level, then
+/// `hookSpecificOutput`. Codex counts an answer with any other field as a failed hook and
+/// goes on without its context.
+const CODEX_SESSION_START: (&[&str], &[&str]) = (
+    &[
+        "continue",
+        "stopReason",
+        "suppressOutput",
+        "systemMessage",
+        "hookSpecificOutput",
+    ],
+    &["hookEventName", "additionalContext", "env"],
+);
+
+/// The tables of an item written as `[[x]]` or as an inline array `x = [{...}]`.
+fn tables(item: &toml_edit::Item) -> Vec<&dyn toml_edit::TableLike> {
+    if let Some(a) = item.as_array_of_tables() {
+        return a.iter().map(|t| t as &dyn toml_edit::TableLike).collect();
+    }
+    item.as_array()
+        .into_iter()
+        .flat_map(|a| a.iter())
+        .filter_map(|v| v.as_inline_table())
+        .map(|t| t as &dyn toml_edit::TableLike)
+        .collect()
+}
+
+/// Our hook commands in Codex's config (`[[hooks.EVENT]]` groups, each with `hooks`
+/// handlers), by event.
+fn our_codex_hooks(doc: &toml_edit::DocumentMut) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let Some(hooks) = doc.get("hooks").and_then(toml_edit::Item::as_table_like) else {
+        return out;
+    };
+    for (event, groups) in hooks.iter() {
+        for g in tables(groups) {
+            for h in g.get("hooks").map(tables).unwrap_or_default() {
+                if let Some(cmd) = h.get("command").and_then(|c| c.as_str()) {
+                    if probe::is_codex_hook(cmd) {
+                        out.push((event.to_string(), cmd.to_string()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Codex's hooks as `coherent install codex` writes them: registered (every event an
+/// install adds) and firing (a live probe, its answer held to Codex's documented fields).
+fn codex_hooks(dir: &Path, volume: bool, out: &mut Vec<Check>) {
+    const N: &str = "codex hooks";
+    let install = format!("coherent install codex {}", dir.display());
+    let config = match probe::codex_config() {
+        Ok(c) => c,
+        Err(_) => {
+            out.push(warn(
+                N,
+                "neither CODEX_HOME nor HOME is set: Codex's config.toml cannot be found",
+                "set HOME (or CODEX_HOME) as Codex has it",
+            ));
+            return;
+        }
+    };
+    let shown = quote(&config.display().to_string());
+    let text = match std::fs::read_to_string(&config) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => {
+            out.push(failed(
+                N,
+                format!("cannot read {shown}: {e}"),
+                "make it readable by the user Codex runs as",
+            ));
+            return;
+        }
+    };
+    let doc = match text.parse::<toml_edit::DocumentMut>() {
+        Ok(d) => d,
+        Err(e) => {
+            out.push(failed(
+                N,
+                format!(
+                    "{shown} is not valid TOML ({}): Codex cannot read it",
+                    one_line(&e.to_string())
+                ),
+                format!("fix the file, then `{install}`"),
+            ));
+            return;
+        }
+    };
+    let ours = our_codex_hooks(&doc);
+    if ours.is_empty() {
+        let server = doc
+            .get("mcp_servers")
+            .and_then(|m| m.get(probe::MCP_SERVER))
+            .is_some_and(probe::is_codex_server);
+        out.push(if server {
+            // installed for Codex, but before the hooks (or they were taken out)
+            failed(
+                N,
+                format!(
+                    "{shown} registers the coherent MCP server but none of its hooks: a Codex \
+                     agent meets EACCES without being told why"
+                ),
+                install,
+            )
+        } else if probe::which("codex").is_some() {
+            warn(
+                N,
+                format!("no coherent hooks in {shown}: a Codex agent meets EACCES without being told why"),
+                install,
+            )
+        } else {
+            ok(N, format!("Codex is not set up here (nothing of coherent's in {shown})"))
+        });
+        return;
+    }
+    let missing: Vec<&str> = probe::codex_hook_events()
+        .into_iter()
+        .filter(|e| !ours.iter().any(|(ev, _)| ev == e))
+        .collect();
+    if missing.is_empty() {
+        out.push(ok(N, format!("registered in {shown}")));
+    } else {
+        out.push(failed(
+            N,
+            format!(
+                "{shown} has coherent hooks but none for {}",
+                missing.join(", ")
+            ),
+            install.clone(),
+        ));
+    }
+    let mut cmds: Vec<&str> = ours.iter().map(|(_, c)| c.as_str()).collect();
+    cmds.sort_unstable();
+    cmds.dedup();
+    if !volume {
+        out.push(warn(
+            "codex hooks fire",
+            "not probed: no volume answers here",
+            "mount the workspace first",
+        ));
+        return;
+    }
+    for cmd in cmds {
+        out.push(match probe_codex_hook(cmd, dir) {
+            Ok(what) => ok(
+                "codex hooks fire",
+                format!("`{cmd}` answers SessionStart: {what}"),
+            ),
+            Err(why) => failed(
+                "codex hooks fire",
+                format!("`{cmd}` with a SessionStart input: {why}"),
+                format!(
+                    "the command must run where Codex runs it (sh -c, PATH as the agent has \
+                     it) and answer only what Codex documents: `{install}` writes `coherent` \
+                     as found on PATH"
+                ),
+            ),
+        });
+    }
+}
+
+/// Run a Codex hook command with a synthetic `SessionStart` (Codex's input shape) and
+/// check the answer: exit 0, and hook JSON with only the fields Codex documents.
+fn probe_codex_hook(cmd: &str, dir: &Path) -> Result<String, String> {
+    let input = json!({
+        "session_id": "coherent-doctor-probe",
+        "transcript_path": null,
+        "cwd": dir.display().to_string(),
+        "hook_event_name": "SessionStart",
+        "model": "coherent-doctor",
+        "source": "startup",
+    });
+    let o = output_within(
+        Command::new("sh").arg("-c").arg(cmd).current_dir(dir),
+        Some(format!("{input}\n").as_bytes()),
+        PROBE_TIMEOUT,
+    )?;
+    if !o.status.success() {
+        return Err(format!(
+            "exit {} ({})",
+            o.status
+                .code()
+                .map_or("by a signal".into(), |c| c.to_string()),
+            first_line(&o.stderr)
+        ));
+    }
+    let v: Value = serde_json::from_slice(&o.stdout).map_err(|e| {
+        format!(
+            "its answer is not hook JSON ({e}): {:?}",
+            first_line(&o.stdout)
+        )
+    })?;
+    codex_documented(&v)?;
+    if !v["hookSpecificOutput"]["additionalContext"].is_string() {
+        return Err(format!("its answer has no context for the session: {v}"));
+    }
+    Ok("hook JSON with the session's context, only documented fields".into())
+}
+
+/// Ok when `v` is a `SessionStart` answer with only the fields Codex documents, each of
+/// its type; else the first one that is not.
+fn codex_documented(v: &Value) -> Result<(), String> {
+    let (top, specific) = CODEX_SESSION_START;
+    let o = v
+        .as_object()
+        .ok_or_else(|| format!("its answer is not a JSON object: {v}"))?;
+    for (k, x) in o {
+        if !top.contains(&k.as_str()) {
+            return Err(format!(
+                "its answer has `{}`, a field Codex does not document for SessionStart (Codex \
+                 fails the hook): {v}",
+                quote(k)
+            ));
+        }
+        let typed = match k.as_str() {
+            "continue" | "suppressOutput" => x.is_boolean(),
+            "hookSpecificOutput" => x.is_object(),
+            _ => x.is_string(),
+        };
+        if !typed {
+            return Err(format!("its `{k}` has the wrong type: {v}"));
+        }
+    }
+    if let Some(h) = o.get("hookSpecificOutput").and_then(Value::as_object) {
+        if h.get("hookEventName") != Some(&json!("SessionStart")) {
+            return Err(format!("its answer is not a SessionStart answer: {v}"));
+        }
+        for (k, x) in h {
+            if !specific.contains(&k.as_str()) {
+                return Err(format!(
+                    "its answer has `hookSpecificOutput.{}`, a field Codex does not document \
+                     for SessionStart (Codex fails the hook): {v}",
+                    quote(k)
+                ));
+            }
+            if k != "env" && !x.is_string() {
+                return Err(format!("its `hookSpecificOutput.{k}` is not a string: {v}"));
+            }
+        }
+    }
+    Ok(())
 }
 
 // ---- MCP ----------------------------------------------------------------------------------

@@ -760,6 +760,26 @@ pub(crate) mod probe {
     pub fn is_fsmonitor(v: &str) -> bool {
         is_our_fsmonitor(v)
     }
+
+    /// The Codex hook events an install registers.
+    pub fn codex_hook_events() -> Vec<&'static str> {
+        CODEX_HOOKS.iter().map(|(e, _)| *e).collect()
+    }
+
+    /// Is this Codex hook command one `coherent install codex` wrote?
+    pub fn is_codex_hook(cmd: &str) -> bool {
+        is_our_codex_hook(cmd)
+    }
+
+    /// Is this `[mcp_servers.coherent]` table the one `coherent install codex` wrote?
+    pub fn is_codex_server(item: &toml_edit::Item) -> bool {
+        is_our_codex_server(item)
+    }
+
+    /// Codex's config.toml, where `coherent install codex` writes.
+    pub fn codex_config() -> Result<PathBuf, Fail> {
+        Ok(codex_home()?.join("config.toml"))
+    }
 }
 
 /// How a JSON file was written, to write it back the same way: its indentation (None:
