@@ -11,8 +11,8 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResult, CancelTaskParams, ClientCapabilities, ClientInfo,
     ClientRequest, ErrorCode, ErrorData, GetTaskParams, GetTaskPayloadParams, Implementation,
     ProtocolVersion, ReadResourceRequestParams, ReadResourceResult, Request, ResourceContents,
-    ResourceUpdatedNotificationParam, SubscribeRequestParams, TaskMetadata, TaskSupport,
-    TasksCapability, UnsubscribeRequestParams,
+    ResourceUpdatedNotificationParam, SubscribeRequestParams, TaskMetadata,
+    TaskStatusNotificationParam, TaskSupport, TasksCapability, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
@@ -1332,18 +1332,44 @@ fn mcp_with_a_subscription_ends_with_its_input() {
 
 // ---- protocol revisions and `wait` as a task -------------------------------------------
 
-/// A client that asks for protocol `version` at `initialize` and declares tasks.
+/// A client that asks for a protocol revision of its choice, declares tasks, and passes on
+/// every `notifications/tasks/status` it hears (as JSON).
+struct TaskClient {
+    info: ClientInfo,
+    status: tokio::sync::mpsc::UnboundedSender<Value>,
+}
+
+impl ClientHandler for TaskClient {
+    fn get_info(&self) -> ClientInfo {
+        self.info.clone()
+    }
+
+    async fn on_task_status(
+        &self,
+        params: TaskStatusNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.status.send(serde_json::to_value(&params).unwrap());
+    }
+}
+
+/// [`TaskClient`] asking for `version` at `initialize`, with the task statuses it hears.
 async fn connect_version(
     dir: &Path,
     who: &str,
     version: &str,
-) -> RunningService<RoleClient, ClientInfo> {
+) -> (
+    RunningService<RoleClient, TaskClient>,
+    tokio::sync::mpsc::UnboundedReceiver<Value>,
+) {
     let version: ProtocolVersion = serde_json::from_value(json!(version)).unwrap();
     let mut caps = ClientCapabilities::default();
     caps.tasks = Some(TasksCapability::client_default());
     let info = ClientInfo::new(caps, Implementation::new("coherent-tests", "0"))
         .with_protocol_version(version);
-    connect_with(dir, who, info).await
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let c = connect_with(dir, who, TaskClient { info, status: tx }).await;
+    (c, rx)
 }
 
 /// One request as the client sends it, its result as JSON (a task request's result types
@@ -1408,7 +1434,7 @@ async fn mcp_negotiates_2026_07_28_and_2025_11_25() {
         ("2025-11-25", "2025-11-25"),
         ("2099-01-01", "2026-07-28"),
     ] {
-        let c = connect_version(&root, "alice", asked).await;
+        let (c, _) = connect_version(&root, "alice", asked).await;
         let info = c.peer_info().expect("server info").clone();
         assert_eq!(info.protocol_version.as_str(), served, "asked {asked}");
         let tasks = info
@@ -1444,6 +1470,18 @@ async fn mcp_negotiates_2026_07_28_and_2025_11_25() {
             .await
             .expect_err("whoami as a task");
         assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "asked {asked}: {e:?}");
+        // the revision is in force: an unknown resource is -32602 from 2026-07-28 on
+        // (SEP-2164), -32002 before
+        let e = match read_resource(&c, "coherent://nothing").await {
+            Err(ServiceError::McpError(e)) => e,
+            other => panic!("asked {asked}: an unknown resource read: {other:?}"),
+        };
+        let want = if served == "2026-07-28" {
+            -32602
+        } else {
+            -32002
+        };
+        assert_eq!(e.code.0, want, "asked {asked}: {e:?}");
         c.cancel().await.unwrap();
     }
 }
@@ -1461,7 +1499,7 @@ async fn mcp_wait_as_a_task_reaches_its_result() {
         sh_ok(&m, Some("alice"), &format!("echo plan > {file}"));
         let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", &file]);
         assert!(r.ok(), "{}", r.show());
-        let alice = connect_version(&root, "alice", version).await;
+        let (alice, mut heard) = connect_version(&root, "alice", version).await;
         let pending = m.log().matches("wait pending").count();
         let t0 = Instant::now();
         let created = request(
@@ -1503,6 +1541,13 @@ async fn mcp_wait_as_a_task_reaches_its_result() {
         );
         let got = request(&alice, task_get(&id)).await.expect("tasks/get");
         assert_eq!(got["status"], "completed", "{version}: {got}");
+        // and the client heard it end, without polling
+        let note = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+            .await
+            .expect("a task status notification within 10 s")
+            .expect("the client is there");
+        assert_eq!(note["taskId"], json!(id), "{version}: {note}");
+        assert_eq!(note["status"], "completed", "{version}: {note}");
         let listed = request(&alice, ClientRequest::ListTasksRequest(Default::default()))
             .await
             .expect("tasks/list");
@@ -1532,7 +1577,7 @@ async fn mcp_wait_task_cancel_ends_the_wait() {
     assert!(cli(&m, Some("bob"), &["register"]).ok());
     sh_ok(&m, Some("alice"), "echo plan > plan.md");
     assert!(cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]).ok());
-    let alice = connect_version(&root, "alice", "2026-07-28").await;
+    let (alice, _) = connect_version(&root, "alice", "2026-07-28").await;
     let pending = m.log().matches("wait pending").count();
     let created = request(
         &alice,

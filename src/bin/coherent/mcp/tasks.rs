@@ -5,13 +5,15 @@
 //! ones of the protocol as rmcp 2.2 speaks it (task-augmented requests, tasks/get, result,
 //! cancel, list); only `wait` takes them, the other tools answer at once anyway.
 //!
-//! The wait itself is [`super::wait_tool`], unchanged: run here with a cancellation of the
+//! When a wait ends the client is sent `notifications/tasks/status` with the task, so it
+//! need not poll. The wait itself is [`super::wait_tool`], unchanged: run here with a cancellation of the
 //! task's own (the call's own ends with its `CreateTaskResult`), so it sends its progress
 //! for the call's progress token and stops between two steps when the task is cancelled.
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, CancelTaskResult, CreateTaskResult,
-    GetTaskPayloadResult, GetTaskResult, ListTasksResult, RelatedTaskMetadata, Task, TaskStatus,
+    GetTaskPayloadResult, GetTaskResult, ListTasksResult, RelatedTaskMetadata, ServerNotification,
+    Task, TaskStatus, TaskStatusNotification, TaskStatusNotificationParam,
 };
 use rmcp::service::RequestContext;
 use rmcp::task_manager::current_timestamp;
@@ -178,22 +180,34 @@ pub async fn enqueue(
     let args = request.arguments.unwrap_or_default();
     let store = tasks.clone();
     let run_id = id.clone();
+    let peer = ctx.peer.clone();
     tokio::spawn(async move {
         let outcome = super::wait_tool(args, ctx).await;
-        let mut map = store.lock();
-        let Some(e) = map.get_mut(&run_id) else {
-            return;
+        let ended = {
+            let mut map = store.lock();
+            let Some(e) = map.get_mut(&run_id) else {
+                return;
+            };
+            if e.terminal() {
+                return; // cancelled meanwhile: the cancel said the last word
+            }
+            let (status, message) = match &outcome {
+                Ok(r) if r.is_error != Some(true) => {
+                    (TaskStatus::Completed, "the wait ended".into())
+                }
+                Ok(r) => (TaskStatus::Failed, first_text(r)),
+                Err(e) => (TaskStatus::Failed, e.message.to_string()),
+            };
+            e.outcome = Some(outcome);
+            e.finish(status, message);
+            e.task.clone()
         };
-        if e.terminal() {
-            return; // cancelled meanwhile: the cancel said the last word
-        }
-        let (status, message) = match &outcome {
-            Ok(r) if r.is_error != Some(true) => (TaskStatus::Completed, "the wait ended".into()),
-            Ok(r) => (TaskStatus::Failed, first_text(r)),
-            Err(e) => (TaskStatus::Failed, e.message.to_string()),
-        };
-        e.outcome = Some(outcome);
-        e.finish(status, message);
+        // the client need not poll: it hears the end (the spec's optional status
+        // notification); a client gone meanwhile is no error of the task's
+        let note = TaskStatusNotification::new(TaskStatusNotificationParam::new(ended));
+        let _ = peer
+            .send_notification(ServerNotification::TaskStatusNotification(note))
+            .await;
     });
     Ok(CreateTaskResult::new(task))
 }
