@@ -292,8 +292,7 @@ fn tools() -> Vec<Tool> {
             "wait",
             "Wait until a file's handoff reaches a state (accepted, completed or ended), at \
              most timeout_s seconds (default 50). Sends progress notifications while it \
-             waits when the call has a progress token; cancelling the call stops it. \
-             A client that does tasks may run it as a task.",
+             waits when the call has a progress token; cancelling the call stops it.",
             schema(
                 json!({
                     "path": { "type": "string", "minLength": 1, "description": "A file on the volume." },
