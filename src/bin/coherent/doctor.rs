@@ -1298,6 +1298,35 @@ mod tests {
     }
 
     #[test]
+    fn a_codex_session_start_answer_has_only_documented_fields_of_their_types() {
+        let good = json!({"systemMessage": "m", "hookSpecificOutput":
+            {"hookEventName": "SessionStart", "additionalContext": "c"}});
+        assert_eq!(codex_documented(&good), Ok(()));
+        assert_eq!(codex_documented(&json!({})), Ok(()));
+        let bad = [
+            (json!({"decision": "block"}), "`decision`"),
+            (
+                json!({"hookSpecificOutput": {"hookEventName": "SessionStart", "permissionDecision": "allow"}}),
+                "`hookSpecificOutput.permissionDecision`",
+            ),
+            (json!({"continue": "yes"}), "wrong type"),
+            (
+                json!({"hookSpecificOutput": {"hookEventName": "PreToolUse"}}),
+                "not a SessionStart answer",
+            ),
+            (
+                json!({"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": 1}}),
+                "not a string",
+            ),
+            (json!([1]), "not a JSON object"),
+        ];
+        for (v, why) in bad {
+            let e = codex_documented(&v).expect_err(&v.to_string());
+            assert!(e.contains(why), "{v}: {e}");
+        }
+    }
+
+    #[test]
     fn a_line_is_one_line_with_its_fix() {
         let c = failed("x", "two\nlines", "do\nthis");
         assert_eq!(line(&c), "FAIL  x: two lines; fix: do this");
