@@ -1,6 +1,6 @@
 //! What the journal does when its log cannot be written (docs/design.md#state-log): a
 //! full disk (`ENOSPC`), a write error (`EIO`), a failed fsync and a torn write, injected
-//! through its file I/O ([`LogIo`]). In every case no torn record stays in the log, the
+//! through its file I/O ([`StateIo`]). In every case no torn record stays in the log, the
 //! journal is failing (verbs answer `io_error`) and nothing it had is durable twice or
 //! lost: once the fault clears, the next flush writes every event, once, in order.
 
@@ -36,7 +36,7 @@ struct FaultyFile {
     fault: Arc<Mutex<Fault>>,
 }
 
-impl LogIo for Faulty {
+impl StateIo for Faulty {
     fn open_log(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
         Ok(Arc::new(FaultyFile {
             file: DiskIo.open_log(path)?,
