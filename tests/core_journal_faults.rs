@@ -261,7 +261,7 @@ fn a_failed_fsync_writes_what_it_covered_again() {
 /// The state directory as a crash would leave it now: its files, copied while the journal
 /// still holds them, opened anew. Every event acknowledged (`acked`) is there, and the
 /// state is the live one's up to the last event on disk: a retired record stays retired.
-fn crash_now(dir: &Path, live: &Engine, acked: u64, what: &str) -> Opened {
+fn crash_now(dir: &Path, live: &Engine, acked: u64, what: &str) -> (Opened, tempfile::TempDir) {
     let image = tempfile::tempdir().unwrap();
     for e in std::fs::read_dir(dir).unwrap() {
         let e = e.unwrap();
@@ -272,22 +272,21 @@ fn crash_now(dir: &Path, live: &Engine, acked: u64, what: &str) -> Opened {
     let o = Journal::open(image.path(), Config::default(), JournalOptions::default())
         .unwrap_or_else(|e| panic!("{what}: the crash image does not open: {e}"));
     assert!(
+        !o.engine.has_live_record("retired.md"),
+        "{what}: the withdrawn transfer came back"
+    );
+    assert!(
         o.engine.last_seq() >= acked,
         "{what}: recovered up to seq {}, but {acked} was acknowledged ({:?})",
         o.engine.last_seq(),
         o.warnings
     );
-    assert!(
-        !o.engine.has_live_record("retired.md"),
-        "{what}: the withdrawn transfer came back"
-    );
     assert!(o.engine.has_live_record("handed.md"), "{what}: a live transfer was lost");
     if o.engine.last_seq() == live.last_seq() {
         assert_eq!(o.engine.durable_state(), live.durable_state(), "{what}");
     }
-    // The image must outlive the journal opened on it.
-    std::mem::forget(image);
-    o
+    // The journal opened on the image is dropped before it (tuple order).
+    (o, image)
 }
 
 /// A history with a live transfer (`handed.md`), a withdrawn one (`retired.md`) and
@@ -370,7 +369,7 @@ fn replacing_survives(fault: Fault, compact: bool) {
     } else {
         o.journal.checkpoint(&o.engine).unwrap();
     }
-    let again = crash_now(dir.path(), &o.engine, last, &what);
+    let (again, _image) = crash_now(dir.path(), &o.engine, last, &what);
     assert_eq!(again.engine.last_seq(), last, "{what}");
     assert!(again.from_snapshot, "{what}: {:?}", again.warnings);
     assert!(again.warnings.is_empty(), "{what}: {:?}", again.warnings);
