@@ -364,6 +364,7 @@ fn replacing_survives(fault: Fault, compact: bool) {
     o.journal.wait_durable(last);
     assert_eq!(o.journal.durable_seq(), last, "{what}");
     assert!(!o.journal.is_poisoned(), "{what}");
+    drop(crash_now(dir.path(), &o.engine, last, &what));
     if compact {
         o.journal.compact(&o.engine).unwrap();
     } else {
