@@ -281,7 +281,10 @@ fn crash_now(dir: &Path, live: &Engine, acked: u64, what: &str) -> (Opened, temp
         o.engine.last_seq(),
         o.warnings
     );
-    assert!(o.engine.has_live_record("handed.md"), "{what}: a live transfer was lost");
+    assert!(
+        o.engine.has_live_record("handed.md"),
+        "{what}: a live transfer was lost"
+    );
     if o.engine.last_seq() == live.last_seq() {
         assert_eq!(o.engine.durable_state(), live.durable_state(), "{what}");
     }
@@ -296,15 +299,21 @@ fn history(o: &Opened) {
     let t = |n: i64| Timestamp(T0 + n);
     o.engine.register(&b, t(0)).unwrap();
     for (i, p) in ["handed.md", "retired.md"].into_iter().enumerate() {
-        o.engine.commit(&a, p, CommitOp::Write, stamp(i as u64 + 1), t(1));
+        o.engine
+            .commit(&a, p, CommitOp::Write, stamp(i as u64 + 1), t(1));
         o.engine.open_read(&a, p, t(1));
-        o.engine.transfer(&a, &paths(&[p]), "bob", None, t(2)).unwrap();
+        o.engine
+            .transfer(&a, &paths(&[p]), "bob", None, t(2))
+            .unwrap();
     }
     o.journal.checkpoint(&o.engine).unwrap();
-    o.engine.withdraw(&a, &paths(&["retired.md"]), t(3)).unwrap();
+    o.engine
+        .withdraw(&a, &paths(&["retired.md"]), t(3))
+        .unwrap();
     for i in 0..50 {
         let p = format!("churn/f{i}");
-        o.engine.commit(&a, &p, CommitOp::Write, stamp(i + 10), t(4));
+        o.engine
+            .commit(&a, &p, CommitOp::Write, stamp(i + 10), t(4));
         o.engine.commit(&a, &p, CommitOp::Unlink, None, t(5));
     }
     o.journal.flush().unwrap();
@@ -314,7 +323,10 @@ fn history(o: &Opened) {
 
 /// A snapshot, or the log a compaction writes after its snapshot, fails at `fault`.
 fn replacing_survives(fault: Fault, compact: bool) {
-    let what = format!("{fault:?} in a {}", if compact { "compaction" } else { "snapshot" });
+    let what = format!(
+        "{fault:?} in a {}",
+        if compact { "compaction" } else { "snapshot" }
+    );
     let dir = tempfile::tempdir().unwrap();
     let io = Faulty::new(Some(if compact { LOG } else { SNAPSHOT }));
     let opts = JournalOptions {
@@ -334,7 +346,11 @@ fn replacing_survives(fault: Fault, compact: bool) {
         o.journal.checkpoint(&o.engine)
     }
     .expect_err(&what);
-    let want = if fault == Fault::NewWrite { libc::ENOSPC } else { libc::EIO };
+    let want = if fault == Fault::NewWrite {
+        libc::ENOSPC
+    } else {
+        libc::EIO
+    };
     assert_eq!(e.raw_os_error(), Some(want), "{what}: {e}");
     // A partial temporary would keep a full disk full.
     for tmp in [format!("{SNAPSHOT}.tmp"), format!("{LOG}.tmp")] {
@@ -344,19 +360,36 @@ fn replacing_survives(fault: Fault, compact: bool) {
     drop(crash_now(dir.path(), &o.engine, acked, &what));
 
     // Events go on while the fault lasts; none is acknowledged before it is durable.
-    o.engine
-        .commit(&sess("alice"), "after.md", CommitOp::Write, stamp(99), Timestamp(T0 + 9));
+    o.engine.commit(
+        &sess("alice"),
+        "after.md",
+        CommitOp::Write,
+        stamp(99),
+        Timestamp(T0 + 9),
+    );
     let last = o.engine.last_seq();
     o.journal.wait_durable(last);
     if fault == Fault::DirFsync && compact {
         // The new log's name may not survive a crash until the directory is fsynced.
-        assert_eq!(o.journal.durable_seq(), acked, "{what}: acknowledged too early");
-        assert!(o.journal.is_poisoned(), "{what}: verbs must answer io_error");
+        assert_eq!(
+            o.journal.durable_seq(),
+            acked,
+            "{what}: acknowledged too early"
+        );
+        assert!(
+            o.journal.is_poisoned(),
+            "{what}: verbs must answer io_error"
+        );
     } else {
         assert_eq!(o.journal.durable_seq(), last, "{what}");
         assert!(!o.journal.is_poisoned(), "{what}");
     }
-    drop(crash_now(dir.path(), &o.engine, o.journal.durable_seq(), &what));
+    drop(crash_now(
+        dir.path(),
+        &o.engine,
+        o.journal.durable_seq(),
+        &what,
+    ));
 
     // Once the fault clears everything is durable, and the next snapshot or compaction
     // goes through.

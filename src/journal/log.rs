@@ -149,9 +149,13 @@ impl Shared {
     /// Opens the log a compaction renamed into place, if that failed before.
     fn follow_rename(&self, w: &mut Written) -> io::Result<()> {
         if w.reopen {
-            let f = self.opts.io.open_log(&self.dir.join(LOG)).inspect_err(|e| {
-                self.failing(e);
-            })?;
+            let f = self
+                .opts
+                .io
+                .open_log(&self.dir.join(LOG))
+                .inspect_err(|e| {
+                    self.failing(e);
+                })?;
             w.file = f;
             w.reopen = false;
         }

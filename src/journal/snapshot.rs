@@ -109,7 +109,12 @@ impl Snapshots {
         };
         let mut head = serde_json::to_vec(&header).map_err(io::Error::other)?;
         head.push(b'\n');
-        replace_durably(&*self.shared.opts.io, &self.shared.dir, SNAPSHOT, &[&head, &body])?;
+        replace_durably(
+            &*self.shared.opts.io,
+            &self.shared.dir,
+            SNAPSHOT,
+            &[&head, &body],
+        )?;
         self.shared.buf.lock().since_snapshot = 0;
         Ok((state.seq, offset))
     }
