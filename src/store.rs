@@ -578,7 +578,7 @@ impl Store {
         if let Some(size) = set.size {
             match &handle {
                 Some(h) if h.flags & libc::O_ACCMODE != libc::O_RDONLY => {
-                    cvt(unsafe { libc::ftruncate(h.file.as_raw_fd(), size as libc::off_t) })?;
+                    nix::unistd::ftruncate(&h.file, size as libc::off_t)?;
                 }
                 _ => {
                     if node.kind == Kind::Dir {
@@ -829,14 +829,11 @@ impl Store {
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
         let h = self.handle(fh)?;
         let fd = h.file.as_raw_fd();
-        cvt(unsafe {
-            if datasync {
-                libc::fdatasync(fd)
-            } else {
-                libc::fsync(fd)
-            }
-        })
-        .map(drop)
+        Ok(if datasync {
+            nix::unistd::fdatasync(fd)
+        } else {
+            nix::unistd::fsync(fd)
+        }?)
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
@@ -1169,29 +1166,25 @@ impl Store {
             .cloned()
             .ok_or(FsError(libc::EBADF))?;
         let fd = d.file.as_raw_fd();
-        cvt(unsafe {
-            if datasync {
-                libc::fdatasync(fd)
-            } else {
-                libc::fsync(fd)
-            }
-        })
-        .map(drop)
+        Ok(if datasync {
+            nix::unistd::fdatasync(fd)
+        } else {
+            nix::unistd::fsync(fd)
+        }?)
     }
 
     pub fn statfs(&self, ino: u64) -> FsResult<StatFs> {
         let (_, node_fd) = self.node_fd(ino)?;
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        cvt(unsafe { libc::fstatvfs(node_fd.as_raw_fd(), &mut s) })?;
+        let s = nix::sys::statvfs::fstatvfs(&node_fd)?;
         Ok(StatFs {
-            blocks: s.f_blocks,
-            bfree: s.f_bfree,
-            bavail: s.f_bavail,
-            files: s.f_files,
-            ffree: s.f_ffree,
-            bsize: s.f_bsize as u32,
-            namelen: s.f_namemax as u32,
-            frsize: s.f_frsize as u32,
+            blocks: s.blocks(),
+            bfree: s.blocks_free(),
+            bavail: s.blocks_available(),
+            files: s.files(),
+            ffree: s.files_free(),
+            bsize: s.block_size() as u32,
+            namelen: s.name_max() as u32,
+            frsize: s.fragment_size() as u32,
         })
     }
 

@@ -64,7 +64,7 @@ pub(super) fn prepare_dir(dir: &Path) -> Result<(), JournalError> {
     let md = handle
         .metadata()
         .map_err(io_err(format!("stat {}", dir.display())))?;
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     if md.uid() != me {
         return Err(not_private(format!(
             "is owned by uid {}, not {me}",

@@ -24,9 +24,11 @@ pub(super) fn proc_path(fd: RawFd) -> CString {
 }
 
 pub(super) fn fstatat(dirfd: RawFd, name: &CStr, flags: i32) -> FsResult<libc::stat> {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    cvt(unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) })?;
-    Ok(st)
+    Ok(nix::sys::stat::fstatat(
+        Some(dirfd),
+        name,
+        nix::fcntl::AtFlags::from_bits_retain(flags),
+    )?)
 }
 
 pub(super) fn fstat_fd(fd: RawFd) -> FsResult<libc::stat> {

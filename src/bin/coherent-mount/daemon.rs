@@ -192,7 +192,7 @@ fn detach_stdio() {
         .open("/dev/null")
     {
         for fd in 0..3 {
-            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+            let _ = nix::unistd::dup2(null.as_raw_fd(), fd);
         }
     }
 }
