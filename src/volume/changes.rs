@@ -147,7 +147,7 @@ pub(crate) fn local_fs(root: BorrowedFd<'_>) -> bool {
     ];
     // An O_PATH descriptor is accepted.
     match nix::sys::statfs::fstatfs(root) {
-        Ok(st) => LOCAL.contains(&(st.filesystem_type().0 as i64)),
+        Ok(st) => LOCAL.contains(&st.filesystem_type().0),
         Err(_) => false,
     }
 }

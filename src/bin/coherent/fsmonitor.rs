@@ -77,8 +77,7 @@ fn open_changes(cwd: &Path) -> Option<(File, PathBuf)> {
         let Ok(f) = File::open(anc.join(".coherent/changes")) else {
             continue;
         };
-        if !nix::sys::statfs::fstatfs(&f)
-            .is_ok_and(|st| st.filesystem_type().0 as i64 == FUSE_SUPER_MAGIC)
+        if !nix::sys::statfs::fstatfs(&f).is_ok_and(|st| st.filesystem_type().0 == FUSE_SUPER_MAGIC)
         {
             return None;
         }
