@@ -52,6 +52,8 @@ impl Who {
     /// as a login would get them); None when the database has no such user.
     pub fn of_user(uid: u32) -> Option<Who> {
         let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        // SAFETY: passwd is a plain C struct of integers and pointers, for which all zeroes is
+        // valid.
         let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
         let mut out: *mut libc::passwd = std::ptr::null_mut();
         // SAFETY: getpwuid_r into a zeroed passwd and a buffer of the length given.

@@ -183,6 +183,8 @@ impl Snapshots {
         tracing::debug!("compacted the state log at offset {offset}; {dropped} tombstones dropped");
         // The dropped state was many small allocations: hand the freed pages back to the
         // system, or the daemon's RSS keeps its high-water mark.
+        // SAFETY: malloc_trim only returns free heap pages to the system; it has no
+        // preconditions.
         #[cfg(target_env = "gnu")]
         unsafe {
             libc::malloc_trim(0);

@@ -36,6 +36,8 @@ pub(super) fn fstat_fd(fd: RawFd) -> FsResult<libc::stat> {
 }
 
 pub(super) fn open_path_at(dirfd: RawFd, name: &CStr) -> FsResult<OwnedFd> {
+    // SAFETY: openat under the caller's directory descriptor with a NUL-terminated name;
+    // checked by cvt.
     let fd = cvt(unsafe {
         libc::openat(
             dirfd,
@@ -43,6 +45,7 @@ pub(super) fn open_path_at(dirfd: RawFd, name: &CStr) -> FsResult<OwnedFd> {
             libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         )
     })?;
+    // SAFETY: openat just returned this descriptor and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
