@@ -96,7 +96,7 @@ impl Snapshots {
     ) -> io::Result<(u64, u64)> {
         let (seq, file_len) = pos?;
         debug_assert_eq!(seq, state.seq);
-        // Only a compaction moves the base, and it holds `checkpointing` too.
+        // Only a compaction moves the base, and it holds `one` too.
         let offset = self.shared.written.lock().logical(file_len);
         self.shared.flush()?;
         let body = serde_json::to_vec(&state).map_err(io::Error::other)?;
