@@ -52,6 +52,8 @@ impl Who {
     /// as a login would get them); None when the database has no such user.
     pub fn of_user(uid: u32) -> Option<Who> {
         let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        // SAFETY: passwd is a plain C struct of integers and pointers, for which all zeroes is
+        // valid.
         let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
         let mut out: *mut libc::passwd = std::ptr::null_mut();
         // SAFETY: getpwuid_r into a zeroed passwd and a buffer of the length given.
@@ -190,11 +192,7 @@ pub fn may_write(root: BorrowedFd<'_>, rel: &Path, who: &Who) -> io::Result<bool
         Err(e) if is_denial(&e) => return Ok(false),
         Err(e) => return Err(e),
     };
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat of a valid descriptor into a zeroed stat.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let st = nix::sys::stat::fstat(fd.as_raw_fd())?;
     if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
         return may_replace(root, rel);
     }
@@ -254,8 +252,7 @@ mod tests {
         // SAFETY: getgroups into a buffer of the length given.
         let n = unsafe { libc::getgroups(buf.len() as i32, buf.as_mut_ptr()) };
         buf.truncate(n as usize);
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() } as u32;
+        let tid = nix::unistd::gettid().as_raw() as u32;
         let mut got = groups_of(tid);
         got.sort();
         buf.sort();

@@ -39,6 +39,8 @@ pub fn open_beneath(
 ) -> io::Result<OwnedFd> {
     let c = CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: open_how is a plain C struct of integers, for which all zeroes is valid (and
+    // required for the fields we do not set).
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
     how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS | extra;

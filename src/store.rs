@@ -213,6 +213,8 @@ impl Store {
         let key = (st.st_dev, st.st_ino);
         let mount = match handle_at(root.as_raw_fd(), c"")? {
             HandleOf::Handle(h, mount_id) => {
+                // SAFETY: openat of "." under a directory descriptor we hold, with a
+                // NUL-terminated C literal; the result is checked by cvt.
                 let fd = cvt(unsafe {
                     libc::openat(
                         root.as_raw_fd(),
@@ -220,6 +222,7 @@ impl Store {
                         libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
                     )
                 })?;
+                // SAFETY: openat just returned this descriptor and nothing else owns it.
                 let m = unsafe { File::from_raw_fd(fd) };
                 // open_by_handle_at needs CAP_DAC_READ_SEARCH: without it, resolve by name.
                 match open_handle(m.as_raw_fd(), &h) {
@@ -265,12 +268,14 @@ impl Store {
     /// Open `path` with `O_PATH` (for the in-place mount, before mounting over it).
     pub fn open_root(path: &Path) -> FsResult<OwnedFd> {
         let c = cstr(path.as_os_str())?;
+        // SAFETY: open of a NUL-terminated path; the result is checked by cvt.
         let fd = cvt(unsafe {
             libc::open(
                 c.as_ptr(),
                 libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
             )
         })?;
+        // SAFETY: open just returned this descriptor and nothing else owns it.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
@@ -560,11 +565,14 @@ impl Store {
             if node.kind == Kind::Symlink {
                 return Err(FsError(libc::EOPNOTSUPP));
             }
+            // SAFETY: chmod of a NUL-terminated /proc/self/fd path of a descriptor we hold.
             cvt(unsafe { libc::chmod(path.as_ptr(), mode & 0o7777) })?;
         }
         if set.uid.is_some() || set.gid.is_some() {
             let uid = set.uid.unwrap_or(u32::MAX);
             let gid = set.gid.unwrap_or(u32::MAX);
+            // SAFETY: fchownat with AT_EMPTY_PATH on a descriptor we hold and an empty C
+            // literal.
             cvt(unsafe {
                 libc::fchownat(
                     fd,
@@ -578,12 +586,14 @@ impl Store {
         if let Some(size) = set.size {
             match &handle {
                 Some(h) if h.flags & libc::O_ACCMODE != libc::O_RDONLY => {
-                    cvt(unsafe { libc::ftruncate(h.file.as_raw_fd(), size as libc::off_t) })?;
+                    nix::unistd::ftruncate(&h.file, size as libc::off_t)?;
                 }
                 _ => {
                     if node.kind == Kind::Dir {
                         return Err(FsError(libc::EISDIR));
                     }
+                    // SAFETY: truncate of a NUL-terminated /proc/self/fd path of a descriptor
+                    // we hold.
                     cvt(unsafe { libc::truncate(path.as_ptr(), size as libc::off_t) })?;
                 }
             }
@@ -604,6 +614,7 @@ impl Store {
                 },
             };
             let times = [ts(set.atime), ts(set.mtime)];
+            // SAFETY: utimensat reads the two timespecs of `times`, which outlives the call.
             cvt(unsafe {
                 libc::utimensat(
                     fd,
@@ -619,6 +630,7 @@ impl Store {
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let (_, node_fd) = self.node_fd(ino)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        // SAFETY: readlinkat writes at most buf.len() bytes into `buf`.
         let n = cvt(unsafe {
             libc::readlinkat(
                 node_fd.as_raw_fd(),
@@ -664,6 +676,8 @@ impl Store {
     ) -> FsResult<Attr> {
         self.create_node(caller, parent, name, |d, n| {
             umask::with_umask(mode, umask, |mode| {
+                // SAFETY: mknodat under the directory descriptor `d` with the NUL-terminated
+                // name `n`.
                 cvt(unsafe { libc::mknodat(d, n.as_ptr(), mode, rdev as libc::dev_t) })
             })
             .map(drop)
@@ -681,6 +695,8 @@ impl Store {
     ) -> FsResult<Attr> {
         self.create_node(caller, parent, name, |d, n| {
             umask::with_umask(mode, umask, |mode| {
+                // SAFETY: mkdirat under the directory descriptor `d` with the NUL-terminated
+                // name `n`.
                 cvt(unsafe { libc::mkdirat(d, n.as_ptr(), mode) })
             })
             .map(drop)
@@ -696,6 +712,8 @@ impl Store {
     ) -> FsResult<Attr> {
         let t = cstr(target.as_os_str())?;
         self.create_node(caller, parent, name, |d, n| {
+            // SAFETY: symlinkat with NUL-terminated target and name under the directory
+            // descriptor `d`.
             cvt(unsafe { libc::symlinkat(t.as_ptr(), d, n.as_ptr()) }).map(drop)
         })
     }
@@ -719,6 +737,8 @@ impl Store {
         let fd = {
             let _as = creds::AsCaller::enter(caller);
             umask::with_umask(mode, umask, |mode| {
+                // SAFETY: openat under a directory descriptor we hold with a NUL-terminated
+                // name; checked by cvt.
                 cvt(unsafe {
                     libc::openat(
                         dir_fd.as_raw_fd(),
@@ -729,6 +749,7 @@ impl Store {
                 })
             })?
         };
+        // SAFETY: openat just returned this descriptor and nothing else owns it.
         let file = unsafe { File::from_raw_fd(fd) };
         let attr = self.lookup(parent, name)?;
         let (fh, h) = self.add_handle(attr.ino, file, flags)?;
@@ -757,6 +778,7 @@ impl Store {
             return Err(FsError(libc::ELOOP));
         }
         let path = proc_path(node_fd.as_raw_fd());
+        // SAFETY: open of a NUL-terminated /proc/self/fd path; the result is checked by cvt.
         let fd = cvt(unsafe {
             libc::open(
                 path.as_ptr(),
@@ -765,6 +787,7 @@ impl Store {
                 (backing_flags(flags) & !(libc::O_CREAT | libc::O_NOFOLLOW)) | libc::O_CLOEXEC,
             )
         })?;
+        // SAFETY: open just returned this descriptor and nothing else owns it.
         let file = unsafe { File::from_raw_fd(fd) };
         self.add_handle(ino, file, flags)
     }
@@ -792,6 +815,8 @@ impl Store {
         let mut done = 0usize;
         // Fill the whole request unless EOF: the kernel treats a short read as EOF.
         while done < buf.len() {
+            // SAFETY: pread writes at most buf.len() - done bytes, which is what is left of
+            // `buf` at `done`.
             let n = cvt(unsafe {
                 libc::pread(
                     h.file.as_raw_fd(),
@@ -813,6 +838,8 @@ impl Store {
         let h = self.handle(fh)?;
         let mut done = 0usize;
         while done < data.len() {
+            // SAFETY: pwrite reads at most data.len() - done bytes, which is what is left of
+            // `data` at `done`.
             let n = cvt(unsafe {
                 libc::pwrite(
                     h.file.as_raw_fd(),
@@ -829,18 +856,16 @@ impl Store {
     pub fn fsync(&self, fh: u64, datasync: bool) -> FsResult<()> {
         let h = self.handle(fh)?;
         let fd = h.file.as_raw_fd();
-        cvt(unsafe {
-            if datasync {
-                libc::fdatasync(fd)
-            } else {
-                libc::fsync(fd)
-            }
-        })
-        .map(drop)
+        Ok(if datasync {
+            nix::unistd::fdatasync(fd)
+        } else {
+            nix::unistd::fsync(fd)
+        }?)
     }
 
     pub fn fallocate(&self, fh: u64, offset: u64, len: u64, mode: i32) -> FsResult<()> {
         let h = self.handle(fh)?;
+        // SAFETY: fallocate on a descriptor the handle keeps open; no memory is passed.
         cvt(unsafe {
             libc::fallocate(
                 h.file.as_raw_fd(),
@@ -854,6 +879,7 @@ impl Store {
 
     pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> FsResult<i64> {
         let h = self.handle(fh)?;
+        // SAFETY: lseek on a descriptor the handle keeps open; no memory is passed.
         cvt(unsafe { libc::lseek(h.file.as_raw_fd(), offset, whence) })
     }
 
@@ -871,6 +897,8 @@ impl Store {
         let ho = self.handle(fh_out)?;
         let mut oi = off_in as libc::off64_t;
         let mut oo = off_out as libc::off64_t;
+        // SAFETY: copy_file_range between descriptors the handles keep open, updating the two
+        // offsets we own.
         let n = cvt(unsafe {
             libc::copy_file_range(
                 hi.file.as_raw_fd(),
@@ -900,6 +928,7 @@ impl Store {
         let c = cstr(name)?;
         let victim = fstatat(dir_fd.as_raw_fd(), &c, libc::AT_SYMLINK_NOFOLLOW).ok();
         let held = victim.and_then(|st| self.known_fd((st.st_dev, st.st_ino)));
+        // SAFETY: unlinkat under a directory descriptor we hold with a NUL-terminated name.
         cvt(unsafe { libc::unlinkat(dir_fd.as_raw_fd(), c.as_ptr(), flags) })?;
         if let Some(st) = victim {
             self.orphan((st.st_dev, st.st_ino), held);
@@ -1021,6 +1050,7 @@ impl Store {
             None
         };
         let held = replaced.and_then(|st| self.known_fd((st.st_dev, st.st_ino)));
+        // SAFETY: renameat2 under directory descriptors we hold with NUL-terminated names.
         cvt(unsafe {
             libc::renameat2(
                 d1_fd.as_raw_fd(),
@@ -1049,6 +1079,8 @@ impl Store {
         let (_, node_fd) = self.node_fd(ino)?;
         let (_, dir_fd) = self.node_fd(newparent)?;
         let c = cstr(newname)?;
+        // SAFETY: linkat with AT_EMPTY_PATH from a descriptor we hold to a NUL-terminated name
+        // under another.
         cvt(unsafe {
             libc::linkat(
                 node_fd.as_raw_fd(),
@@ -1063,6 +1095,7 @@ impl Store {
 
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         let (_, node_fd) = self.node_fd(ino)?;
+        // SAFETY: openat of "." under a descriptor we hold; the result is checked by cvt.
         let fd = cvt(unsafe {
             libc::openat(
                 node_fd.as_raw_fd(),
@@ -1070,6 +1103,7 @@ impl Store {
                 libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
             )
         })?;
+        // SAFETY: openat just returned this descriptor and nothing else owns it.
         let file = unsafe { File::from_raw_fd(fd) };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.dirs.write().insert(
@@ -1105,6 +1139,7 @@ impl Store {
     }
 
     fn list_dir(&self, d: &DirHandle) -> FsResult<Vec<DirEntry>> {
+        // SAFETY: openat of "." under the handle's descriptor; the result is checked by cvt.
         let dup = cvt(unsafe {
             libc::openat(
                 d.file.as_raw_fd(),
@@ -1169,29 +1204,25 @@ impl Store {
             .cloned()
             .ok_or(FsError(libc::EBADF))?;
         let fd = d.file.as_raw_fd();
-        cvt(unsafe {
-            if datasync {
-                libc::fdatasync(fd)
-            } else {
-                libc::fsync(fd)
-            }
-        })
-        .map(drop)
+        Ok(if datasync {
+            nix::unistd::fdatasync(fd)
+        } else {
+            nix::unistd::fsync(fd)
+        }?)
     }
 
     pub fn statfs(&self, ino: u64) -> FsResult<StatFs> {
         let (_, node_fd) = self.node_fd(ino)?;
-        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-        cvt(unsafe { libc::fstatvfs(node_fd.as_raw_fd(), &mut s) })?;
+        let s = nix::sys::statvfs::fstatvfs(&node_fd)?;
         Ok(StatFs {
-            blocks: s.f_blocks,
-            bfree: s.f_bfree,
-            bavail: s.f_bavail,
-            files: s.f_files,
-            ffree: s.f_ffree,
-            bsize: s.f_bsize as u32,
-            namelen: s.f_namemax as u32,
-            frsize: s.f_frsize as u32,
+            blocks: s.blocks(),
+            bfree: s.blocks_free(),
+            bavail: s.blocks_available(),
+            files: s.files(),
+            ffree: s.files_free(),
+            bsize: s.block_size() as u32,
+            namelen: s.name_max() as u32,
+            frsize: s.fragment_size() as u32,
         })
     }
 
@@ -1216,6 +1247,8 @@ impl Store {
         }
         let n = cstr(name)?;
         let mut buf = vec![0u8; size as usize];
+        // SAFETY: getxattr writes at most buf.len() bytes into `buf`; both names are
+        // NUL-terminated.
         let r = cvt(unsafe {
             libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
         });
@@ -1231,6 +1264,8 @@ impl Store {
             return Ok(xattr_reply(Vec::new(), 0, size));
         }
         let mut buf = vec![0u8; size as usize];
+        // SAFETY: listxattr writes at most buf.len() bytes into `buf`; the path is
+        // NUL-terminated.
         let r = cvt(unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
         Ok(xattr_reply(buf, r as usize, size))
     }
@@ -1250,6 +1285,7 @@ impl Store {
         }
         let n = cstr(name)?;
         let _as = acl_as_caller(caller, name);
+        // SAFETY: setxattr reads value.len() bytes of `value`; both names are NUL-terminated.
         cvt(unsafe {
             libc::setxattr(
                 p.as_ptr(),
@@ -1270,6 +1306,7 @@ impl Store {
         }
         let n = cstr(name)?;
         let _as = acl_as_caller(caller, name);
+        // SAFETY: removexattr with a NUL-terminated path and name.
         cvt(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
     }
 

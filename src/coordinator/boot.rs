@@ -19,6 +19,7 @@ impl BootTime {
             tv_nsec: 0,
         };
         // Linux has had CLOCK_BOOTTIME since 2.6.39; with a valid pointer it cannot fail.
+        // SAFETY: clock_gettime writes one timespec into `ts`, which we own.
         let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
         assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
         BootTime(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))

@@ -165,8 +165,8 @@ impl TaskDir {
         if fd < 0 {
             return Err(gone_if_missing(io::Error::last_os_error()));
         }
-        // SAFETY: fd is a fresh descriptor nobody else owns.
         Ok(TaskDir {
+            // SAFETY: fd is a fresh descriptor nobody else owns.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
         })
     }

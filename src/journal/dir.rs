@@ -7,13 +7,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+use super::error::{io_err, JournalError};
 use super::format::{LOCK, LOG, SNAPSHOT};
-use super::JournalError;
-
-pub(super) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> JournalError {
-    let what = what.into();
-    move |err| JournalError::Io { what, err }
-}
 
 /// Options for a file of the state directory: created 0600 whatever the umask (the daemon
 /// runs with umask 0), never opened through a symlink. Every file written there goes
@@ -69,7 +64,7 @@ pub(super) fn prepare_dir(dir: &Path) -> Result<(), JournalError> {
     let md = handle
         .metadata()
         .map_err(io_err(format!("stat {}", dir.display())))?;
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     if md.uid() != me {
         return Err(not_private(format!(
             "is owned by uid {}, not {me}",

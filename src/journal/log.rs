@@ -11,7 +11,8 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::file::LogFile;
-use super::JournalOptions;
+use super::format::LOG;
+use super::options::JournalOptions;
 use crate::coherence::Event;
 
 /// How often a failing journal tries to write again.
@@ -21,7 +22,7 @@ pub const BUFFER_WARN: usize = 64 << 20;
 /// Default of [`JournalOptions::buffer_limit`].
 pub const BUFFER_LIMIT: usize = 64 << 20;
 
-/// How the journal keeps events (see the journal's module doc).
+/// How the journal keeps events (docs/design.md#state-log).
 pub(super) const NORMAL: u8 = 0;
 /// Past the bound during an outage: events are not kept until a snapshot covers them.
 pub(super) const SHED: u8 = 1;
@@ -58,6 +59,12 @@ pub(super) struct Written {
     /// `len`, `synced_len` are file offsets, logical = file - hdr + base.
     pub(super) base: u64,
     pub(super) hdr: u64,
+    /// A compaction renamed a new log into place but the directory fsync failed: nothing
+    /// written since is durable (a crash may bring the old name back) until one succeeds.
+    pub(super) dir_unsynced: bool,
+    /// A compaction renamed a new log into place but could not open it: `file` is the
+    /// old, unlinked one, and nothing is written until the new one is open.
+    pub(super) reopen: bool,
 }
 
 impl Written {
@@ -84,6 +91,77 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// A journal over the log file `file`, positioned by [`Shared::start_at`].
+    pub(super) fn new(dir: PathBuf, opts: JournalOptions, file: Arc<dyn LogFile>) -> Shared {
+        Shared {
+            dir,
+            opts,
+            buf: Mutex::new(Buf {
+                next_seq: 0,
+                bytes: Vec::new(),
+                last_seq: 0,
+                since_snapshot: 0,
+                shed: 0,
+                idle: false,
+            }),
+            written: Mutex::new(Written {
+                file,
+                len: 0,
+                seq: 0,
+                synced_len: 0,
+                synced_seq: 0,
+                unsynced: Vec::new(),
+                cuts: 0,
+                compactions: 0,
+                base: 0,
+                hdr: 0,
+                dir_unsynced: false,
+                reopen: false,
+            }),
+            durable: Mutex::new(0),
+            durable_cv: Condvar::new(),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
+            warned_buffer: AtomicBool::new(false),
+            mode: AtomicU8::new(NORMAL),
+        }
+    }
+
+    /// Positions the journal after recovery: the log file holds whole events up to file
+    /// offset `len` (logical base `base`, header `hdr` bytes), the last of them `seq`,
+    /// `since_snapshot` of them after the snapshot.
+    pub(super) fn start_at(&self, seq: u64, since_snapshot: u64, len: u64, base: u64, hdr: u64) {
+        let mut b = self.buf.lock();
+        b.next_seq = seq;
+        b.last_seq = seq;
+        b.since_snapshot = since_snapshot;
+        let mut w = self.written.lock();
+        w.len = len;
+        w.seq = seq;
+        w.synced_len = len;
+        w.synced_seq = seq;
+        w.base = base;
+        w.hdr = hdr;
+        *self.durable.lock() = seq;
+    }
+
+    /// Opens the log a compaction renamed into place, if that failed before.
+    fn follow_rename(&self, w: &mut Written) -> io::Result<()> {
+        if w.reopen {
+            let f = self
+                .opts
+                .io
+                .open_log(&self.dir.join(LOG))
+                .inspect_err(|e| {
+                    self.failing(e);
+                })?;
+            w.file = f;
+            w.reopen = false;
+        }
+        Ok(())
+    }
+
     /// Moves the buffer to the file (no fsync). Returns (last seq written, log length).
     pub(super) fn write_pending(&self) -> io::Result<(u64, u64)> {
         let mut w = self.written.lock();
@@ -91,6 +169,7 @@ impl Shared {
             // Held back until the snapshot covering the events not kept is on disk.
             return Ok((w.seq, w.len));
         }
+        self.follow_rename(&mut w)?;
         let (bytes, last) = {
             let mut b = self.buf.lock();
             (std::mem::take(&mut b.bytes), b.last_seq)
@@ -139,7 +218,8 @@ impl Shared {
     pub(super) fn flush(&self) -> io::Result<()> {
         if self.poisoned.load(Ordering::SeqCst) {
             // The file may still be longer than its last whole fsynced record.
-            let w = self.written.lock();
+            let mut w = self.written.lock();
+            self.follow_rename(&mut w)?;
             if w.file.size()? != w.len {
                 w.file.set_len(w.len)?;
             }
@@ -149,9 +229,9 @@ impl Shared {
             return Ok(());
         }
         // fsync outside the write lock so appends and writes go on meanwhile.
-        let (fd, cuts, compactions) = {
+        let (fd, cuts, compactions, dir_unsynced) = {
             let w = self.written.lock();
-            (w.file.clone(), w.cuts, w.compactions)
+            (w.file.clone(), w.cuts, w.compactions, w.dir_unsynced)
         };
         if let Err(e) = fd.sync_data() {
             // What the failed fsync covered may not be on disk: write it all again.
@@ -159,11 +239,18 @@ impl Shared {
             self.cut_back(&mut w, Vec::new(), &e);
             return Err(e);
         }
+        if dir_unsynced {
+            // The file is on disk; its name is not until the directory is.
+            self.opts.io.sync_dir(&self.dir)?;
+        }
         {
             let mut w = self.written.lock();
             // Everything up to `len` is on disk (a cut_back since would have lowered it).
             if w.cuts != cuts {
                 return Err(io::Error::other("the log was cut back during an fsync"));
+            }
+            if w.compactions == compactions {
+                w.dir_unsynced &= !dir_unsynced;
             }
             // A compaction meanwhile fsynced a new file holding all of it.
             if w.compactions == compactions && w.synced_len < len && len <= w.len {

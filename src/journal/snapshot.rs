@@ -2,26 +2,39 @@
 //! fsync, rename, fsync the directory), the log replaced by its tail past a snapshot, and
 //! the periodic upkeep that decides when.
 
-use std::fs::File;
-use std::io::{self, Write};
-use std::path::Path;
-
+use std::io;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-use super::dir::private_file;
+use parking_lot::Mutex;
+
+use super::file::{replace_durably, Replaced};
 use super::format::{fnv64, LogHeader, SnapHeader, LOG, SNAPSHOT};
-use super::log::{HOLD, NORMAL, SHED};
-use super::Journal;
+use super::log::{Shared, HOLD, NORMAL, SHED};
 use crate::coherence::{DurableState, Engine, Timestamp};
 
-impl Journal {
+/// The snapshots and compactions of one journal, one at a time (the lock is taken before
+/// any engine lock).
+pub(super) struct Snapshots {
+    shared: Arc<Shared>,
+    one: Mutex<()>,
+}
+
+impl Snapshots {
+    pub(super) fn new(shared: Arc<Shared>) -> Snapshots {
+        Snapshots {
+            shared,
+            one: Mutex::new(()),
+        }
+    }
+
     /// Writes a snapshot of `engine` (which must be the engine writing to this journal).
-    pub fn checkpoint(&self, engine: &Engine) -> io::Result<()> {
-        let _one = self.checkpointing.lock();
+    pub(super) fn checkpoint(&self, engine: &Engine) -> io::Result<()> {
+        let _one = self.one.lock();
         self.checkpoint_locked(engine).map(drop)
     }
 
-    /// [`Journal::checkpoint`] with `checkpointing` held; returns the snapshot's seq and
+    /// [`Snapshots::checkpoint`] with `one` held; returns the snapshot's seq and
     /// logical log offset.
     fn checkpoint_locked(&self, engine: &Engine) -> io::Result<(u64, u64)> {
         let sh = &self.shared;
@@ -83,7 +96,7 @@ impl Journal {
     ) -> io::Result<(u64, u64)> {
         let (seq, file_len) = pos?;
         debug_assert_eq!(seq, state.seq);
-        // Only a compaction moves the base, and it holds `checkpointing` too.
+        // Only a compaction moves the base, and it holds `one` too.
         let offset = self.shared.written.lock().logical(file_len);
         self.shared.flush()?;
         let body = serde_json::to_vec(&state).map_err(io::Error::other)?;
@@ -96,16 +109,23 @@ impl Journal {
         };
         let mut head = serde_json::to_vec(&header).map_err(io::Error::other)?;
         head.push(b'\n');
-        replace_durably(&self.shared.dir, SNAPSHOT, &[&head, &body])?;
+        replace_durably(
+            &*self.shared.opts.io,
+            &self.shared.dir,
+            SNAPSHOT,
+            &[&head, &body],
+        )?;
         self.shared.buf.lock().since_snapshot = 0;
         Ok((state.seq, offset))
     }
 
     /// Compacts: drops the tombstones nothing refers to, writes a snapshot, and replaces
     /// the log with the events after it (under a header giving their logical base).
-    /// Returns the number of tombstones dropped. On an error the old log stays, whole.
-    pub fn compact(&self, engine: &Engine) -> io::Result<usize> {
-        let _one = self.checkpointing.lock();
+    /// Returns the number of tombstones dropped. On an error before the rename the old
+    /// log stays, whole; after it the writer follows the new log, and what it writes is
+    /// not durable until the directory fsync succeeds.
+    pub(super) fn compact(&self, engine: &Engine) -> io::Result<usize> {
+        let _one = self.one.lock();
         let dropped = engine.evict_tombstones();
         let (seq, offset) = self.checkpoint_locked(engine)?;
         let dir = &self.shared.dir;
@@ -120,8 +140,24 @@ impl Journal {
         })
         .map_err(io::Error::other)?;
         header.push(b'\n');
-        replace_durably(dir, LOG, &[&header, &tail])?;
-        w.file = self.shared.opts.io.open_log(&dir.join(LOG))?;
+        let io = &*self.shared.opts.io;
+        let dir_failed = match replace_durably(io, dir, LOG, &[&header, &tail]) {
+            Ok(()) => None,
+            Err(Replaced::NotRenamed(e)) => return Err(e),
+            Err(Replaced::DirNotSynced(e)) => Some(e),
+        };
+        // The name is the new log from here: the writer follows it whatever fails next,
+        // or what it writes goes to the old, unlinked file and is lost.
+        let reopen_failed = match io.open_log(&dir.join(LOG)) {
+            Ok(f) => {
+                w.file = f;
+                None
+            }
+            Err(e) => {
+                w.reopen = true;
+                Some(e)
+            }
+        };
         w.base = offset;
         w.hdr = header.len() as u64;
         w.len = w.hdr + tail.len() as u64;
@@ -130,16 +166,25 @@ impl Journal {
         w.synced_seq = w.seq;
         w.unsynced.clear();
         w.compactions += 1;
+        w.dir_unsynced = dir_failed.is_some();
         let seq = w.seq;
         drop(w);
+        if let Some(e) = dir_failed.or(reopen_failed) {
+            // Fail closed: verbs wait until the flusher gets the log durable again.
+            self.shared.failing(&e);
+            return Err(e);
+        }
         let mut d = self.shared.durable.lock();
         if *d < seq {
             *d = seq;
         }
         self.shared.durable_cv.notify_all();
+        drop(d);
         tracing::debug!("compacted the state log at offset {offset}; {dropped} tombstones dropped");
         // The dropped state was many small allocations: hand the freed pages back to the
         // system, or the daemon's RSS keeps its high-water mark.
+        // SAFETY: malloc_trim only returns free heap pages to the system; it has no
+        // preconditions.
         #[cfg(target_env = "gnu")]
         unsafe {
             libc::malloc_trim(0);
@@ -147,16 +192,10 @@ impl Journal {
         Ok(dropped)
     }
 
-    /// Periodic upkeep for the mount (e.g. every few seconds): evicts ended records
-    /// (`evict_after`), compacts once the log holds `compact_bytes` of events, and else
-    /// writes a snapshot once `snapshot_every` events have accumulated. Returns the number
-    /// of records evicted.
-    pub fn maintain(&self, engine: &Engine, now: Timestamp) -> io::Result<usize> {
-        self.maintain_with(engine, now, &|_| true)
-    }
-
-    /// [`Journal::maintain`] evicting only the paths `may_evict` allows.
-    pub fn maintain_with(
+    /// Periodic upkeep: evicts the ended records `may_evict` allows, compacts once the log
+    /// holds `compact_bytes` of events, and else writes a snapshot once `snapshot_every`
+    /// events have accumulated. Returns the number of records evicted.
+    pub(super) fn maintain_with(
         &self,
         engine: &Engine,
         now: Timestamp,
@@ -179,28 +218,4 @@ impl Journal {
         }
         Ok(n)
     }
-}
-
-/// Replaces `dir/name` with `parts` as one step a crash cannot tear: written to
-/// `name.tmp` (removed again on an error, so a partial one cannot keep the disk full),
-/// fsynced, renamed over `name`, and the directory fsynced.
-fn replace_durably(dir: &Path, name: &str, parts: &[&[u8]]) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let written = (|| {
-        let mut f = private_file()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        for p in parts {
-            f.write_all(p)?;
-        }
-        f.sync_all()
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, dir.join(name))?;
-    File::open(dir)?.sync_all()
 }

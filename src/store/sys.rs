@@ -24,9 +24,11 @@ pub(super) fn proc_path(fd: RawFd) -> CString {
 }
 
 pub(super) fn fstatat(dirfd: RawFd, name: &CStr, flags: i32) -> FsResult<libc::stat> {
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    cvt(unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) })?;
-    Ok(st)
+    Ok(nix::sys::stat::fstatat(
+        Some(dirfd),
+        name,
+        nix::fcntl::AtFlags::from_bits_retain(flags),
+    )?)
 }
 
 pub(super) fn fstat_fd(fd: RawFd) -> FsResult<libc::stat> {
@@ -34,6 +36,8 @@ pub(super) fn fstat_fd(fd: RawFd) -> FsResult<libc::stat> {
 }
 
 pub(super) fn open_path_at(dirfd: RawFd, name: &CStr) -> FsResult<OwnedFd> {
+    // SAFETY: openat under the caller's directory descriptor with a NUL-terminated name;
+    // checked by cvt.
     let fd = cvt(unsafe {
         libc::openat(
             dirfd,
@@ -41,6 +45,7 @@ pub(super) fn open_path_at(dirfd: RawFd, name: &CStr) -> FsResult<OwnedFd> {
             libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         )
     })?;
+    // SAFETY: openat just returned this descriptor and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 

@@ -13,6 +13,8 @@
 
 use std::cell::Cell;
 
+use nix::sys::stat::{umask, Mode};
+
 thread_local! {
     /// This thread has its own `fs_struct` (and so its own umask).
     static OWN_FS: Cell<bool> = const { Cell::new(false) };
@@ -20,7 +22,7 @@ thread_local! {
 
 /// While alive, this thread's umask is the caller's.
 pub(super) struct WithUmask {
-    old: libc::mode_t,
+    old: Mode,
 }
 
 impl WithUmask {
@@ -34,16 +36,15 @@ impl WithUmask {
             }
             OWN_FS.with(|o| o.set(true));
         }
-        // SAFETY: umask has no preconditions; the thread's fs_struct is its own now.
-        let old = unsafe { libc::umask((mask & 0o777) as libc::mode_t) };
+        // The thread's fs_struct is its own now: this umask is the thread's alone.
+        let old = umask(Mode::from_bits_truncate((mask & 0o777) as libc::mode_t));
         Some(WithUmask { old })
     }
 }
 
 impl Drop for WithUmask {
     fn drop(&mut self) {
-        // SAFETY: as in `enter`.
-        unsafe { libc::umask(self.old) };
+        umask(self.old);
     }
 }
 
@@ -65,12 +66,10 @@ mod tests {
     use super::*;
 
     fn current() -> u32 {
-        // SAFETY: read the umask by setting it and putting it back.
-        unsafe {
-            let m = libc::umask(0);
-            libc::umask(m);
-            m as u32
-        }
+        // Read the umask by setting it and putting it back.
+        let m = umask(Mode::empty());
+        umask(m);
+        m.bits()
     }
 
     #[test]

@@ -145,12 +145,11 @@ pub(crate) fn local_fs(root: BorrowedFd<'_>) -> bool {
         0x2011_BAB0, // exfat
         0x4d44,      // vfat
     ];
-    // SAFETY: fstatfs fills the struct we pass; an O_PATH descriptor is accepted.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstatfs(root.as_raw_fd(), &mut st) } != 0 {
-        return false;
+    // An O_PATH descriptor is accepted.
+    match nix::sys::statfs::fstatfs(root) {
+        Ok(st) => LOCAL.contains(&st.filesystem_type().0),
+        Err(_) => false,
     }
-    LOCAL.contains(&(st.f_type as i64))
 }
 
 fn random_u64() -> u64 {

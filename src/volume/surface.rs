@@ -124,9 +124,8 @@ impl Surface {
             next: AtomicU64::new(1),
             events_seen: Mutex::new((0, now)),
             started: now,
-            // SAFETY: getuid/getgid cannot fail.
-            uid: unsafe { libc::getuid() },
-            gid: unsafe { libc::getgid() },
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
             waits: Waits::default(),
             data_mode: Mutex::new(None),
         }

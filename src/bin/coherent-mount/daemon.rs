@@ -110,6 +110,9 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Sink {
 /// the child.
 pub fn daemonize() -> Result<OwnedFd, Fail> {
     let (r, w) = nix::unistd::pipe().map_err(|e| Fail(format!("pipe: {e}")))?;
+    // SAFETY: the daemon forks during start-up, before it starts a thread of its own (the
+    // one `with_progress` starts has been joined): the child's one thread holds no lock
+    // another thread could have been holding at the fork.
     match unsafe { nix::unistd::fork() } {
         Err(e) => fail(format!("fork: {e}")),
         Ok(nix::unistd::ForkResult::Parent { .. }) => {
@@ -192,7 +195,7 @@ fn detach_stdio() {
         .open("/dev/null")
     {
         for fd in 0..3 {
-            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+            let _ = nix::unistd::dup2(null.as_raw_fd(), fd);
         }
     }
 }

@@ -1,6 +1,8 @@
 //! `coherent-mount BACKING MOUNTPOINT` or `coherent-mount DIR` (docs/design.md#mounting);
 //! also the mount helper `mount.fuse.coherent-mount` (fstab, `mount -t fuse.coherent-mount`).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod daemon;
 mod mount_opts;
 

@@ -17,7 +17,6 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -78,10 +77,7 @@ fn open_changes(cwd: &Path) -> Option<(File, PathBuf)> {
         let Ok(f) = File::open(anc.join(".coherent/changes")) else {
             continue;
         };
-        // SAFETY: fstatfs fills the struct we pass for an open descriptor.
-        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) } != 0
-            || st.f_type as i64 != FUSE_SUPER_MAGIC
+        if !nix::sys::statfs::fstatfs(&f).is_ok_and(|st| st.filesystem_type().0 == FUSE_SUPER_MAGIC)
         {
             return None;
         }

@@ -602,8 +602,7 @@ fn inbox_line(r: &Value) -> String {
 
 /// This process's uid: the agent's own.
 fn my_uid() -> u32 {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
+    nix::unistd::getuid().as_raw()
 }
 
 /// The uid of each known session (`status`'s `sessions[].uid`); a `uid:N` session is N's.
