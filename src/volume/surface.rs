@@ -176,7 +176,7 @@ impl Surface {
                 }
                 (Kind::File, 0o444, len, seen.1)
             }
-            STATUS | WHOAMI | WHY | INBOX | CHANGES => (Kind::File, 0o444, 0, time_now()),
+            STATUS | WHOAMI | WHY | INBOX | CHANGES | WAITS => (Kind::File, 0o444, 0, time_now()),
             _ => return Err(FsError(libc::ENOENT)),
         };
         Ok(Attr {
