@@ -340,3 +340,117 @@ fn bad_input_gets_the_answers_of_wait() {
         "{v}"
     );
 }
+
+/// A standing wait whose outcome the session already heard from an ordinary `wait` is not
+/// told again.
+#[test]
+fn a_wait_answered_to_the_session_is_not_told_again() {
+    let m = mount(true);
+    let root = m.root().to_path_buf();
+    let (alice, bob) = (unique("alice-sa"), unique("bob-sa"));
+    handed(&*m, &alice, &bob);
+    let r = cli(
+        &*m,
+        Some(&alice),
+        &["wait", "plan.md", "--until", "accepted", "--standing"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    assert!(cli(&*m, Some(&bob), &["accept", "plan.md"]).ok());
+    await_wait(None, &*m, &alice, "plan.md", |w| w["state"] == "reached");
+    let r = cli(
+        &*m,
+        Some(&alice),
+        &["wait", "plan.md", "--until", "accepted"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    assert!(waits(None, &*m, &alice).is_empty());
+    assert!(!prompt_context(None, &root, &alice).contains("your wait on"));
+}
+
+/// `tools/call` of each of `calls` on `coherent mcp` run as session `who` in `root`: the
+/// answers (JSON-RPC over stdio, as an agent speaks it).
+fn mcp_calls(root: &Path, who: &str, calls: &[Value]) -> Vec<Value> {
+    use std::io::{BufRead, Write};
+    let mut c = Command::new(CLI);
+    c.arg("mcp").current_dir(root);
+    for t in TAGS {
+        c.env_remove(t);
+    }
+    let mut child = c
+        .env("COHERENT_SESSION", who)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = |v: Value| {
+        stdin.write_all(format!("{v}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    };
+    let mut answer = |id: u64| loop {
+        let l = lines.next().expect("an answer").unwrap();
+        let v: Value = serde_json::from_str(&l).unwrap();
+        if v["id"] == id {
+            break v;
+        }
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"}}}),
+    );
+    answer(0);
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let mut out = Vec::new();
+    for (i, call) in calls.iter().enumerate() {
+        let id = i as u64 + 1;
+        send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": call}));
+        out.push(answer(id)["result"].clone());
+    }
+    drop(stdin);
+    let _ = child.wait();
+    out
+}
+
+#[test]
+fn the_mcp_wait_leaves_a_standing_wait_when_it_times_out() {
+    let m = mount(true);
+    let root = m.root().to_path_buf();
+    let (alice, bob) = (unique("alice-sm"), unique("bob-sm"));
+    handed(&*m, &alice, &bob);
+    let wait = json!({"name": "wait", "arguments": {"path": "plan.md", "until": "accepted", "timeout_s": 0}});
+    let r = &mcp_calls(&root, &alice, &[wait])[0];
+    assert_eq!(r["isError"], true, "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("timeout"), "{r}");
+    assert!(
+        text.contains("A standing wait stays with the volume"),
+        "{r}"
+    );
+    // the MCP server (and with it the agent) is gone; the wait is not
+    assert_eq!(waits(None, &*m, &alice).len(), 1);
+    assert!(cli(&*m, Some(&bob), &["accept", "plan.md"]).ok());
+    await_wait(None, &*m, &alice, "plan.md", |w| w["state"] == "reached");
+    let inbox = json!({"name": "inbox", "arguments": {}});
+    let r = &mcp_calls(&root, &alice, &[inbox])[0];
+    let w = &r["structuredContent"]["waits"][0];
+    assert_eq!(
+        (
+            w["path"].as_str(),
+            w["state"].as_str(),
+            w["standing"].as_bool()
+        ),
+        (Some("plan.md"), Some("reached"), Some(true)),
+        "{r}"
+    );
+    let told = prompt_context(None, &root, &alice);
+    assert!(
+        told.contains(&format!(
+            "your wait on plan.md (until accepted) was reached: accepted by session {bob} at "
+        )),
+        "{told}"
+    );
+    assert!(!prompt_context(None, &root, &alice).contains("your wait on"));
+}
