@@ -454,3 +454,41 @@ fn the_mcp_wait_leaves_a_standing_wait_when_it_times_out() {
     );
     assert!(!prompt_context(None, &root, &alice).contains("your wait on"));
 }
+
+/// The daemon resolves a standing wait when its record changes, not when someone reads
+/// it: a wait until `accepted` that was reached stays reached when the giver withdraws
+/// right after.
+#[test]
+fn a_wait_is_resolved_as_the_record_changes() {
+    let m = coherent::mount_with(common::Mount::builder().env("RUST_LOG", "debug"));
+    let root = m.root().to_path_buf();
+    let (alice, bob) = (unique("alice-sr"), unique("bob-sr"));
+    handed(&*m, &alice, &bob);
+    let r = cli(
+        &*m,
+        Some(&alice),
+        &["wait", "plan.md", "--until", "accepted", "--standing"],
+    );
+    assert!(r.ok(), "{}", r.show());
+    let before = m.log().matches("standing wait resolved").count();
+    let t0 = std::time::Instant::now();
+    assert!(cli(&*m, Some(&bob), &["accept", "plan.md"]).ok());
+    // the wait thread wakes on the change (its idle look is 5 s: well past this bound)
+    assert!(
+        common::wait_until(std::time::Duration::from_millis(2500), || m
+            .log()
+            .matches("standing wait resolved")
+            .count()
+            > before),
+        "not resolved within 2.5 s of the accept ({:?})",
+        t0.elapsed()
+    );
+    assert!(cli(&*m, Some(&alice), &["withdraw", "plan.md"]).ok());
+    let told = prompt_context(None, &root, &alice);
+    assert!(
+        told.contains(&format!(
+            "your wait on plan.md (until accepted) was reached: accepted by session {bob} at "
+        )),
+        "{told}"
+    );
+}

@@ -325,6 +325,7 @@ impl Standing {
             for e in entries.iter_mut().filter(|e| e.state == State::Waiting) {
                 let (state, record) = look(engine, &e.path, e.record_id, e.until);
                 if state != State::Waiting {
+                    tracing::debug!(session = %e.session, path = %e.path, ?state, "standing wait resolved");
                     e.state = state;
                     e.resolved = Some(now);
                     e.record = record.or(e.record.take());
