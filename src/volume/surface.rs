@@ -384,11 +384,11 @@ impl Surface {
         let lost = self.waits.stop(token);
         let mut later = None;
         let r = ctl.write(data, |req| match req {
-            Request::Wait { path, until, .. } => match wait_check(vol, caller, req) {
+            Request::Wait { until, .. } => match wait_check(vol, caller, req) {
                 Check::Now(reply) => {
-                    if reply.is_ok() && reply.body()["reached"] == Value::Bool(true) {
-                        self.standing
-                            .answered(&vol.session(caller).name, path, *until);
+                    // (the path as placed: the one a standing wait keeps)
+                    if let (true, Some(p)) = (reached(&reply), reply.body()["path"].as_str()) {
+                        self.standing.answered(&vol.session(caller).name, p, *until);
                     }
                     reply
                 }
@@ -487,7 +487,7 @@ impl Surface {
             let (due, killed, next) = self.waits.due(&vol.engine);
             waits::interrupted(killed);
             for (token, reply) in due {
-                if reply.is_ok() && reply.body()["reached"] == Value::Bool(true) {
+                if reached(&reply) {
                     if let Some((s, p, u)) = self.waits.key(token) {
                         self.standing.answered(&s, &p, u);
                     }
@@ -1069,6 +1069,11 @@ fn wait_check(vol: &Volume, caller: &Caller, req: &Request) -> Check {
     vol.observe(&path, Timestamp::now());
     let me = vol.session(caller).name.to_string();
     waits::check(&vol.engine, &me, &path, until, timeout_ms)
+}
+
+/// A `wait` reply that says the state was reached.
+fn reached(reply: &Reply) -> bool {
+    reply.is_ok() && reply.body()["reached"] == Value::Bool(true)
 }
 
 /// The refusal for a path that does not exist (the engine's own answer for one).
