@@ -160,14 +160,18 @@ fn a_wait_in_flight_outlives_the_compaction_and_is_reported_once() {
     let w = await_wait(None, &*m, &alice, "plan.md", |w| w["state"] == "reached");
     assert_eq!(w["record"]["status"], "completed", "{w}");
 
+    let t0 = std::time::Instant::now();
     let first = prompt_context(None, &root, &alice);
+    eprintln!("UserPromptSubmit with a report: {:?}", t0.elapsed());
     assert!(
         first.contains(&format!(
             "your wait on plan.md (until accepted) was reached: accepted by session {bob} at "
         )),
         "{first}"
     );
+    let t0 = std::time::Instant::now();
     let second = prompt_context(None, &root, &alice);
+    eprintln!("UserPromptSubmit without: {:?}", t0.elapsed());
     assert!(!second.contains("your wait on"), "told twice: {second}");
     assert!(waits(None, &*m, &alice).is_empty());
 }
@@ -483,6 +487,16 @@ fn a_wait_is_resolved_as_the_record_changes() {
         "not resolved within 2.5 s of the accept ({:?})",
         t0.elapsed()
     );
+    // the daemon's own stamps: when the accept changed the record, when the wait resolved
+    let w = await_wait(None, &*m, &alice, "plan.md", |w| w["state"] == "reached");
+    let ms = |k: &str| {
+        let t = w.pointer(k).and_then(Value::as_str).unwrap_or_default();
+        chrono_ms(t)
+    };
+    eprintln!(
+        "standing wait resolved {} ms after the accept",
+        ms("/resolved") - ms("/record/updated")
+    );
     assert!(cli(&*m, Some(&alice), &["withdraw", "plan.md"]).ok());
     let told = prompt_context(None, &root, &alice);
     assert!(
@@ -491,4 +505,18 @@ fn a_wait_is_resolved_as_the_record_changes() {
         )),
         "{told}"
     );
+}
+
+/// Milliseconds of an RFC 3339 UTC stamp as the volume writes them
+/// (`2026-12-03T16:33:45.248Z`), within a day: enough to subtract two of them.
+fn chrono_ms(t: &str) -> i64 {
+    let hms = t
+        .split('T')
+        .nth(1)
+        .unwrap_or_default()
+        .trim_end_matches('Z');
+    let mut it = hms.split(':');
+    let (h, m, s) = (it.next(), it.next(), it.next());
+    let num = |x: Option<&str>| x.and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    ((num(h) * 3600.0 + num(m) * 60.0 + num(s)) * 1000.0).round() as i64
 }
