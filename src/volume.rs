@@ -48,6 +48,7 @@ mod changes;
 mod handle;
 mod liveness;
 mod prune;
+mod standing;
 pub mod state_dir;
 mod surface;
 mod waits;
@@ -334,6 +335,7 @@ impl Volume {
         let sole_path =
             cfg.sole_path && cfg.coordinator.is_none() && changes::local_fs(root.as_fd());
         let changes = changes::Changes::new(sole_path, bypass);
+        let standing = standing::Standing::open(&cfg.state_dir);
         let v = Arc::new(Volume {
             engine: opened.engine,
             journal: opened.journal,
@@ -345,7 +347,7 @@ impl Volume {
             handles: Mutex::new(HashMap::new()),
             linked: Mutex::new(HashSet::new()),
             released: Condvar::new(),
-            surface: surface::Surface::new(),
+            surface: surface::Surface::new(standing),
             changes,
             tracking,
             stop: Mutex::new(false),

@@ -176,7 +176,15 @@ fn serve(me: &SessionInfo, req: &Request) -> Reply {
         ),
         Request::Whoami => Reply::session(Verb::Whoami, me),
         Request::Register { .. } => Reply::session(Verb::Register, me),
-        Request::Wait { path, until, .. } => Reply::ok(
+        Request::WaitReport => Reply::ok(
+            Verb::Wait,
+            json!({"waits": []})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            "no standing wait resolved since the last report",
+        ),
+        Request::Wait { path, until, .. } | Request::WaitStanding { path, until } => Reply::ok(
             Verb::Wait,
             json!({"reached": true, "until": until.as_str(),
                    "record": record(path, "alice", "bob", "completed", false)})

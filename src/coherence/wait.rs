@@ -65,6 +65,17 @@ impl Engine {
             })
     }
 
+    /// Record `id` of `path` as it stands, if it is still kept (a standing wait's report
+    /// names who ended it, and when).
+    pub fn wait_record(&self, path: &str, id: u64) -> Option<RecordJson> {
+        let sh = self.lock_one(path);
+        let e = sh.get(path)?;
+        e.records
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| r.to_json(e.version))
+    }
+
     /// Where record `id` of `path` stands for `until`. Refused `handoff_ended` (with the
     /// status) when the record ended in a status that can never reach it, and
     /// `handoff_not_live` when the record is gone (evicted, or moved away).

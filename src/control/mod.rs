@@ -39,7 +39,8 @@ pub const CONTROL_DIR: &str = ".coherent";
 /// What a valid request looks like; every `bad_request` message ends with it.
 pub const USAGE: &str = "valid requests: `transfer --to SESSION [--note TEXT] PATH...`, \
 `accept PATH...`, `decline PATH...`, `withdraw PATH...`, `status [PATH]`, `whoami`, \
-`register [NAME]`, `wait PATH [accepted|completed|ended] [--timeout SECS]`, or one JSON object such as \
+`register [NAME]`, `wait PATH [accepted|completed|ended] [--timeout SECS | --standing]`, `wait --report`, \
+or one JSON object such as \
 {\"verb\":\"transfer\",\"paths\":[\"plan.md\"],\"to\":\"bob\",\"note\":\"...\"}";
 
 #[cfg(test)]

@@ -14,17 +14,24 @@
 //! accept PATH...   decline PATH...   withdraw PATH...
 //! status [PATH]    whoami            register [NAME]
 //! wait PATH [accepted|completed|ended] [--timeout SECS]
+//! wait PATH [accepted|completed|ended] --standing      wait --report
 //! ```
 //!
 //! `wait` answers when PATH's record reaches the state (default `ended`), or after
 //! `--timeout` (at most [`MAX_WAIT_SECS`], also the default) with `"reached": false`: the
 //! client sends it again to wait longer.
 //!
+//! `wait PATH --standing` answers at once and leaves a *standing wait* with the volume, kept
+//! for the session across the agent's restarts and the daemon's (docs/agents.md#standing-waits);
+//! `wait --report` answers the session's standing waits that resolved since they were last
+//! reported, and marks them reported.
+//!
 //! # JSON syntax
 //!
 //! `{"verb":"transfer","paths":["plan.md"],"to":"bob","note":"..."}`; single-path verbs also
 //! take `"path":"x"`; `status` takes an optional `"path"`, `register` an optional `"name"`,
-//! `wait` a `"path"`, an optional `"until"` and an optional `"timeout"` (seconds, a number).
+//! `wait` a `"path"`, an optional `"until"` and an optional `"timeout"` (seconds, a number),
+//! or `"standing": true` instead of the timeout, or `"report": true` alone.
 //! Unknown fields are refused so a misspelt field never silently changes a request.
 
 use super::{CONTROL_DIR, MAX_NAME, MAX_NOTE, MAX_PATH, MAX_REQUEST, USAGE};
@@ -92,7 +99,9 @@ impl Verb {
             Verb::Withdraw => "withdraw PATH...",
             Verb::Status => "status [PATH]",
             Verb::Whoami => "whoami",
-            Verb::Wait => "wait PATH [accepted|completed|ended] [--timeout SECS]",
+            Verb::Wait => {
+                "wait PATH [accepted|completed|ended] [--timeout SECS | --standing], or wait --report"
+            }
         }
     }
 }
@@ -139,6 +148,13 @@ pub enum Request {
         until: Until,
         timeout_ms: Option<u64>,
     },
+    /// `wait PATH [UNTIL] --standing`: keep a standing wait for the session, answer now.
+    WaitStanding {
+        path: String,
+        until: Until,
+    },
+    /// `wait --report`: the session's standing waits resolved and not yet reported.
+    WaitReport,
 }
 
 impl Request {
@@ -151,7 +167,7 @@ impl Request {
             Request::Withdraw { .. } => Verb::Withdraw,
             Request::Status { .. } => Verb::Status,
             Request::Whoami => Verb::Whoami,
-            Request::Wait { .. } => Verb::Wait,
+            Request::Wait { .. } | Request::WaitStanding { .. } | Request::WaitReport => Verb::Wait,
         }
     }
 
@@ -162,9 +178,9 @@ impl Request {
             | Request::Accept { paths }
             | Request::Decline { paths }
             | Request::Withdraw { paths } => paths,
-            Request::Status { path: Some(p) } | Request::Wait { path: p, .. } => {
-                std::slice::from_ref(p)
-            }
+            Request::Status { path: Some(p) }
+            | Request::Wait { path: p, .. }
+            | Request::WaitStanding { path: p, .. } => std::slice::from_ref(p),
             _ => &[],
         }
     }
@@ -207,6 +223,14 @@ impl Request {
                 if let Some(t) = timeout_ms {
                     m.insert("timeout".into(), json!(*t as f64 / 1000.0));
                 }
+            }
+            Request::WaitStanding { path, until } => {
+                m.insert("path".into(), path.clone().into());
+                m.insert("until".into(), until.as_str().into());
+                m.insert("standing".into(), true.into());
+            }
+            Request::WaitReport => {
+                m.insert("report".into(), true.into());
             }
         }
         Value::Object(m)
@@ -404,6 +428,7 @@ fn parse_line(line: &str) -> Result<Request, RequestError> {
     let mut to: Option<String> = None;
     let mut note: Option<String> = None;
     let mut timeout: Option<String> = None;
+    let mut flags = WaitFlags::default();
     let mut positional: Vec<String> = Vec::new();
     let mut it = rest.iter();
     let mut options_done = false;
@@ -414,6 +439,18 @@ fn parse_line(line: &str) -> Result<Request, RequestError> {
         }
         if tok == "--" {
             options_done = true;
+            continue;
+        }
+        if verb == Verb::Wait && (tok == "--standing" || tok == "--report") {
+            let flag = if tok == "--standing" {
+                &mut flags.standing
+            } else {
+                &mut flags.report
+            };
+            if *flag {
+                return Err(RequestError::bad(Some(verb), format!("{tok} given twice")));
+            }
+            *flag = true;
             continue;
         }
         let (name, inline) = match tok.split_once('=') {
@@ -446,7 +483,14 @@ fn parse_line(line: &str) -> Result<Request, RequestError> {
         };
         *slot = Some(value);
     }
-    build(verb, positional, to, note, timeout)
+    build(verb, positional, to, note, timeout, flags)
+}
+
+/// The flags of `wait` beyond its timeout: `--standing` and `--report`.
+#[derive(Default, Clone, Copy)]
+struct WaitFlags {
+    standing: bool,
+    report: bool,
 }
 
 fn parse_json(text: &str) -> Result<Request, RequestError> {
@@ -467,7 +511,7 @@ fn parse_json(text: &str) -> Result<Request, RequestError> {
         Verb::Accept | Verb::Decline | Verb::Withdraw | Verb::Status => &["verb", "paths", "path"],
         Verb::Register => &["verb", "name"],
         Verb::Whoami => &["verb"],
-        Verb::Wait => &["verb", "path", "until", "timeout"],
+        Verb::Wait => &["verb", "path", "until", "timeout", "standing", "report"],
     };
     if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(RequestError::bad(
@@ -538,12 +582,27 @@ fn parse_json(text: &str) -> Result<Request, RequestError> {
             ))
         }
     };
+    let flag = |key: &str| -> Result<bool, RequestError> {
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(RequestError::bad(
+                Some(verb),
+                format!("\"{key}\" must be true or false"),
+            )),
+        }
+    };
+    let flags = WaitFlags {
+        standing: flag("standing")?,
+        report: flag("report")?,
+    };
     build(
         verb,
         positional,
         string_field("to")?,
         string_field("note")?,
         timeout,
+        flags,
     )
 }
 
@@ -554,6 +613,7 @@ fn build(
     to: Option<String>,
     note: Option<String>,
     timeout: Option<String>,
+    flags: WaitFlags,
 ) -> Result<Request, RequestError> {
     let paths = |raw: Vec<String>| -> Result<Vec<String>, RequestError> {
         if raw.is_empty() {
@@ -639,7 +699,22 @@ fn build(
                 format!("status takes at most one path, got {n}"),
             )),
         },
+        Verb::Wait if flags.report => {
+            if flags.standing || timeout.is_some() || !positional.is_empty() {
+                return Err(RequestError::bad(
+                    Some(verb),
+                    "wait --report takes no path, state, --standing or --timeout",
+                ));
+            }
+            Ok(Request::WaitReport)
+        }
         Verb::Wait => {
+            if flags.standing && timeout.is_some() {
+                return Err(RequestError::bad(
+                    Some(verb),
+                    "wait --standing answers at once and waits on in the volume: give no --timeout",
+                ));
+            }
             let (path, until) = match positional.as_slice() {
                 [p] => (p.clone(), Until::default()),
                 [p, u] => match Until::parse(u) {
@@ -679,9 +754,12 @@ fn build(
                     }
                 },
             };
-            let mut p = paths(vec![path])?;
+            let path = paths(vec![path])?.pop().expect("one path");
+            if flags.standing {
+                return Ok(Request::WaitStanding { path, until });
+            }
             Ok(Request::Wait {
-                path: p.pop().expect("one path"),
+                path,
                 until,
                 timeout_ms,
             })

@@ -451,6 +451,11 @@ fn to_json_round_trips() {
             until: crate::coherence::Until::Ended,
             timeout_ms: None,
         },
+        Request::WaitStanding {
+            path: "p".into(),
+            until: crate::coherence::Until::Completed,
+        },
+        Request::WaitReport,
     ] {
         let bytes = serde_json::to_vec(&req.to_json()).unwrap();
         assert_eq!(parse_request(&bytes).unwrap(), req);
@@ -458,6 +463,47 @@ fn to_json_round_trips() {
 }
 
 // ---- wait ----------------------------------------------------------------------------
+
+#[test]
+fn standing_wait_requests() {
+    use crate::coherence::Until;
+    let s = |path: &str, until| Request::WaitStanding {
+        path: path.into(),
+        until,
+    };
+    assert_eq!(ok("wait plan.md --standing"), s("plan.md", Until::Ended));
+    assert_eq!(
+        ok("wait --standing ./plan.md accepted"),
+        s("plan.md", Until::Accepted)
+    );
+    assert_eq!(
+        ok(r#"{"verb":"wait","path":"plan.md","until":"completed","standing":true}"#),
+        s("plan.md", Until::Completed)
+    );
+    // `"standing": false` is an ordinary wait
+    assert!(matches!(
+        ok(r#"{"verb":"wait","path":"plan.md","standing":false}"#),
+        Request::Wait { .. }
+    ));
+    assert_eq!(ok("wait --report"), Request::WaitReport);
+    assert_eq!(ok(r#"{"verb":"wait","report":true}"#), Request::WaitReport);
+    for b in [
+        "wait --standing",
+        "wait plan.md --standing --standing",
+        "wait plan.md --standing --timeout 1",
+        "wait plan.md soon --standing",
+        "wait plan.md --report",
+        "wait --report --standing",
+        "wait --report --timeout 1",
+        "wait --standing=yes plan.md",
+        "status --standing",
+    ] {
+        bad(b);
+    }
+    bad(r#"{"verb":"wait","path":"a","standing":"yes"}"#);
+    bad(r#"{"verb":"wait","path":"a","report":true}"#);
+    bad(r#"{"verb":"status","standing":true}"#);
+}
 
 #[test]
 fn wait_requests() {

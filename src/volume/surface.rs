@@ -32,6 +32,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde_json::Value;
 
+use super::standing::{self, Standing};
 use super::waits::{self, Check, Waits};
 use super::Volume;
 use crate::access::{may_write, Who};
@@ -55,6 +56,7 @@ const WHOAMI: u64 = VIRTUAL_INO_BIT | 5;
 const WHY: u64 = VIRTUAL_INO_BIT | 6;
 const INBOX: u64 = VIRTUAL_INO_BIT | 7;
 const CHANGES: u64 = VIRTUAL_INO_BIT | 8;
+const WAITS: u64 = VIRTUAL_INO_BIT | 9;
 
 const FILES: [(&str, u64); 6] = [
     ("ctl", CTL),
@@ -66,8 +68,9 @@ const FILES: [(&str, u64); 6] = [
 ];
 
 /// Files reachable by name but not listed: `ls .coherent` shows the files of the contract
-/// and nothing else. `changes` is for git's fsmonitor hook (docs/git.md).
-const UNLISTED: [(&str, u64); 1] = [("changes", CHANGES)];
+/// and nothing else. `changes` is for git's fsmonitor hook (docs/git.md); `waits` lists the
+/// reader's session's waits, in flight and standing (docs/agents.md#standing-waits).
+const UNLISTED: [(&str, u64); 2] = [("changes", CHANGES), ("waits", WAITS)];
 
 /// One open handle of a virtual file.
 enum VHandle {
@@ -102,6 +105,8 @@ pub(crate) struct Surface {
     gid: u32,
     /// `ctl` handles waiting for a `wait` request's answer, and their kept reads.
     waits: Waits,
+    /// The sessions' standing waits (`wait --standing`), kept in the state directory.
+    standing: Standing,
     /// How file data flows, as the FUSE layer found it at `init` (`data_mode` in `status`).
     data_mode: Mutex<Option<String>>,
 }
@@ -117,7 +122,7 @@ fn time_now() -> Time {
 }
 
 impl Surface {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(standing: Standing) -> Self {
         let now = time_now();
         Surface {
             handles: Mutex::new(HashMap::new()),
@@ -127,6 +132,7 @@ impl Surface {
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             waits: Waits::default(),
+            standing,
             data_mode: Mutex::new(None),
         }
     }
@@ -169,7 +175,7 @@ impl Surface {
                 }
                 (Kind::File, 0o444, len, seen.1)
             }
-            STATUS | WHOAMI | WHY | INBOX | CHANGES => (Kind::File, 0o444, 0, time_now()),
+            STATUS | WHOAMI | WHY | INBOX | CHANGES | WAITS => (Kind::File, 0o444, 0, time_now()),
             _ => return Err(FsError(libc::ENOENT)),
         };
         Ok(Attr {
@@ -255,6 +261,16 @@ impl Surface {
                     Some(p) if !sight.sees(vol.root.as_fd(), &p) => None,
                     _ => Some((t, at)),
                 })))
+            }
+            WAITS => {
+                self.standing.resolve(&vol.engine);
+                let me = vol.session(caller).name.to_string();
+                let mut sight = Sight::new(who(caller));
+                let root = vol.root.as_fd();
+                let mut flying = self.waits.of_session(&me);
+                flying.retain(|(p, ..)| sight.sees(root, p));
+                let kept = self.standing.of_session(&me, |p| sight.sees(root, p));
+                VHandle::Text(json_line(&standing::listing(flying, &kept)))
             }
             INBOX => {
                 vol.coord.catch_up();
@@ -367,14 +383,43 @@ impl Surface {
         let lost = self.waits.stop(token);
         let mut later = None;
         let r = ctl.write(data, |req| match req {
-            Request::Wait { .. } => match wait_check(vol, caller, req) {
-                Check::Now(reply) => reply,
+            Request::Wait { until, .. } => match wait_check(vol, caller, req) {
+                Check::Now(reply) => {
+                    // (the path as placed: the one a standing wait keeps)
+                    if let (true, Some(p)) = (reached(&reply), reply.body()["path"].as_str()) {
+                        self.standing.answered(&vol.session(caller).name, p, *until);
+                    }
+                    reply
+                }
                 Check::Later(w) => {
                     let reply = waits::placeholder(&w);
                     later = Some(w);
                     reply
                 }
             },
+            Request::WaitStanding { path, until } => {
+                // Checked as a wait with no time to wait: the same refusals, at once.
+                let probe = Request::Wait {
+                    path: path.clone(),
+                    until: *until,
+                    timeout_ms: Some(0),
+                };
+                let Check::Now(checked) = wait_check(vol, caller, &probe) else {
+                    unreachable!("a wait with no time to wait is answered now")
+                };
+                let me = vol.session(caller).name.to_string();
+                let reply = self.standing.register(&vol.engine, &me, *until, checked);
+                // The wait thread now follows record changes for it.
+                vol.engine.poke();
+                reply
+            }
+            Request::WaitReport => {
+                self.standing.resolve(&vol.engine);
+                let mut sight = Sight::new(who(caller));
+                let root = vol.root.as_fd();
+                self.standing
+                    .report(&vol.session(caller).name, |p| sight.sees(root, p))
+            }
             _ => self.serve(vol, caller, req),
         });
         if let Some(w) = later {
@@ -441,9 +486,15 @@ impl Surface {
             let (due, killed, next) = self.waits.due(&vol.engine);
             waits::interrupted(killed);
             for (token, reply) in due {
+                if reached(&reply) {
+                    if let Some((s, p, u)) = self.waits.key(token) {
+                        self.standing.answered(&s, &p, u);
+                    }
+                }
                 self.finish(token, &reply);
             }
-            if self.waits.is_empty() {
+            let standing = self.standing.resolve(&vol.engine);
+            if self.waits.is_empty() && !standing {
                 // Nothing to follow: commits need not wake this thread, only a new wait
                 // (or unmount) does.
                 vol.engine.wait_poke(poked, next);
@@ -715,7 +766,9 @@ impl Surface {
                 Reply::status(body, msg)
             }
             Request::Whoami => unreachable!("served above, with the ignored tags"),
-            Request::Wait { .. } => unreachable!("served by `write`, which may leave it waiting"),
+            Request::Wait { .. } | Request::WaitStanding { .. } | Request::WaitReport => {
+                unreachable!("served by `write`, which may leave it waiting")
+            }
         })
     }
 }
@@ -1013,7 +1066,13 @@ fn wait_check(vol: &Volume, caller: &Caller, req: &Request) -> Check {
         return refused(f, &path);
     }
     vol.observe(&path, Timestamp::now());
-    waits::check(&vol.engine, &path, until, timeout_ms)
+    let me = vol.session(caller).name.to_string();
+    waits::check(&vol.engine, &me, &path, until, timeout_ms)
+}
+
+/// A `wait` reply that says the state was reached.
+fn reached(reply: &Reply) -> bool {
+    reply.is_ok() && reply.body()["reached"] == Value::Bool(true)
 }
 
 /// The refusal for a path that does not exist (the engine's own answer for one).

@@ -48,6 +48,8 @@ struct Reader {
 
 /// One waiting `ctl` handle.
 pub(super) struct Wait {
+    /// The session that asked (`.coherent/waits` lists a session's waits in flight).
+    session: String,
     path: String,
     record: u64,
     until: Until,
@@ -102,7 +104,13 @@ fn refused(path: &str, f: &Refusal) -> Reply {
 }
 
 /// Check a new `wait` request (the write): now, or later.
-pub(super) fn check(engine: &Engine, path: &str, until: Until, timeout_ms: Option<u64>) -> Check {
+pub(super) fn check(
+    engine: &Engine,
+    session: &str,
+    path: &str,
+    until: Until,
+    timeout_ms: Option<u64>,
+) -> Check {
     let started = Instant::now();
     // The read that waits is a FUSE request: never longer than the kernel lets it be held.
     let cap = request_timeout::cap(Duration::from_secs_f64(MAX_WAIT_SECS));
@@ -118,6 +126,7 @@ pub(super) fn check(engine: &Engine, path: &str, until: Until, timeout_ms: Optio
             Check::Now(answer(path, until, &r, false, Duration::ZERO))
         }
         Ok(WaitState::Pending(_)) => Check::Later(Wait {
+            session: session.to_string(),
             path: path.to_string(),
             record,
             until,
@@ -240,6 +249,23 @@ impl Waits {
             }
         }
         (out, gone, next)
+    }
+
+    /// (session, path, state) of a waiting handle.
+    pub(super) fn key(&self, token: u64) -> Option<(String, String, Until)> {
+        let map = self.map.lock();
+        let w = map.get(&token)?;
+        Some((w.session.clone(), w.path.clone(), w.until))
+    }
+
+    /// The waits in flight of `session`: (path, state, how long it has waited).
+    pub(super) fn of_session(&self, session: &str) -> Vec<(String, Until, Duration)> {
+        self.map
+            .lock()
+            .values()
+            .filter(|w| w.session == session)
+            .map(|w| (w.path.clone(), w.until, w.started.elapsed()))
+            .collect()
     }
 
     /// No handle is waiting.

@@ -14,6 +14,9 @@
 //!   session with a note from its own recent events, and show the user what was offered.
 //! - `SessionStart`, `UserPromptSubmit`: add the handoffs waiting for this session (with
 //!   their notes) and its own live transfers; if the session is unattributed, how to fix it.
+//!   First, the session's standing waits that resolved, each told once (`wait --report`).
+//! - `PreCompact`, `SessionEnd` also turn the session's waits in flight into standing waits,
+//!   so their outcome reaches the next context.
 //!
 //! The volume enforces either way, so the hook must never get in the way: on any error
 //! (bad input, no volume, a panic) it prints nothing and exits 0.
@@ -111,8 +114,12 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
             } else {
                 "it ended"
             };
+            // its waits in flight outlive the context as standing waits
+            let kept = locate_cwd()
+                .ok()
+                .and_then(|root| crate::relay::keep_waits(&root));
             let relay = relay_offer(why);
-            let msg = [relay, session_context(false, agent)]
+            let msg = [kept, relay, session_context(false, agent)]
                 .into_iter()
                 .flatten()
                 .collect::<Vec<_>>()
@@ -120,7 +127,18 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
             (!msg.is_empty()).then(|| json!({ "systemMessage": msg }))
         }
         "SessionStart" | "UserPromptSubmit" => {
-            let context = session_context(name == "SessionStart", agent)?;
+            // a standing wait that resolved is told once, before anything else
+            let report = locate_cwd()
+                .ok()
+                .and_then(|root| crate::relay::report_waits(&root));
+            let context = [report, session_context(name == "SessionStart", agent)]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("\n");
+            if context.is_empty() {
+                return None;
+            }
             Some(json!({
                 "hookSpecificOutput": { "hookEventName": name, "additionalContext": context }
             }))

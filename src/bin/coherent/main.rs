@@ -182,6 +182,11 @@ enum Cmd {
         /// Give up after SECS seconds, at most 86400 (default: wait as long as it takes).
         #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
         timeout: Option<f64>,
+        /// Do not block: leave a standing wait with the volume for this session. It
+        /// outlives this process, the agent's context and a restart of the volume, and
+        /// the agent's hook reports it once on the next prompt after it resolves.
+        #[arg(long, conflicts_with = "timeout")]
+        standing: bool,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -470,8 +475,16 @@ fn run(cli: Cli) -> Result<(), Fail> {
         Cmd::Wait {
             path,
             until,
+            standing: true,
+            out,
+            ..
+        } => wait_standing(&path, until, json(out)),
+        Cmd::Wait {
+            path,
+            until,
             timeout,
             out,
+            ..
         } => wait(&path, until, timeout, json(out)),
         Cmd::Mcp => {
             no_json("mcp")?;
@@ -609,6 +622,37 @@ fn wait(path: &Path, until: Until, timeout: Option<f64>, json: bool) -> Result<(
                 ),
             })
         }
+    }
+}
+
+/// `wait PATH --standing`: registered (or refused) at once; the hook reports it later.
+fn wait_standing(path: &Path, until: Until, json: bool) -> Result<(), Fail> {
+    let (root, rel) = locate(path)?;
+    if rel.is_empty() {
+        return Err(Fail::usage("name a file on the volume, not its root"));
+    }
+    let reply = call(
+        &root,
+        &Request::WaitStanding {
+            path: rel,
+            until: coherent::coherence::Until::parse(until.as_str()).expect("the same names"),
+        },
+    )?;
+    if json {
+        println!("{}", reply.body());
+    } else if reply.is_ok() {
+        println!("{}", reply.message());
+    }
+    if reply.is_ok() {
+        Ok(())
+    } else if json {
+        Err(Fail {
+            code: EXIT_REFUSED,
+            message: String::new(),
+        })
+    } else {
+        let reason = reply.body()["reason"].as_str().unwrap_or("unknown");
+        Err(Fail::refused(reason, reply.message()))
     }
 }
 

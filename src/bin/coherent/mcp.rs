@@ -250,10 +250,14 @@ fn tools() -> Vec<Tool> {
         .annotate(hints(true, true)),
         Tool::new(
             "inbox",
-            "Files handed to this session that are still live, with the giver's notes.",
+            "Files handed to this session that are still live, with the giver's notes, and this \
+             session's waits (in flight, and standing ones with their state).",
             schema(json!({}), &[]),
         )
-        .with_raw_output_schema(records_out())
+        .with_raw_output_schema(output_schema(json!({
+            "records": { "type": "array", "items": record_schema() },
+            "waits": { "type": "array", "items": { "type": "object" }, "description": "this session's waits: in flight, and standing ones with their state" }
+        })))
         .annotate(hints(true, true)),
         Tool::new(
             "transfer",
@@ -292,12 +296,16 @@ fn tools() -> Vec<Tool> {
             "wait",
             "Wait until a file's handoff reaches a state (accepted, completed or ended), at \
              most timeout_s seconds (default 50). Sends progress notifications while it \
-             waits when the call has a progress token; cancelling the call stops it.",
+             waits when the call has a progress token; cancelling the call stops it. When \
+             the time runs out (or with standing: true, at once) a standing wait stays with \
+             the volume: this session is told its outcome once, on the next prompt after \
+             it resolves, even after a compaction.",
             schema(
                 json!({
                     "path": { "type": "string", "minLength": 1, "description": "A file on the volume." },
                     "until": { "type": "string", "enum": ["accepted", "completed", "ended"], "description": "The state to wait for (default: ended)." },
-                    "timeout_s": { "type": "number", "minimum": 0, "maximum": WAIT_MAX_SECS, "description": "Give up after this many seconds (default 50, at most 86400)." }
+                    "timeout_s": { "type": "number", "minimum": 0, "maximum": WAIT_MAX_SECS, "description": "Give up after this many seconds (default 50, at most 86400)." },
+                    "standing": { "type": "boolean", "description": "Do not block: leave a standing wait with the volume and return at once (default: false)." }
                 }),
                 &["path"],
             ),
@@ -453,6 +461,7 @@ struct WaitCall {
     rel: String,
     until: String,
     secs: f64,
+    standing: bool,
 }
 
 fn wait_call(args: &JsonObject) -> Result<WaitCall, CallToolResult> {
@@ -462,6 +471,11 @@ fn wait_call(args: &JsonObject) -> Result<WaitCall, CallToolResult> {
         return Err(usage("`until` is one of accepted, completed, ended"));
     }
     let secs = wait_secs(args)?;
+    let standing = match args.get("standing") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(usage("`standing` is true or false")),
+    };
     let (root, rel) = locate(&checked_path(&path)?).map_err(from_fail)?;
     if rel.is_empty() {
         return Err(usage("name a file on the volume, not its root"));
@@ -471,6 +485,7 @@ fn wait_call(args: &JsonObject) -> Result<WaitCall, CallToolResult> {
         rel,
         until,
         secs,
+        standing,
     })
 }
 
@@ -505,6 +520,12 @@ fn wait_step(w: &WaitCall, step: Duration) -> Result<Reply, CallToolResult> {
     call_bytes(&w.root, line.as_bytes()).map_err(from_fail)
 }
 
+/// Leave `w` with the volume as a standing wait of this session.
+fn wait_standing(w: &WaitCall) -> Result<Reply, CallToolResult> {
+    let line = format!("wait {} {} --standing\n", shell_word(&w.rel), w.until);
+    call_bytes(&w.root, line.as_bytes()).map_err(from_fail)
+}
+
 /// `wait`: the volume answers when the state is reached; between steps of [`WAIT_STEP`]
 /// the client hears progress (if it asked, with a progress token) and a cancelled call
 /// stops.
@@ -520,6 +541,12 @@ async fn wait_tool(
         Ok(w) => Arc::new(w),
         Err(r) => return Ok(r),
     };
+    if w.standing {
+        let reply = tokio::task::spawn_blocking(move || wait_standing(&w))
+            .await
+            .map_err(joined)?;
+        return Ok(reply.map_or_else(|r| r, |reply| from_reply(&reply)));
+    }
     let start = Instant::now();
     let total = Duration::from_secs_f64(w.secs);
     let token = context.meta.get_progress_token();
@@ -543,8 +570,25 @@ async fn wait_tool(
             return Ok(from_reply(&reply));
         }
         if start.elapsed() >= total {
+            // The wait goes on in the volume, so a compaction does not lose it.
+            let kept = {
+                let w = w.clone();
+                tokio::task::spawn_blocking(move || wait_standing(&w))
+                    .await
+                    .map_err(joined)?
+            };
+            let standing = match kept {
+                Ok(r) if r.is_ok() => " A standing wait stays with the volume: this session \
+                                       is told on its next prompt after it resolves."
+                    .to_string(),
+                Ok(r) => format!(
+                    " No standing wait was left: {}",
+                    coherent::names::one_line(r.message())
+                ),
+                Err(_) => " No standing wait was left.".to_string(),
+            };
             return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-                "timeout: {} did not become {} within {} s; {}",
+                "timeout: {} did not become {} within {} s; {}{standing}",
                 coherent::names::display_name(&w.rel),
                 w.until,
                 w.secs,
@@ -575,11 +619,17 @@ fn inbox() -> Result<CallToolResult, CallToolResult> {
     let records: Value = serde_json::from_str(text.trim())
         .map_err(|e| usage(&format!(".coherent/inbox is not JSON: {e}")))?;
     let n = records.as_array().map_or(0, Vec::len);
+    // An older volume has no `waits`: none then.
+    let waits: Value = std::fs::read_to_string(root.join(".coherent/waits"))
+        .ok()
+        .and_then(|t| serde_json::from_str(t.trim()).ok())
+        .unwrap_or_else(|| json!([]));
     let body = json!({
         "ok": true,
         "verb": "inbox",
         "message": format!("{n} handoff(s) waiting for this session"),
         "records": records,
+        "waits": waits,
     });
     Ok(from_reply(
         &Reply::from_json(body).expect("an ok reply object"),

@@ -156,6 +156,72 @@ pub(crate) fn offer(root: &Path, me: &str, why: &str) -> Option<String> {
     Some(msg.join("\n"))
 }
 
+/// Before the context goes (compaction, or the session's end): every wait of this session
+/// in flight (`.coherent/waits`, `"standing": false`) is left with the volume as a standing
+/// wait, so its outcome reaches the next context (see [`report_waits`]). The message for
+/// the user, or None when nothing was waiting.
+pub(crate) fn keep_waits(root: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(root.join(".coherent/waits")).ok()?;
+    let waits: Vec<Value> = serde_json::from_str(text.trim()).ok()?;
+    let mut kept = Vec::new();
+    let mut failed = Vec::new();
+    for w in waits
+        .iter()
+        .filter(|w| w.get("standing").and_then(Value::as_bool) == Some(false))
+    {
+        let (Some(path), Some(until)) = (
+            w.get("path").and_then(Value::as_str),
+            w.get("until")
+                .and_then(Value::as_str)
+                .and_then(coherent::coherence::Until::parse),
+        ) else {
+            continue;
+        };
+        let req = Request::WaitStanding {
+            path: path.to_string(),
+            until,
+        };
+        let shown = format!("{} (until {})", display_name(path), until.as_str());
+        match call(root, &req) {
+            Ok(r) if r.is_ok() => kept.push(shown),
+            Ok(r) => failed.push(format!("{shown}: {}", r.message())),
+            Err(e) => failed.push(format!("{shown}: {}", e.message)),
+        }
+    }
+    let mut msg = Vec::new();
+    if !kept.is_empty() {
+        msg.push(format!(
+            "coherent: the wait(s) of this session on {} stay with the volume as standing \
+             waits; the next prompt after one resolves is told its outcome.",
+            kept.join(", ")
+        ));
+    }
+    if !failed.is_empty() {
+        msg.push(format!("Waits not kept: {}.", failed.join("; ")));
+    }
+    (!msg.is_empty()).then(|| msg.join("\n"))
+}
+
+/// The standing waits of this session that resolved since the last report, taken from
+/// the volume (so each is reported once): the lines for the agent's context, or None.
+pub(crate) fn report_waits(root: &Path) -> Option<String> {
+    let reply = call(root, &Request::WaitReport).ok()?;
+    let waits = reply.body().get("waits")?.as_array()?;
+    if waits.is_empty() {
+        return None;
+    }
+    let mut out = vec![format!(
+        "Standing waits of this session on the coherent volume {} that resolved:",
+        display_name(&root.to_string_lossy())
+    )];
+    for w in waits {
+        if let Some(line) = w.get("line").and_then(Value::as_str) {
+            out.push(format!("- {line}"));
+        }
+    }
+    Some(out.join("\n"))
+}
+
 /// `lines` without those that look like a credential, and how many were left out.
 pub(crate) fn without_secrets(lines: &[String]) -> (Vec<String>, usize) {
     let kept: Vec<String> = lines
