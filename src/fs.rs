@@ -554,10 +554,13 @@ impl Fs {
     pub fn open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<Opened> {
         let ino = match self.router.node(ino) {
             Node::Pseudo(ino) => {
+                // No FLUSH: the pseudo tree acts on each write and at release, and
+                // nothing is committed at close (Fs::flush has nothing to do there).
                 return Ok(Opened {
                     fh: self.pseudo()?.open(caller, ino, flags)?,
                     fopen: Fopen {
                         direct_io: true,
+                        noflush: true,
                         ..Fopen::default()
                     },
                     handle: None,
