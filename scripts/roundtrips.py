@@ -44,6 +44,8 @@ def ops(mnt):
         ("open for write+write+close (existing)", lambda: create(g)),
         ("unlink", lambda: os.unlink(g)),
         ("create+write+close, then stat", lambda: (create(g), os.stat(g))),
+        ("5 creates in a row (new files), in one process", lambda: [create(os.path.join(mnt, f"c{i}")) for i in range(5)]),
+        ("5 unlinks in a row, in one process", lambda: [os.unlink(os.path.join(mnt, f"c{i}")) for i in range(5)]),
         ("rm -rf of a tree not seen before (2 dirs, 4 files)", lambda: subprocess.run(["rm", "-rf", t], check=True)),
         ("listdir (opendir+readdir) twice", lambda: [os.listdir(mnt) for _ in range(2)]),
         ("open+read+close of `.coherent/status`", lambda: read(os.path.join(mnt, ".coherent", "status"))),
