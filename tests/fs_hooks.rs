@@ -546,7 +546,9 @@ fn the_filesystem_sequences_decide_operate_open_and_release_without_a_mount() {
     rec.take();
 
     // Refused by the decision: nothing made, no after hook.
-    let e = fs_.create(&c, ROOT_INO, name("forbidden"), 0o644, 0, wr).err();
+    let e = fs_
+        .create(&c, ROOT_INO, name("forbidden"), 0o644, 0, wr)
+        .err();
     assert_eq!(e.map(|e| e.errno()), Some(libc::EACCES));
     assert!(!backing.join("forbidden").exists());
     assert_eq!(rec.take(), ["refuse create forbidden"]);
@@ -659,7 +661,9 @@ fn the_pseudo_tree_is_routed_by_inode_without_a_mount() {
     // No write route reaches the tree or its name, and the policy never hears of one.
     let err = |r: Result<(), FsError>| r.unwrap_err().errno();
     assert_eq!(
-        err(fs_.mkdir(&c, ROOT_INO, name(".coherent"), 0o755, 0).map(drop)),
+        err(fs_
+            .mkdir(&c, ROOT_INO, name(".coherent"), 0o755, 0)
+            .map(drop)),
         libc::EEXIST
     );
     assert_eq!(err(fs_.unlink(&c, VDIR, name("hello"))), libc::EACCES);

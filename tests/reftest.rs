@@ -365,9 +365,9 @@ impl Direct<'_> {
         let ino = loop {
             match self.lookup(dir, OsStr::new(&name)) {
                 Err(libc::ENOENT) if flags & libc::O_CREAT != 0 => {
-                    let made =
-                        self.fs
-                            .create(c, dir, OsStr::new(&name), mode, umask(), flags);
+                    let made = self
+                        .fs
+                        .create(c, dir, OsStr::new(&name), mode, umask(), flags);
                     let made = made.map_err(FsError::errno)?;
                     let ino = made.entry.attr.unwrap().ino;
                     self.looked.borrow_mut().push(ino);

@@ -682,7 +682,8 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
         }),
         ("mknod", {
             let fifo = libc::S_IFIFO | 0o644;
-            f.fs.mknod(c, ROOT_INO, name("plan.md"), fifo, 0, 0).map(drop)
+            f.fs.mknod(c, ROOT_INO, name("plan.md"), fifo, 0, 0)
+                .map(drop)
         }),
         (
             "setxattr",
