@@ -114,6 +114,12 @@ def measure(in_place, user=None):
             proc.wait(timeout=20)
 
 
+if os.geteuid() != 0:
+    raise SystemExit("roundtrips.py: run as root (it mounts, and runs the third column as coh-u2)")
+try:
+    pwd.getpwnam("coh-u2")
+except KeyError:
+    raise SystemExit("roundtrips.py: no user coh-u2 for the third column: run scripts/test-users.sh first")
 sep, inp, other = measure(False), measure(True), measure(True, "coh-u2")
 print("| operation | separate backing (1 s TTL): requests | which | in place: requests | which "
       "| in place, as coh-u2 (owns neither the root nor `f`): requests | which |")
