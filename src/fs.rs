@@ -136,7 +136,7 @@ pub struct Fs {
 impl Fs {
     /// A filesystem over the backing directory `root` (an `O_PATH` descriptor, opened
     /// before mounting). Leaves the process umask alone: every create sets the caller's
-    /// umask on its own thread for the call (the `*_umask` methods, docs/permissions.md).
+    /// umask on its own thread for the call ([`Fs::mknod`], docs/permissions.md).
     pub fn new(
         root: std::os::fd::OwnedFd,
         policy: Arc<dyn Policy>,
@@ -424,22 +424,11 @@ impl Fs {
         }
     }
 
-    /// `mknod` of a mode already masked (umask 0).
-    pub fn mknod(
-        &self,
-        caller: &Caller,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        rdev: u32,
-    ) -> FsResult<Entry> {
-        self.mknod_umask(caller, parent, name, mode, 0, rdev)
-    }
-
     /// `mknod` of `mode` as the kernel sends it with POSIX ACLs (unmasked) and the
     /// caller's `umask`, which the backing filesystem applies unless a default ACL of the
-    /// parent takes its place.
-    pub fn mknod_umask(
+    /// parent takes its place (docs/permissions.md). A mode already masked comes with
+    /// umask 0. The same holds for [`Fs::mkdir`] and [`Fs::create`].
+    pub fn mknod(
         &self,
         caller: &Caller,
         parent: u64,
@@ -460,13 +449,8 @@ impl Fs {
         }))
     }
 
-    /// `mkdir` of a mode already masked (umask 0).
-    pub fn mkdir(&self, caller: &Caller, parent: u64, name: &OsStr, mode: u32) -> FsResult<Entry> {
-        self.mkdir_umask(caller, parent, name, mode, 0)
-    }
-
-    /// `mkdir` of an unmasked `mode` with the caller's `umask` (see [`Fs::mknod_umask`]).
-    pub fn mkdir_umask(
+    /// `mkdir` of an unmasked `mode` with the caller's `umask` (see [`Fs::mknod`]).
+    pub fn mkdir(
         &self,
         caller: &Caller,
         parent: u64,
@@ -570,10 +554,13 @@ impl Fs {
     pub fn open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<Opened> {
         let ino = match self.router.node(ino) {
             Node::Pseudo(ino) => {
+                // No FLUSH: the pseudo tree acts on each write and at release, and
+                // nothing is committed at close (Fs::flush has nothing to do there).
                 return Ok(Opened {
                     fh: self.pseudo()?.open(caller, ino, flags)?,
                     fopen: Fopen {
                         direct_io: true,
+                        noflush: true,
                         ..Fopen::default()
                     },
                     handle: None,
@@ -608,21 +595,9 @@ impl Fs {
         Ok(o)
     }
 
-    /// `open(2)` with `O_CREAT` of a name that did not exist, of a mode already masked.
+    /// `open(2)` with `O_CREAT` of a name that did not exist: an unmasked `mode` with the
+    /// caller's `umask` (see [`Fs::mknod`]).
     pub fn create(
-        &self,
-        caller: &Caller,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        flags: i32,
-    ) -> FsResult<Created> {
-        self.create_umask(caller, parent, name, mode, 0, flags)
-    }
-
-    /// [`Fs::create`] of an unmasked `mode` with the caller's `umask` (see
-    /// [`Fs::mknod_umask`]).
-    pub fn create_umask(
         &self,
         caller: &Caller,
         parent: u64,

@@ -216,7 +216,7 @@ impl Filesystem for CoherentFs {
         reply: ReplyEntry,
     ) {
         let c = self.begin(Op::Mknod, req);
-        let r = self.fs.mknod_umask(&c, parent.0, name, mode, umask, rdev);
+        let r = self.fs.mknod(&c, parent.0, name, mode, umask, rdev);
         answer(Op::Mknod, r, reply, entry)
     }
 
@@ -230,7 +230,7 @@ impl Filesystem for CoherentFs {
         reply: ReplyEntry,
     ) {
         let c = self.begin(Op::Mkdir, req);
-        let r = self.fs.mkdir_umask(&c, parent.0, name, mode, umask);
+        let r = self.fs.mkdir(&c, parent.0, name, mode, umask);
         answer(Op::Mkdir, r, reply, entry)
     }
 
@@ -317,7 +317,7 @@ impl Filesystem for CoherentFs {
         reply: ReplyCreate,
     ) {
         let c = self.begin(Op::Create, req);
-        let r = self.fs.create_umask(&c, parent.0, name, mode, umask, flags);
+        let r = self.fs.create(&c, parent.0, name, mode, umask, flags);
         answer(Op::Create, r, reply, |reply, made| {
             let (o, ttl) = (made.opened, made.entry.ttl);
             let fa = made

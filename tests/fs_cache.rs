@@ -203,3 +203,18 @@ fn writes_of_untracked_paths_cost_no_flush() {
         0
     );
 }
+
+/// The files of `.coherent/` commit nothing at close (a request on `ctl` is served at its
+/// write, a waiting read at its answer): their close costs no FLUSH round trip either.
+#[test]
+fn closes_of_control_files_cost_no_flush() {
+    let m = Mount::builder().in_place().start();
+    let flushes = |cmd: &str| {
+        let before = requests(&m);
+        m.sh_ok(cmd);
+        let after = requests(&m);
+        served(&after, "flush") - served(&before, "flush")
+    };
+    assert_eq!(flushes("cat .coherent/status > /dev/null"), 0);
+    assert_eq!(flushes("cat .coherent/status .coherent/why > /dev/null"), 0);
+}

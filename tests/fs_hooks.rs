@@ -520,7 +520,7 @@ fn the_filesystem_sequences_decide_operate_open_and_release_without_a_mount() {
 
     // A create: decided, made, then the open hook (no after hook: the handle has the
     // permit); FLUSH wanted since the policy keeps state.
-    let made = fs_.create(&c, ROOT_INO, name("a"), 0o644, wr).unwrap();
+    let made = fs_.create(&c, ROOT_INO, name("a"), 0o644, 0, wr).unwrap();
     let (ino, fh) = (made.entry.attr.unwrap().ino, made.opened.fh);
     assert!(!made.opened.fopen.noflush);
     assert_eq!(
@@ -546,13 +546,15 @@ fn the_filesystem_sequences_decide_operate_open_and_release_without_a_mount() {
     rec.take();
 
     // Refused by the decision: nothing made, no after hook.
-    let e = fs_.create(&c, ROOT_INO, name("forbidden"), 0o644, wr).err();
+    let e = fs_
+        .create(&c, ROOT_INO, name("forbidden"), 0o644, 0, wr)
+        .err();
     assert_eq!(e.map(|e| e.errno()), Some(libc::EACCES));
     assert!(!backing.join("forbidden").exists());
     assert_eq!(rec.take(), ["refuse create forbidden"]);
 
     // Allowed, but the operation fails: the permit goes back through the after hook.
-    let dir = fs_.mkdir(&c, ROOT_INO, name("d"), 0o755).unwrap();
+    let dir = fs_.mkdir(&c, ROOT_INO, name("d"), 0o755, 0).unwrap();
     let dir = dir.attr.unwrap().ino;
     rec.take();
     let e = fs_.open(&c, dir, libc::O_WRONLY).err();
@@ -568,7 +570,7 @@ fn the_filesystem_sequences_decide_operate_open_and_release_without_a_mount() {
     // Refused by the open hook: the backing file was opened, and is closed again; a
     // created file stays created and its lookup is given back.
     let inodes = fs_.store().inode_count();
-    let e = fs_.create(&c, ROOT_INO, name("noopen"), 0o644, wr).err();
+    let e = fs_.create(&c, ROOT_INO, name("noopen"), 0o644, 0, wr).err();
     assert_eq!(e.map(|e| e.errno()), Some(libc::EPERM));
     assert_eq!(
         rec.take(),
@@ -584,7 +586,7 @@ fn the_filesystem_sequences_decide_operate_open_and_release_without_a_mount() {
 
     // A handle without state: no FLUSH.
     let made = fs_
-        .create(&c, ROOT_INO, name("stateless"), 0o644, wr)
+        .create(&c, ROOT_INO, name("stateless"), 0o644, 0, wr)
         .unwrap();
     assert!(made.opened.fopen.noflush);
     fs_.release(&c, made.entry.attr.unwrap().ino, made.opened.fh);
@@ -659,7 +661,9 @@ fn the_pseudo_tree_is_routed_by_inode_without_a_mount() {
     // No write route reaches the tree or its name, and the policy never hears of one.
     let err = |r: Result<(), FsError>| r.unwrap_err().errno();
     assert_eq!(
-        err(fs_.mkdir(&c, ROOT_INO, name(".coherent"), 0o755).map(drop)),
+        err(fs_
+            .mkdir(&c, ROOT_INO, name(".coherent"), 0o755, 0)
+            .map(drop)),
         libc::EEXIST
     );
     assert_eq!(err(fs_.unlink(&c, VDIR, name("hello"))), libc::EACCES);
@@ -670,7 +674,7 @@ fn the_pseudo_tree_is_routed_by_inode_without_a_mount() {
     let mv = fs_.rename(&c, ROOT_INO, name(".coherent"), ROOT_INO, name("x"), 0);
     assert_eq!(err(mv), libc::EACCES);
     let wr = libc::O_WRONLY | libc::O_CREAT;
-    let made = fs_.create(&c, VDIR, name("new"), 0o644, wr).map(drop);
+    let made = fs_.create(&c, VDIR, name("new"), 0o644, 0, wr).map(drop);
     assert_eq!(err(made), libc::EACCES);
     assert_eq!(
         err(fs_.setxattr(&c, VFILE, name("user.k"), b"v", 0)),

@@ -365,9 +365,9 @@ impl Direct<'_> {
         let ino = loop {
             match self.lookup(dir, OsStr::new(&name)) {
                 Err(libc::ENOENT) if flags & libc::O_CREAT != 0 => {
-                    let made =
-                        self.fs
-                            .create_umask(c, dir, OsStr::new(&name), mode, umask(), flags);
+                    let made = self
+                        .fs
+                        .create(c, dir, OsStr::new(&name), mode, umask(), flags);
                     let made = made.map_err(FsError::errno)?;
                     let ino = made.entry.attr.unwrap().ino;
                     self.looked.borrow_mut().push(ino);
@@ -498,7 +498,7 @@ impl Direct<'_> {
             }
             Op::Mkdir { p, mode } => {
                 let (d, n) = self.at(p)?;
-                self.made(fs.mkdir_umask(c, d, &name(n), *mode, umask()))
+                self.made(fs.mkdir(c, d, &name(n), *mode, umask()))
             }
             Op::Rmdir { p } => {
                 let (d, n) = self.at(p)?;

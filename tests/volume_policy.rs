@@ -649,7 +649,7 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
         }),
         ("open_write", {
             let flags = libc::O_WRONLY | libc::O_CREAT;
-            f.fs.create(c, ROOT_INO, name("plan.md"), 0o644, flags)
+            f.fs.create(c, ROOT_INO, name("plan.md"), 0o644, 0, flags)
                 .map(drop)
         }),
         ("setattr", f.fs.setattr(c, plan, &trunc, None).map(drop)),
@@ -682,7 +682,8 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
         }),
         ("mknod", {
             let fifo = libc::S_IFIFO | 0o644;
-            f.fs.mknod(c, ROOT_INO, name("plan.md"), fifo, 0).map(drop)
+            f.fs.mknod(c, ROOT_INO, name("plan.md"), fifo, 0, 0)
+                .map(drop)
         }),
         (
             "setxattr",
