@@ -1,136 +1,28 @@
 //! The volume's policy driven through its `Policy`, without a FUSE mount: the routes a
 //! fenced giver is refused on (errno and `denied` event with its route), release vs
 //! reclaim, and the in-flight rule of a transfer. Callers are real child processes
-//! (`sleep` with `COHERENT_SESSION`), so the sessions resolve from the real /proc.
+//! (`sleep` with `COHERENT_SESSION`), so the sessions resolve from the real /proc
+//! (tests/common/inproc.rs).
 
-use std::ffi::{CString, OsStr};
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+mod common;
+
+use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Child, Command};
-use std::sync::Arc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use coherent::fs::{
-    Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Policy, PseudoFs, WriteRoute,
-};
-use coherent::store::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
-use coherent::volume::{Volume, VolumeConfig};
+use coherent::fs::{HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
+use coherent::store::{Caller, FsError, SetAttr, Stamp, XattrReply, ROOT_INO};
+use common::inproc::{Agent, InProc as Fixture};
 
-struct Agent {
-    child: Child,
-    caller: Caller,
+/// The policy's hooks called directly, as `Fs` would around an open (inode 1: the policy
+/// goes by path).
+trait Hooks {
+    fn open_write(&self, a: &Agent, p: &str) -> HandleState;
+    fn handle<'a>(&self, p: &'a str, state: &'a HandleState, before: Stamp) -> HandleInfo<'a>;
 }
 
-impl Agent {
-    fn new(session: &str) -> Agent {
-        let child = Command::new("sleep")
-            .arg("60")
-            .env("COHERENT_SESSION", session)
-            .spawn()
-            .expect("spawn sleep");
-        // The environment is readable once the child has exec'd.
-        let environ = format!("/proc/{}/environ", child.id());
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !std::fs::read(&environ)
-            .map(|e| e.windows(session.len()).any(|w| w == session.as_bytes()))
-            .unwrap_or(false)
-        {
-            assert!(Instant::now() < deadline, "sleep never exec'd");
-            std::thread::yield_now();
-        }
-        let caller = Caller {
-            pid: child.id(),
-            uid: 0,
-            gid: 0,
-        };
-        Agent { child, caller }
-    }
-
-    /// Kill the process and reap it (its /proc entry is gone afterwards).
-    fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    backing: std::path::PathBuf,
-    vol: Arc<Volume>,
-    /// The filesystem over the same backing directory, with the volume as its policy and
-    /// its `.coherent/` backend (what a mount serves, without the mount).
-    fs: Fs,
-}
-
-impl Fixture {
-    fn new() -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let backing = dir.path().join("backing");
-        let state = dir.path().join("state");
-        std::fs::create_dir_all(&backing).unwrap();
-        let c = CString::new(backing.to_str().unwrap()).unwrap();
-        // SAFETY: a NUL-terminated path; the descriptor is owned from here.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY) };
-        assert!(fd >= 0);
-        let root = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut cfg = VolumeConfig::new(state, dir.path().join("mnt"));
-        cfg.in_flight_wait = Duration::from_secs(5);
-        let vol = Volume::open(cfg, root).unwrap();
-        let fs = Fs::new(
-            Store::open_root(&backing).unwrap(),
-            vol.clone(),
-            Some(vol.clone() as Arc<dyn PseudoFs>),
-            FsOptions::default(),
-        )
-        .unwrap();
-        Fixture {
-            _dir: dir,
-            backing,
-            vol,
-            fs,
-        }
-    }
-
-    fn write_file(&self, p: &str, data: &str) {
-        std::fs::write(self.backing.join(p), data).unwrap();
-    }
-
-    fn stamp(&self, p: &str) -> Stamp {
-        let m = std::fs::symlink_metadata(self.backing.join(p)).unwrap();
-        Stamp {
-            ino: m.ino(),
-            ctime: Time {
-                sec: m.ctime(),
-                nsec: m.ctime_nsec() as u32,
-            },
-            mtime: Time {
-                sec: m.mtime(),
-                nsec: m.mtime_nsec() as u32,
-            },
-            size: m.size(),
-        }
-    }
-
-    /// An open for read by `a` (sets its view: an `S` hold).
-    fn read(&self, a: &Agent, p: &str) {
-        let info = OpenInfo {
-            ino: 1,
-            path: Some(Path::new(p)),
-            flags: libc::O_RDONLY,
-            created: false,
-            stamp: self.stamp(p),
-        };
-        assert!(self.vol.on_open(&a.caller, &info, None).unwrap().is_none());
-    }
-
+impl Hooks for Fixture {
     /// An open for write by `a` that succeeds: the state of its write handle.
     fn open_write(&self, a: &Agent, p: &str) -> HandleState {
         let route = WriteRoute::Open {
@@ -160,85 +52,14 @@ impl Fixture {
             now: self.stamp(p),
         }
     }
-
-    /// The inode of `.coherent/NAME`, looked up through the filesystem.
-    fn surface_file(&self, a: &Agent, name: &str) -> u64 {
-        let dir = self.fs.lookup(&a.caller, ROOT_INO, OsStr::new(".coherent"));
-        let dir = dir.unwrap().attr.unwrap().ino;
-        let file = self.fs.lookup(&a.caller, dir, OsStr::new(name)).unwrap();
-        file.attr.unwrap().ino
-    }
-
-    /// A request written to `.coherent/ctl` by `a`: Ok, or the errno of the write.
-    fn ctl(&self, a: &Agent, req: &str) -> Result<(), i32> {
-        let ctl = self.surface_file(a, "ctl");
-        let o = self.fs.open(&a.caller, ctl, libc::O_RDWR).unwrap();
-        let r = self.fs.write(&a.caller, ctl, o.fh, 0, req.as_bytes());
-        self.fs.release(&a.caller, ctl, o.fh);
-        r.map(drop).map_err(|e| e.errno())
-    }
-
-    /// The content of `.coherent/NAME` as `a` reads it.
-    fn read_surface(&self, a: &Agent, name: &str) -> String {
-        let ino = self.surface_file(a, name);
-        let o = self.fs.open(&a.caller, ino, libc::O_RDONLY).unwrap();
-        assert!(o.fopen.direct_io);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let done = Box::new(move |r| tx.send(r).unwrap());
-        self.fs.read(&a.caller, ino, o.fh, 0, 1 << 16, done);
-        let data = rx.recv().unwrap().unwrap();
-        self.fs.release(&a.caller, ino, o.fh);
-        String::from_utf8(data).unwrap()
-    }
-
-    fn events(&self) -> Vec<serde_json::Value> {
-        self.vol.journal().flush().unwrap();
-        let log = self.vol.journal().read_log(0, 1 << 24).unwrap();
-        String::from_utf8(log)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    /// What a reader of the log sees now, without flushing it first (docs/design.md#state-log: a
-    /// `denied` event is in the log when the call returns).
-    fn events_written(&self, kind: &str, session: &str) -> Vec<serde_json::Value> {
-        let log = self.vol.journal().read_log(0, 1 << 24).unwrap();
-        String::from_utf8(log)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|e| e["event"] == kind && e["session"] == session)
-            .collect()
-    }
-
-    fn events_of(&self, kind: &str, session: &str) -> Vec<serde_json::Value> {
-        self.events()
-            .into_iter()
-            .filter(|e| e["event"] == kind && e["session"] == session)
-            .collect()
-    }
-
-    /// Wait (up to 10 s) for the n-th event of that kind and session.
-    fn await_event(&self, kind: &str, session: &str, n: usize) -> Vec<serde_json::Value> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let evs = self.events_of(kind, session);
-            if evs.len() >= n || Instant::now() > deadline {
-                return evs;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
 }
 
 /// alice reads plan.md and hands it to bob.
 fn handed(f: &Fixture, alice: &Agent, bob: &Agent) {
     f.write_file("plan.md", "v1\n");
     f.write_file("other.md", "o\n");
-    f.read(bob, "other.md"); // makes bob known
-    f.read(alice, "plan.md");
+    f.read(bob, "other.md").unwrap(); // makes bob known
+    f.read(alice, "plan.md").unwrap();
     f.ctl(alice, "transfer --to bob plan.md").unwrap();
 }
 
@@ -420,8 +241,8 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
     let f = Fixture::new();
     let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
     f.write_file("plan.md", "v1\n");
-    f.read(&bob, "plan.md");
-    f.read(&alice, "plan.md");
+    f.read(&bob, "plan.md").unwrap();
+    f.read(&alice, "plan.md").unwrap();
     let t = f.open_write(&alice, "plan.md");
     let st = f.stamp("plan.md");
     // Held open (no FLUSH yet): refused at once.
@@ -539,7 +360,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
     std::fs::create_dir(f.backing.join("d")).unwrap();
     std::fs::create_dir(f.backing.join("dd")).unwrap();
     f.write_file("d/x.md", "x\n");
-    f.read(&alice, "d/x.md");
+    f.read(&alice, "d/x.md").unwrap();
     f.ctl(&alice, "transfer --to bob d/x.md").unwrap();
     let c = Caller {
         pid: 0,
@@ -619,7 +440,7 @@ fn handoff_seen_is_written_out_before_the_open_returns() {
     let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
     handed(&f, &alice, &bob);
     assert!(f.events_written("handoff_seen", "bob").is_empty());
-    f.read(&bob, "plan.md");
+    f.read(&bob, "plan.md").unwrap();
     let seen = f.events_written("handoff_seen", "bob");
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0]["path"], "plan.md");
@@ -751,7 +572,7 @@ fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
         f.fs.flush(&a.caller, plan, o.fh).unwrap();
         f.fs.release(&a.caller, plan, o.fh);
     };
-    f.read(&alice, "plan.md");
+    f.read(&alice, "plan.md").unwrap();
     append(&bob);
     append(&alice);
     let why = f.read_surface(&alice, "why");

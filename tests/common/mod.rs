@@ -19,6 +19,8 @@ pub mod hosts;
 pub mod netns;
 /// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
 pub mod users;
+/// The filesystem type with the real volume policy, no mount (the in-process tests).
+pub mod inproc;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
