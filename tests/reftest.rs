@@ -3,7 +3,10 @@
 //! another; every operation must give the same result (errno included), and after each
 //! sequence both trees must match (names, types, sizes, modes, link counts, contents,
 //! symlink targets, xattrs). The same runs against the filesystem type [`Fs`] itself, with
-//! no mount: the test then resolves paths (and follows symlinks) as the kernel would.
+//! no mount: the test then resolves paths (and follows symlinks) as the kernel would. It
+//! does so twice: with the no-op policy, and with the real volume policy (the in-process
+//! harness, tests/common/inproc.rs) and an agent session as the caller, so nothing the
+//! policy does around a route changes what the route does.
 //!
 //! `COHERENT_REFTEST_OPS` sets the number of operations per data mode (default 2000),
 //! `COHERENT_REFTEST_SEED` replays one seed (printed on failure).
@@ -19,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use coherent::fs::{Entry, Fs, FsOptions, NoPolicy};
 use coherent::store::{Caller, FsError, FsResult, Kind, SetAttr, Store, ROOT_INO};
+use common::inproc::{Agent, InProc};
 use common::Mount;
 
 /// xorshift64*: small, seedable, reproducible.
@@ -605,7 +609,8 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Sut {
     Mount { passthrough: bool },
-    Direct,
+    /// The filesystem type; `policy`: with the real volume policy (else the no-op one).
+    Direct { policy: bool },
 }
 
 fn run(sut: Sut) {
@@ -626,39 +631,53 @@ fn run(sut: Sut) {
     let direct_dir = tempfile::tempdir().unwrap();
     let m = match sut {
         Sut::Mount { passthrough } => Some(Mount::new(passthrough)),
-        Sut::Direct => None,
+        Sut::Direct { .. } => None,
     };
-    let fs = Fs::new(
+    let plain = Fs::new(
         Store::open_root(direct_dir.path()).unwrap(),
         std::sync::Arc::new(NoPolicy),
         None,
         FsOptions::default(),
     )
     .unwrap();
-    let caller = Caller {
+    let mut caller = Caller {
         pid: std::process::id(),
         uid: 0,
         gid: 0,
+    };
+    // With the volume policy the caller is an agent's process, so every write is decided,
+    // tracked and counted for a session.
+    let (volume, agent) = match sut {
+        Sut::Direct { policy: true } => (Some(InProc::new()), Some(Agent::new("ref"))),
+        _ => (None, None),
+    };
+    let (fs, direct_root) = match (&volume, &agent) {
+        (Some(v), Some(a)) => {
+            caller = a.caller;
+            (&v.fs, v.backing.clone())
+        }
+        _ => (&plain, direct_dir.path().to_path_buf()),
     };
     let (mut ok, mut ops, mut entries) = (0usize, 0usize, 0usize);
     for s in 0..seqs {
         let salt = match sut {
             Sut::Mount { passthrough: true } => 0,
             Sut::Mount { passthrough: false } => 1 << 32,
-            Sut::Direct => 2 << 32,
+            Sut::Direct { policy: false } => 2 << 32,
+            Sut::Direct { policy: true } => 3 << 32,
         };
         let seed = fixed.unwrap_or(0x5eed_0000 + s as u64 + salt);
         let reference = tempfile::tempdir().unwrap();
         let sub = format!("seq{s}");
         let (sut_root, backing) = match &m {
             Some(m) => (m.path(&sub), m.backing_path(&sub)),
-            None => (direct_dir.path().join(&sub), direct_dir.path().join(&sub)),
+            None => (direct_root.join(&sub), direct_root.join(&sub)),
         };
         fs::create_dir(&sut_root).unwrap();
         let direct = Direct {
-            fs: &fs,
+            fs,
             top: match sut {
-                Sut::Direct => {
+                Sut::Direct { .. } => {
                     let e = fs.lookup(&caller, ROOT_INO, OsStr::new(&sub)).unwrap();
                     e.attr.unwrap().ino
                 }
@@ -675,7 +694,7 @@ fn run(sut: Sut) {
             let want = apply(reference.path(), &op);
             let got = match sut {
                 Sut::Mount { .. } => apply(&sut_root, &op),
-                Sut::Direct => direct.apply(&op),
+                Sut::Direct { .. } => direct.apply(&op),
             };
             log.push(format!("{i}: {op:?} -> {want:?}"));
             if want.is_ok() {
@@ -713,6 +732,13 @@ fn run(sut: Sut) {
     eprintln!("reftest: {ops} ops, {ok} succeeded, {entries} entries compared");
     assert!(ok * 5 > ops, "only {ok} of {ops} operations succeeded");
     assert!(entries > seqs * 5, "trees too small: {entries} entries");
+    if let (Some(v), Some(_)) = (&volume, &agent) {
+        // The policy was there: the agent's writes were counted (one commit event at
+        // least), and none of them was refused.
+        let commits = v.events_of("commit", "ref").len();
+        assert!(commits > seqs, "only {commits} commits of the agent logged");
+        assert!(v.events_of("denied", "ref").is_empty());
+    }
 }
 
 #[test]
@@ -727,5 +753,11 @@ fn reftest_daemon() {
 
 #[test]
 fn reftest_filesystem_type() {
-    run(Sut::Direct);
+    run(Sut::Direct { policy: false });
+}
+
+/// The filesystem type with the volume policy coherent-mount wires (no mount).
+#[test]
+fn reftest_filesystem_type_with_the_volume_policy() {
+    run(Sut::Direct { policy: true });
 }
