@@ -3,9 +3,8 @@
 //! mount (the `export` trap warning of `whoami`, a node process under `coherent run`).
 //! (The verbs end to end live with the mount's tests.)
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -8,7 +8,7 @@
 //!
 //! `FSMONITOR_SEED=N` replays one seed; `FSMONITOR_STEPS=N` sets the number of steps.
 
-mod common;
+use crate::common;
 
 use std::fs::OpenOptions;
 use std::io::Write;

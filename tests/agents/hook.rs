@@ -1,9 +1,8 @@
 //! `coherent hook claude-code` fed Claude Code's documented hook JSON for each event, run as
 //! the agent's session in a real mount: fenced, not fenced, unattributed, garbage.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::{cli, sh, sh_ok, Root, CLI, TAGS};
 use common::{users, Mount};
@@ -500,7 +499,7 @@ fn pre_tool_use_bash_denies_shell_writes_of_fenced_files_corpus() {
     );
     assert!(r.ok(), "{}", r.show());
 
-    let corpus = include_str!("data/bash_writes.jsonl");
+    let corpus = include_str!("../data/bash_writes.jsonl");
     let (mut deny, mut allow, mut false_deny, mut miss) = (0, 0, Vec::new(), Vec::new());
     for line in corpus.lines().filter(|l| !l.trim().is_empty()) {
         let case: Value = serde_json::from_str(line).unwrap();

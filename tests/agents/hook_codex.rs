@@ -3,9 +3,8 @@
 //! in a real mount with a live record. Every answer is checked field by field against the
 //! output Codex documents (it fails a hook whose output has a field it does not know).
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::{cli, sh, sh_ok, Root, CLI, TAGS};
 use common::Mount;

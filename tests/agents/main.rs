@@ -4,6 +4,7 @@
 //! One test binary of several (docs/tests.md): one module per former test file.
 
 #[path = "../common/mod.rs"]
+#[macro_use]
 mod common;
 #[path = "../common/coherent.rs"]
 mod coherent;
@@ -12,11 +13,11 @@ mod pty;
 
 mod cli;
 mod cli_mount;
+mod fsmonitor;
 mod hook;
 mod hook_codex;
 mod mcp;
-mod relay;
-mod top;
-mod run_landlock;
-mod fsmonitor;
 mod names_in_text;
+mod relay;
+mod run_landlock;
+mod top;

@@ -1,9 +1,8 @@
 //! `coherent mcp` through a real MCP client: rmcp's client spawns the server as a child
 //! process in a real mount, tagged with a session, and speaks MCP over its stdio.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::{cli, inbox, read_ctl_file, sh, sh_ok, wait_event, Root, CLI, TAGS};
 use common::Mount;

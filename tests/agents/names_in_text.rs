@@ -4,9 +4,8 @@
 //! `.coherent/why`, the Claude Code hook's SessionStart / UserPromptSubmit context and
 //! PreToolUse deny text, and the MCP server's text. The names are shown quoted, escaped.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::{Root, CLI};
 use common::{users, Mount};

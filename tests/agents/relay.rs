@@ -4,9 +4,8 @@
 //! any session, the next one's SessionStart lists them with the note, it claims and writes.
 //! No write is lost, and after each offer the giver's write is refused (EACCES, `fenced`).
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::{await_events, cli, live_record, sh, sh_ok, Root, CLI, TAGS};
 use common::Mount;

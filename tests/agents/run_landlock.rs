@@ -5,9 +5,8 @@
 //! Needs a kernel with Landlock (ABI >= 3); on one without, the tests say so and pass
 //! only the parts that do not depend on it.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::{lazy_umount, spawn_mounted, wait_child, wait_until, BIN, TIMEOUT};

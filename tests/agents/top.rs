@@ -1,11 +1,9 @@
 //! `coherent top` through a real pseudo-terminal against a real mount: the screen read with
 //! a vt100 parser as a person sees it, keys typed into the terminal (docs/board.md).
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
-#[path = "common/pty.rs"]
-mod pty;
+use crate::coherent;
+use crate::common;
+use crate::pty;
 use common::users;
 
 use coherent::*;

@@ -160,7 +160,10 @@ impl InProc {
     pub fn ino(&self, a: &Agent, p: &str) -> Result<u64, i32> {
         let mut ino = ROOT_INO;
         for name in Path::new(p).iter() {
-            let e = self.fs.lookup(&a.caller, ino, name).map_err(|e| e.errno())?;
+            let e = self
+                .fs
+                .lookup(&a.caller, ino, name)
+                .map_err(|e| e.errno())?;
             ino = e.attr.ok_or(libc::ENOENT)?.ino;
         }
         Ok(ino)

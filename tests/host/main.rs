@@ -4,6 +4,7 @@
 //! One test binary of several (docs/tests.md): one module per former test file.
 
 #[path = "../common/mod.rs"]
+#[macro_use]
 mod common;
 #[path = "../common/coherent.rs"]
 mod coherent;

@@ -3,9 +3,7 @@
 //! `shutil.copytree`, `tar --xattrs` and `rsync -X` finish without an error, keep the files' own
 //! xattrs, and no copy carries a `user.coherent.*` attribute.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
 
 use coherent::*;
 use std::path::Path;

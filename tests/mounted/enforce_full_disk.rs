@@ -5,9 +5,8 @@
 //! once the disk takes writes again a snapshot covers what was not kept and everything
 //! works again, without a restart.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::{wait_until, Mount};

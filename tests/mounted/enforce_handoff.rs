@@ -3,9 +3,8 @@
 //! code of docs/design.md#handoff with its CLI exit code (2) and the errno of its ctl write
 //! (docs/design.md#control-surface).
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::Mount;

@@ -3,9 +3,8 @@
 //! (docs/design.md#versions: link, unlink and rename through the volume never count as one), so the
 //! record stays `pending` and the giver stays fenced on every name of the file.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::wait_until;

@@ -6,9 +6,7 @@
 //! next write through the mount is still refused (`fenced`). A real rewrite of the content
 //! (same size, other bytes, its mtime put back) still ends it as overtaken by `external`.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
 
 use coherent::*;
 use std::path::Path;

@@ -5,9 +5,7 @@
 //! route names itself in `denied`, a commit never revives an ended record, the latest
 //! bystander is the counterparty, and `chown` by the giver is fenced.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
 
 use coherent::*;
 use serde_json::Value;

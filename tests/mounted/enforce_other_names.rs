@@ -3,9 +3,7 @@
 //! an ignored directory included); changes made through the mount to other names of the
 //! inode, or to its atime alone, are not changes of the handed content and relabel nothing.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
 
 use coherent::*;
 

@@ -2,9 +2,8 @@
 //! reclaimed (`reclaim`, not `release`, docs/design.md#holds); versions and live records survive a
 //! clean stop (SIGTERM) and a crash (`kill -9`) of the daemon (docs/design.md#state-log).
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 

@@ -5,9 +5,7 @@
 //! record) and by a bystander (allowed; an acquire or a commit overtakes the record). One mount per
 //! role keeps the suite fast; all failures of a role are reported together.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
 
 use coherent::*;
 

@@ -3,9 +3,8 @@
 //! tag and its agent id, unattributed processes, `--session-env`, `register`, and naming a
 //! successor by full agent id or id prefix.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::{writable_cgroup2, Mount};

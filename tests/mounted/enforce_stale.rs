@@ -2,9 +2,8 @@
 //! from an outdated view until the session reads again, `warn` (the default) logs
 //! `stale_write` and allows, `off` does neither. A blind write is never stale.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::Mount;

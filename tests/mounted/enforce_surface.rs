@@ -2,9 +2,8 @@
 //! docs/design.md#state-log): `status`, `events` (JSON lines, followed by `tail -f`), `whoami`,
 //! `why`, `inbox`, the computed xattrs, the directory's protection and a malformed `ctl` request.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::Mount;

@@ -4,9 +4,8 @@
 //! `.coherent/events` when the call returns (each read once, right after the call, in the same
 //! shell: no retry loop).
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::Mount;

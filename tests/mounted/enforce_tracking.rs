@@ -4,9 +4,8 @@
 //! a change to an ignore file through the mount applies at once; a transfer of an untracked
 //! path is refused `not_tracked` with a why that says how to track it.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::Mount;

@@ -8,9 +8,8 @@
 //! the daemon's namespaces (`nsenter --pid --mount`) resolve as usual: they set up the
 //! handoff.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::{Run, CLI};
 use common::{lazy_umount, spawn_mounted, wait_child, BIN};

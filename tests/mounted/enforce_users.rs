@@ -5,9 +5,8 @@
 //! permission; a caller sees only the paths it could look up; ctl paths never leave the volume; the
 //! fence follows the inode; an in-place mount warns about processes already inside.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::{users, Mount};

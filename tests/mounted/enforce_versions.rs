@@ -2,9 +2,8 @@
 //! for a read or an unchanged close, changes behind the volume's back counted at the next open,
 //! directory renames moving versions, tombstones continuing the numbering.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::Mount;

@@ -3,9 +3,8 @@
 //! the status, is refused without a record; pending waits park no FUSE thread; a killed waiter is
 //! let go; two sessions racing to claim an offer: one wins.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::{wait_child, wait_until, Mount};

@@ -3,9 +3,7 @@
 //! three ways out the deny text names (the successor writes it, declines it, the giver
 //! withdraws it) work whatever that status is.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
 
 use coherent::*;
 use serde_json::Value;

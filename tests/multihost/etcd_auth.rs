@@ -4,9 +4,8 @@
 //! local user from reading or rewriting the keys; a mount with a wrong password or an auth
 //! file others may read is refused at start, saying what to do.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::etcd::Etcd;

@@ -3,7 +3,7 @@
 //! data, the guard that never signals a process it did not start, and the error when etcd
 //! is not installed.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

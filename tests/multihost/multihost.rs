@@ -2,9 +2,8 @@
 //! mount point and state directory over one backing directory (two hosts sharing a
 //! workspace), against a real etcd started by `scripts/etcd.sh`.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::etcd::Etcd;

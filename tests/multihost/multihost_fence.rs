@@ -8,9 +8,8 @@
 //! sharing a synced directory would), and the tests read A's copy to see whether A's
 //! descriptor wrote.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::clock::ClockShim;

@@ -22,9 +22,8 @@
 //!
 //! On a violation the test prints the seed and the operations that show it, and fails.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::clock::ClockShim;

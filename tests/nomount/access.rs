@@ -2,7 +2,7 @@
 //! real tree with modes, a supplementary group and POSIX ACLs, `may_write` and
 //! `may_look_up` must answer what the user's own shell gets (`test -w`, `stat`).
 
-mod common;
+use crate::common;
 
 use common::users;
 use std::fs;

@@ -3,7 +3,7 @@
 //! counted, the record live); other bytes are a change by `external`; without a fingerprint
 //! nothing is counted; on several hosts an older version's bytes are a copy behind.
 
-mod core_common;
+use crate::core_common;
 
 use coherent::coherence::*;
 use coherent::identity::Session;

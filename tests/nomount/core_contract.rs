@@ -1,7 +1,7 @@
 //! The contract of docs/design.md#handoff, and the write decision of docs/design.md#write-routes
 //! over the core's `Write` routes: one test per rule.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::error::Reason;
 use coherent::identity::Session;

@@ -3,7 +3,7 @@
 //! event, and `decline` and `withdraw` end it whatever its live status, so the three ways
 //! out the deny text names always work.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::error::Reason;
 use coherent::identity::Session;

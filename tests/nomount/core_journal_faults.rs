@@ -4,7 +4,7 @@
 //! journal is failing (verbs answer `io_error`) and nothing it had is durable twice or
 //! lost: once the fault clears, the next flush writes every event, once, in order.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::journal::*;
 use core_common::*;

@@ -6,7 +6,7 @@
 //! reason code), every version, every hold, every record (status, counterparty, liveness)
 //! and the fence of every (session, path); and its log must rebuild its state.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::error::Reason;
 use coherent::identity::Session;

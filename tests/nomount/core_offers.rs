@@ -1,6 +1,6 @@
 //! Offers to anyone (docs/design.md#handoff): `transfer --to any`, claimed by the first `accept`.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::error::Reason;
 use coherent::journal::{Journal, JournalOptions};

@@ -1,6 +1,6 @@
 //! One scenario per row of the DESIGN.md §5 table and per refusal reason code.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::error::Reason;
 use core_common::*;

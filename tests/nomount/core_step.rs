@@ -2,7 +2,7 @@
 //! as values (`Engine::with_sink`): the state is shared at once, the log hears of the
 //! change only when the step writes the kept events, and an undone step leaves neither.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::error::Reason;
 use core_common::*;

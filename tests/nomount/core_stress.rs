@@ -3,7 +3,7 @@
 //! Fails if the threads do not finish in bounded time (a deadlock), then checks the log
 //! rebuilds the final state.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::journal::*;
 use core_common::*;

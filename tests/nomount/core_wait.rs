@@ -1,7 +1,7 @@
 //! `wait` in the core (docs/design.md#control-surface): which record a wait follows, when each
 //! state is reached, and the record-change counter a waiter sleeps on.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::error::Reason;
 use core_common::*;

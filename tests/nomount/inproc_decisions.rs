@@ -8,16 +8,15 @@
 //! (tests/enforce_routes.rs: a shell's redirection, `sed -i`, `cp`, `ln -f`, python's
 //! `open`), and the stale guard seen by a shell (tests/enforce_stale.rs).
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::path::Path;
 
-use coherent::check_deny_text;
 use ::coherent::coherence::StaleMode;
 use ::coherent::store::SetAttr;
+use coherent::check_deny_text;
 use common::inproc::{errno, Agent, InProc, Setup};
 
 /// What a route leaves at the target path when it is allowed.
@@ -55,7 +54,10 @@ impl Try<'_> {
     }
     fn symlink(&self, p: &str, target: &str) -> Result<(), i32> {
         let (dir, name) = self.f.at(self.a, p);
-        let made = self.f.fs.symlink(&self.a.caller, dir, name, Path::new(target));
+        let made = self
+            .f
+            .fs
+            .symlink(&self.a.caller, dir, name, Path::new(target));
         errno(made).map(drop)
     }
     fn setattr(&self, set: SetAttr) -> Result<(), i32> {
@@ -263,7 +265,10 @@ const ROWS: &[Row] = &[
         name: "removexattr",
         run: |t| {
             let ino = t.ino(t.t);
-            errno(t.f.fs.removexattr(&t.a.caller, ino, OsStr::new("user.keep")))
+            errno(
+                t.f.fs
+                    .removexattr(&t.a.caller, ino, OsStr::new("user.keep")),
+            )
         },
         route: "removexattr",
         after: Bytes("orig\n"),
@@ -309,10 +314,17 @@ fn handed_off() -> (InProc, Cast) {
     let req = format!("transfer --to bob {}", paths.join(" "));
     assert_eq!(f.ctl(&cast.alice, &req), Ok(()));
     for p in &paths {
-        let r = f.record(&cast.alice, p).unwrap_or_else(|| panic!("no record of {p}"));
+        let r = f
+            .record(&cast.alice, p)
+            .unwrap_or_else(|| panic!("no record of {p}"));
         assert_eq!(
             (&r["giver"], &r["successor"], &r["status"], &r["live"]),
-            (&"alice".into(), &"bob".into(), &"pending".into(), &true.into()),
+            (
+                &"alice".into(),
+                &"bob".into(),
+                &"pending".into(),
+                &true.into()
+            ),
             "{r}"
         );
         assert_eq!(f.version(&cast.alice, p), Some(1), "{p}");
@@ -485,7 +497,8 @@ fn outdated(stale: StaleMode) -> (InProc, Agent, Agent) {
     let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
     f.write_file("f", "v1\n");
     f.read(&alice, "f").unwrap();
-    f.write(&bob, "f", W | libc::O_APPEND, Some(b"bob\n")).unwrap();
+    f.write(&bob, "f", W | libc::O_APPEND, Some(b"bob\n"))
+        .unwrap();
     assert_eq!(f.version(&bob, "f"), Some(2));
     (f, alice, bob)
 }
@@ -498,14 +511,23 @@ const APPEND: i32 = W | libc::O_APPEND;
 #[test]
 fn strict_refuses_a_stale_write_until_the_session_reads_again() {
     let (f, alice, bob) = outdated(StaleMode::Strict);
-    assert_eq!(f.write(&alice, "f", APPEND, Some(b"a\n")), Err(libc::EACCES));
+    assert_eq!(
+        f.write(&alice, "f", APPEND, Some(b"a\n")),
+        Err(libc::EACCES)
+    );
     assert_eq!(f.content("f").as_deref(), Some("v1\nbob\n"));
     assert_eq!(f.version(&alice, "f"), Some(2));
     let d = f.events_written("denied", "alice");
     assert_eq!(d.len(), 1, "{d:?}");
-    assert_eq!((&d[0]["reason"], &d[0]["path"]), (&"stale_view".into(), &"f".into()));
+    assert_eq!(
+        (&d[0]["reason"], &d[0]["path"]),
+        (&"stale_view".into(), &"f".into())
+    );
     let w = f.why(&alice);
-    assert!(w.contains("v2") && w.contains("v1") && w.contains('f'), "{w:?}");
+    assert!(
+        w.contains("v2") && w.contains("v1") && w.contains('f'),
+        "{w:?}"
+    );
     // carol never read f: a blind write.
     let carol = Agent::new("carol");
     assert_eq!(f.write(&carol, "f", APPEND, Some(b"c\n")), Ok(()));
@@ -529,7 +551,11 @@ fn warn_logs_a_stale_write_and_off_says_nothing() {
         (StaleMode::Off, 0),
     ] {
         let (f, alice, _bob) = outdated(mode);
-        assert_eq!(f.write(&alice, "f", APPEND, Some(b"a\n")), Ok(()), "{mode:?}");
+        assert_eq!(
+            f.write(&alice, "f", APPEND, Some(b"a\n")),
+            Ok(()),
+            "{mode:?}"
+        );
         assert_eq!(f.version(&alice, "f"), Some(3), "{mode:?}");
         let ev = f.events_of("stale_write", "alice");
         assert_eq!(ev.len(), logged, "{mode:?}: {ev:?}");
@@ -539,6 +565,10 @@ fn warn_logs_a_stale_write_and_off_says_nothing() {
         assert!(f.events_of("denied", "alice").is_empty(), "{mode:?}");
         // A current view is not stale.
         assert_eq!(f.write(&alice, "f", APPEND, Some(b"b\n")), Ok(()));
-        assert_eq!(f.events_of("stale_write", "alice").len(), logged, "{mode:?}");
+        assert_eq!(
+            f.events_of("stale_write", "alice").len(),
+            logged,
+            "{mode:?}"
+        );
     }
 }

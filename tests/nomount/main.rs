@@ -5,12 +5,14 @@
 //! One test binary of several (docs/tests.md): one module per former test file.
 
 #[path = "../common/mod.rs"]
+#[macro_use]
 mod common;
-#[path = "../common/core.rs"]
-mod core_common;
 #[path = "../common/coherent.rs"]
 mod coherent;
+#[path = "../common/core.rs"]
+mod core_common;
 
+mod access;
 mod core_content;
 mod core_contract;
 mod core_handoff_table;
@@ -24,8 +26,7 @@ mod core_stress;
 mod core_wait;
 mod identity_directory;
 mod identity_resolve;
-mod tracking;
-mod access;
-mod volume_policy;
 mod inproc_decisions;
 mod install;
+mod tracking;
+mod volume_policy;

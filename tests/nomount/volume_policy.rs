@@ -4,7 +4,7 @@
 //! (`sleep` with `COHERENT_SESSION`), so the sessions resolve from the real /proc
 //! (tests/common/inproc.rs).
 
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::path::Path;

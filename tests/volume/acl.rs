@@ -7,9 +7,8 @@
 //! separate backing directory. The control plane agrees: `coherent transfer` by a user
 //! whose write permission comes from (or is taken by) an ACL.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::{mount_with, unique, Run, Vol, CLI};
 use common::users::{self, User};

@@ -3,9 +3,8 @@
 //! in place the kernel keeps names, attributes and listings, and repeated metadata calls
 //! do not reach the daemon (counted by its per-request counters, logged on SIGUSR1).
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use std::collections::HashMap;
 use std::fs;

@@ -1,7 +1,7 @@
 //! Mount lifecycle: signals, umount, kill -9, --daemon, in-place mounts, bad input, and
 //! that passthrough really keeps file data away from the daemon.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

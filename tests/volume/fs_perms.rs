@@ -1,7 +1,7 @@
 //! Several users on one mount (`-o allow_other,default_permissions`): permission checks
 //! as on the backing filesystem, and files owned by whoever created them.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

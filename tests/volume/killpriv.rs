@@ -3,7 +3,7 @@
 //! plain user (`coh-u1`) on a native directory and on a mount, with passthrough and
 //! without, must leave the same modes and file capabilities.
 
-mod common;
+use crate::common;
 
 use common::{users, Mount};
 use std::os::unix::fs::PermissionsExt;

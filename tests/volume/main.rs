@@ -4,20 +4,21 @@
 //! One test binary of several (docs/tests.md): one module per former test file.
 
 #[path = "../common/mod.rs"]
+#[macro_use]
 mod common;
 #[path = "../common/coherent.rs"]
 mod coherent;
 
+mod acl;
 mod fs_cache;
 mod fs_hooks;
 mod fs_lifecycle;
 mod fs_ops;
 mod fs_perms;
-mod acl;
 mod killpriv;
-mod volume_smoke;
-mod reftest;
 mod long_run;
-mod state_paths;
 mod mount_helper;
+mod reftest;
+mod state_paths;
 mod systemd_unit;
+mod volume_smoke;

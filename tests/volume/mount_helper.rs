@@ -6,7 +6,7 @@
 //! symlink to the built binary), so a packaged `mount.fuse.coherent-mount` on the machine
 //! is never used or touched, and removes it at the end.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -5,7 +5,7 @@
 //! opened through a symlink; and a log file that cannot be opened fails the mount at once
 //! instead of leaving a detached daemon on the caller's stdout.
 
-mod common;
+use crate::common;
 
 use common::{is_mounted, lazy_umount, users, BIN};
 use std::fs;

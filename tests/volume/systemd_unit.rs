@@ -4,7 +4,7 @@
 //! `systemctl start`/`stop` where systemd is PID 1. Where it is not, the test says so
 //! plainly and runs the unit's command line under a notify socket of its own.
 
-mod common;
+use crate::common;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! control directory and persistence across a restart and a `kill -9`. The full
 //! enforcement suite is `tests/enforce_*.rs`.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
