@@ -4,24 +4,15 @@
 //! daemon gone, no volume at all). Each problem must show as its check's FAIL or warn line
 //! with a fix, and only a FAIL makes the exit status non-zero (3).
 
-mod common;
+use crate::common;
 
 use common::{lazy_umount, run_timeout, Mount};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 use std::time::Duration;
 
 const CLI: &str = env!("CARGO_BIN_EXE_coherent");
-
-/// The request-timeout sysctl is the machine's: the test that sets it and the tests that
-/// expect it unset take turns.
-static SYSCTL: Mutex<()> = Mutex::new(());
-
-fn sysctl_turn() -> std::sync::MutexGuard<'static, ()> {
-    SYSCTL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A PATH with `coherent` and `coherent-mount` (links to the built binaries) and a HOME of
 /// its own, as after an install.
@@ -106,7 +97,7 @@ fn level(l: &str) -> &str {
 
 #[test]
 fn healthy_install_is_all_ok_and_exits_0() {
-    let _t = sysctl_turn();
+    let _t = common::fuse_sysctl_turn();
     let m = Mount::new(true);
     let env = Env::new();
     env.install(&m.mnt);
@@ -158,7 +149,7 @@ fn healthy_install_is_all_ok_and_exits_0() {
 
 #[test]
 fn a_hook_naming_a_missing_binary_fails_its_live_probe() {
-    let _t = sysctl_turn();
+    let _t = common::fuse_sysctl_turn();
     let m = Mount::new(false);
     let env = Env::new();
     env.install(&m.mnt);
@@ -192,7 +183,7 @@ fn a_hook_naming_a_missing_binary_fails_its_live_probe() {
 
 #[test]
 fn settings_without_the_hooks_warn_and_with_some_missing_fail() {
-    let _t = sysctl_turn();
+    let _t = common::fuse_sysctl_turn();
     let m = Mount::new(false);
     let env = Env::new();
     // Claude Code settings of the project's own, without ours.
@@ -259,7 +250,7 @@ impl Drop for Sysctl {
 
 #[test]
 fn a_fuse_request_timeout_set_is_a_warning_that_says_what_the_volume_does() {
-    let _t = sysctl_turn();
+    let _t = common::fuse_sysctl_turn();
     let m = Mount::new(false);
     let env = Env::new();
     // An hour: long enough that no other test's mount made meanwhile can run into it.

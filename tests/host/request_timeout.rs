@@ -5,19 +5,17 @@
 //! while etcd is stopped answers `coordinator_unavailable` in time; the mount answers
 //! throughout and the daemon lives.
 //!
-//! The sysctl is global to the host, so every test that sets it is in this binary, one at
-//! a time ([`serial`]), and it is set only while the test's mount is made: the connection
+//! The sysctl is global to the host, so every test that sets it is in this binary (with
+//! `doctor`'s), one at a time (`common::fuse_sysctl_turn`), and it is set only while the test's mount is made: the connection
 //! keeps the timeout it got at `FUSE_INIT`, and mounts of anything else on the host (tests
 //! running alongside) are left as they were.
 
-#[path = "common/coherent.rs"]
-mod coherent;
-mod common;
+use crate::coherent;
+use crate::common;
 
 use coherent::*;
 use common::etcd::Etcd;
 use common::{is_mounted, wait_until, Builder, Mount};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const DEFAULT_SYSCTL: &str = "/proc/sys/fs/fuse/default_request_timeout";
@@ -26,12 +24,6 @@ const DEFAULT_SYSCTL: &str = "/proc/sys/fs/fuse/default_request_timeout";
 /// src/request_timeout.rs).
 fn budget(secs: u32) -> Duration {
     Duration::from_millis(u64::from(secs) * 500)
-}
-
-/// One test at a time in this binary: they set a host-wide sysctl.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A sysctl set for as long as this lives; the old value is written back on drop, also
@@ -104,7 +96,7 @@ fn assert_alive(m: &Vol) {
 
 #[test]
 fn a_wait_past_the_timeout_is_asked_again_and_the_mount_lives() {
-    let _one = serial();
+    let _one = common::fuse_sysctl_turn();
     let m = mount_under_timeout(
         5,
         Mount::builder()
@@ -229,7 +221,7 @@ fn timed_transfer(m: &impl Root, file: &str) -> (Option<i32>, serde_json::Value,
 
 #[test]
 fn a_verb_while_etcd_is_stopped_answers_in_time_and_the_mount_lives() {
-    let _one = serial();
+    let _one = common::fuse_sysctl_turn();
     let etcd = Etcd::start(1);
     // 3 s: its budget (1.5 s) is well under the 3 s a step gave etcd before.
     let m = mount_under_timeout(
@@ -287,7 +279,7 @@ fn a_verb_while_etcd_is_stopped_answers_in_time_and_the_mount_lives() {
 
 #[test]
 fn a_transfer_waiting_for_a_stopped_host_answers_in_time_and_the_mount_lives() {
-    let _one = serial();
+    let _one = common::fuse_sysctl_turn();
     let etcd = Etcd::start(1);
     let host = |id: &str| {
         [

@@ -1,7 +1,7 @@
 //! The journal: durability, snapshots, recovery from cut logs and corrupt snapshots, the
 //! directory lock.
 
-mod core_common;
+use crate::core_common;
 use coherent::coherence::*;
 use coherent::journal::*;
 use core_common::*;
@@ -558,18 +558,10 @@ fn mode(p: &Path) -> u32 {
 }
 
 /// The daemon runs with umask 0 (modes from the kernel are already masked): the check
-/// runs in a process of its own (this binary, one test), as umask is process-wide.
+/// runs in a process of its own (this binary, this test alone), as umask is process-wide.
 #[test]
 fn the_state_directory_is_private_whatever_the_umask() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "private_state_under_umask_0",
-            "--ignored",
-            "--test-threads=1",
-        ])
-        .output()
-        .unwrap();
+    let out = crate::common::run_alone(module_path!(), "private_state_under_umask_0", &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && text.contains("1 passed"),

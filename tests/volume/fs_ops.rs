@@ -1,7 +1,7 @@
 //! Every operation family (docs/design.md#write-routes) through a real mount, with and without
 //! passthrough.
 
-mod common;
+use crate::common;
 
 use std::ffi::CString;
 use std::fs;
@@ -96,7 +96,7 @@ fn open_flags(m: &Mount) {
     drop(f);
     assert_eq!(
         fs::metadata(m.backing_path("new")).unwrap().mode() & 0o777,
-        0o640 & !umask()
+        0o640 & !common::process_umask()
     );
     // O_TRUNC.
     let mut f = fs::OpenOptions::new()
@@ -171,12 +171,6 @@ fn open_flags(m: &Mount) {
     assert_eq!(back, &*buf);
     drop(f);
     assert_eq!(fs::read(m.backing_path("direct")).unwrap(), &*buf);
-}
-
-fn umask() -> u32 {
-    let old = unsafe { libc::umask(0o022) };
-    unsafe { libc::umask(old) };
-    old
 }
 
 fn dirs_and_errnos(m: &Mount) {

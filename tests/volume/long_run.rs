@@ -1,10 +1,11 @@
 //! Long-running pressure on a real mount (docs/design.md#speed): the daemon's descriptors stay
 //! bounded however many files the kernel caches.
 //!
-//! This test binary lowers its own `RLIMIT_NOFILE` (soft and hard) before it starts a
-//! daemon, so the daemon runs as if started under `ulimit -n 256` and cannot raise it.
+//! The daemon is started with `RLIMIT_NOFILE` lowered (soft and hard), so it runs as if
+//! started under `ulimit -n 256` and cannot raise it; the test's own process keeps its
+//! limit (other tests share it).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,15 +16,6 @@ use common::Mount;
 const LIMIT: u64 = 256;
 const FILES: usize = 20_000;
 
-fn lower_nofile(limit: u64) {
-    let rl = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
-    };
-    // SAFETY: setrlimit reads the struct we pass.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) }, 0);
-}
-
 fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
@@ -32,8 +24,7 @@ fn fd_count(pid: u32) -> usize {
 
 #[test]
 fn twenty_thousand_files_under_ulimit_256() {
-    lower_nofile(LIMIT);
-    let m = Mount::new(true);
+    let m = Mount::builder().nofile(LIMIT).start();
     let pid = m.pid();
     // Sample the daemon's descriptor count while the files are made and looked at.
     let stop = Arc::new(AtomicBool::new(false));
@@ -115,15 +106,7 @@ const CHURN: u64 = 100_000;
 /// within the targets. Runs in a process of its own (RSS is per process).
 #[test]
 fn a_hundred_thousand_files_created_and_removed_stay_bounded() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "churn_in_own_process",
-            "--ignored",
-            "--nocapture",
-        ])
-        .output()
-        .unwrap();
+    let out = common::run_alone(module_path!(), "churn_in_own_process", &["--nocapture"]);
     let text = String::from_utf8_lossy(&out.stdout);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -11,7 +11,7 @@
 //! `COHERENT_REFTEST_OPS` sets the number of operations per data mode (default 2000),
 //! `COHERENT_REFTEST_SEED` replays one seed (printed on failure).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr};
@@ -275,18 +275,8 @@ const MAX_LINKS: u32 = 40;
 
 /// [`apply`] through [`Fs`] with no mount: the path walk the kernel would do (lookups from
 /// `top`, symlinks followed), then the requests it would send. Every lookup is given back
-/// at the end, as the kernel's forgets would.
-/// This process's umask, which the kernel would hand to the filesystem with each create
-/// (the reference tree is made natively under it).
-fn umask() -> u32 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Umask:"))
-        .unwrap();
-    u32::from_str_radix(line.trim(), 8).unwrap()
-}
-
+/// at the end, as the kernel's forgets would. Creates get this process's umask, as the
+/// kernel would hand it (the reference tree is made natively under it).
 struct Direct<'a> {
     fs: &'a Fs,
     top: u64,
@@ -369,9 +359,14 @@ impl Direct<'_> {
         let ino = loop {
             match self.lookup(dir, OsStr::new(&name)) {
                 Err(libc::ENOENT) if flags & libc::O_CREAT != 0 => {
-                    let made =
-                        self.fs
-                            .create_umask(c, dir, OsStr::new(&name), mode, umask(), flags);
+                    let made = self.fs.create_umask(
+                        c,
+                        dir,
+                        OsStr::new(&name),
+                        mode,
+                        common::process_umask(),
+                        flags,
+                    );
                     let made = made.map_err(FsError::errno)?;
                     let ino = made.entry.attr.unwrap().ino;
                     self.looked.borrow_mut().push(ino);
@@ -502,7 +497,7 @@ impl Direct<'_> {
             }
             Op::Mkdir { p, mode } => {
                 let (d, n) = self.at(p)?;
-                self.made(fs.mkdir_umask(c, d, &name(n), *mode, umask()))
+                self.made(fs.mkdir_umask(c, d, &name(n), *mode, common::process_umask()))
             }
             Op::Rmdir { p } => {
                 let (d, n) = self.at(p)?;
@@ -608,9 +603,13 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
 /// straight to the filesystem type.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Sut {
-    Mount { passthrough: bool },
+    Mount {
+        passthrough: bool,
+    },
     /// The filesystem type; `policy`: with the real volume policy (else the no-op one).
-    Direct { policy: bool },
+    Direct {
+        policy: bool,
+    },
 }
 
 fn run(sut: Sut) {
