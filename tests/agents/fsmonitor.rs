@@ -16,6 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::rng::Rng;
 use common::{spawn_mounted, Mount, BIN};
 
 const COHERENT: &str = env!("CARGO_BIN_EXE_coherent");
@@ -120,28 +121,6 @@ fn status_plain(dir: &Path, untracked: &str) -> String {
     )
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> Option<&'a T> {
-        if v.is_empty() {
-            None
-        } else {
-            Some(&v[self.below(v.len())])
-        }
-    }
-}
-
 /// Files and directories under `root` (relative, not `.git`, not `.coherent`).
 fn walk(root: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
     let (mut files, mut dirs) = (Vec::new(), vec![PathBuf::new()]);
@@ -178,7 +157,7 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
         .filter(|f| root.join(f).symlink_metadata().unwrap().is_file())
         .cloned()
         .collect();
-    let dir = r.pick(&dirs).cloned().unwrap_or_default();
+    let dir = r.choose(&dirs).cloned().unwrap_or_default();
     let fresh = |ext: &str| dir.join(format!("n{n}{ext}"));
     match r.below(13) {
         0 | 1 => {
@@ -187,7 +166,7 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
             format!("create {}", p.display())
         }
         2 | 3 => {
-            let Some(f) = r.pick(&regular) else {
+            let Some(f) = r.choose(&regular) else {
                 return "nothing".into();
             };
             let mut h = OpenOptions::new().append(true).open(root.join(f)).unwrap();
@@ -195,12 +174,12 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
             format!("append {}", f.display())
         }
         4 | 5 => {
-            let Some(f) = r.pick(&files).cloned() else {
+            let Some(f) = r.choose(&files).cloned() else {
                 return "nothing".into();
             };
             // Onto a new name, or over an existing file.
             let to = match r.below(3) {
-                0 => r.pick(&regular).cloned().unwrap_or_else(|| fresh(".txt")),
+                0 => r.choose(&regular).cloned().unwrap_or_else(|| fresh(".txt")),
                 _ => fresh(".txt"),
             };
             if f == to {
@@ -210,7 +189,7 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
             format!("rename {} {}", f.display(), to.display())
         }
         6 => {
-            let Some(f) = r.pick(&files) else {
+            let Some(f) = r.choose(&files) else {
                 return "nothing".into();
             };
             std::fs::remove_file(root.join(f)).unwrap();
@@ -227,7 +206,7 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
             format!("mkdir {}", p.display())
         }
         8 => {
-            let Some(f) = r.pick(&regular) else {
+            let Some(f) = r.choose(&regular) else {
                 return "nothing".into();
             };
             let p = root.join(f);
@@ -237,7 +216,10 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
         }
         9 => {
             let p = fresh(".lnk");
-            let target = r.pick(&files).cloned().unwrap_or_else(|| "nowhere".into());
+            let target = r
+                .choose(&files)
+                .cloned()
+                .unwrap_or_else(|| "nowhere".into());
             std::os::unix::fs::symlink(&target, root.join(&p)).unwrap();
             format!("symlink {} -> {}", p.display(), target.display())
         }
@@ -250,7 +232,7 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
                     format!("write held {}", p.display())
                 }
                 _ => {
-                    let Some(f) = r.pick(&regular).cloned() else {
+                    let Some(f) = r.choose(&regular).cloned() else {
                         return "nothing".into();
                     };
                     let h = OpenOptions::new().append(true).open(root.join(&f)).unwrap();
@@ -265,12 +247,12 @@ fn step(r: &mut Rng, root: &Path, held: &mut Option<(PathBuf, std::fs::File)>, n
                 .filter(|d| !d.as_os_str().is_empty())
                 .filter(|d| std::fs::read_dir(root.join(d)).unwrap().next().is_none())
                 .collect();
-            if let Some(d) = r.pick(&empty) {
+            if let Some(d) = r.choose(&empty) {
                 std::fs::remove_dir(root.join(d)).unwrap();
                 return format!("rmdir {}", d.display());
             }
             let sub: Vec<&PathBuf> = dirs.iter().filter(|d| !d.as_os_str().is_empty()).collect();
-            let Some(d) = r.pick(&sub).cloned() else {
+            let Some(d) = r.choose(&sub).cloned() else {
                 return "nothing".into();
             };
             // An ignored directory renamed to an ignored name (rustc's incremental

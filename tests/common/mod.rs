@@ -19,6 +19,8 @@ pub mod hosts;
 pub mod inproc;
 /// Hosts in network namespaces (the partition tests).
 pub mod netns;
+/// The seedable RNG of the randomized tests.
+pub mod rng;
 /// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
 pub mod users;
 

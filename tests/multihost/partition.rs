@@ -30,6 +30,7 @@ use common::clock::ClockShim;
 use common::etcd::Etcd;
 use common::hosts::Daemon;
 use common::netns::{Degrade, Net};
+use common::rng::Rng;
 use common::{wait_until, BIN};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,25 +52,6 @@ const DEFAULT_STEPS: usize = 150;
 const CONVERGE: Duration = Duration::from_secs(60);
 /// How long one request through a held descriptor may take on a running host.
 const HELD_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// splitmix64: a small deterministic generator (the schedule is a function of the seed).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len())]
-    }
-}
 
 /// One entry of the history.
 #[derive(Debug, Clone, Default)]

@@ -3,6 +3,7 @@
 //! Fails if the threads do not finish in bounded time (a deadlock), then checks the log
 //! rebuilds the final state.
 
+use crate::common::rng::Rng;
 use crate::core_common;
 use coherent::coherence::*;
 use coherent::journal::*;
@@ -10,19 +11,6 @@ use core_common::*;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 const THREADS: usize = 8;
 const OPS: usize = 3000;

@@ -23,25 +23,8 @@ use std::path::{Path, PathBuf};
 use coherent::fs::{Entry, Fs, FsOptions, NoPolicy};
 use coherent::store::{Caller, FsError, FsResult, Kind, SetAttr, Store, ROOT_INO};
 use common::inproc::{Agent, InProc};
+use common::rng::Rng;
 use common::Mount;
-
-/// xorshift64*: small, seedable, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -167,7 +150,7 @@ fn gen(r: &mut Rng, known: &[String]) -> Op {
         95..=98 => Op::Setxattr {
             p,
             name: format!("user.{}", r.pick(&["x", "y", "z"])),
-            value: vec![b'v'; r.below(40) as usize],
+            value: vec![b'v'; r.below(40)],
             flags: *r.pick(&[0, 0, libc::XATTR_CREATE, libc::XATTR_REPLACE]),
         },
         _ => Op::Removexattr {
@@ -685,7 +668,7 @@ fn run(sut: Sut) {
             caller,
             looked: Default::default(),
         };
-        let mut rng = Rng(seed | 1);
+        let mut rng = Rng(seed);
         let mut log = Vec::new();
         let mut known: Vec<String> = Vec::new();
         for i in 0..PER_SEQ {
