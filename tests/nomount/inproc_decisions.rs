@@ -5,8 +5,8 @@
 //! and the stale-write guard in each `--stale` mode.
 //!
 //! The mounted tests keep what only the kernel shows: the same routes made by real tools
-//! (tests/enforce_routes.rs: a shell's redirection, `sed -i`, `cp`, `ln -f`, python's
-//! `open`), and the stale guard seen by a shell (tests/enforce_stale.rs).
+//! (tests/mounted/enforce_routes.rs: a shell's redirection, `sed -i`, `cp`, `ln -f`, python's
+//! `open`), and the stale guard seen by a shell (tests/mounted/enforce_stale.rs).
 
 use crate::coherent;
 use crate::common;

@@ -123,7 +123,7 @@ fn permissions_daemon() {
 }
 
 /// With --private (no allow_other), other users cannot use the mount at all (the default,
-/// run as root, lets them in: docs/design.md#mounting, tests/enforce_users.rs).
+/// run as root, lets them in: docs/design.md#mounting, tests/mounted/enforce_users.rs).
 #[test]
 fn other_users_are_kept_out_of_a_private_mount() {
     let m = Mount::builder().arg("--private").start();
