@@ -69,8 +69,8 @@ pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 }
 
 /// A turn at the host's FUSE request-timeout sysctl (`fs.fuse.default_request_timeout`,
-/// `max_request_timeout`): every test that sets it, or expects it unset, holds one for
-/// as long as that matters. One lock for the whole test binary, as its tests share it.
+/// `max_request_timeout`): every test of the `host` binary holds one for its whole run, so
+/// the one that sets the sysctl runs alone, as it did in a binary of its own.
 pub fn fuse_sysctl_turn() -> std::sync::MutexGuard<'static, ()> {
     static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
     TURN.lock().unwrap_or_else(|e| e.into_inner())

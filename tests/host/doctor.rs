@@ -274,6 +274,8 @@ fn a_fuse_request_timeout_set_is_a_warning_that_says_what_the_volume_does() {
 
 #[test]
 fn the_mount_gone_or_absent_fails_with_how_to_mount() {
+    // One test at a time in this binary (request_timeout sets the sysctl beside it).
+    let _t = common::fuse_sysctl_turn();
     let env = Env::new();
     // No volume at all.
     let plain = tempfile::tempdir().unwrap();
@@ -314,6 +316,8 @@ fn the_mount_gone_or_absent_fails_with_how_to_mount() {
 /// FAIL that names the secure setup (whoever reaches etcd can lift fences).
 #[test]
 fn etcd_over_tls_with_a_user_is_ok_and_in_the_clear_fails() {
+    // One test at a time in this binary (request_timeout sets the sysctl beside it).
+    let _t = common::fuse_sysctl_turn();
     use common::etcd::Etcd;
     let env = Env::new();
     for secure in [true, false] {
