@@ -55,6 +55,30 @@ impl Agent {
         Agent { child, caller }
     }
 
+    /// A process with no session tag at all (an empty environment but `PATH`): the volume
+    /// sees an unattributed caller.
+    pub fn unattributed() -> Agent {
+        let child = Command::new("sleep")
+            .arg("60")
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .spawn()
+            .expect("spawn sleep");
+        // Exec'd once its environment is the cleared one, not the parent's copy.
+        let environ = format!("/proc/{}/environ", child.id());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read(&environ).map_or(true, |e| !e.starts_with(b"PATH=/usr/bin:/bin\0")) {
+            assert!(Instant::now() < deadline, "sleep never exec'd");
+            std::thread::yield_now();
+        }
+        let caller = Caller {
+            pid: child.id(),
+            uid: 0,
+            gid: 0,
+        };
+        Agent { child, caller }
+    }
+
     /// Kill the process and reap it (its /proc entry is gone afterwards).
     pub fn kill(&mut self) {
         self.child.kill().unwrap();

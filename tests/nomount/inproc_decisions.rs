@@ -2,7 +2,8 @@
 //! docs/design.md#holds) through the filesystem type with the real volume policy and no
 //! mount (tests/common/inproc.rs): who may write a handed file, through which route, with
 //! which errno, `denied` reason and route, and what it does to the version and the record;
-//! and the stale-write guard in each `--stale` mode.
+//! the stale-write guard in each `--stale` mode; and every refusal code of a verb with the
+//! errno of its `ctl` write.
 //!
 //! The mounted tests keep what only the kernel shows: the same routes made by real tools
 //! (tests/mounted/enforce_routes.rs: a shell's redirection, `sed -i`, `cp`, `ln -f`, python's
@@ -571,4 +572,149 @@ fn warn_logs_a_stale_write_and_off_says_nothing() {
             "{mode:?}"
         );
     }
+}
+
+/// A verb written to `.coherent/ctl` by `a` (None: an unattributed process) that must be
+/// refused: the write fails with `errno` and the reply read back names `reason`.
+fn refused(f: &InProc, a: &Agent, req: &serde_json::Value, reason: &str, errno: i32) {
+    let (r, reply) = f.ctl_reply(a, &req.to_string());
+    assert_eq!(
+        (r, reply["reason"].as_str()),
+        (Err(errno), Some(reason)),
+        "{req}: {reply}"
+    );
+}
+
+fn verb_ok(f: &InProc, a: &Agent, req: &serde_json::Value) {
+    let (r, reply) = f.ctl_reply(a, &req.to_string());
+    assert_eq!(r, Ok(()), "{req}: {reply}");
+}
+
+fn transfer_req(path: &str, to: &str) -> serde_json::Value {
+    serde_json::json!({"verb": "transfer", "paths": [path], "to": to})
+}
+
+fn path_req(verb: &str, path: &str) -> serde_json::Value {
+    serde_json::json!({"verb": verb, "paths": [path]})
+}
+
+/// Every refusal code of docs/handoff.md with the errno of its `ctl` write (the JSON
+/// requests of tests/mounted/enforce_handoff.rs `every_refusal`, in process); none of them
+/// changes a record or a version.
+#[test]
+fn every_refusal_has_its_reason_and_errno() {
+    let f = InProc::new();
+    let (alice, bob, carol) = (Agent::new("alice"), Agent::new("bob"), Agent::new("carol"));
+    f.write_file("other.md", "o\n");
+    f.read(&bob, "other.md").unwrap();
+    f.read(&carol, "other.md").unwrap();
+    f.write(&alice, "plan.md", W | libc::O_CREAT, Some(b"plan\n"))
+        .unwrap();
+    assert_eq!(f.version(&alice, "plan.md"), Some(1));
+
+    let t = transfer_req;
+    refused(
+        &f,
+        &alice,
+        &t("plan.md", "alice"),
+        "handoff_to_self",
+        libc::EACCES,
+    );
+    refused(
+        &f,
+        &alice,
+        &t("plan.md", "nobody"),
+        "handoff_successor_unknown",
+        libc::ESRCH,
+    );
+    let bad = t("plan.md", "bad\u{1}name");
+    refused(
+        &f,
+        &alice,
+        &bad,
+        "handoff_successor_malformed",
+        libc::EINVAL,
+    );
+    refused(
+        &f,
+        &alice,
+        &t("missing.md", "bob"),
+        "no_such_path",
+        libc::ENOENT,
+    );
+    let nobody = Agent::unattributed();
+    refused(
+        &f,
+        &nobody,
+        &t("plan.md", "bob"),
+        "unattributed",
+        libc::EACCES,
+    );
+    let mut big = t("plan.md", "bob");
+    big["note"] = "x".repeat(70 * 1024).into();
+    refused(&f, &alice, &big, "bad_request", libc::EINVAL);
+    assert!(f.record(&alice, "plan.md").is_none());
+    assert_eq!(f.version(&alice, "plan.md"), Some(1));
+
+    // Not held: alice made old.md v1, bob committed v2 since.
+    f.write(&alice, "old.md", W | libc::O_CREAT, Some(b"old\n"))
+        .unwrap();
+    f.write(&bob, "old.md", W | libc::O_APPEND, Some(b"bob\n"))
+        .unwrap();
+    refused(
+        &f,
+        &alice,
+        &t("old.md", "carol"),
+        "handoff_not_held",
+        libc::EACCES,
+    );
+
+    // In flight: alice holds busy.md open for writing (no FLUSH yet).
+    f.write(&alice, "busy.md", W | libc::O_CREAT, Some(b"busy\n"))
+        .unwrap();
+    let busy = f.ino(&alice, "busy.md").unwrap();
+    let held = f.fs.open(&alice.caller, busy, W).unwrap();
+    refused(
+        &f,
+        &alice,
+        &t("busy.md", "bob"),
+        "handoff_in_flight",
+        libc::EBUSY,
+    );
+    f.fs.release(&alice.caller, busy, held.fh);
+
+    // A live record alice -> bob on plan.md.
+    verb_ok(&f, &alice, &t("plan.md", "bob"));
+    f.read(&carol, "plan.md").unwrap();
+    refused(
+        &f,
+        &carol,
+        &t("plan.md", "bob"),
+        "handoff_other_holder",
+        libc::EACCES,
+    );
+    for verb in ["accept", "decline"] {
+        let req = path_req(verb, "plan.md");
+        refused(&f, &carol, &req, "handoff_not_successor", libc::EACCES);
+    }
+    let withdraw = path_req("withdraw", "plan.md");
+    refused(&f, &bob, &withdraw, "handoff_not_giver", libc::EACCES);
+
+    // Ended by a decline: no longer live, and the same transfer is handoff_ended.
+    verb_ok(&f, &bob, &path_req("decline", "plan.md"));
+    let accept = path_req("accept", "plan.md");
+    refused(&f, &bob, &accept, "handoff_not_live", libc::EACCES);
+    refused(&f, &alice, &withdraw, "handoff_not_live", libc::EACCES);
+    f.read(&alice, "plan.md").unwrap();
+    refused(
+        &f,
+        &alice,
+        &t("plan.md", "bob"),
+        "handoff_ended",
+        libc::EACCES,
+    );
+
+    // No refusal above logged a transfer.
+    let transfers = f.events_of("transfer", "alice");
+    assert_eq!(transfers.len(), 1, "{transfers:?}");
 }
