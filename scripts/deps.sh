@@ -9,8 +9,8 @@
 #          nothing of ours uses it), protobuf-compiler and libprotobuf-dev (protoc and the
 #          .proto files it imports: the etcd-client crate's build), openssl (scripts/etcd.sh
 #          makes each cluster's CA and certificates), iproute2 (ip and tc: the network
-#          namespaces, cut links and slowed links of tests/partition.rs), tmux (a server
-#          outside `coherent run` that its sandbox cannot close: tests/run_landlock.rs)
+#          namespaces, cut links and slowed links of tests/multihost/partition.rs), tmux (a server
+#          outside `coherent run` that its sandbox cannot close: tests/agents/run_landlock.rs)
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
 #   user:  'tests' (pjdfstest switches to nobody and tests); coh-u1, coh-u2 and group
 #          coh-shared (the multi-user tests, scripts/test-users.sh)
@@ -33,7 +33,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 missing=()
 command -v cc >/dev/null || missing+=(gcc libc6-dev)
 command -v python3 >/dev/null || missing+=(python3) # bench.sh's tree generator
-command -v node >/dev/null || missing+=(nodejs)     # a fenced node process (tests/cli.rs)
+command -v node >/dev/null || missing+=(nodejs)     # a fenced node process (tests/agents/cli.rs)
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done

@@ -31,26 +31,33 @@ if ! command -v cargo-mutants >/dev/null 2>&1; then
     cargo install --locked cargo-mutants
 fi
 
-# The test binaries that guard each part: the fast core tests, and the mount tests that
-# pin the behaviours earlier mutants got past (tests/enforce_mutants.rs).
-core=(--lib --test core_model --test core_scenarios --test core_contract --test core_offers --test core_wait --test core_journal)
+# The tests that guard each part: the fast core tests, and the mount tests that pin the
+# behaviours earlier mutants got past (enforce_mutants). Test binaries as cargo args (only
+# they are built), the modules of those binaries as test-name filters (`tests::` keeps the
+# unit tests of --lib); docs/tests.md lists which binary holds which module.
+core=(--lib --test nomount)
+core_filters=(tests:: core_model:: core_scenarios:: core_contract:: core_offers:: core_wait:: core_journal::)
 case $part in
 coherence)
     files=(-f 'src/coherence/*.rs' -e src/coherence/time.rs)
-    tests=("${core[@]}" --test volume_policy --test enforce_mutants --test enforce_hardlink --test enforce_users --test enforce_unresolved)
+    tests=("${core[@]}" --test mounted)
+    filters=("${core_filters[@]}" volume_policy:: inproc_decisions:: enforce_mutants:: enforce_hardlink:: enforce_users:: enforce_unresolved::)
     ;;
 time)
     files=(-f src/coherence/time.rs)
-    tests=(--lib --test core_journal --test core_scenarios)
+    tests=(--lib --test nomount)
+    filters=(tests:: core_journal:: core_scenarios::)
     ;;
 volume)
     # Only the functions that map a FUSE request to a route and a commit.
     files=(-f src/volume.rs -F 'before_write|after_write|on_open|on_flush|on_release|exchange|refused')
-    tests=(--test volume_policy --test enforce_mutants --test enforce_routes --test enforce_versions --test enforce_handoff)
+    tests=(--test nomount --test mounted)
+    filters=(volume_policy:: inproc_decisions:: enforce_mutants:: enforce_routes:: enforce_versions:: enforce_handoff::)
     ;;
 control)
     files=(-f src/control.rs -f 'src/control/*.rs')
-    tests=(--lib --test enforce_surface --test cli_mount)
+    tests=(--lib --test mounted --test agents)
+    filters=(tests:: enforce_surface:: cli_mount::)
     ;;
 *)
     echo "unknown part $part" >&2
@@ -85,4 +92,5 @@ env -u CARGO_TARGET_DIR cargo mutants \
     --no-shuffle \
     --copy-target=true \
     --output "$out" \
-    "$@"
+    "$@" \
+    -- -- "${filters[@]}"

@@ -209,7 +209,7 @@ pub fn session_json(session: &SessionInfo) -> Value {
 /// A request must arrive in one FUSE write: the kernel splits a `write(2)` larger than the
 /// mount's `max_write`. fuser asks for 16 MiB and the kernel caps it at its page limit
 /// (1 MiB on current kernels), so a request up to [`super::MAX_REQUEST`] arrives whole
-/// (`tests/cli_mount.rs` checks it on a real mount).
+/// (`tests/agents/cli_mount.rs` checks it on a real mount).
 #[derive(Debug, Default, Clone)]
 pub struct CtlHandle {
     reply: Vec<u8>,

@@ -15,8 +15,12 @@ pub mod clock;
 /// A real etcd (scripts/etcd.sh) for the etcd coordinator's tests.
 pub mod etcd;
 pub mod hosts;
+/// The filesystem type with the real volume policy, no mount (the in-process tests).
+pub mod inproc;
 /// Hosts in network namespaces (the partition tests).
 pub mod netns;
+/// The seedable RNG of the randomized tests.
+pub mod rng;
 /// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
 pub mod users;
 
@@ -62,6 +66,41 @@ pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
         let _ = child.wait();
     }
     st
+}
+
+/// A turn at the host's FUSE request-timeout sysctl (`fs.fuse.default_request_timeout`,
+/// `max_request_timeout`): every test of the `host` binary holds one for its whole run, so
+/// the one that sets the sysctl runs alone, as it did in a binary of its own.
+pub fn fuse_sysctl_turn() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The process's umask, read from /proc/self/status: never set and put back to learn it,
+/// as the other tests of the binary share the process.
+pub fn process_umask() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .expect("Umask: in /proc/self/status");
+    u32::from_str_radix(line.trim(), 8).unwrap()
+}
+
+/// Runs the `#[ignore]`d test `name` of the module `module` (the caller's
+/// `module_path!()`) alone in a new process of this test binary: for a test that changes
+/// what belongs to the whole process (the umask) or measures it (RSS), which the other
+/// tests of the binary share.
+pub fn run_alone(module: &str, name: &str, extra: &[&str]) -> Output {
+    // A test's name leaves out the crate: `nomount::core_journal` → `core_journal::NAME`.
+    let path = module
+        .split_once("::")
+        .map_or(name.to_string(), |(_, m)| format!("{m}::{name}"));
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &path, "--ignored", "--test-threads=1"])
+        .args(extra)
+        .output()
+        .unwrap()
 }
 
 /// Run a command with a timeout (killed when it runs over).
@@ -116,6 +155,7 @@ pub struct Builder {
     env: Vec<(String, String)>,
     in_place: bool,
     passthrough: bool,
+    nofile: Option<u64>,
 }
 
 impl Builder {
@@ -136,6 +176,12 @@ impl Builder {
     /// Mount over the backing directory itself (`coherent-mount DIR`).
     pub fn in_place(mut self) -> Self {
         self.in_place = true;
+        self
+    }
+    /// Start the daemon under `ulimit -n LIMIT` (soft and hard): set in the daemon's
+    /// process only, as the test binary's other tests share the test's process.
+    pub fn nofile(mut self, limit: u64) -> Self {
+        self.nofile = Some(limit);
         self
     }
     /// `false` adds `--no-passthrough`.
@@ -170,6 +216,21 @@ impl Builder {
         }
         cmd.args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)));
+        if let Some(limit) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let rl = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            // SAFETY: runs in the forked child before exec; setrlimit is async-signal-safe
+            // and only reads the struct, which was made before the fork.
+            unsafe {
+                cmd.pre_exec(move || match libc::setrlimit(libc::RLIMIT_NOFILE, &rl) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
+        }
         let child = spawn_mounted(cmd, &mnt, &log);
         Mount {
             dir: Some(dir),
@@ -233,6 +294,7 @@ impl Mount {
             args: Vec::new(),
             env: Vec::new(),
             in_place: false,
+            nofile: None,
             passthrough: true,
         }
     }

@@ -88,12 +88,17 @@ pub struct Net {
 
 impl Net {
     /// Namespaces for `hosts` (names of one letter or digit), with addresses in
-    /// 10.88.X.0/24 and etcd at 10.89.X.1, X chosen from this process's pid so two runs
-    /// at once do not collide.
+    /// 10.88.X.0/24 and etcd at 10.89.X.1, X chosen from this process's pid and the
+    /// number of this call in the process, so neither two runs at once nor two tests of
+    /// one test binary collide.
     pub fn new(hosts: &[&str]) -> Net {
+        static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         require_tools();
-        let x = std::process::id() % 250 + 1;
-        let tag = format!("cp{}", std::process::id() % 100_000);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let x = (pid + 83 * n) % 250 + 1;
+        // Interface names stay within 15 bytes: `cp` + 5 + `x` + n + host + `o`.
+        let tag = format!("cp{}x{n}", pid % 100_000);
         let etcd_ip = format!("10.89.{x}.1");
         // A leftover of a run killed before its cleanup (same pid, much later) is removed.
         run_quiet(&["ip", "addr", "del", &format!("{etcd_ip}/32"), "dev", "lo"]);

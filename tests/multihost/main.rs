@@ -1,0 +1,16 @@
+//! Several hosts of one volume through etcd (`--coordinator`), partitions in network
+//! namespaces.
+//!
+//! One test binary of several (docs/tests.md): one module per former test file.
+
+#[path = "../common/mod.rs"]
+#[macro_use]
+mod common;
+#[path = "../common/coherent.rs"]
+mod coherent;
+
+mod etcd_auth;
+mod etcd_script;
+mod multihost;
+mod multihost_fence;
+mod partition;

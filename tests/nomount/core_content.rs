@@ -1,0 +1,156 @@
+//! The content check of a changed stamp (docs/versions-and-holds.md#content), in the core:
+//! a stamp that moved with the handed bytes unchanged is a metadata-only change (nothing
+//! counted, the record live); other bytes are a change by `external`; without a fingerprint
+//! nothing is counted; on several hosts an older version's bytes are a copy behind.
+
+use crate::core_common;
+
+use coherent::coherence::*;
+use coherent::identity::Session;
+use core_common::*;
+
+const P: &str = "plan.md";
+
+fn print(size: u64, byte: u8) -> Print {
+    Print {
+        size,
+        digest: [byte; 32],
+    }
+}
+
+/// A stamp of this host's copy: inode, ctime, size, mtime.
+fn st(ino: u64, ctime: i64, size: u64, mtime: i64) -> Stamp {
+    Stamp {
+        ino,
+        ctime_ns: ctime,
+        size,
+        mtime_ns: mtime,
+    }
+}
+
+/// plan.md (5 bytes, print A) read by alice and handed to bob, with its fingerprint.
+fn handed(config: Config) -> (H, Session) {
+    let mut h = H::with(config);
+    let (a, b) = (sess("alice"), sess("bob"));
+    for s in [&a, &b] {
+        let t = h.t();
+        h.e.session_seen(s, t);
+    }
+    let t = h.t();
+    h.e.observe(P, Some(st(7, 1, 5, 1)), t);
+    h.read(&a, P);
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(7, 1, 5, 1), Some(print(5, 0xa)), t),
+        Content::Unchanged
+    );
+    h.transfer(&a, &[P], "bob").unwrap();
+    (h, a)
+}
+
+fn live(h: &H) -> bool {
+    !h.e.status(Some(P)).live.is_empty()
+}
+
+#[test]
+fn a_metadata_only_change_is_restamped_and_ends_nothing() {
+    let (mut h, a) = handed(Config::default());
+    // touch -m: ctime and mtime moved, same size: only the content can tell.
+    let moved = st(7, 2, 5, 2);
+    assert!(h.e.wants_print(P, &moved));
+    // Without the fingerprint nothing is counted (fail closed), and it is asked again.
+    let t = h.t();
+    assert_eq!(h.e.observe(P, Some(moved), t), Some(1));
+    assert!(h.e.wants_print(P, &moved), "judged without the content");
+    // With the same bytes: restamped, nothing logged, still fenced.
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, moved, Some(print(5, 0xa)), t),
+        Content::Same
+    );
+    assert_eq!(h.e.stamp(P), Some(moved));
+    assert!(!h.e.wants_print(P, &moved));
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    assert!(live(&h) && h.e.is_fenced(&a, P));
+    // Another size is a change without reading anything.
+    assert!(!h.e.wants_print(P, &st(7, 3, 6, 3)));
+    h.assert_replay_equal();
+}
+
+#[test]
+fn other_bytes_of_the_same_size_are_a_change_by_external() {
+    let (mut h, a) = handed(Config::default());
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(7, 2, 5, 1), Some(print(5, 0xb)), t),
+        Content::Changed
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 1);
+    assert!(!live(&h) && !h.e.is_fenced(&a, P));
+    let ended = &h.e.status(Some(P)).ended[0];
+    assert_eq!(ended.status, Status::Overtaken);
+    assert_eq!(ended.counterparty.as_deref(), Some(EXTERNAL));
+    // On one host the old bytes coming back are a change too (a revert, not a lag).
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(7, 3, 5, 1), Some(print(5, 0xa)), t),
+        Content::Changed
+    );
+    h.assert_replay_equal();
+}
+
+#[test]
+fn without_a_fingerprint_size_and_mtime_decide() {
+    let mut h = H::new();
+    let t = h.t();
+    h.e.observe(P, Some(st(7, 1, 5, 1)), t);
+    for (stamp, counted) in [
+        (st(7, 2, 5, 1), false), // chmod, xattr, touch -a
+        (st(7, 3, 5, 9), true),  // touch -m, or a rewrite
+        (st(7, 4, 6, 9), true),  // another size
+    ] {
+        let before = h.count(EventKind::ExternalChange);
+        let t = h.t();
+        h.e.observe(P, Some(stamp), t);
+        assert_eq!(
+            h.count(EventKind::ExternalChange) - before,
+            counted as usize
+        );
+    }
+}
+
+#[test]
+fn on_several_hosts_a_copy_with_an_older_versions_bytes_is_behind() {
+    let config = Config {
+        host: Some("B".into()),
+        ..Config::default()
+    };
+    let (mut h, _) = handed(config);
+    // The successor commits v2 (5 bytes, print C) and hands it back: that record carries
+    // C; this copy still holds A (v1).
+    let b = sess("bob");
+    let t = h.t();
+    h.e.acquire(&b, P, t).unwrap();
+    let t = h.t();
+    h.e.commit(&b, P, CommitOp::Write, Some(st(7, 5, 5, 5)), t);
+    h.e.note_print(P, st(7, 5, 5, 5), print(5, 0xc));
+    let t = h.t();
+    h.e.close_write(&b, P, true, t);
+    h.transfer(&b, &[P], "alice").unwrap();
+    // A copy replaced by the sync (another inode) still holding v1's bytes: behind.
+    let old = st(9, 6, 5, 1);
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, old, Some(print(5, 0xa)), t),
+        Content::Behind(1)
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    assert!(h.e.is_fenced(&b, P), "the record at v2 is live");
+    // The sync arrives: caught up.
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 7, 5, 5), Some(print(5, 0xc)), t),
+        Content::Same
+    );
+    assert!(h.e.is_fenced(&b, P));
+}

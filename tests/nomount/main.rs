@@ -1,0 +1,32 @@
+//! Tests with no mount: the core (engine, journal, identity, tracking, access), the CLI's
+//! installs, and the filesystem type with the real volume policy in process
+//! (tests/common/inproc.rs).
+//!
+//! One test binary of several (docs/tests.md): one module per former test file.
+
+#[path = "../common/mod.rs"]
+#[macro_use]
+mod common;
+#[path = "../common/coherent.rs"]
+mod coherent;
+#[path = "../common/core.rs"]
+mod core_common;
+
+mod access;
+mod core_content;
+mod core_contract;
+mod core_handoff_table;
+mod core_journal;
+mod core_journal_faults;
+mod core_model;
+mod core_offers;
+mod core_scenarios;
+mod core_step;
+mod core_stress;
+mod core_wait;
+mod identity_directory;
+mod identity_resolve;
+mod inproc_decisions;
+mod install;
+mod tracking;
+mod volume_policy;

@@ -1,0 +1,24 @@
+//! The filesystem on a real FUSE mount: operations, permissions, cache, lifecycle, the
+//! differential reftest, the mount helper and the systemd unit.
+//!
+//! One test binary of several (docs/tests.md): one module per former test file.
+
+#[path = "../common/mod.rs"]
+#[macro_use]
+mod common;
+#[path = "../common/coherent.rs"]
+mod coherent;
+
+mod acl;
+mod fs_cache;
+mod fs_hooks;
+mod fs_lifecycle;
+mod fs_ops;
+mod fs_perms;
+mod killpriv;
+mod long_run;
+mod mount_helper;
+mod reftest;
+mod state_paths;
+mod systemd_unit;
+mod volume_smoke;
