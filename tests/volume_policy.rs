@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coherent::fs::{
-    Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Policy, PseudoFs, WriteRoute,
+    Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute,
 };
-use coherent::store::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
+use coherent::store::{Caller, FsError, SetAttr, Stamp, Time, XattrReply, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 
 struct Agent {
@@ -65,6 +65,8 @@ struct Fixture {
     _dir: tempfile::TempDir,
     backing: std::path::PathBuf,
     vol: Arc<Volume>,
+    /// The volume's write policy (what the filesystem asks around each write).
+    pol: Arc<dyn Policy>,
     /// The filesystem over the same backing directory, with the volume as its policy and
     /// its `.coherent/` backend (what a mount serves, without the mount).
     fs: Fs,
@@ -83,17 +85,12 @@ impl Fixture {
         let root = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut cfg = VolumeConfig::new(state, dir.path().join("mnt"));
         cfg.in_flight_wait = Duration::from_secs(5);
-        let vol = Volume::open(cfg, root).unwrap();
-        let fs = Fs::new(
-            Store::open_root(&backing).unwrap(),
-            vol.clone(),
-            Some(vol.clone() as Arc<dyn PseudoFs>),
-            FsOptions::default(),
-        )
-        .unwrap();
+        // The real policy over the store's backing directory, without a mount.
+        let (vol, fs) = Volume::open_fs(cfg, root, FsOptions::default()).unwrap();
         Fixture {
             _dir: dir,
             backing,
+            pol: vol.policy(),
             vol,
             fs,
         }
@@ -128,7 +125,7 @@ impl Fixture {
             created: false,
             stamp: self.stamp(p),
         };
-        assert!(self.vol.on_open(&a.caller, &info, None).unwrap().is_none());
+        assert!(self.pol.on_open(&a.caller, &info, None).unwrap().is_none());
     }
 
     /// An open for write by `a` that succeeds: the state of its write handle.
@@ -138,7 +135,7 @@ impl Fixture {
             path: Some(Path::new(p)),
             flags: libc::O_WRONLY,
         };
-        let permit = self.vol.before_write(&a.caller, &route).unwrap();
+        let permit = self.pol.before_write(&a.caller, &route).unwrap();
         let info = OpenInfo {
             ino: 1,
             path: Some(Path::new(p)),
@@ -146,7 +143,7 @@ impl Fixture {
             created: false,
             stamp: self.stamp(p),
         };
-        let state = self.vol.on_open(&a.caller, &info, permit).unwrap();
+        let state = self.pol.on_open(&a.caller, &info, permit).unwrap();
         state.expect("a write handle keeps state")
     }
 
@@ -341,7 +338,7 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
         ),
     ];
     for (i, (route, name)) in routes.iter().enumerate() {
-        let err = f.vol.before_write(&alice.caller, route).unwrap_err();
+        let err = f.pol.before_write(&alice.caller, route).unwrap_err();
         assert_eq!(err.errno(), libc::EACCES, "{route:?}");
         let denied = f.events_written("denied", "alice");
         assert_eq!(
@@ -362,21 +359,21 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
     // A bystander and the successor are not fenced; mkdir/rmdir are no write routes.
     let carol = Agent::new("carol");
     for a in [&bob, &carol] {
-        let permit = f.vol.before_write(&a.caller, &routes[2].0).unwrap();
+        let permit = f.pol.before_write(&a.caller, &routes[2].0).unwrap();
         assert_eq!(permit.unwrap().path, "plan.md");
     }
     let mkdir = WriteRoute::Mkdir {
         path: p("plan.md"),
         mode: 0o755,
     };
-    assert!(f.vol.before_write(&alice.caller, &mkdir).unwrap().is_none());
+    assert!(f.pol.before_write(&alice.caller, &mkdir).unwrap().is_none());
     // A computed xattr is refused to anyone, with no event.
     let computed = WriteRoute::Setxattr {
         path: p("other.md"),
         name: OsStr::new("user.coherent.version"),
     };
     assert_eq!(
-        f.vol
+        f.pol
             .before_write(&carol.caller, &computed)
             .unwrap_err()
             .errno(),
@@ -394,13 +391,13 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let st = f.stamp("a.md");
     // A deliberate close(2) by a running task, then its process exits before the
     // RELEASE arrives: still a `release`.
-    f.vol.on_flush(&bob.caller, &f.handle("a.md", &t, st));
+    f.pol.on_flush(&bob.caller, &f.handle("a.md", &t, st));
     bob.kill();
     let nobody = Caller {
         pid: 0,
         ..bob.caller
     };
-    f.vol.on_release(&nobody, &f.handle("a.md", &t, st));
+    f.pol.on_release(&nobody, &f.handle("a.md", &t, st));
     assert_eq!(f.events_of("release", "bob").len(), 1);
     assert!(f.events_of("reclaim", "bob").is_empty());
 
@@ -408,7 +405,7 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let mut carol = Agent::new("carol");
     let t = f.open_write(&carol, "a.md");
     carol.kill();
-    f.vol.on_release(&nobody, &f.handle("a.md", &t, st));
+    f.pol.on_release(&nobody, &f.handle("a.md", &t, st));
     let reclaimed = f.await_event("reclaim", "carol", 1);
     assert_eq!(reclaimed.len(), 1, "{:#?}", f.events());
     assert_eq!(reclaimed[0]["path"], "a.md");
@@ -429,15 +426,15 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
     assert_eq!(f.ctl(&alice, "transfer --to bob plan.md"), Err(libc::EBUSY));
     assert!(started.elapsed() < Duration::from_secs(4), "did not wait");
     // Closed (FLUSH) but the RELEASE is still on its way: the transfer waits for it.
-    f.vol.on_flush(&alice.caller, &f.handle("plan.md", &t, st));
+    f.pol.on_flush(&alice.caller, &f.handle("plan.md", &t, st));
     std::thread::scope(|sc| {
-        let vol = &f.vol;
+        let pol = &f.pol;
         let h = f.handle("plan.md", &t, st);
         let releaser = sc.spawn(move || {
             // Release once the transfer is waiting (it logs nothing while waiting; its
             // refusal would already be back, so give it a moment to start).
             std::thread::sleep(Duration::from_millis(200));
-            vol.on_release(
+            pol.on_release(
                 &Caller {
                     pid: 0,
                     uid: 0,
@@ -478,7 +475,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             path: Some(Path::new("plan.md")),
             flags: libc::O_WRONLY | libc::O_APPEND,
         };
-        let e = f.vol.before_write(&c, &route).unwrap_err();
+        let e = f.pol.before_write(&c, &route).unwrap_err();
         assert_eq!(e.errno(), libc::EACCES, "pid {pid}");
         let denied = f.events_written("denied", "uid:0");
         assert_eq!(denied.len(), denied_before + 1, "pid {pid}: {denied:?}");
@@ -493,7 +490,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             flags: 0,
         };
         assert_eq!(
-            f.vol.before_write(&c, &onto).unwrap_err().errno(),
+            f.pol.before_write(&c, &onto).unwrap_err().errno(),
             libc::EACCES
         );
         // Other paths: written as the request's uid, as before.
@@ -502,9 +499,9 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             path: Some(Path::new("other.md")),
             flags: libc::O_WRONLY,
         };
-        let permit = f.vol.before_write(&c, &other).unwrap().expect("a permit");
+        let permit = f.pol.before_write(&c, &other).unwrap().expect("a permit");
         assert_eq!(permit.session.name, "uid:0");
-        f.vol
+        f.pol
             .after_write(&c, &other, Some(permit), Err(FsError(libc::EIO)));
         // Reads go on.
         let info = OpenInfo {
@@ -514,7 +511,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             created: false,
             stamp: f.stamp("plan.md"),
         };
-        assert!(f.vol.on_open(&c, &info, None).unwrap().is_none());
+        assert!(f.pol.on_open(&c, &info, None).unwrap().is_none());
     }
     // Nothing overtook the handoff: the record is pending and alice is still fenced.
     let st = f.vol.engine().status(Some("plan.md"));
@@ -553,7 +550,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("plan.md"),
         flags: 0,
     };
-    let e = f.vol.before_write(&c, &onto).unwrap_err();
+    let e = f.pol.before_write(&c, &onto).unwrap_err();
     assert_eq!(e.errno(), libc::EACCES);
     let d = last_denied();
     assert_eq!(
@@ -567,7 +564,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("elsewhere.md"),
         flags: 0,
     };
-    f.vol.before_write(&c, &away).unwrap_err();
+    f.pol.before_write(&c, &away).unwrap_err();
     let d = last_denied();
     assert_eq!(
         (&d["path"], &d["route"]),
@@ -580,7 +577,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         flags: 0,
     };
     assert_eq!(
-        f.vol.before_write(&c, &dir).unwrap_err().errno(),
+        f.pol.before_write(&c, &dir).unwrap_err().errno(),
         libc::EACCES
     );
     let d = last_denied();
@@ -595,8 +592,8 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("ee"),
         flags: 0,
     };
-    let permit = f.vol.before_write(&c, &neighbour).unwrap();
-    f.vol
+    let permit = f.pol.before_write(&c, &neighbour).unwrap();
+    f.pol
         .after_write(&c, &neighbour, permit, Err(FsError(libc::EIO)));
     // A one-letter directory: `d/x.md` has its `/` right after one letter, yet is not in `z/`.
     std::fs::create_dir(f.backing.join("z")).unwrap();
@@ -605,8 +602,8 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("y"),
         flags: 0,
     };
-    let permit = f.vol.before_write(&c, &short).unwrap();
-    f.vol
+    let permit = f.pol.before_write(&c, &short).unwrap();
+    f.pol
         .after_write(&c, &short, permit, Err(FsError(libc::EIO)));
     assert_eq!(f.events_written("denied", "uid:0").len(), n);
 }

@@ -1,136 +1,52 @@
-//! The `.coherent/` directory of docs/design.md#control-surface: `ctl` (one request per write, the
-//! reply read back from the same handle), `status`, `events`, `whoami`, `why`, `inbox`.
+//! The verbs server: what `ctl` runs on a well-formed request (`register`, `transfer`,
+//! `accept`, `decline`, `withdraw`, `status`, `whoami`, `wait`), served for the caller's
+//! session, and the per-reader answers the `.coherent/` files show (`status`, `whoami`,
+//! `why`, `inbox`, `events`, `changes`).
 //!
-//! Content that depends on the reader (`whoami`, `why`, `inbox`) and `status` are computed
-//! once, at open, for the opener's session: a reader sees one consistent snapshot however
-//! it reads. `events` reads the journal at the requested offset, so a reader follows it as
-//! it grows; its size is the log's length and its mtime moves when the log grows (the
-//! adapter gives virtual nodes an attribute TTL of 0, so `tail -f` and `coherent watch`
-//! see both). Per-reader files report size 0 (like `/proc`): they are opened with direct
-//! I/O, so readers read until EOF. Only `ctl` is writable (mode 0666, any user may send a
-//! request; the verbs decide who may do what).
-//!
-//! What a reader sees of a path depends on the reader (docs/design.md#control-surface): `status`,
-//! `events`, `inbox` and the ctl verbs show a path, its record and its note only to callers who
-//! could look the path up themselves ([`crate::visibility`]); to anyone else the answer is the one
-//! for a path that does not exist. A path in a request resolves beneath the backing root
-//! ([`crate::beneath`]): one that leaves it is `bad_request` "outside the volume", whether
-//! or not the host path exists, and the engine never hears of it.
-//!
-//! [`Surface`] owns the open handles of the tree; the volume's [`PseudoFs`] methods (the
-//! backend [`crate::fs::Fs`] routes `.coherent/` to) delegate to it in one line each, and
-//! its methods take the [`Volume`] for what they read (engine, journal, resolver, the
-//! backing directory).
+//! What a reader sees of a path depends on the reader (docs/design.md#control-surface):
+//! a path, its record and its note are shown only to callers who could look the path up
+//! themselves ([`crate::visibility`]); to anyone else the answer is the one for a path
+//! that does not exist. A path in a request resolves beneath the backing root
+//! ([`crate::beneath`]) once, when the request is placed: one that leaves it is
+//! `bad_request` "outside the volume", whether or not the host path exists, and the
+//! engine never hears of it.
 
-use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
-use std::os::fd::AsFd;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use super::waits::{self, Check, Waits};
-use super::Volume;
+use super::handles::Handles;
+use super::tell::Told;
+use super::waits::{self, Check};
+use super::workspace::Workspace;
 use crate::access::{may_write, Who};
 use crate::beneath::{self, Resolved};
 use crate::coherence::{Engine, RecordJson, Role, StatusReport, Timestamp};
-use crate::control::{session_json, CtlHandle, Reply, Request, Verb, NO_REFUSAL};
+use crate::control::{session_json, Reply, Request, Verb, NO_REFUSAL};
 use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
-use crate::fs::{open_writes, PseudoFs, ReadDone};
 use crate::identity::{Session, Via};
-use crate::store::{
-    Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
-};
+use crate::store::{Caller, FsError};
 use crate::visibility::{LogView, Sight};
 
-pub(super) const DIR: u64 = VIRTUAL_INO_BIT | 1;
-const CTL: u64 = VIRTUAL_INO_BIT | 2;
-const STATUS: u64 = VIRTUAL_INO_BIT | 3;
-const EVENTS: u64 = VIRTUAL_INO_BIT | 4;
-const WHOAMI: u64 = VIRTUAL_INO_BIT | 5;
-const WHY: u64 = VIRTUAL_INO_BIT | 6;
-const INBOX: u64 = VIRTUAL_INO_BIT | 7;
-const CHANGES: u64 = VIRTUAL_INO_BIT | 8;
+/// How long a transfer asks again whether a file is still open for writing where the
+/// volume does not see it, before refusing (see [`Verbs::unseen_writer`]).
+const UNSEEN_WRITER_SETTLE: Duration = Duration::from_millis(100);
 
-const FILES: [(&str, u64); 6] = [
-    ("ctl", CTL),
-    ("status", STATUS),
-    ("events", EVENTS),
-    ("whoami", WHOAMI),
-    ("why", WHY),
-    ("inbox", INBOX),
-];
-
-/// Files reachable by name but not listed: `ls .coherent` shows the files of the contract
-/// and nothing else. `changes` is for git's fsmonitor hook (docs/git.md).
-const UNLISTED: [(&str, u64); 1] = [("changes", CHANGES)];
-
-/// One open handle of a virtual file.
-enum VHandle {
-    Ctl(CtlHandle),
-    /// Content computed at open.
-    Text(Vec<u8>),
-    /// The journal, read at each offset plus `shift`: a reader that started below the
-    /// log's base (compacted away) is moved up to the base once, and stays moved, so it
-    /// reads each event once. For root, who sees every path.
-    Events {
-        shift: u64,
-    },
-    /// The journal as another reader may see it: only lines of paths it could look up.
-    SeenEvents(LogView),
-    /// `changes`: the answer for the changes after the offset of the first read, kept
-    /// with that offset, so the reply reads as if it were placed there (a hook reads it
-    /// with `pread` at its token's sequence; `cat` reads the whole ring from 0).
-    Changes {
-        who: Who,
-        kept: Option<(u64, Vec<u8>)>,
-    },
-}
-
-/// The `.coherent/` control surface: its open handles and the state of `events`' mtime.
-pub(crate) struct Surface {
-    handles: Mutex<HashMap<u64, Arc<Mutex<VHandle>>>>,
-    next: AtomicU64,
-    /// (log length last reported, when it was first seen at that length).
-    events_seen: Mutex<(u64, Time)>,
-    started: Time,
-    uid: u32,
-    gid: u32,
-    /// `ctl` handles waiting for a `wait` request's answer, and their kept reads.
-    waits: Waits,
+/// The verbs server of one volume.
+pub struct Verbs {
+    ws: Arc<Workspace>,
+    /// The open write handles, for the in-flight rule of a transfer.
+    handles: Arc<Handles>,
+    /// Where the volume is mounted (to recognise its files in `/proc/PID/fd`).
+    mountpoint: PathBuf,
+    /// How long a transfer refused `handoff_in_flight` waits for imminent releases.
+    in_flight_wait: Duration,
     /// How file data flows, as the FUSE layer found it at `init` (`data_mode` in `status`).
     data_mode: Mutex<Option<String>>,
-}
-
-fn time_now() -> Time {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    Time {
-        sec: d.as_secs() as i64,
-        nsec: d.subsec_nanos(),
-    }
-}
-
-impl Surface {
-    pub(super) fn new() -> Self {
-        let now = time_now();
-        Surface {
-            handles: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(1),
-            events_seen: Mutex::new((0, now)),
-            started: now,
-            // SAFETY: getuid/getgid cannot fail.
-            uid: unsafe { libc::getuid() },
-            gid: unsafe { libc::getgid() },
-            waits: Waits::default(),
-            data_mode: Mutex::new(None),
-        }
-    }
 }
 
 /// The text of `why`: the latest refusal or stale write (its versions are in the text),
@@ -156,365 +72,117 @@ fn json_line(v: &impl serde::Serialize) -> Vec<u8> {
     b
 }
 
-impl Surface {
-    pub(super) fn attr(&self, vol: &Volume, ino: u64) -> FsResult<Attr> {
-        let v = self;
-        let (kind, perm, size, mtime) = match ino {
-            DIR => (Kind::Dir, 0o555, 0, v.started),
-            CTL => (Kind::File, 0o666, 0, v.started),
-            EVENTS => {
-                let len = vol.journal.log_len();
-                let mut seen = v.events_seen.lock();
-                if seen.0 != len {
-                    *seen = (len, time_now());
-                }
-                (Kind::File, 0o444, len, seen.1)
-            }
-            STATUS | WHOAMI | WHY | INBOX | CHANGES => (Kind::File, 0o444, 0, time_now()),
-            _ => return Err(FsError(libc::ENOENT)),
-        };
-        Ok(Attr {
-            ino,
-            kind,
-            perm,
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
-            uid: v.uid,
-            gid: v.gid,
-            size,
-            blocks: 0,
-            atime: mtime,
-            mtime,
-            ctime: mtime,
-            rdev: 0,
-            blksize: 4096,
-        })
-    }
-
-    pub(super) fn lookup(&self, vol: &Volume, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        let ino = match parent {
-            ROOT_INO if name == crate::control::CONTROL_DIR => DIR,
-            DIR => FILES
-                .iter()
-                .chain(UNLISTED.iter())
-                .find(|(n, _)| OsStr::new(n) == name)
-                .map(|(_, i)| *i)
-                .ok_or(FsError(libc::ENOENT))?,
-            _ => return Err(FsError(libc::ENOENT)),
-        };
-        self.attr(vol, ino)
-    }
-
-    pub(super) fn readdir(&self, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
-        if ino != DIR {
-            return Err(FsError(libc::ENOTDIR));
-        }
-        Ok(FILES
-            .iter()
-            .map(|(n, i)| {
-                (
-                    *i,
-                    DirEntry {
-                        name: (*n).into(),
-                        kind: Kind::File,
-                        backing_ino: *i,
-                    },
-                )
-            })
-            .collect())
-    }
-
-    pub(super) fn open(
-        &self,
-        vol: &Volume,
-        caller: &Caller,
-        ino: u64,
-        flags: i32,
-    ) -> FsResult<u64> {
-        let h = match ino {
-            DIR => return Err(FsError(libc::EISDIR)),
-            CTL => VHandle::Ctl(CtlHandle::new()),
-            _ if open_writes(flags) => return Err(FsError(libc::EACCES)),
-            EVENTS => match who(caller) {
-                w if w.is_root() => VHandle::Events { shift: 0 },
-                w => VHandle::SeenEvents(LogView::new(w)),
-            },
-            STATUS => {
-                vol.coord.catch_up();
-                let mut sight = Sight::new(who(caller));
-                VHandle::Text(json_line(&seen_status(vol, &mut sight, None)))
-            }
-            WHOAMI => VHandle::Text(json_line(&whoami_json(vol, caller))),
-            CHANGES => VHandle::Changes {
-                who: who(caller),
-                kept: None,
-            },
-            WHY => {
-                // A path the reader can no longer look up is not shown, even its own.
-                let mut sight = Sight::new(who(caller));
-                let why = vol.engine.why_about(&vol.session(caller));
-                VHandle::Text(why_text(why.and_then(|(p, t, at)| match p {
-                    Some(p) if !sight.sees(vol.root.as_fd(), &p) => None,
-                    _ => Some((t, at)),
-                })))
-            }
-            INBOX => {
-                vol.coord.catch_up();
-                let mut sight = Sight::new(who(caller));
-                let inbox = vol.engine.inbox(&vol.session(caller));
-                VHandle::Text(json_line(&seen_records(vol, &mut sight, inbox)))
-            }
-            _ => return Err(FsError(libc::ENOENT)),
-        };
-        let token = self.next.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(token, Arc::new(Mutex::new(h)));
-        Ok(token)
-    }
-
-    fn handle(&self, token: u64) -> FsResult<Arc<Mutex<VHandle>>> {
-        self.handles
-            .lock()
-            .get(&token)
-            .cloned()
-            .ok_or(FsError(libc::EBADF))
-    }
-
-    fn read(&self, vol: &Volume, token: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        let h = self.handle(token)?;
-        let mut h = h.lock();
-        match &mut *h {
-            VHandle::Ctl(c) => Ok(c.read(offset, size).to_vec()),
-            VHandle::Text(t) => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX).min(t.len());
-                let end = start.saturating_add(size as usize).min(t.len());
-                Ok(t[start..end].to_vec())
-            }
-            VHandle::SeenEvents(view) => view
-                .read(vol.root.as_fd(), offset, size as usize, |o, n| {
-                    vol.journal.read_log_from(o, n)
-                })
-                .map_err(FsError::from),
-            VHandle::Changes { who, kept } => {
-                let (start, text) = kept.get_or_insert_with(|| {
-                    let mut sight = Sight::new(who.clone());
-                    let root = vol.root.as_fd();
-                    let text = vol.changes.answer(offset, |p| {
-                        if sight.sees_all() {
-                            return Some(true);
-                        }
-                        p.to_str().map(|p| sight.sees(root, p))
-                    });
-                    (offset, text)
-                });
-                let from = offset.saturating_sub(*start).min(text.len() as u64) as usize;
-                let from = if offset < *start { text.len() } else { from };
-                let end = from.saturating_add(size as usize).min(text.len());
-                Ok(text[from..end].to_vec())
-            }
-            VHandle::Events { shift } => {
-                let want = offset.saturating_add(*shift);
-                let (start, bytes) = vol
-                    .journal
-                    .read_log_from(want, size as usize)
-                    .map_err(FsError::from)?;
-                *shift += start - want;
-                Ok(bytes)
-            }
-        }
-    }
-
-    /// A read that a waiting `ctl` handle answers later (see `waits`); any other read at
-    /// once.
-    pub(super) fn read_deferred(
-        &self,
-        vol: &Volume,
-        caller: &Caller,
-        token: u64,
-        offset: u64,
-        size: u32,
-        done: ReadDone,
-    ) {
-        let done = match self.handle(token) {
-            Ok(h) => {
-                let _locked = h.lock();
-                match self.waits.keep_read(token, offset, size, caller.pid, done) {
-                    Some(done) => done,
-                    None => {
-                        // The waiter now checks this reader for a kill, too.
-                        vol.engine.poke();
-                        return;
-                    }
-                }
-            }
-            Err(e) => return done(Err(e)),
-        };
-        done(self.read(vol, token, offset, size))
-    }
-
-    /// One request on `ctl`: served for the writer's session; a refusal fails the write
-    /// with its errno (the reply is stored either way, to be read back). A `wait` not
-    /// reached yet leaves the handle waiting: its next read is answered when it is.
-    pub(super) fn write(
-        &self,
-        vol: &Volume,
-        caller: &Caller,
-        token: u64,
-        data: &[u8],
-    ) -> FsResult<u32> {
-        let h = self.handle(token)?;
-        let mut h = h.lock();
-        let VHandle::Ctl(ctl) = &mut *h else {
-            return Err(FsError(libc::EBADF));
-        };
-        let lost = self.waits.stop(token);
-        let mut later = None;
-        let r = ctl.write(data, |req| match req {
-            Request::Wait { .. } => match wait_check(vol, caller, req) {
-                Check::Now(reply) => reply,
-                Check::Later(w) => {
-                    let reply = waits::placeholder(&w);
-                    later = Some(w);
-                    reply
-                }
-            },
-            _ => self.serve(vol, caller, req),
-        });
-        if let Some(w) = later {
-            self.waits.start(token, w);
-            // The waiter looks again, so a change since the check is not missed.
-            vol.engine.poke();
-        }
-        drop(h);
-        waits::interrupted(lost.into_iter().flatten().map(|(_, _, d)| d));
-        r.map_err(FsError)
-    }
-
-    pub(super) fn release(&self, token: u64) {
-        if let Ok(h) = self.handle(token) {
-            let _locked = h.lock();
-            let lost = self.waits.stop(token);
-            drop(_locked);
-            waits::interrupted(lost.into_iter().flatten().map(|(_, _, d)| d));
-        }
-        self.handles.lock().remove(&token);
-    }
-
-    /// Answer a waiting handle: store `reply` and answer its kept reads from it.
-    fn finish(&self, token: u64, reply: &Reply) {
-        let Ok(h) = self.handle(token) else {
-            self.waits.stop(token);
-            return;
-        };
-        let mut h = h.lock();
-        let Some(reads) = self.waits.stop(token) else {
-            return;
-        };
-        let VHandle::Ctl(ctl) = &mut *h else { return };
-        let _ = ctl.set_reply(reply);
-        let answers: Vec<(ReadDone, Vec<u8>)> = reads
-            .into_iter()
-            .map(|(offset, size, done)| (done, ctl.read(offset, size).to_vec()))
-            .collect();
-        drop(h);
-        for (done, bytes) in answers {
-            done(Ok(bytes));
-        }
-    }
-
-    /// The `coherent-wait` thread: answers waiting handles when their record changes,
-    /// their deadline passes or their reader is killed, until `stopped()`.
-    pub(super) fn run_waits(&self, vol: &Volume, stopped: impl Fn() -> bool) {
-        let mut seen = vol.engine.changes();
-        loop {
-            if stopped() {
-                for token in self.waits.tokens() {
-                    let r = Reply::refused(
-                        Some(Verb::Wait),
-                        &Refusal::new(Reason::IoError, "the volume is being unmounted"),
-                        None,
-                    );
-                    self.finish(token, &r);
-                }
-                return;
-            }
-            // Read before looking, so a wait registered meanwhile (it pokes after it is
-            // in the map) ends the sleep below at once.
-            let poked = vol.engine.pokes();
-            let (due, killed, next) = self.waits.due(&vol.engine);
-            waits::interrupted(killed);
-            for (token, reply) in due {
-                self.finish(token, &reply);
-            }
-            if self.waits.is_empty() {
-                // Nothing to follow: commits need not wake this thread, only a new wait
-                // (or unmount) does.
-                vol.engine.wait_poke(poked, next);
-                seen = vol.engine.changes();
-            } else {
-                seen = vol.engine.wait_change(seen, next);
-            }
-        }
-    }
-}
-
-/// The `.coherent/` tree as a backend of [`crate::fs::Fs`]: each request goes to the
-/// [`Surface`] with the volume it reads.
-impl PseudoFs for Volume {
-    fn root_name(&self) -> OsString {
-        crate::control::CONTROL_DIR.into()
-    }
-
-    fn lookup(&self, _caller: &Caller, parent: u64, name: &OsStr) -> FsResult<Attr> {
-        self.surface.lookup(self, parent, name)
-    }
-
-    /// The nodes are fixed: nothing to forget.
-    fn forget(&self, _ino: u64, _nlookup: u64) {}
-
-    fn getattr(&self, _caller: &Caller, ino: u64) -> FsResult<Attr> {
-        self.surface.attr(self, ino)
-    }
-
-    fn readdir(&self, _caller: &Caller, ino: u64) -> FsResult<Vec<(u64, DirEntry)>> {
-        self.surface.readdir(ino)
-    }
-
-    fn open(&self, caller: &Caller, ino: u64, flags: i32) -> FsResult<u64> {
-        self.surface.open(self, caller, ino, flags)
-    }
-
-    fn read(&self, caller: &Caller, token: u64, offset: u64, size: u32, done: ReadDone) {
-        self.surface
-            .read_deferred(self, caller, token, offset, size, done)
-    }
-
-    fn write(&self, caller: &Caller, token: u64, data: &[u8]) -> FsResult<u32> {
-        self.surface.write(self, caller, token, data)
-    }
-
-    fn release(&self, token: u64) {
-        self.surface.release(token)
-    }
-
-    fn set_data_mode(&self, mode: &str) {
-        *self.surface.data_mode.lock() = Some(mode.to_string());
-    }
-}
-
 /// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
 /// tags that were ignored because their value is not a valid session name.
-fn whoami_json(vol: &Volume, caller: &Caller) -> Value {
+fn whoami_json(vol: &Workspace, caller: &Caller) -> Value {
     let mut v = session_json(&vol.session(caller));
-    let ignored = vol.resolver().ignored_tags(caller.pid);
+    let ignored = vol.resolver.ignored_tags(caller.pid);
     if !ignored.is_empty() {
         v["ignored"] = serde_json::to_value(&ignored).unwrap_or(Value::Null);
     }
     v
 }
 
-/// The verbs, served for the caller's session: what `ctl` runs on a well-formed request.
-impl Surface {
+impl Verbs {
+    pub(super) fn new(
+        ws: Arc<Workspace>,
+        handles: Arc<Handles>,
+        mountpoint: PathBuf,
+        in_flight_wait: Duration,
+    ) -> Self {
+        Verbs {
+            ws,
+            handles,
+            mountpoint,
+            in_flight_wait,
+            data_mode: Mutex::new(None),
+        }
+    }
+
+    /// The engine, whose changes the waits follow.
+    pub(super) fn engine(&self) -> &Engine {
+        &self.ws.engine
+    }
+
+    pub(super) fn set_data_mode(&self, mode: &str) {
+        *self.data_mode.lock() = Some(mode.to_string());
+    }
+
+    /// `.coherent/status` for `caller`: after catching up with the other hosts.
+    pub(super) fn status_file(&self, caller: &Caller) -> Vec<u8> {
+        self.ws.coord.catch_up();
+        let mut sight = Sight::new(who(caller));
+        json_line(&seen_status(&self.ws, &mut sight, None))
+    }
+
+    /// `.coherent/whoami` for `caller`.
+    pub(super) fn whoami_file(&self, caller: &Caller) -> Vec<u8> {
+        json_line(&whoami_json(&self.ws, caller))
+    }
+
+    /// `.coherent/why` for `caller`: a path the reader can no longer look up is not
+    /// shown, even its own.
+    pub(super) fn why_file(&self, caller: &Caller) -> Vec<u8> {
+        let mut sight = Sight::new(who(caller));
+        let why = self.ws.engine.why_about(&self.ws.session(caller));
+        why_text(why.and_then(|(p, t, at)| match p {
+            Some(p) if !sight.sees(self.ws.backing.fd(), &p) => None,
+            _ => Some((t, at)),
+        }))
+    }
+
+    /// `.coherent/inbox` for `caller`.
+    pub(super) fn inbox_file(&self, caller: &Caller) -> Vec<u8> {
+        self.ws.coord.catch_up();
+        let mut sight = Sight::new(who(caller));
+        let inbox = self.ws.engine.inbox(&self.ws.session(caller));
+        json_line(&seen_records(&self.ws, &mut sight, inbox))
+    }
+
+    /// The state log's length (the size of `events`).
+    pub(super) fn log_len(&self) -> u64 {
+        self.ws.journal.log_len()
+    }
+
+    /// The state log from `from` (or from its base, if compacted past it): where it
+    /// starts and up to `n` bytes.
+    pub(super) fn read_log(&self, from: u64, n: usize) -> Result<(u64, Vec<u8>), FsError> {
+        self.ws.journal.read_log_from(from, n).map_err(FsError::from)
+    }
+
+    /// The state log as `view`'s reader may see it.
+    pub(super) fn read_seen_log(
+        &self,
+        view: &mut LogView,
+        offset: u64,
+        size: usize,
+    ) -> Result<Vec<u8>, FsError> {
+        view.read(self.ws.backing.fd(), offset, size, |o, n| {
+            self.ws.journal.read_log_from(o, n)
+        })
+        .map_err(FsError::from)
+    }
+
+    /// A `wait` request on `ctl`: answered now (refused, or reached) or later.
+    pub(super) fn wait_check(&self, caller: &Caller, req: &Request) -> Check {
+        wait_check(&self.ws, caller, req)
+    }
+
+    /// `.coherent/changes` after `offset`, the paths `who` may see.
+    pub(super) fn changes_file(&self, who: &Who, offset: u64) -> Vec<u8> {
+        let mut sight = Sight::new(who.clone());
+        let root = self.ws.backing.fd();
+        self.ws.changes.answer(offset, |p| {
+            if sight.sees_all() {
+                return Some(true);
+            }
+            p.to_str().map(|p| sight.sees(root, p))
+        })
+    }
+
     /// Serve one parsed request for `caller`.
-    fn serve(&self, vol: &Volume, caller: &Caller, req: &Request) -> Reply {
+    pub(super) fn serve(&self, caller: &Caller, req: &Request) -> Reply {
+        let vol = &*self.ws;
         if vol.journal.is_poisoned() && !matches!(req, Request::Status { .. }) {
             return journal_failed(req.verb());
         }
@@ -525,7 +193,7 @@ impl Surface {
         let verb = req.verb();
         let mut sight = Sight::new(who(caller));
         let r = match not_yours(s, verb).map_or_else(|| place_request(vol, &mut sight, req), Err) {
-            Ok(req) => self.serve_agreed(vol, s, &mut sight, &req),
+            Ok(req) => self.serve_agreed(s, &mut sight, &req),
             Err(f) => Err(f),
         };
         if vol.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
@@ -536,7 +204,7 @@ impl Surface {
             Ok(reply) => reply,
             Err(f) => {
                 // `why` shows the latest refusal, whichever part of the volume made it.
-                vol.tell_why(s, super::Told::Refused(&f), Timestamp::now());
+                vol.tell(s, Told::Refused(&f), Timestamp::now());
                 let paths = req.paths();
                 let path = (paths.len() == 1).then(|| paths[0].as_str());
                 Reply::refused(Some(verb), &f, path)
@@ -548,24 +216,24 @@ impl Surface {
     /// when etcd cannot be reached), and `status` first catches up with the other hosts.
     fn serve_agreed(
         &self,
-        vol: &Volume,
         s: &Session,
         sight: &mut Sight,
         req: &Request,
     ) -> Result<Reply, Refusal> {
+        let vol = &*self.ws;
         let verb = req.verb();
         if vol.coord.host().is_none() {
-            let attempt = || self.serve_verb(vol, &vol.engine, s, sight, req);
+            let attempt = || self.serve_verb(&vol.engine, s, sight, req);
             let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
-            return once_more_after_releases(vol, s, req, attempt, refused);
+            return self.once_more_after_releases(s, req, attempt, refused);
         }
         if matches!(verb, Verb::Whoami | Verb::Wait) {
-            return self.serve_verb(vol, &vol.engine, s, sight, req);
+            return self.serve_verb(&vol.engine, s, sight, req);
         }
         if verb == Verb::Status {
             // Best effort: a host cut off answers with what it has (and says so).
             vol.coord.catch_up();
-            return self.serve_verb(vol, &vol.engine, s, sight, req);
+            return self.serve_verb(&vol.engine, s, sight, req);
         }
         let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
         // The wait for releases happens outside the step, which their release needs.
@@ -574,7 +242,7 @@ impl Surface {
             let stepped = vol
                 .coord
                 .step(&vol.engine, &names, StepKind::Verb, &mut |e| {
-                    let r = self.serve_verb(vol, e, s, sight, req);
+                    let r = self.serve_verb(e, s, sight, req);
                     let ok = r.is_ok();
                     out = Some(r);
                     ok
@@ -582,7 +250,7 @@ impl Surface {
             stepped.map(|st| (st, out))
         };
         let refused = |r: &Result<_, Refusal>| matches!(r, Ok((_, Some(Err(f)))) if in_flight(f));
-        let (stepped, out) = once_more_after_releases(vol, s, req, attempt, refused)?;
+        let (stepped, out) = self.once_more_after_releases(s, req, attempt, refused)?;
         if stepped.in_flight.is_empty() {
             return out.expect("the step ran the verb");
         }
@@ -615,12 +283,12 @@ impl Surface {
     /// Runs a verb's changes through `e`: the volume's engine, or a step's view of it.
     fn serve_verb(
         &self,
-        vol: &Volume,
         e: &Engine,
         s: &Session,
         sight: &mut Sight,
         req: &Request,
     ) -> Result<Reply, Refusal> {
+        let vol = &*self.ws;
         let now = Timestamp::now();
         let records = |r: crate::coherence::VerbReply| match serde_json::to_value(&r.records) {
             Ok(Value::Array(v)) => v,
@@ -655,7 +323,7 @@ impl Surface {
                 fingerprint_paths(vol, e, paths, now)?;
                 may_write_all(vol, sight.who(), paths)?;
                 successor_owner_may_write(vol, to, sight.who(), paths)?;
-                no_unseen_writer(vol, paths)?;
+                self.no_unseen_writer(paths)?;
                 let r = e.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
@@ -678,7 +346,7 @@ impl Surface {
             Request::Status { path } => {
                 if let Some(p) = path
                     .as_deref()
-                    .filter(|p| vol.is_tracked(p, false) && sight.sees(vol.root.as_fd(), p))
+                    .filter(|p| vol.is_tracked(p, false) && sight.sees(vol.backing.fd(), p))
                 {
                     vol.observe(p, now);
                 }
@@ -703,7 +371,7 @@ impl Surface {
                 if let Some(c) = vol.coord.describe() {
                     body["coordinator"] = c;
                 }
-                if let Some(m) = vol.surface.data_mode.lock().clone() {
+                if let Some(m) = self.data_mode.lock().clone() {
                     body["data_mode"] = Value::String(m);
                 }
                 let msg = match journal_json(vol) {
@@ -719,7 +387,108 @@ impl Surface {
             Request::Wait { .. } => unreachable!("served by `write`, which may leave it waiting"),
         })
     }
+
+    /// The in-flight rule, in one place: FUSE sends RELEASE after `close(2)` returned, so a
+    /// transfer `refused` in flight (see [`in_flight`]) by write handles of `s` that are
+    /// being released waits for them (see [`Handles::wait_for_releases`]), then is `attempt`ed
+    /// once more.
+    fn once_more_after_releases<T>(
+        &self,
+        s: &Session,
+        req: &Request,
+        mut attempt: impl FnMut() -> T,
+        refused: impl Fn(&T) -> bool,
+    ) -> T {
+        let first = attempt();
+        match req {
+            Request::Transfer { paths, .. } if refused(&first) && self.wait_for_releases(s, paths) => {
+                attempt()
+            }
+            _ => first,
+        }
+    }
+
+    /// See [`Handles::wait_for_releases`].
+    fn wait_for_releases(&self, s: &Session, paths: &[String]) -> bool {
+        self.handles
+            .wait_for_releases(s, paths, &self.mountpoint, self.in_flight_wait)
+    }
+
+    /// A transfer is not acknowledged while a process holds the file open for writing where
+    /// the volume does not see it (docs/handoff.md#in-flight): a descriptor opened through
+    /// this volume before its daemon was killed (with FUSE passthrough it writes straight to
+    /// the backing file), or one opened in the backing directory itself. The kernel tells
+    /// whether the inode is open for writing at all ([`crate::store::open_for_writing`]);
+    /// when the volume has a write handle of its own on it, the two cannot be told apart and
+    /// the engine's rules decide (the giver's own handle is in flight there, a bystander's
+    /// reserves nothing).
+    fn no_unseen_writer(&self, paths: &[String]) -> Result<(), Refusal> {
+        for p in paths {
+            match self.unseen_writer(p) {
+                Some(true) => {
+                    return Err(Refusal::new(
+                        Reason::HandoffInFlight,
+                        format!(
+                            "{p_q} is open for writing by a process this volume does not see (a \
+                             descriptor opened before the volume was last restarted, or one in \
+                             the backing directory): close it first, then transfer",
+                            p_q = crate::names::display_name(p)
+                        ),
+                    )
+                    .at(p.as_str()))
+                }
+                Some(false) => {}
+                None => warn_no_leases(p),
+            }
+        }
+        Ok(())
+    }
+
+    /// Is `p` open for writing by something other than this volume's own write handles?
+    /// `Some(false)` also when the volume has a write handle on any name of the file
+    /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
+    /// filesystem cannot tell.
+    fn unseen_writer(&self, p: &str) -> Option<bool> {
+        if !self.ws.backing.open_for_writing(p)? {
+            return Some(false);
+        }
+        // Only now: the names of the file (a scan of the engine's paths).
+        let mut names = vec![p.to_string()];
+        if let Some((st, _)) = self.ws.stat(p) {
+            names.extend(self.ws.engine.paths_of_inode(st.ino));
+        }
+        // A write handle the volume has just released closes its backing file (and the
+        // kernel drops its passthrough reference, a deferred close) a moment after the
+        // volume hears of it: ask again for a short while before calling a writer unseen.
+        let settle = Instant::now() + UNSEEN_WRITER_SETTLE;
+        loop {
+            if !self.ws.backing.open_for_writing(p)? {
+                return Some(false);
+            }
+            if self.handles.open_on(&names) {
+                return Some(false);
+            }
+            if Instant::now() >= settle {
+                return Some(true);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
+
+/// Says once per daemon that writers outside the volume cannot be seen on this backing
+/// filesystem, so a transfer cannot check for them.
+fn warn_no_leases(p: &str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            "cannot tell whether {p} is open for writing outside the volume (the backing \
+             filesystem grants no file leases): a transfer cannot check for descriptors \
+             from before a restart"
+        )
+    });
+}
+
 
 /// A transfer refused for a write handle still open (or a file its creating handle has
 /// not committed yet): worth waiting for imminent releases.
@@ -727,59 +496,11 @@ fn in_flight(f: &Refusal) -> bool {
     matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
 }
 
-/// The in-flight rule, in one place: FUSE sends RELEASE after `close(2)` returned, so a
-/// transfer `refused` in flight (see [`in_flight`]) by write handles of `s` that are
-/// being released waits for them (see [`Volume::wait_for_releases`]), then is `attempt`ed
-/// once more.
-fn once_more_after_releases<T>(
-    vol: &Volume,
-    s: &Session,
-    req: &Request,
-    mut attempt: impl FnMut() -> T,
-    refused: impl Fn(&T) -> bool,
-) -> T {
-    let first = attempt();
-    match req {
-        Request::Transfer { paths, .. } if refused(&first) && vol.wait_for_releases(s, paths) => {
-            attempt()
-        }
-        _ => first,
-    }
-}
 
-/// A transfer is not acknowledged while a process holds the file open for writing where
-/// the volume does not see it (docs/handoff.md#in-flight): a descriptor opened through
-/// this volume before its daemon was killed (with FUSE passthrough it writes straight to
-/// the backing file), or one opened in the backing directory itself. The kernel tells
-/// whether the inode is open for writing at all ([`crate::store::open_for_writing`]);
-/// when the volume has a write handle of its own on it, the two cannot be told apart and
-/// the engine's rules decide (the giver's own handle is in flight there, a bystander's
-/// reserves nothing).
-fn no_unseen_writer(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
-    for p in paths {
-        match vol.unseen_writer(p) {
-            Some(true) => {
-                return Err(Refusal::new(
-                    Reason::HandoffInFlight,
-                    format!(
-                        "{p_q} is open for writing by a process this volume does not see (a \
-                         descriptor opened before the volume was last restarted, or one in \
-                         the backing directory): close it first, then transfer",
-                        p_q = crate::names::display_name(p)
-                    ),
-                )
-                .at(p.as_str()))
-            }
-            Some(false) => {}
-            None => vol.warn_no_leases(p),
-        }
-    }
-    Ok(())
-}
 
 /// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
 /// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
-fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
+fn tracked_paths(vol: &Workspace, paths: &[String]) -> Result<(), Refusal> {
     let refused: Vec<Refusal> = paths
         .iter()
         .filter_map(|p| {
@@ -810,7 +531,7 @@ fn tracked_paths(vol: &Volume, paths: &[String]) -> Result<(), Refusal> {
 /// Count what the backing directory holds at each path before a verb decides on it.
 /// Directories are not handed on.
 fn observe_paths(
-    vol: &Volume,
+    vol: &Workspace,
     e: &Engine,
     paths: &[String],
     now: Timestamp,
@@ -835,13 +556,13 @@ fn observe_paths(
 /// read to take it is not handed on (fail closed: without it, no metadata change could be
 /// told from a rewrite).
 fn fingerprint_paths(
-    vol: &Volume,
+    vol: &Workspace,
     e: &Engine,
     paths: &[String],
     now: Timestamp,
 ) -> Result<(), Refusal> {
     for p in paths {
-        if e.version(p).is_none() || !crate::store::has_content(vol.root.as_fd(), p) {
+        if e.version(p).is_none() || !vol.backing.has_content(p) {
             continue; // the engine refuses it (`no_such_path`), or a special file
         }
         let Some((st, print)) = vol.print_of(p) else {
@@ -862,7 +583,7 @@ fn fingerprint_paths(
 
 /// The state log's trouble, for `status` (None while it is written normally): JSON and a
 /// line.
-fn journal_json(vol: &Volume) -> Option<(Value, String)> {
+fn journal_json(vol: &Workspace) -> Option<(Value, String)> {
     if !vol.journal.is_poisoned() {
         return None;
     }
@@ -938,9 +659,9 @@ fn who(caller: &Caller) -> Who {
 /// engine never sees it); a path through a symlink to a directory inside becomes the real
 /// path; a path the caller may not see is refused as a path that does not exist
 /// (`status PATH` answers for it as for a path never seen, in [`seen_status`]).
-fn place_request(vol: &Volume, sight: &mut Sight, req: &Request) -> Result<Request, Refusal> {
+fn place_request(vol: &Workspace, sight: &mut Sight, req: &Request) -> Result<Request, Refusal> {
     let place = |sight: &mut Sight, p: &String, hide: bool| -> Result<String, Refusal> {
-        let real = match beneath::resolve(vol.root.as_fd(), p) {
+        let real = match beneath::resolve(vol.backing.fd(), p) {
             Ok(Resolved::Outside) => {
                 return Err(Refusal::new(
                     Reason::BadRequest,
@@ -954,7 +675,7 @@ fn place_request(vol: &Volume, sight: &mut Sight, req: &Request) -> Result<Reque
             Ok(Resolved::Inside { real: Some(r), .. }) if !r.is_empty() => r,
             _ => p.clone(),
         };
-        if hide && !sight.sees(vol.root.as_fd(), &real) {
+        if hide && !sight.sees(vol.backing.fd(), &real) {
             return Err(not_there(&real));
         }
         Ok(real)
@@ -995,7 +716,7 @@ fn place_request(vol: &Volume, sight: &mut Sight, req: &Request) -> Result<Reque
 
 /// A `wait` request placed and checked like any request on a path (beneath the root, a
 /// path the caller may look up, tracked), then answered now or later.
-fn wait_check(vol: &Volume, caller: &Caller, req: &Request) -> Check {
+fn wait_check(vol: &Workspace, caller: &Caller, req: &Request) -> Check {
     let mut sight = Sight::new(who(caller));
     let refused = |f: Refusal, p: &str| Check::Now(Reply::refused(Some(Verb::Wait), &f, Some(p)));
     let placed = match place_request(vol, &mut sight, req) {
@@ -1031,10 +752,10 @@ fn not_there(p: &str) -> Refusal {
 /// `transfer` needs that the caller could open each file for writing itself
 /// (docs/design.md#handoff), as the kernel would decide it for the caller's uid, groups and the
 /// file's mode and ACL.
-fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusal> {
+fn may_write_all(vol: &Workspace, who: &Who, paths: &[String]) -> Result<(), Refusal> {
     for p in paths {
         // Errors (a path that is gone) are the engine's to answer.
-        if let Ok(false) = may_write(vol.root.as_fd(), Path::new(p), who) {
+        if let Ok(false) = may_write(vol.backing.fd(), Path::new(p), who) {
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(
@@ -1054,7 +775,7 @@ fn may_write_all(vol: &Volume, who: &Who, paths: &[String]) -> Result<(), Refusa
 /// the paths whose live record names `s` as successor or is an offer `s` would claim;
 /// the others get the engine's answer. An offer stays open for a session that can.
 fn successor_may_write(
-    vol: &Volume,
+    vol: &Workspace,
     s: &Session,
     who: &Who,
     paths: &[String],
@@ -1067,7 +788,7 @@ fn successor_may_write(
         if h.role != Role::Successor && !claim {
             continue;
         }
-        if let Ok(false) = may_write(vol.root.as_fd(), Path::new(p), who) {
+        if let Ok(false) = may_write(vol.backing.fd(), Path::new(p), who) {
             let way = if claim {
                 "the offer stays open for a session that can write it".to_string()
             } else {
@@ -1098,7 +819,7 @@ fn successor_may_write(
 /// successor; otherwise "when it writes the file" would be a way out that cannot work).
 /// An owner the user database does not know is not checked here (its `accept` is).
 fn successor_owner_may_write(
-    vol: &Volume,
+    vol: &Workspace,
     to: &str,
     who: &Who,
     paths: &[String],
@@ -1117,7 +838,7 @@ fn successor_owner_may_write(
         return Ok(());
     };
     for p in paths {
-        if let Ok(false) = may_write(vol.root.as_fd(), Path::new(p), &owner) {
+        if let Ok(false) = may_write(vol.backing.fd(), Path::new(p), &owner) {
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(
@@ -1137,7 +858,7 @@ fn successor_owner_may_write(
 /// (docs/design.md#handoff): a caller of another uid is refused `session_not_yours` (a caller of
 /// the same uid in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
 fn owner_only(
-    vol: &Volume,
+    vol: &Workspace,
     s: &Session,
     who: &Who,
     verb: Verb,
@@ -1170,25 +891,25 @@ fn owner_only(
 }
 
 /// Only the records whose paths the reader may see.
-fn seen_records(vol: &Volume, sight: &mut Sight, recs: Vec<RecordJson>) -> Vec<RecordJson> {
+fn seen_records(vol: &Workspace, sight: &mut Sight, recs: Vec<RecordJson>) -> Vec<RecordJson> {
     if sight.sees_all() {
         return recs;
     }
     recs.into_iter()
-        .filter(|r| sight.sees(vol.root.as_fd(), &r.path))
+        .filter(|r| sight.sees(vol.backing.fd(), &r.path))
         .collect()
 }
 
 /// `status [PATH]` as the reader may see it: records of paths it may not look up are left
 /// out (and out of the counts); `status PATH` of such a path is the answer for a path
 /// never seen.
-fn seen_status(vol: &Volume, sight: &mut Sight, path: Option<&str>) -> StatusReport {
+fn seen_status(vol: &Workspace, sight: &mut Sight, path: Option<&str>) -> StatusReport {
     let mut st = vol.engine.status(path);
     if sight.sees_all() {
         return st;
     }
     if let Some(p) = path {
-        if !sight.sees(vol.root.as_fd(), p) {
+        if !sight.sees(vol.backing.fd(), p) {
             st.version = None;
             st.live.clear();
             st.ended.clear();
