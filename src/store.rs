@@ -30,8 +30,8 @@ mod sys;
 mod types;
 mod umask;
 
-use handles::{handle_at, open_handle, FdCache, FileHandle, HandleOf};
 pub use backing::Backing;
+use handles::{handle_at, open_handle, FdCache, FileHandle, HandleOf};
 pub use print::{fingerprint_at, has_content, Fingerprint};
 use sys::{backing_flags, cstr, cvt, fstat_fd, fstatat, open_path_at, proc_path, xattr_reply};
 pub use types::*;

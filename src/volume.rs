@@ -193,10 +193,13 @@ impl Volume {
             ..ResolverConfig::default()
         }));
         let tracking = Tracking::new(
-            backing.fd().try_clone_to_owned().map_err(|err| JournalError::Io {
-                what: "duplicate the backing directory handle".into(),
-                err,
-            })?,
+            backing
+                .fd()
+                .try_clone_to_owned()
+                .map_err(|err| JournalError::Io {
+                    what: "duplicate the backing directory handle".into(),
+                    err,
+                })?,
             cfg.track_ignored,
         );
         let etcd = match cfg.coordinator.clone() {
@@ -328,8 +331,7 @@ impl Volume {
             }
             let may_evict = |p: &str| self.ws.coord.may_evict(p);
             let (engine, journal) = (&self.ws.engine, &self.ws.journal);
-            match journal.maintain_with(engine, Timestamp::now(), &may_evict)
-            {
+            match journal.maintain_with(engine, Timestamp::now(), &may_evict) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("evicted {n} ended handoff record(s)"),
                 Err(e) => tracing::warn!("state maintenance failed: {e}"),
@@ -368,5 +370,4 @@ impl Volume {
             Err(e) => tracing::warn!("snapshot at exit failed: {e}"),
         }
     }
-
 }

@@ -11,9 +11,7 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use coherent::fs::{
-    Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute,
-};
+use coherent::fs::{Fs, FsOptions, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
 use coherent::store::{Caller, FsError, SetAttr, Stamp, Time, XattrReply, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 

@@ -118,9 +118,18 @@ impl WritePolicy {
                 Ok(s) => (s, true),
                 Err(s) => (s, false),
             };
-            if let Err(f) = self.ws().engine.fence_alias(s, resolved, q, st.ino, *r, now) {
+            if let Err(f) = self
+                .ws()
+                .engine
+                .fence_alias(s, resolved, q, st.ino, *r, now)
+            {
                 let (caller, tell) = (Some(caller), resolved);
-                let d = Denied { caller, session: s, tell, log: None };
+                let d = Denied {
+                    caller,
+                    session: s,
+                    tell,
+                    log: None,
+                };
                 return Err(self.ws().refuse_write(d, &f, now));
             }
         }

@@ -31,7 +31,6 @@ use crate::store::{
 };
 use crate::visibility::LogView;
 
-
 const DIR: u64 = VIRTUAL_INO_BIT | 1;
 const CTL: u64 = VIRTUAL_INO_BIT | 2;
 const STATUS: u64 = VIRTUAL_INO_BIT | 3;
@@ -251,14 +250,7 @@ impl ControlFs {
 
     /// A read that a waiting `ctl` handle answers later (see `waits`); any other read at
     /// once.
-    fn read_deferred(
-        &self,
-        caller: &Caller,
-        token: u64,
-        offset: u64,
-        size: u32,
-        done: ReadDone,
-    ) {
+    fn read_deferred(&self, caller: &Caller, token: u64, offset: u64, size: u32, done: ReadDone) {
         let done = match self.handle(token) {
             Ok(h) => {
                 let _locked = h.lock();

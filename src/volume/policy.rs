@@ -61,7 +61,16 @@ impl WritePolicy {
             // closed on it (`EACCES`, as a fence); other writes go on.
             let (Ok(session) | Err(session)) = &who;
             let (caller, tell, log) = (Some(caller), who.is_ok(), None);
-            self.ws.refuse_write(Denied { caller, session, tell, log }, &r, now);
+            self.ws.refuse_write(
+                Denied {
+                    caller,
+                    session,
+                    tell,
+                    log,
+                },
+                &r,
+                now,
+            );
             return Err(FsError(libc::EACCES));
         }
         let decide = |e: &Engine| match &who {
@@ -89,7 +98,12 @@ impl WritePolicy {
                 // The engine logs `denied` with its decision; a write held back for want of
                 // the coordinator never reached it.
                 let log = (r.reason == Reason::CoordinatorUnavailable).then(|| w.route());
-                let d = Denied { caller: Some(caller), session: &session, tell: true, log };
+                let d = Denied {
+                    caller: Some(caller),
+                    session: &session,
+                    tell: true,
+                    log,
+                };
                 Err(self.ws.refuse_write(d, &r, now))
             }
         }
@@ -227,7 +241,8 @@ impl WritePolicy {
     ) -> Result<Permit, (Session, Refusal)> {
         let mut out = None;
         let stepped = self
-            .ws.coord
+            .ws
+            .coord
             .step(&self.ws.engine, names, StepKind::Admit, &mut |e| {
                 let d = decide(e);
                 let ok = d.is_ok();
@@ -261,7 +276,8 @@ impl WritePolicy {
         }
         // A conflict undoes `f` and runs it again on the newer state.
         let r = self
-            .ws.coord
+            .ws
+            .coord
             .step(&self.ws.engine, names, StepKind::Commit, &mut |e| {
                 f(e);
                 true
@@ -274,7 +290,8 @@ impl WritePolicy {
     /// May write handle `w` (admitted under `ticket`) write now? This host's lease and the
     /// path's epoch ([`Coordinator::admits`]), then the fence as this host knows it now.
     fn handle_write(&self, w: &WriteHandle, ticket: &mut Ticket) -> Result<(), Refusal> {
-        self.ws.coord
+        self.ws
+            .coord
             .admits(ticket, &w.path)
             .map_err(|r| r.at(w.path.clone()))?;
         if !self.ws.engine.is_fenced(&w.session, &w.path) {
@@ -282,7 +299,8 @@ impl WritePolicy {
         }
         // The deny text of the contract, from the record that fences this session.
         let text = self
-            .ws.engine
+            .ws
+            .engine
             .shared_state(&w.path)
             .and_then(|st| {
                 let v = st.version;
@@ -312,7 +330,10 @@ impl WritePolicy {
         };
         // A giver fenced on the path hears `fenced` (the deny text and its ways out): the
         // engine refuses it on what this host knows, which a lost lease cannot make laxer.
-        if w.names().iter().any(|(p, _)| self.ws.engine.is_fenced(&s, p)) {
+        if w.names()
+            .iter()
+            .any(|(p, _)| self.ws.engine.is_fenced(&s, p))
+        {
             return None;
         }
         let p = w.names().first().map_or("", |x| x.0).to_string();
@@ -368,7 +389,11 @@ impl WritePolicy {
                     // Moved out of what the volume tracks: the source is removed.
                     e.commit(s, p, CommitOp::RenameAway, None, now);
                 } else {
-                    let after = if pm.is_dir { None } else { self.ws.stamp_now(t) };
+                    let after = if pm.is_dir {
+                        None
+                    } else {
+                        self.ws.stamp_now(t)
+                    };
                     e.rename(s, p, t, pm.is_dir, after, now);
                     if let Some(moved) = after {
                         self.ws.restamp_other_names(moved.ino, &[p, t]);
@@ -526,12 +551,15 @@ impl Policy for WritePolicy {
     ) {
         if outcome.is_ok() {
             self.retrack_after(route);
-            self.ws.changes.after_write(self.ws.backing.fd(), route, |dir| {
-                // git's own rules: `.coherentignore` is the volume's, not git's.
-                self.ws.tracking
-                    .why_untracked(dir, true)
-                    .is_some_and(|u| !u.by_coherentignore())
-            });
+            self.ws
+                .changes
+                .after_write(self.ws.backing.fd(), route, |dir| {
+                    // git's own rules: `.coherentignore` is the volume's, not git's.
+                    self.ws
+                        .tracking
+                        .why_untracked(dir, true)
+                        .is_some_and(|u| !u.by_coherentignore())
+                });
         }
         let Some(pm) = permit else { return };
         let now = Timestamp::now();
@@ -544,7 +572,6 @@ impl Policy for WritePolicy {
         self.counted(names, |e| self.count_write(e, route, &pm, failed, now));
     }
 
-
     fn on_open(
         &self,
         caller: &Caller,
@@ -556,7 +583,9 @@ impl Policy for WritePolicy {
         // when the ring of changes records).
         self.ws.changes.opened(open, || match open.created {
             true => Some(1),
-            false => rel(open.path).and_then(|p| self.ws.stat_links(p)).map(|x| x.2),
+            false => rel(open.path)
+                .and_then(|p| self.ws.stat_links(p))
+                .map(|x| x.2),
         });
         if !open_writes(open.flags) {
             if let Some(p) = rel(open.path).filter(|p| self.ws.is_tracked(p, false)) {
@@ -567,7 +596,8 @@ impl Policy for WritePolicy {
                 }
                 let s = self.ws.session(caller);
                 let before = self.ws.engine.last_seq();
-                self.ws.observe_file(&self.ws.engine, p, stamp(&open.stamp), now);
+                self.ws
+                    .observe_file(&self.ws.engine, p, stamp(&open.stamp), now);
                 self.ws.engine.open_read(&s, p, now);
                 // A successor's first open logs `handoff_seen`: in the log when it returns.
                 if self.ws.engine.last_seq() != before {
@@ -589,7 +619,9 @@ impl Policy for WritePolicy {
         };
         if rel(open.path) != Some(pm.path.as_str()) {
             // Not the file the permit was made for (renamed in between): give the hold back.
-            self.ws.engine.close_write(&pm.session, &pm.path, false, now);
+            self.ws
+                .engine
+                .close_write(&pm.session, &pm.path, false, now);
             return Ok(None);
         }
         // An O_TRUNC open that emptied the file changed it before the handle's first stamp.
@@ -639,7 +671,12 @@ impl Policy for WritePolicy {
             }
             // Logged under the route of the handle's open: the write carries it on.
             let (session, log) = (&w.session, Some(Route::OpenWrite));
-            let d = Denied { caller: None, session, tell: true, log };
+            let d = Denied {
+                caller: None,
+                session,
+                tell: true,
+                log,
+            };
             self.ws.refuse_write(d, &r, Timestamp::now())
         })
     }

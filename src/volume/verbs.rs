@@ -147,7 +147,10 @@ impl Verbs {
     /// The state log from `from` (or from its base, if compacted past it): where it
     /// starts and up to `n` bytes.
     pub(super) fn read_log(&self, from: u64, n: usize) -> Result<(u64, Vec<u8>), FsError> {
-        self.ws.journal.read_log_from(from, n).map_err(FsError::from)
+        self.ws
+            .journal
+            .read_log_from(from, n)
+            .map_err(FsError::from)
     }
 
     /// The state log as `view`'s reader may see it.
@@ -318,28 +321,29 @@ impl Verbs {
                 Reply::session(Verb::Register, s)
             }
             Request::Transfer { paths, to, note } => {
-                tracked_paths(vol, paths)?;
-                observe_paths(vol, e, paths, now)?;
+                // Each path is looked at once; every check below reads that look.
+                let seen = Seen::look(vol, paths);
+                tracked_paths(vol, &seen)?;
+                observe_paths(vol, e, &seen, now)?;
                 fingerprint_paths(vol, e, paths, now)?;
-                may_write_all(vol, sight.who(), paths)?;
-                successor_owner_may_write(vol, to, sight.who(), paths)?;
-                self.no_unseen_writer(paths)?;
+                writers_may_write(vol, sight.who(), to, paths)?;
+                self.no_unseen_writer(&seen)?;
                 let r = e.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
             Request::Accept { paths } => {
-                observe_paths(vol, e, paths, now)?;
+                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
                 owner_only(vol, s, sight.who(), Verb::Accept, paths)?;
                 successor_may_write(vol, s, sight.who(), paths)?;
                 Reply::records(Verb::Accept, records(e.accept(s, paths, now)?))
             }
             Request::Decline { paths } => {
-                observe_paths(vol, e, paths, now)?;
+                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
                 owner_only(vol, s, sight.who(), Verb::Decline, paths)?;
                 Reply::records(Verb::Decline, records(e.decline(s, paths, now)?))
             }
             Request::Withdraw { paths } => {
-                observe_paths(vol, e, paths, now)?;
+                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
                 owner_only(vol, s, sight.who(), Verb::Withdraw, paths)?;
                 Reply::records(Verb::Withdraw, records(e.withdraw(s, paths, now)?))
             }
@@ -401,7 +405,9 @@ impl Verbs {
     ) -> T {
         let first = attempt();
         match req {
-            Request::Transfer { paths, .. } if refused(&first) && self.wait_for_releases(s, paths) => {
+            Request::Transfer { paths, .. }
+                if refused(&first) && self.wait_for_releases(s, paths) =>
+            {
                 attempt()
             }
             _ => first,
@@ -422,9 +428,9 @@ impl Verbs {
     /// when the volume has a write handle of its own on it, the two cannot be told apart and
     /// the engine's rules decide (the giver's own handle is in flight there, a bystander's
     /// reserves nothing).
-    fn no_unseen_writer(&self, paths: &[String]) -> Result<(), Refusal> {
-        for p in paths {
-            match self.unseen_writer(p) {
+    fn no_unseen_writer(&self, seen: &Seen<'_>) -> Result<(), Refusal> {
+        for (p, st) in seen.iter() {
+            match self.unseen_writer(p, st) {
                 Some(true) => {
                     return Err(Refusal::new(
                         Reason::HandoffInFlight,
@@ -448,13 +454,13 @@ impl Verbs {
     /// `Some(false)` also when the volume has a write handle on any name of the file
     /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
     /// filesystem cannot tell.
-    fn unseen_writer(&self, p: &str) -> Option<bool> {
+    fn unseen_writer(&self, p: &str, st: Option<(crate::coherence::Stamp, bool)>) -> Option<bool> {
         if !self.ws.backing.open_for_writing(p)? {
             return Some(false);
         }
         // Only now: the names of the file (a scan of the engine's paths).
         let mut names = vec![p.to_string()];
-        if let Some((st, _)) = self.ws.stat(p) {
+        if let Some((st, _)) = st {
             names.extend(self.ws.engine.paths_of_inode(st.ino));
         }
         // A write handle the volume has just released closes its backing file (and the
@@ -489,22 +495,40 @@ fn warn_no_leases(p: &str) {
     });
 }
 
-
 /// A transfer refused for a write handle still open (or a file its creating handle has
 /// not committed yet): worth waiting for imminent releases.
 fn in_flight(f: &Refusal) -> bool {
     matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
 }
 
+/// The paths of a verb with what the backing directory holds at each, looked at once
+/// (a `fstatat` each) for every check of the verb that needs to know.
+struct Seen<'a> {
+    paths: &'a [String],
+    stats: Vec<Option<(crate::coherence::Stamp, bool)>>,
+}
 
+impl<'a> Seen<'a> {
+    fn look(vol: &Workspace, paths: &'a [String]) -> Self {
+        let stats = paths.iter().map(|p| vol.stat(p)).collect();
+        Seen { paths, stats }
+    }
+
+    fn iter(
+        &self,
+    ) -> impl Iterator<Item = (&'a String, Option<(crate::coherence::Stamp, bool)>)> + '_ {
+        self.paths.iter().zip(self.stats.iter().copied())
+    }
+}
 
 /// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
 /// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
-fn tracked_paths(vol: &Workspace, paths: &[String]) -> Result<(), Refusal> {
-    let refused: Vec<Refusal> = paths
+fn tracked_paths(vol: &Workspace, seen: &Seen<'_>) -> Result<(), Refusal> {
+    let paths = seen.paths;
+    let refused: Vec<Refusal> = seen
         .iter()
-        .filter_map(|p| {
-            let is_dir = vol.stat(p).is_some_and(|x| x.1);
+        .filter_map(|(p, st)| {
+            let is_dir = st.is_some_and(|x| x.1);
             let why = vol.tracking.why_untracked(p, is_dir)?;
             Some(
                 Refusal::new(
@@ -533,11 +557,12 @@ fn tracked_paths(vol: &Workspace, paths: &[String]) -> Result<(), Refusal> {
 fn observe_paths(
     vol: &Workspace,
     e: &Engine,
-    paths: &[String],
+    seen: &Seen<'_>,
     now: Timestamp,
 ) -> Result<(), Refusal> {
-    for p in paths {
-        if vol.observe_in(e, p, now).is_some_and(|x| x.1) {
+    for (p, st) in seen.iter() {
+        vol.observe_seen(e, p, st, now);
+        if st.is_some_and(|x| x.1) {
             return Err(Refusal::new(
                 Reason::BadRequest,
                 format!(
@@ -731,11 +756,14 @@ fn wait_check(vol: &Workspace, caller: &Caller, req: &Request) -> Check {
     else {
         unreachable!("a wait stays a wait")
     };
-    if let Err(f) = tracked_paths(vol, std::slice::from_ref(&path)) {
-        return refused(f, &path);
+    let paths = [path];
+    let seen = Seen::look(vol, &paths);
+    if let Err(f) = tracked_paths(vol, &seen) {
+        return refused(f, &paths[0]);
     }
-    vol.observe(&path, Timestamp::now());
-    waits::check(&vol.engine, &path, until, timeout_ms)
+    let path = &paths[0];
+    vol.observe_seen(&vol.engine, path, seen.stats[0], Timestamp::now());
+    waits::check(&vol.engine, path, until, timeout_ms)
 }
 
 /// The refusal for a path that does not exist (the engine's own answer for one).
@@ -747,27 +775,6 @@ fn not_there(p: &str) -> Refusal {
             p_q = crate::names::display_name(p)
         ),
     )
-}
-
-/// `transfer` needs that the caller could open each file for writing itself
-/// (docs/design.md#handoff), as the kernel would decide it for the caller's uid, groups and the
-/// file's mode and ACL.
-fn may_write_all(vol: &Workspace, who: &Who, paths: &[String]) -> Result<(), Refusal> {
-    for p in paths {
-        // Errors (a path that is gone) are the engine's to answer.
-        if let Ok(false) = may_write(vol.backing.fd(), Path::new(p), who) {
-            return Err(Refusal::new(
-                Reason::SessionNotYours,
-                format!(
-                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), \
-                     so you cannot hand it on",
-                    who.uid,
-                    p_q = crate::names::display_name(p)
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// `accept` (and the claim of an offer) needs that the caller could open the file for
@@ -814,16 +821,36 @@ fn successor_may_write(
     Ok(())
 }
 
-/// A transfer to a session owned by another uid needs that this uid could open each file
-/// for writing (§5: only a session whose owner could write the file can be its
-/// successor; otherwise "when it writes the file" would be a way out that cannot work).
-/// An owner the user database does not know is not checked here (its `accept` is).
-fn successor_owner_may_write(
+/// The two write-permission checks of a `transfer`, in one place, as the kernel would
+/// decide an open for writing for a uid, its groups and the file's mode and ACL
+/// (docs/design.md#handoff):
+/// - the caller could open each file for writing itself;
+/// - a transfer to a session owned by another uid needs that this uid could too (§5: only
+///   a session whose owner could write the file can be its successor; otherwise "when it
+///   writes the file" would be a way out that cannot work). An owner the user database
+///   does not know is not checked here (its `accept` is).
+///
+/// Errors (a path that is gone) are the engine's to answer.
+fn writers_may_write(
     vol: &Workspace,
-    to: &str,
     who: &Who,
+    to: &str,
     paths: &[String],
 ) -> Result<(), Refusal> {
+    let may = |p: &String, as_who: &Who| may_write(vol.backing.fd(), Path::new(p), as_who);
+    for p in paths {
+        if let Ok(false) = may(p, who) {
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), \
+                     so you cannot hand it on",
+                    who.uid,
+                    p_q = crate::names::display_name(p)
+                ),
+            ));
+        }
+    }
     let Ok(succ) = vol.engine.lookup_session(to) else {
         return Ok(());
     };
@@ -838,7 +865,7 @@ fn successor_owner_may_write(
         return Ok(());
     };
     for p in paths {
-        if let Ok(false) = may_write(vol.backing.fd(), Path::new(p), &owner) {
+        if let Ok(false) = may(p, &owner) {
             return Err(Refusal::new(
                 Reason::SessionNotYours,
                 format!(

@@ -203,18 +203,32 @@ impl Workspace {
     }
 
     /// [`Workspace::observe`] through `e` (a step's view of the engine keeps the events).
-    pub(super) fn observe_in(&self, e: &Engine, p: &str, now: Timestamp) -> Option<(coherence::Stamp, bool)> {
+    pub(super) fn observe_in(
+        &self,
+        e: &Engine,
+        p: &str,
+        now: Timestamp,
+    ) -> Option<(coherence::Stamp, bool)> {
         let st = self.stat(p);
+        self.observe_seen(e, p, st, now);
+        st
+    }
+
+    /// [`Workspace::observe_in`] of what a [`Workspace::stat`] of `p` found just before.
+    pub(super) fn observe_seen(
+        &self,
+        e: &Engine,
+        p: &str,
+        st: Option<(coherence::Stamp, bool)>,
+        now: Timestamp,
+    ) {
         match st {
             Some((_, true)) => {}
-            Some((s, false)) => {
-                self.observe_file(e, p, s, now);
-            }
+            Some((s, false)) => self.observe_file(e, p, s, now),
             None => {
                 e.observe(p, None, now);
             }
         }
-        st
     }
 
     /// Shows `e` the file at `p` with stamp `st`, with its fingerprint when only the

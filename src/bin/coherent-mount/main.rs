@@ -434,10 +434,8 @@ fn run(args: Args) -> Result<(), Fail> {
         .state_dir
         .as_ref()
         .map(|_| coherent::control::CONTROL_DIR.into());
-    let store = daemon::with_progress("opening the backing directory", || {
-        Store::new(root, hidden)
-    })
-    .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
+    let store = daemon::with_progress("opening the backing directory", || Store::new(root, hidden))
+        .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
     let (policy, volume) = daemon::with_progress("loading the state", || {
         make_policy(&args, &plan, &store, bypassers)
     })?;
