@@ -756,3 +756,50 @@ fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
     assert!(why.starts_with(told), "{why}");
     assert_eq!(f.events_of("stale_write", "alice").len(), 1);
 }
+
+/// Refuse and tell, one recipe for every refusal: a fenced giver's refused open and an
+/// unresolved caller's are both in the log when the call returns (`denied`, each with its
+/// reason), only the giver (whose session is known) is told at `why`, with the time, and
+/// a refused verb is told there too.
+#[test]
+fn a_refusal_is_logged_before_it_returns_and_told_only_to_a_known_session() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    let open = WriteRoute::Open {
+        ino: 1,
+        path: Some(Path::new("plan.md")),
+        flags: libc::O_WRONLY,
+    };
+    let e = f.pol.before_write(&alice.caller, &open).unwrap_err();
+    assert_eq!(e.errno(), libc::EACCES);
+    let denied = f.events_written("denied", "alice");
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert_eq!(denied[0]["reason"], "fenced");
+    let why = f.read_surface(&alice, "why");
+    assert!(why.contains("you handed plan.md"), "{why}");
+    assert!(why.contains("\n(at "), "the volume says when: {why}");
+
+    // pid 0: no session to resolve, so it is decided as uid:0 and refused `unresolved`.
+    let nobody = Caller {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let e = f.pol.before_write(&nobody, &open).unwrap_err();
+    assert_eq!(e.errno(), libc::EACCES);
+    let denied = f.events_written("denied", "uid:0");
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert_eq!(denied[0]["reason"], "unresolved");
+    let uid0 = coherent::identity::SessionInfo::unattributed(0);
+    assert_eq!(
+        f.vol.engine().why(&uid0),
+        None,
+        "a caller whose session is unknown is not told as uid:0"
+    );
+
+    // A refused verb: its reply fails the write, and `why` says it.
+    assert_eq!(f.ctl(&alice, "withdraw nothing.md"), Err(libc::ENOENT));
+    let why = f.read_surface(&alice, "why");
+    assert!(why.contains("nothing.md"), "{why}");
+}
