@@ -803,3 +803,38 @@ fn a_refusal_is_logged_before_it_returns_and_told_only_to_a_known_session() {
     let why = f.read_surface(&alice, "why");
     assert!(why.contains("nothing.md"), "{why}");
 }
+
+/// An open for write is looked at once: a tracked name is decided on what it holds, and
+/// an untracked name of the handed file (a hard link in an ignored directory, which the
+/// store may hand the policy when it knows no other name) is fenced by inode all the same.
+#[test]
+fn a_giver_opening_an_untracked_name_of_the_handed_file_is_fenced() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    f.write_file(".gitignore", "build/\n");
+    std::fs::create_dir(f.backing.join("build")).unwrap();
+    handed(&f, &alice, &bob);
+    std::fs::hard_link(f.backing.join("plan.md"), f.backing.join("build/p.alias")).unwrap();
+    for path in ["build/p.alias", "plan.md"] {
+        let open = WriteRoute::Open {
+            ino: 1,
+            path: Some(Path::new(path)),
+            flags: libc::O_WRONLY | libc::O_APPEND,
+        };
+        let e = f.pol.before_write(&alice.caller, &open).unwrap_err();
+        assert_eq!(e.errno(), libc::EACCES, "{path}");
+    }
+    let denied = f.events_written("denied", "alice");
+    assert_eq!(denied.len(), 2, "{denied:?}");
+    assert!(denied.iter().all(|d| d["reason"] == "fenced"), "{denied:?}");
+    // A bystander opens either name.
+    let carol = Agent::new("carol");
+    for path in ["build/p.alias", "plan.md"] {
+        let open = WriteRoute::Open {
+            ino: 1,
+            path: Some(Path::new(path)),
+            flags: libc::O_WRONLY | libc::O_APPEND,
+        };
+        assert!(f.pol.before_write(&carol.caller, &open).is_ok(), "{path}");
+    }
+}
