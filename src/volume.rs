@@ -192,16 +192,7 @@ impl Volume {
             env_vars,
             ..ResolverConfig::default()
         }));
-        let tracking = Tracking::new(
-            backing
-                .fd()
-                .try_clone_to_owned()
-                .map_err(|err| JournalError::Io {
-                    what: "duplicate the backing directory handle".into(),
-                    err,
-                })?,
-            cfg.track_ignored,
-        );
+        let tracking = Tracking::new(backing.clone(), cfg.track_ignored);
         let etcd = match cfg.coordinator.clone() {
             None => None,
             Some(spec) => Some(

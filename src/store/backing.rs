@@ -44,6 +44,14 @@ impl Backing {
     }
 }
 
+/// A backing directory opened by path, for a part used alone (a test of tracking): with
+/// a store, take [`Store::backing`](super::Store::backing) instead.
+impl From<OwnedFd> for Backing {
+    fn from(root: OwnedFd) -> Self {
+        Backing(Arc::new(root))
+    }
+}
+
 impl std::fmt::Debug for Backing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("Backing").field(&self.0).finish()
