@@ -144,10 +144,21 @@ impl Fs {
         opts: FsOptions,
     ) -> FsResult<Self> {
         let name = pseudo.as_ref().map(|p| p.root_name());
-        let store = Store::new(root, name.clone())?;
+        Ok(Fs::over(Store::new(root, name)?, policy, pseudo, opts))
+    }
+
+    /// A filesystem over a store opened already (the policy may then use the store's
+    /// backing directory, [`Store::backing`]). The store hides the pseudo tree's root name.
+    pub fn over(
+        store: Store,
+        policy: Arc<dyn Policy>,
+        pseudo: Option<Arc<dyn PseudoFs>>,
+        opts: FsOptions,
+    ) -> Self {
+        let name = pseudo.as_ref().map(|p| p.root_name());
         let p = policy.clone();
         store.set_name_preference(Box::new(move |path| p.prefers_name(path)));
-        Ok(Fs {
+        Fs {
             store,
             noflush: !policy.wants_flush(),
             sees_writes: policy.sees_every_write(),
@@ -158,7 +169,7 @@ impl Fs {
             ttl: opts.ttl,
             passthrough: opts.passthrough,
             counters: Arc::new(Counters::default()),
-        })
+        }
     }
 
     pub fn store(&self) -> &Store {

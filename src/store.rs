@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+mod backing;
 mod creds;
 mod handles;
 mod print;
@@ -29,6 +30,7 @@ mod sys;
 mod types;
 mod umask;
 
+pub use backing::Backing;
 use handles::{handle_at, open_handle, FdCache, FileHandle, HandleOf};
 pub use print::{fingerprint_at, has_content, Fingerprint};
 use sys::{backing_flags, cstr, cvt, fstat_fd, fstatat, open_path_at, proc_path, xattr_reply};
@@ -92,8 +94,13 @@ impl InodeState {
     }
 }
 
-/// What a layer above keeps about one open file, in the file's handle.
-pub type HandleState = Arc<dyn std::any::Any + Send + Sync>;
+/// What the policy keeps about one open file, in the file's handle: its key in the
+/// policy's own registry of open handles (typed there; the store only carries it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HandleState(pub u64);
+
+/// What the FUSE glue keeps about one open file (its passthrough registration).
+pub type KernelState = Arc<dyn std::any::Any + Send + Sync>;
 
 /// An open regular file (or anything else opened through `open`): the one state of an
 /// open file. The layers above keep theirs here too, so it lives and goes with the handle.
@@ -108,7 +115,7 @@ pub struct Handle {
     pub state: std::sync::OnceLock<HandleState>,
     /// The kernel's registration of the file for FUSE passthrough, if any (set by the
     /// FUSE glue at open, dropped with the handle).
-    pub kernel: std::sync::OnceLock<HandleState>,
+    pub kernel: std::sync::OnceLock<KernelState>,
 }
 
 /// An open directory: a snapshot of its entries, refreshed when read from offset 0.
@@ -197,6 +204,8 @@ pub struct Store {
     /// Of several names of one file, the kind a request by inode is attributed to (the
     /// volume prefers a tracked name to an ignored one): see [`Store::path_of`].
     prefer: std::sync::OnceLock<NamePreference>,
+    /// The root descriptor (the one pinned by the root inode), lent to the layers above.
+    backing: Backing,
 }
 
 /// Which names of a file with several [`Store::path_of`] prefers.
@@ -235,6 +244,8 @@ impl Store {
             }
             HandleOf::Unsupported => None,
         };
+        let root = Arc::new(root);
+        let backing = Backing::new(root.clone());
         let mut t = Tables::default();
         t.inodes.insert(
             ROOT_INO,
@@ -242,7 +253,7 @@ impl Store {
                 key,
                 kind: Kind::Dir,
                 handle: None,
-                pinned: Mutex::new(Some(Arc::new(root))),
+                pinned: Mutex::new(Some(root)),
                 state: Mutex::new(InodeState {
                     refs: u64::MAX / 2,
                     link: None,
@@ -262,7 +273,13 @@ impl Store {
             mount,
             hidden,
             prefer: std::sync::OnceLock::new(),
+            backing,
         })
+    }
+
+    /// The backing directory, for the layers above (the store's own root descriptor).
+    pub fn backing(&self) -> Backing {
+        self.backing.clone()
     }
 
     /// Open `path` with `O_PATH` (for the in-place mount, before mounting over it).

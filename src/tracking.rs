@@ -20,6 +20,7 @@
 //! a node older than that re-stats the ignore files it was built from (inode, size, mtime,
 //! ctime) before it answers, and a difference drops every cached node.
 
+use crate::store::Backing;
 use ignore::gitignore::{Gitignore, GitignoreBuilder, Glob};
 use ignore::Match;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
@@ -182,7 +183,8 @@ struct Cache {
 
 /// Decides whether workspace-relative paths are tracked. Cheap, thread-safe, `&self`.
 pub struct Tracking {
-    root: OwnedFd,
+    /// The backing directory: the store's descriptor, lent (not a copy of it).
+    root: Backing,
     track_ignored: bool,
     recheck_ms: u64,
     cache: RwLock<Cache>,
@@ -199,9 +201,9 @@ impl fmt::Debug for Tracking {
 }
 
 impl Tracking {
-    /// `root`: a descriptor of the backing directory (`O_PATH` is enough); ignore files
-    /// are read beneath it without following symlinks, as git does.
-    pub fn new(root: OwnedFd, track_ignored: bool) -> Tracking {
+    /// `root`: the backing directory (`O_PATH` is enough); ignore files are read beneath
+    /// it without following symlinks, as git does.
+    pub fn new(root: Backing, track_ignored: bool) -> Tracking {
         Tracking {
             root,
             track_ignored,
@@ -222,7 +224,7 @@ impl Tracking {
         )?;
         // SAFETY: `open` just returned this descriptor and nothing else owns it.
         Ok(Tracking::new(
-            unsafe { OwnedFd::from_raw_fd(fd) },
+            Backing::from(unsafe { OwnedFd::from_raw_fd(fd) }),
             track_ignored,
         ))
     }
@@ -426,7 +428,7 @@ impl Tracking {
         let how = OpenHow::new()
             .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-        let fd = openat2(self.root.as_raw_fd(), path, how).ok()?;
+        let fd = openat2(self.root.fd().as_raw_fd(), path, how).ok()?;
         // SAFETY: `openat2` just returned this descriptor and nothing else owns it.
         Some(unsafe { File::from_raw_fd(fd) })
     }

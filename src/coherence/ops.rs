@@ -9,6 +9,15 @@ use crate::error::{Reason, Refusal};
 use crate::identity::{Session, SessionInfo};
 use std::sync::atomic::Ordering;
 
+/// Whom a live record refuses (see [`Engine::refuse_live`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Against {
+    /// The record's giver: it is fenced.
+    Giver,
+    /// Any caller whose session could not be resolved (fail closed).
+    Unresolved,
+}
+
 impl Engine {
     // ----- file operations (the mount) ----------------------------------------------
 
@@ -223,33 +232,50 @@ impl Engine {
         self.emit(e, ev);
     }
 
-    /// If `s` is fenced on `e`: logs `denied`, keeps the deny text for `why`, returns the
-    /// refusal (`Reason::Fenced`, the text as message).
-    pub(super) fn fence(
+    /// Refuse and tell, in the engine: the one place a live record refuses a write route.
+    /// `against` says whom it refuses: its giver (`fenced`, the deny text kept for the
+    /// giver's `why`), or any caller whose session could not be resolved (`unresolved`: no
+    /// session to tell). Logs `denied` with the record and returns the refusal.
+    pub(super) fn refuse_live(
         &self,
         e: &mut Entry,
         path: &str,
         s: &Session,
+        against: Against,
         route: Route,
         now: Timestamp,
     ) -> Result<(), Refusal> {
         let Some(r) = e.live() else { return Ok(()) };
-        if r.giver.name != s.name {
-            return Ok(());
-        }
-        let text = deny_text(path, &r.successor, r.version_at_transfer);
-        let status = r.status;
-        let mut ev = Event::denied(Reason::Fenced, route, now, path, s);
-        ev.record = Some(r.id);
-        ev.successor = Some(r.successor.name.clone());
+        let (reason, text, successor) = match against {
+            Against::Giver if r.giver.name != s.name => return Ok(()),
+            Against::Giver => (
+                Reason::Fenced,
+                deny_text(path, &r.successor, r.version_at_transfer),
+                Some(r.successor.name.clone()),
+            ),
+            Against::Unresolved => (
+                Reason::Unresolved,
+                format!(
+                    "write denied: {path_q} is handed on (v{}) and the volume could not tell \
+                     which session this process belongs to, so it refuses the write rather \
+                     than guess",
+                    e.version,
+                    path_q = crate::names::display_name(path)
+                ),
+                None,
+            ),
+        };
+        let (status, record) = (r.status, r.id);
+        let mut ev = Event::denied(reason, route, now, path, s);
+        ev.record = Some(record);
+        ev.successor = successor;
         ev.version = Some(e.version);
         self.emit(e, ev);
-        Err(self.refuse(
-            s,
-            Refusal::new(Reason::Fenced, text)
-                .at(path)
-                .with_status(status),
-        ))
+        let refusal = Refusal::new(reason, text).at(path).with_status(status);
+        Err(match against {
+            Against::Giver => self.refuse(s, refusal),
+            Against::Unresolved => refusal,
+        })
     }
 
     /// Is `s` fenced on `path`? (No event; for queries and tests. The mount uses
@@ -304,7 +330,7 @@ impl Engine {
         path: &str,
         now: Timestamp,
     ) -> Result<Acquired, Refusal> {
-        self.fence(e, path, s, Route::OpenWrite, now)?;
+        self.refuse_live(e, path, s, Against::Giver, Route::OpenWrite, now)?;
         let version = e.version;
         let view = e.holder(&s.name).and_then(|h| h.view);
         let stale = matches!(view, Some(v) if v < version);

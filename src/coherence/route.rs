@@ -7,6 +7,7 @@
 use parking_lot::MutexGuard;
 
 use super::engine::*;
+use super::ops::Against;
 use super::time::Timestamp;
 use super::types::*;
 use crate::error::{Reason, Refusal};
@@ -333,7 +334,7 @@ impl Engine {
                     _ => w.route(),
                 };
                 if let Some(e) = locked.shard(at.path).get_mut(at.path) {
-                    self.unresolved(e, at.path, s, route, now)?;
+                    self.refuse_live(e, at.path, s, Against::Unresolved, route, now)?;
                 }
             }
             if subtree {
@@ -348,7 +349,7 @@ impl Engine {
                                 } else {
                                     Route::RenameTarget
                                 };
-                                self.unresolved(e, k, s, route, now)?;
+                                self.refuse_live(e, k, s, Against::Unresolved, route, now)?;
                             }
                         }
                     }
@@ -395,7 +396,7 @@ impl Engine {
                         for sh in locked.all.iter_mut() {
                             for (k, e) in sh.iter_mut() {
                                 if k.starts_with(&pre) {
-                                    self.fence(e, k, s, route, now)?;
+                                    self.refuse_live(e, k, s, Against::Giver, route, now)?;
                                 }
                             }
                         }
@@ -436,7 +437,7 @@ impl Engine {
         });
         match handed {
             Some(q) => match self.lock_one(&q).get_mut(q.as_str()) {
-                Some(e) => self.unresolved(e, &q, s, route, now),
+                Some(e) => self.refuse_live(e, &q, s, Against::Unresolved, route, now),
                 None => Ok(()),
             },
             None => Ok(()),
@@ -476,35 +477,6 @@ impl Engine {
         }
     }
 
-    /// An unresolved caller on `e`: refused when `e` has a live record.
-    fn unresolved(
-        &self,
-        e: &mut Entry,
-        path: &str,
-        s: &Session,
-        route: Route,
-        now: Timestamp,
-    ) -> Result<(), Refusal> {
-        let Some(r) = e.live() else { return Ok(()) };
-        let status = r.status;
-        let record = r.id;
-        let mut ev = Event::denied(Reason::Unresolved, route, now, path, s);
-        ev.record = Some(record);
-        ev.version = Some(e.version);
-        self.emit(e, ev);
-        Err(Refusal::new(
-            Reason::Unresolved,
-            format!(
-                "write denied: {path_q} is handed on (v{}) and the volume could not tell which \
-                 session this process belongs to, so it refuses the write rather than guess",
-                e.version,
-                path_q = crate::names::display_name(path)
-            ),
-        )
-        .at(path)
-        .with_status(status))
-    }
-
     pub(super) fn fence_at(
         &self,
         sh: &mut Shard,
@@ -514,7 +486,7 @@ impl Engine {
         now: Timestamp,
     ) -> Result<(), Refusal> {
         match sh.get_mut(path) {
-            Some(e) => self.fence(e, path, s, route, now),
+            Some(e) => self.refuse_live(e, path, s, Against::Giver, route, now),
             None => Ok(()),
         }
     }

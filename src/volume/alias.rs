@@ -6,39 +6,45 @@
 //! names behind the volume's back: they take the new stamp. Nothing else about untracked
 //! names changes (no entry, no version, no event unless refused).
 
-use super::*;
-use crate::coherence::Route;
+use std::path::Path;
 
-impl Volume {
+use super::policy::WritePolicy;
+use super::tell::Denied;
+use super::workspace::{rel, stamp};
+use crate::coherence::{self, Permit, Route, Timestamp};
+use crate::fs::WriteRoute;
+use crate::store::{Caller, FsError};
+
+impl WritePolicy {
     /// The stamp of `p` when it is a file with several names of which the engine tracks
     /// one. Free while the engine holds no record and no tracked file with several names
     /// was seen; else one `fstatat`, and a scan of the engine's paths only for a file with
     /// several names while there are records (a fence to find) or when a tracked name of
     /// it was seen (names to restamp).
     fn alias_of(&self, p: &str) -> Option<coherence::Stamp> {
-        let records = self.engine.any_records();
-        if !records && self.linked.lock().is_empty() {
+        let records = self.ws().engine.any_records();
+        if !records && self.ws().linked.lock().is_empty() {
             return None;
         }
         let (st, n) = self.file_links(p)?;
         if n < 2 {
             return None;
         }
-        if !records && !self.linked.lock().contains(&st.ino) {
+        if !records && !self.ws().linked.lock().contains(&st.ino) {
             return None;
         }
         if records {
-            self.stamp_handed();
+            self.ws().stamp_handed();
         }
-        (!self.engine.paths_of_inode(st.ino).is_empty()).then_some(st)
+        (!self.ws().engine.paths_of_inode(st.ino).is_empty()).then_some(st)
     }
 
     /// The stamp and number of names of the file (not a directory) at `p`. Unlike
-    /// [`Volume::stat_links`] it does not remember the inode as linked: untracked files
+    /// [`super::workspace::Workspace::stat_links`] it does not remember the inode as linked: untracked files
     /// with several names (a build tree's hard links) must not make every change of a
     /// tracked file's names scan the engine.
     fn file_links(&self, p: &str) -> Option<(coherence::Stamp, u64)> {
-        let st = crate::store::lstat_at(self.root.as_fd(), p)?;
+        let st = self.ws().backing.lstat(p)?;
         (!st.dir).then(|| (stamp(&st.stamp), st.nlink))
     }
 
@@ -50,12 +56,12 @@ impl Volume {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
-        if !self.engine.any_records() && self.linked.lock().is_empty() {
+        if !self.ws().engine.any_records() && self.ws().linked.lock().is_empty() {
             return Ok(None);
         }
         let untracked = |p: Option<&Path>| -> Option<String> {
             rel(p)
-                .filter(|p| !self.is_tracked(p, false))
+                .filter(|p| !self.ws().is_tracked(p, false))
                 .map(str::to_string)
         };
         // (name, route, the file there when it is an alias) to fence; then whether the
@@ -106,22 +112,25 @@ impl Volume {
             return Ok(None);
         };
         let now = Timestamp::now();
-        let who = self.writer(caller);
+        let who = self.ws().writer(caller);
         for (q, r, st) in &checks {
             let (s, resolved) = match &who {
                 Ok(s) => (s, true),
                 Err(s) => (s, false),
             };
-            if let Err(f) = self.engine.fence_alias(s, resolved, q, st.ino, *r, now) {
-                if resolved {
-                    self.engine.tell(s, f.path.as_deref(), &f.message, now);
-                } else {
-                    tracing::warn!(pid = caller.pid, uid = caller.uid, "{}", f.message);
-                }
-                if let Err(e) = self.journal.write_out() {
-                    tracing::warn!("writing a denied event to the state log: {e}");
-                }
-                return Err(refused(f));
+            if let Err(f) = self
+                .ws()
+                .engine
+                .fence_alias(s, resolved, q, st.ino, *r, now)
+            {
+                let (caller, tell) = (Some(caller), resolved);
+                let d = Denied {
+                    caller,
+                    session: s,
+                    tell,
+                    log: None,
+                };
+                return Err(self.ws().refuse_write(d, &f, now));
             }
         }
         if !after {
@@ -141,9 +150,9 @@ impl Volume {
         }
         let Some(pre) = pm.pre else { return };
         // Not gated on `linked`: `alias_of` found tracked names of this inode.
-        for q in self.engine.paths_of_inode(pre.ino) {
-            if let Some(now) = self.stamp_now(&q).filter(|st| st.ino == pre.ino) {
-                self.engine.restamp(&q, now);
+        for q in self.ws().engine.paths_of_inode(pre.ino) {
+            if let Some(now) = self.ws().stamp_now(&q).filter(|st| st.ino == pre.ino) {
+                self.ws().engine.restamp(&q, now);
             }
         }
     }

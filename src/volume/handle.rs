@@ -1,5 +1,5 @@
-//! One open write handle of the volume and its state (see the module doc of
-//! [`crate::volume`]: commits, release or reclaim, the in-flight race).
+//! One open write handle of the volume and its state: commits, release or reclaim, the
+//! in-flight race (docs/design.md#volume-parts).
 
 use parking_lot::Mutex;
 

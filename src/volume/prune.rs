@@ -5,13 +5,15 @@
 //! scan of `/proc`): a session that comes back then reads a file again before it hands it
 //! on, as after a restart.
 
+use std::collections::HashSet;
+
 use super::liveness::TaskState;
-use super::*;
+use super::workspace::Workspace;
 
 /// Entries past which the views of gone sessions are forgotten.
 pub const MANY_PATHS: usize = 100_000;
 
-impl Volume {
+impl Workspace {
     /// Forgets the views of sessions with no running process left, then the per-path
     /// entries nothing refers to any more. Returns how many entries went.
     pub(super) fn forget_gone_readers(&self) -> usize {

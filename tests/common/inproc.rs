@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coherent::coherence::StaleMode;
-use coherent::fs::{Fs, FsOptions, PseudoFs};
+use coherent::fs::{Fs, FsOptions, Policy};
 use coherent::store::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 use serde_json::Value;
@@ -117,8 +117,10 @@ impl Default for Setup {
 pub struct InProc {
     _dir: tempfile::TempDir,
     pub backing: PathBuf,
-    /// The policy, for tests that call its hooks directly.
+    /// The volume (its engine, journal and resolver).
     pub vol: Arc<Volume>,
+    /// The volume's write policy, for tests that call its hooks directly.
+    pub pol: Arc<dyn Policy>,
     pub fs: Fs,
 }
 
@@ -135,18 +137,18 @@ impl InProc {
         let mut cfg = VolumeConfig::new(state, dir.path().join("mnt"));
         cfg.in_flight_wait = setup.in_flight_wait;
         cfg.engine.stale = setup.stale;
-        let vol = Volume::open(cfg, Store::open_root(&backing).unwrap()).unwrap();
-        // What coherent-mount wires: the volume is the policy and the `.coherent/` backend.
-        let fs = Fs::new(
+        // What coherent-mount wires: the store, the volume over its backing directory as
+        // the policy and the `.coherent/` backend, and the filesystem over them.
+        let (vol, fs) = Volume::open_fs(
+            cfg,
             Store::open_root(&backing).unwrap(),
-            vol.clone(),
-            Some(vol.clone() as Arc<dyn PseudoFs>),
             FsOptions::default(),
         )
         .unwrap();
         InProc {
             _dir: dir,
             backing,
+            pol: vol.policy(),
             vol,
             fs,
         }

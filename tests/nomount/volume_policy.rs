@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use coherent::fs::{HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
+use coherent::fs::{HandleInfo, HandleState, OpenInfo, WriteRoute};
 use coherent::store::{Caller, FsError, SetAttr, Stamp, XattrReply, ROOT_INO};
 use common::inproc::{Agent, InProc as Fixture};
 
@@ -30,7 +30,7 @@ impl Hooks for Fixture {
             path: Some(Path::new(p)),
             flags: libc::O_WRONLY,
         };
-        let permit = self.vol.before_write(&a.caller, &route).unwrap();
+        let permit = self.pol.before_write(&a.caller, &route).unwrap();
         let info = OpenInfo {
             ino: 1,
             path: Some(Path::new(p)),
@@ -38,7 +38,7 @@ impl Hooks for Fixture {
             created: false,
             stamp: self.stamp(p),
         };
-        let state = self.vol.on_open(&a.caller, &info, permit).unwrap();
+        let state = self.pol.on_open(&a.caller, &info, permit).unwrap();
         state.expect("a write handle keeps state")
     }
 
@@ -162,7 +162,7 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
         ),
     ];
     for (i, (route, name)) in routes.iter().enumerate() {
-        let err = f.vol.before_write(&alice.caller, route).unwrap_err();
+        let err = f.pol.before_write(&alice.caller, route).unwrap_err();
         assert_eq!(err.errno(), libc::EACCES, "{route:?}");
         let denied = f.events_written("denied", "alice");
         assert_eq!(
@@ -183,21 +183,21 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
     // A bystander and the successor are not fenced; mkdir/rmdir are no write routes.
     let carol = Agent::new("carol");
     for a in [&bob, &carol] {
-        let permit = f.vol.before_write(&a.caller, &routes[2].0).unwrap();
+        let permit = f.pol.before_write(&a.caller, &routes[2].0).unwrap();
         assert_eq!(permit.unwrap().path, "plan.md");
     }
     let mkdir = WriteRoute::Mkdir {
         path: p("plan.md"),
         mode: 0o755,
     };
-    assert!(f.vol.before_write(&alice.caller, &mkdir).unwrap().is_none());
+    assert!(f.pol.before_write(&alice.caller, &mkdir).unwrap().is_none());
     // A computed xattr is refused to anyone, with no event.
     let computed = WriteRoute::Setxattr {
         path: p("other.md"),
         name: OsStr::new("user.coherent.version"),
     };
     assert_eq!(
-        f.vol
+        f.pol
             .before_write(&carol.caller, &computed)
             .unwrap_err()
             .errno(),
@@ -215,13 +215,13 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let st = f.stamp("a.md");
     // A deliberate close(2) by a running task, then its process exits before the
     // RELEASE arrives: still a `release`.
-    f.vol.on_flush(&bob.caller, &f.handle("a.md", &t, st));
+    f.pol.on_flush(&bob.caller, &f.handle("a.md", &t, st));
     bob.kill();
     let nobody = Caller {
         pid: 0,
         ..bob.caller
     };
-    f.vol.on_release(&nobody, &f.handle("a.md", &t, st));
+    f.pol.on_release(&nobody, &f.handle("a.md", &t, st));
     assert_eq!(f.events_of("release", "bob").len(), 1);
     assert!(f.events_of("reclaim", "bob").is_empty());
 
@@ -229,7 +229,7 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let mut carol = Agent::new("carol");
     let t = f.open_write(&carol, "a.md");
     carol.kill();
-    f.vol.on_release(&nobody, &f.handle("a.md", &t, st));
+    f.pol.on_release(&nobody, &f.handle("a.md", &t, st));
     let reclaimed = f.await_event("reclaim", "carol", 1);
     assert_eq!(reclaimed.len(), 1, "{:#?}", f.events());
     assert_eq!(reclaimed[0]["path"], "a.md");
@@ -250,9 +250,9 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
     assert_eq!(f.ctl(&alice, "transfer --to bob plan.md"), Err(libc::EBUSY));
     assert!(started.elapsed() < Duration::from_secs(4), "did not wait");
     // Closed (FLUSH) but the RELEASE is still on its way: the transfer waits for it.
-    f.vol.on_flush(&alice.caller, &f.handle("plan.md", &t, st));
+    f.pol.on_flush(&alice.caller, &f.handle("plan.md", &t, st));
     std::thread::scope(|sc| {
-        let vol = &f.vol;
+        let vol = &f.pol;
         let h = f.handle("plan.md", &t, st);
         let releaser = sc.spawn(move || {
             // Release once the transfer is waiting (it logs nothing while waiting; its
@@ -299,7 +299,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             path: Some(Path::new("plan.md")),
             flags: libc::O_WRONLY | libc::O_APPEND,
         };
-        let e = f.vol.before_write(&c, &route).unwrap_err();
+        let e = f.pol.before_write(&c, &route).unwrap_err();
         assert_eq!(e.errno(), libc::EACCES, "pid {pid}");
         let denied = f.events_written("denied", "uid:0");
         assert_eq!(denied.len(), denied_before + 1, "pid {pid}: {denied:?}");
@@ -314,7 +314,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             flags: 0,
         };
         assert_eq!(
-            f.vol.before_write(&c, &onto).unwrap_err().errno(),
+            f.pol.before_write(&c, &onto).unwrap_err().errno(),
             libc::EACCES
         );
         // Other paths: written as the request's uid, as before.
@@ -323,9 +323,9 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             path: Some(Path::new("other.md")),
             flags: libc::O_WRONLY,
         };
-        let permit = f.vol.before_write(&c, &other).unwrap().expect("a permit");
+        let permit = f.pol.before_write(&c, &other).unwrap().expect("a permit");
         assert_eq!(permit.session.name, "uid:0");
-        f.vol
+        f.pol
             .after_write(&c, &other, Some(permit), Err(FsError(libc::EIO)));
         // Reads go on.
         let info = OpenInfo {
@@ -335,7 +335,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             created: false,
             stamp: f.stamp("plan.md"),
         };
-        assert!(f.vol.on_open(&c, &info, None).unwrap().is_none());
+        assert!(f.pol.on_open(&c, &info, None).unwrap().is_none());
     }
     // Nothing overtook the handoff: the record is pending and alice is still fenced.
     let st = f.vol.engine().status(Some("plan.md"));
@@ -374,7 +374,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("plan.md"),
         flags: 0,
     };
-    let e = f.vol.before_write(&c, &onto).unwrap_err();
+    let e = f.pol.before_write(&c, &onto).unwrap_err();
     assert_eq!(e.errno(), libc::EACCES);
     let d = last_denied();
     assert_eq!(
@@ -388,7 +388,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("elsewhere.md"),
         flags: 0,
     };
-    f.vol.before_write(&c, &away).unwrap_err();
+    f.pol.before_write(&c, &away).unwrap_err();
     let d = last_denied();
     assert_eq!(
         (&d["path"], &d["route"]),
@@ -401,7 +401,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         flags: 0,
     };
     assert_eq!(
-        f.vol.before_write(&c, &dir).unwrap_err().errno(),
+        f.pol.before_write(&c, &dir).unwrap_err().errno(),
         libc::EACCES
     );
     let d = last_denied();
@@ -416,8 +416,8 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("ee"),
         flags: 0,
     };
-    let permit = f.vol.before_write(&c, &neighbour).unwrap();
-    f.vol
+    let permit = f.pol.before_write(&c, &neighbour).unwrap();
+    f.pol
         .after_write(&c, &neighbour, permit, Err(FsError(libc::EIO)));
     // A one-letter directory: `d/x.md` has its `/` right after one letter, yet is not in `z/`.
     std::fs::create_dir(f.backing.join("z")).unwrap();
@@ -426,8 +426,8 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("y"),
         flags: 0,
     };
-    let permit = f.vol.before_write(&c, &short).unwrap();
-    f.vol
+    let permit = f.pol.before_write(&c, &short).unwrap();
+    f.pol
         .after_write(&c, &short, permit, Err(FsError(libc::EIO)));
     assert_eq!(f.events_written("denied", "uid:0").len(), n);
 }
@@ -582,4 +582,86 @@ fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
                 see it.\n(at ";
     assert!(why.starts_with(told), "{why}");
     assert_eq!(f.events_of("stale_write", "alice").len(), 1);
+}
+
+/// Refuse and tell, one recipe for every refusal: a fenced giver's refused open and an
+/// unresolved caller's are both in the log when the call returns (`denied`, each with its
+/// reason), only the giver (whose session is known) is told at `why`, with the time, and
+/// a refused verb is told there too.
+#[test]
+fn a_refusal_is_logged_before_it_returns_and_told_only_to_a_known_session() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    handed(&f, &alice, &bob);
+    let open = WriteRoute::Open {
+        ino: 1,
+        path: Some(Path::new("plan.md")),
+        flags: libc::O_WRONLY,
+    };
+    let e = f.pol.before_write(&alice.caller, &open).unwrap_err();
+    assert_eq!(e.errno(), libc::EACCES);
+    let denied = f.events_written("denied", "alice");
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert_eq!(denied[0]["reason"], "fenced");
+    let why = f.read_surface(&alice, "why");
+    assert!(why.contains("you handed plan.md"), "{why}");
+    assert!(why.contains("\n(at "), "the volume says when: {why}");
+
+    // pid 0: no session to resolve, so it is decided as uid:0 and refused `unresolved`.
+    let nobody = Caller {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let e = f.pol.before_write(&nobody, &open).unwrap_err();
+    assert_eq!(e.errno(), libc::EACCES);
+    let denied = f.events_written("denied", "uid:0");
+    assert_eq!(denied.len(), 1, "{denied:?}");
+    assert_eq!(denied[0]["reason"], "unresolved");
+    let uid0 = coherent::identity::SessionInfo::unattributed(0);
+    assert_eq!(
+        f.vol.engine().why(&uid0),
+        None,
+        "a caller whose session is unknown is not told as uid:0"
+    );
+
+    // A refused verb: its reply fails the write, and `why` says it.
+    assert_eq!(f.ctl(&alice, "withdraw nothing.md"), Err(libc::ENOENT));
+    let why = f.read_surface(&alice, "why");
+    assert!(why.contains("nothing.md"), "{why}");
+}
+
+/// An open for write is looked at once: a tracked name is decided on what it holds, and
+/// an untracked name of the handed file (a hard link in an ignored directory, which the
+/// store may hand the policy when it knows no other name) is fenced by inode all the same.
+#[test]
+fn a_giver_opening_an_untracked_name_of_the_handed_file_is_fenced() {
+    let f = Fixture::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    f.write_file(".gitignore", "build/\n");
+    std::fs::create_dir(f.backing.join("build")).unwrap();
+    handed(&f, &alice, &bob);
+    std::fs::hard_link(f.backing.join("plan.md"), f.backing.join("build/p.alias")).unwrap();
+    for path in ["build/p.alias", "plan.md"] {
+        let open = WriteRoute::Open {
+            ino: 1,
+            path: Some(Path::new(path)),
+            flags: libc::O_WRONLY | libc::O_APPEND,
+        };
+        let e = f.pol.before_write(&alice.caller, &open).unwrap_err();
+        assert_eq!(e.errno(), libc::EACCES, "{path}");
+    }
+    let denied = f.events_written("denied", "alice");
+    assert_eq!(denied.len(), 2, "{denied:?}");
+    assert!(denied.iter().all(|d| d["reason"] == "fenced"), "{denied:?}");
+    // A bystander opens either name.
+    let carol = Agent::new("carol");
+    for path in ["build/p.alias", "plan.md"] {
+        let open = WriteRoute::Open {
+            ino: 1,
+            path: Some(Path::new(path)),
+            flags: libc::O_WRONLY | libc::O_APPEND,
+        };
+        assert!(f.pol.before_write(&carol.caller, &open).is_ok(), "{path}");
+    }
 }

@@ -98,8 +98,7 @@ struct TestPolicy(Arc<Recorder>);
 
 /// The number a handle keeps as its state (0: none).
 fn token(h: &HandleInfo<'_>) -> u64 {
-    h.state
-        .map_or(0, |s| *s.downcast_ref::<u64>().expect("a number"))
+    h.state.map_or(0, |s| s.0)
 }
 
 impl Policy for TestPolicy {
@@ -150,7 +149,7 @@ impl Policy for TestPolicy {
         if p(o.path).contains("stateless") {
             return Ok(None);
         }
-        Ok(Some(Arc::new(1000 + o.stamp.size)))
+        Ok(Some(HandleState(1000 + o.stamp.size)))
     }
     fn on_flush(&self, _c: &Caller, h: &HandleInfo<'_>) {
         self.0.push(format!(

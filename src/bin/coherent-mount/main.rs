@@ -6,7 +6,6 @@
 mod daemon;
 mod mount_opts;
 
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,7 +15,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use coherent::coherence;
 use coherent::coordinator::etcd;
-use coherent::fs::{Fs, FsOptions, NoPolicy, Policy, PseudoFs};
+use coherent::fs::{Fs, FsOptions, NoPolicy, Policy};
 use coherent::fuse::CoherentFs;
 use coherent::store::Store;
 use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
@@ -310,8 +309,8 @@ fn abort_connection(minor: u32) {
     let _ = std::fs::write(dir.join(minor.to_string()).join("abort"), b"1");
 }
 
-/// The policy of the filesystem, and the volume behind it (None: no coherence), which is
-/// also the `.coherent/` backend.
+/// The policy of the filesystem, and the volume behind it (None: no coherence), whose
+/// `.coherent/` tree is the filesystem's pseudo backend.
 type Layer = (Arc<dyn Policy>, Option<Arc<Volume>>);
 
 /// The enforcement layer plugged into the volume: the coherent [`Volume`] built from
@@ -321,7 +320,7 @@ type Layer = (Arc<dyn Policy>, Option<Arc<Volume>>);
 fn make_policy(
     args: &Args,
     plan: &Plan,
-    root: &OwnedFd,
+    store: &Store,
     bypassers: Vec<u32>,
 ) -> Result<Layer, Fail> {
     let Some(state_dir) = plan.state_dir.clone() else {
@@ -363,13 +362,9 @@ fn make_policy(
     cfg.track_ignored = args.track_ignored;
     cfg.sole_path = plan.in_place;
     cfg.bypassers = bypassers;
-    let root = root.try_clone().map_err(|e| {
-        Fail(format!(
-            "cannot duplicate the backing directory handle: {e}"
-        ))
-    })?;
-    let volume = Volume::open(cfg, root).map_err(|e| Fail(e.to_string()))?;
-    Ok((volume.clone(), Some(volume)))
+    // The volume works on the store's backing directory: one owner of the descriptor.
+    let volume = Volume::open(cfg, store.backing()).map_err(|e| Fail(e.to_string()))?;
+    Ok((volume.policy(), Some(volume)))
 }
 
 /// Opens the log file before anything is mounted: one that cannot be used (a path another
@@ -435,8 +430,16 @@ fn run(args: Args) -> Result<(), Fail> {
     sigs.thread_block()
         .map_err(|e| Fail(format!("sigmask: {e}")))?;
 
+    // The store first: the volume is built over its backing directory. `.coherent` is
+    // hidden in the backing directory only when the volume serves it.
+    let hidden = plan
+        .state_dir
+        .as_ref()
+        .map(|_| coherent::control::CONTROL_DIR.into());
+    let store = daemon::with_progress("opening the backing directory", || Store::new(root, hidden))
+        .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
     let (policy, volume) = daemon::with_progress("loading the state", || {
-        make_policy(&args, &plan, &root, bypassers)
+        make_policy(&args, &plan, &store, bypassers)
     })?;
     if let (None, true, Some(d)) = (&log_file, args.daemon, &plan.state_dir) {
         // the state directory is made and checked by now
@@ -457,15 +460,11 @@ fn run(args: Args) -> Result<(), Fail> {
             "read at each opendir"
         }
     );
-    let pseudo = volume.clone().map(|v| v as Arc<dyn PseudoFs>);
+    let pseudo = volume.as_ref().map(|v| v.control());
     // The daemon's own umask is 0: creates set the caller's on their own thread, and a
     // thread that cannot have one masks the mode itself (src/store/umask.rs).
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
-    let fs = daemon::with_progress("opening the backing directory", || {
-        Fs::new(root, policy, pseudo, fs_opts)
-    })
-    .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
-    let fs = CoherentFs::new(fs);
+    let fs = CoherentFs::new(Fs::over(store, policy, pseudo, fs_opts));
 
     let as_root = nix::unistd::geteuid().is_root();
     let (mut mopts, acl) = mount_options(&args.options, as_root, args.private)?;

@@ -1,0 +1,101 @@
+//! The registry of open write handles: the one index of them. An open for write that
+//! acquired a hold registers its [`WriteHandle`] here and the store keeps only its key
+//! ([`HandleState`]) in the open file's handle; flush, release and each checked write
+//! find it by that key; a transfer asks here which handles are still open.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::handle::WriteHandle;
+use super::liveness::holds_open;
+use crate::identity::Session;
+use crate::store::HandleState;
+
+/// The write handles open now, from their open to their release.
+#[derive(Default)]
+pub(super) struct Handles {
+    open: Mutex<Registry>,
+    /// Signalled whenever a write handle is released.
+    released: Condvar,
+}
+
+#[derive(Default)]
+struct Registry {
+    by_key: HashMap<u64, Arc<WriteHandle>>,
+    next: u64,
+}
+
+impl Handles {
+    /// Registers `w`; its key goes into the open file's handle.
+    pub(super) fn insert(&self, w: Arc<WriteHandle>) -> HandleState {
+        let mut r = self.open.lock();
+        r.next += 1;
+        let key = r.next;
+        r.by_key.insert(key, w);
+        HandleState(key)
+    }
+
+    /// The write handle of an open file (None: a handle the policy keeps nothing for).
+    pub(super) fn get(&self, key: Option<&HandleState>) -> Option<Arc<WriteHandle>> {
+        self.open.lock().by_key.get(&key?.0).cloned()
+    }
+
+    /// The handle is released: forget it and wake a transfer waiting for it.
+    pub(super) fn remove(&self, key: Option<&HandleState>) {
+        if let Some(k) = key {
+            self.open.lock().by_key.remove(&k.0);
+        }
+        self.released.notify_all();
+    }
+
+    /// Is a write handle open on any of `names`?
+    pub(super) fn open_on(&self, names: &[String]) -> bool {
+        self.open
+            .lock()
+            .by_key
+            .values()
+            .any(|w| names.contains(&w.path))
+    }
+
+    /// A transfer was refused because write handles of `s` on `paths` are open. If each
+    /// of them is about to be released (flushed, and its opener no longer has the file
+    /// open under `mountpoint`), wait until they are, at most `wait`. True: there was
+    /// something to wait for and it is gone (try again).
+    pub(super) fn wait_for_releases(
+        &self,
+        s: &Session,
+        paths: &[String],
+        mountpoint: &Path,
+        wait: Duration,
+    ) -> bool {
+        let mine = |w: &WriteHandle| w.session.name == s.name && paths.contains(&w.path);
+        let pending: Vec<Arc<WriteHandle>> = self
+            .open
+            .lock()
+            .by_key
+            .values()
+            .filter(|w| mine(w))
+            .cloned()
+            .collect();
+        if pending.is_empty() {
+            return false;
+        }
+        for w in &pending {
+            if !w.flushed() || holds_open(w.pid, &mountpoint.join(&w.path)) {
+                return false;
+            }
+        }
+        let deadline = crate::request_timeout::deadline(wait);
+        let mut open = self.open.lock();
+        while open.by_key.values().any(|w| mine(w)) {
+            if self.released.wait_until(&mut open, deadline).timed_out() {
+                return !open.by_key.values().any(|w| mine(w));
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,1016 @@
+//! The verbs server: what `ctl` runs on a well-formed request (`register`, `transfer`,
+//! `accept`, `decline`, `withdraw`, `status`, `whoami`, `wait`), served for the caller's
+//! session, and the per-reader answers the `.coherent/` files show (`status`, `whoami`,
+//! `why`, `inbox`, `events`, `changes`).
+//!
+//! What a reader sees of a path depends on the reader (docs/design.md#control-surface):
+//! a path, its record and its note are shown only to callers who could look the path up
+//! themselves ([`crate::visibility`]); to anyone else the answer is the one for a path
+//! that does not exist. A path in a request resolves beneath the backing root
+//! ([`crate::beneath`]) once, when the request is placed: one that leaves it is
+//! `bad_request` "outside the volume", whether or not the host path exists, and the
+//! engine never hears of it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use super::handles::Handles;
+use super::standing::{self, Standing};
+use super::tell::Told;
+use super::waits::{self, Check};
+use super::workspace::Workspace;
+use crate::access::{may_write, Who};
+use crate::beneath::{self, Resolved};
+use crate::coherence::{Engine, RecordJson, Role, StatusReport, Timestamp, Until};
+use crate::control::{session_json, Reply, Request, Verb, NO_REFUSAL};
+use crate::coordinator::StepKind;
+use crate::error::{Reason, Refusal};
+use crate::identity::{Session, Via};
+use crate::store::{Caller, FsError};
+use crate::visibility::{LogView, Sight};
+
+/// How long a transfer asks again whether a file is still open for writing where the
+/// volume does not see it, before refusing (see [`Verbs::unseen_writer`]).
+const UNSEEN_WRITER_SETTLE: Duration = Duration::from_millis(100);
+
+/// The verbs server of one volume.
+pub struct Verbs {
+    ws: Arc<Workspace>,
+    /// The open write handles, for the in-flight rule of a transfer.
+    handles: Arc<Handles>,
+    /// Where the volume is mounted (to recognise its files in `/proc/PID/fd`).
+    mountpoint: PathBuf,
+    /// How long a transfer refused `handoff_in_flight` waits for imminent releases.
+    in_flight_wait: Duration,
+    /// How file data flows, as the FUSE layer found it at `init` (`data_mode` in `status`).
+    data_mode: Mutex<Option<String>>,
+    /// The sessions' standing waits (`wait --standing`), kept in the state directory.
+    standing: Standing,
+}
+
+/// The text of `why`: the latest refusal or stale write (its versions are in the text),
+/// then when it happened; `no refusal` when there was none.
+fn why_text(t: Option<(String, Option<Timestamp>)>) -> Vec<u8> {
+    match t {
+        Some((t, at)) => {
+            // one line whatever a message holds: no name in it can forge a second
+            let mut out = crate::names::one_line(t.trim_end()).into_owned();
+            if let Some(at) = at {
+                out.push_str(&format!("\n(at {})", at.rfc3339()));
+            }
+            out.push('\n');
+            out.into_bytes()
+        }
+        None => format!("{NO_REFUSAL}: this session has not been refused or warned\n").into_bytes(),
+    }
+}
+
+fn json_line(v: &impl serde::Serialize) -> Vec<u8> {
+    let mut b = serde_json::to_vec(v).expect("state serialises");
+    b.push(b'\n');
+    b
+}
+
+/// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
+/// tags that were ignored because their value is not a valid session name.
+fn whoami_json(vol: &Workspace, caller: &Caller) -> Value {
+    let mut v = session_json(&vol.session(caller));
+    let ignored = vol.resolver.ignored_tags(caller.pid);
+    if !ignored.is_empty() {
+        v["ignored"] = serde_json::to_value(&ignored).unwrap_or(Value::Null);
+    }
+    v
+}
+
+impl Verbs {
+    pub(super) fn new(
+        ws: Arc<Workspace>,
+        handles: Arc<Handles>,
+        mountpoint: PathBuf,
+        in_flight_wait: Duration,
+        standing: Standing,
+    ) -> Self {
+        Verbs {
+            ws,
+            handles,
+            mountpoint,
+            in_flight_wait,
+            standing,
+            data_mode: Mutex::new(None),
+        }
+    }
+
+    /// The engine, whose changes the waits follow.
+    pub(super) fn engine(&self) -> &Engine {
+        &self.ws.engine
+    }
+
+    pub(super) fn set_data_mode(&self, mode: &str) {
+        *self.data_mode.lock() = Some(mode.to_string());
+    }
+
+    /// `.coherent/status` for `caller`: after catching up with the other hosts.
+    pub(super) fn status_file(&self, caller: &Caller) -> Vec<u8> {
+        self.ws.coord.catch_up();
+        let mut sight = Sight::new(who(caller));
+        json_line(&seen_status(&self.ws, &mut sight, None))
+    }
+
+    /// `.coherent/whoami` for `caller`.
+    pub(super) fn whoami_file(&self, caller: &Caller) -> Vec<u8> {
+        json_line(&whoami_json(&self.ws, caller))
+    }
+
+    /// `.coherent/why` for `caller`: a path the reader can no longer look up is not
+    /// shown, even its own.
+    pub(super) fn why_file(&self, caller: &Caller) -> Vec<u8> {
+        let mut sight = Sight::new(who(caller));
+        let why = self.ws.engine.why_about(&self.ws.session(caller));
+        why_text(why.and_then(|(p, t, at)| match p {
+            Some(p) if !sight.sees(self.ws.backing.fd(), &p) => None,
+            _ => Some((t, at)),
+        }))
+    }
+
+    /// `.coherent/inbox` for `caller`.
+    pub(super) fn inbox_file(&self, caller: &Caller) -> Vec<u8> {
+        self.ws.coord.catch_up();
+        let mut sight = Sight::new(who(caller));
+        let inbox = self.ws.engine.inbox(&self.ws.session(caller));
+        json_line(&seen_records(&self.ws, &mut sight, inbox))
+    }
+
+    /// The state log's length (the size of `events`).
+    pub(super) fn log_len(&self) -> u64 {
+        self.ws.journal.log_len()
+    }
+
+    /// The state log from `from` (or from its base, if compacted past it): where it
+    /// starts and up to `n` bytes.
+    pub(super) fn read_log(&self, from: u64, n: usize) -> Result<(u64, Vec<u8>), FsError> {
+        self.ws
+            .journal
+            .read_log_from(from, n)
+            .map_err(FsError::from)
+    }
+
+    /// The state log as `view`'s reader may see it.
+    pub(super) fn read_seen_log(
+        &self,
+        view: &mut LogView,
+        offset: u64,
+        size: usize,
+    ) -> Result<Vec<u8>, FsError> {
+        view.read(self.ws.backing.fd(), offset, size, |o, n| {
+            self.ws.journal.read_log_from(o, n)
+        })
+        .map_err(FsError::from)
+    }
+
+    /// A `wait` request on `ctl`: answered now (refused, or reached) or later.
+    pub(super) fn wait_check(&self, caller: &Caller, req: &Request) -> Check {
+        wait_check(&self.ws, caller, req)
+    }
+
+    /// The name of `caller`'s session.
+    pub(super) fn session_name(&self, caller: &Caller) -> String {
+        self.ws.session(caller).name.to_string()
+    }
+
+    /// `.coherent/waits` for `caller`: its session's waits in flight (`flying`, those the
+    /// reader can still look up) and its standing ones.
+    pub(super) fn waits_file(
+        &self,
+        caller: &Caller,
+        me: &str,
+        mut flying: Vec<(String, Until, Duration)>,
+    ) -> Vec<u8> {
+        self.standing.resolve(&self.ws.engine);
+        let mut sight = Sight::new(who(caller));
+        let root = self.ws.backing.fd();
+        flying.retain(|(p, ..)| sight.sees(root, p));
+        let kept = self.standing.of_session(me, |p| sight.sees(root, p));
+        json_line(&standing::listing(flying, &kept))
+    }
+
+    /// `wait --standing`: checked as a wait with no time to wait (the same refusals, at
+    /// once), then kept for the caller's session.
+    pub(super) fn standing_register(&self, caller: &Caller, path: &str, until: Until) -> Reply {
+        let probe = Request::Wait {
+            path: path.to_string(),
+            until,
+            timeout_ms: Some(0),
+        };
+        let Check::Now(checked) = self.wait_check(caller, &probe) else {
+            unreachable!("a wait with no time to wait is answered now")
+        };
+        let me = self.session_name(caller);
+        let reply = self.standing.register(&self.ws.engine, &me, until, checked);
+        // The wait thread now follows record changes for it.
+        self.ws.engine.poke();
+        reply
+    }
+
+    /// `wait --report`: the caller's session's resolved standing waits, told once.
+    pub(super) fn standing_report(&self, caller: &Caller) -> Reply {
+        self.standing.resolve(&self.ws.engine);
+        let mut sight = Sight::new(who(caller));
+        let root = self.ws.backing.fd();
+        self.standing
+            .report(&self.session_name(caller), |p| sight.sees(root, p))
+    }
+
+    /// A wait of `session` on `path` was answered "reached": its standing twin is done.
+    pub(super) fn standing_answered(&self, session: &str, path: &str, until: Until) {
+        self.standing.answered(session, path, until)
+    }
+
+    /// Resolve the standing waits whose state is reached; true while any still waits.
+    pub(super) fn standing_resolve(&self) -> bool {
+        self.standing.resolve(&self.ws.engine)
+    }
+
+    /// `.coherent/changes` after `offset`, the paths `who` may see.
+    pub(super) fn changes_file(&self, who: &Who, offset: u64) -> Vec<u8> {
+        let mut sight = Sight::new(who.clone());
+        let root = self.ws.backing.fd();
+        self.ws.changes.answer(offset, |p| {
+            if sight.sees_all() {
+                return Some(true);
+            }
+            p.to_str().map(|p| sight.sees(root, p))
+        })
+    }
+
+    /// Serve one parsed request for `caller`.
+    pub(super) fn serve(&self, caller: &Caller, req: &Request) -> Reply {
+        let vol = &*self.ws;
+        if vol.journal.is_poisoned() && !matches!(req, Request::Status { .. }) {
+            return journal_failed(req.verb());
+        }
+        if let Request::Whoami = req {
+            return Reply::whoami(whoami_json(vol, caller));
+        }
+        let s = &vol.session(caller);
+        let verb = req.verb();
+        let mut sight = Sight::new(who(caller));
+        let r = match not_yours(s, verb).map_or_else(|| place_request(vol, &mut sight, req), Err) {
+            Ok(req) => self.serve_agreed(s, &mut sight, &req),
+            Err(f) => Err(f),
+        };
+        if vol.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
+            // The events of this verb may not be on disk: do not report success.
+            return journal_failed(verb);
+        }
+        match r {
+            Ok(reply) => reply,
+            Err(f) => {
+                // `why` shows the latest refusal, whichever part of the volume made it.
+                vol.tell(s, Told::Refused(&f), Timestamp::now());
+                let paths = req.paths();
+                let path = (paths.len() == 1).then(|| paths[0].as_str());
+                Reply::refused(Some(verb), &f, path)
+            }
+        }
+    }
+
+    /// With a coordinator, a verb is one agreed step (refused `coordinator_unavailable`
+    /// when etcd cannot be reached), and `status` first catches up with the other hosts.
+    fn serve_agreed(
+        &self,
+        s: &Session,
+        sight: &mut Sight,
+        req: &Request,
+    ) -> Result<Reply, Refusal> {
+        let vol = &*self.ws;
+        let verb = req.verb();
+        if vol.coord.host().is_none() {
+            let attempt = || self.serve_verb(&vol.engine, s, sight, req);
+            let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
+            return self.once_more_after_releases(s, req, attempt, refused);
+        }
+        if matches!(verb, Verb::Whoami | Verb::Wait) {
+            return self.serve_verb(&vol.engine, s, sight, req);
+        }
+        if verb == Verb::Status {
+            // Best effort: a host cut off answers with what it has (and says so).
+            vol.coord.catch_up();
+            return self.serve_verb(&vol.engine, s, sight, req);
+        }
+        let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
+        // The wait for releases happens outside the step, which their release needs.
+        let attempt = || {
+            let mut out = None;
+            let stepped = vol
+                .coord
+                .step(&vol.engine, &names, StepKind::Verb, &mut |e| {
+                    let r = self.serve_verb(e, s, sight, req);
+                    let ok = r.is_ok();
+                    out = Some(r);
+                    ok
+                });
+            stepped.map(|st| (st, out))
+        };
+        let refused = |r: &Result<_, Refusal>| matches!(r, Ok((_, Some(Err(f)))) if in_flight(f));
+        let (stepped, out) = self.once_more_after_releases(s, req, attempt, refused)?;
+        if stepped.in_flight.is_empty() {
+            return out.expect("the step ran the verb");
+        }
+        // Another host has the file open for writing by this giver: the transfer is
+        // undone (withdrawn), as one host refuses it (`handoff_in_flight`).
+        let paths: Vec<String> = stepped.in_flight.iter().map(|x| x.0.clone()).collect();
+        let undo = vol
+            .coord
+            .step(&vol.engine, &names, StepKind::Verb, &mut |e| {
+                let now = Timestamp::now();
+                for (p, id) in &stepped.in_flight {
+                    e.undo_transfer(p, *id, now);
+                }
+                true
+            });
+        if let Err(r) = undo {
+            tracing::warn!("undoing a transfer found in flight: {}", r.message);
+        }
+        Err(Refusal::new(
+            Reason::HandoffInFlight,
+            format!(
+                "this session still has {} open for writing on another host: close it there \
+                 first, then transfer",
+                paths.join(", ")
+            ),
+        )
+        .at(paths[0].clone()))
+    }
+
+    /// Runs a verb's changes through `e`: the volume's engine, or a step's view of it.
+    fn serve_verb(
+        &self,
+        e: &Engine,
+        s: &Session,
+        sight: &mut Sight,
+        req: &Request,
+    ) -> Result<Reply, Refusal> {
+        let vol = &*self.ws;
+        let now = Timestamp::now();
+        let records = |r: crate::coherence::VerbReply| match serde_json::to_value(&r.records) {
+            Ok(Value::Array(v)) => v,
+            _ => Vec::new(),
+        };
+        Ok(match req {
+            Request::Register { name: None } => {
+                e.register(s, now)?;
+                Reply::session(Verb::Register, s)
+            }
+            Request::Register { name: Some(n) } => {
+                // Only the caller's own session (docs/design.md#sessions): naming another would let
+                // anyone claim a name ahead of its owner.
+                crate::names::validate_session_name(n)
+                    .map_err(|e| Refusal::new(Reason::BadRequest, e))?;
+                if s.is_attributed() && *n != s.name {
+                    return Err(Refusal::new(
+                        Reason::SessionNotYours,
+                        format!(
+                            "register registers only this process's own session ({}), not {n}: \
+                             run it in that session (coherent run --session {n})",
+                            s.display()
+                        ),
+                    ));
+                }
+                e.register(s, now)?;
+                Reply::session(Verb::Register, s)
+            }
+            Request::Transfer { paths, to, note } => {
+                // Each path is looked at once; every check below reads that look.
+                let seen = Seen::look(vol, paths);
+                tracked_paths(vol, &seen)?;
+                observe_paths(vol, e, &seen, now)?;
+                fingerprint_paths(vol, e, paths, now)?;
+                writers_may_write(vol, sight.who(), to, paths)?;
+                self.no_unseen_writer(&seen)?;
+                let r = e.transfer(s, paths, to, note.clone(), now)?;
+                Reply::records(Verb::Transfer, records(r))
+            }
+            Request::Accept { paths } => {
+                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
+                owner_only(vol, s, sight.who(), Verb::Accept, paths)?;
+                successor_may_write(vol, s, sight.who(), paths)?;
+                Reply::records(Verb::Accept, records(e.accept(s, paths, now)?))
+            }
+            Request::Decline { paths } => {
+                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
+                owner_only(vol, s, sight.who(), Verb::Decline, paths)?;
+                Reply::records(Verb::Decline, records(e.decline(s, paths, now)?))
+            }
+            Request::Withdraw { paths } => {
+                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
+                owner_only(vol, s, sight.who(), Verb::Withdraw, paths)?;
+                Reply::records(Verb::Withdraw, records(e.withdraw(s, paths, now)?))
+            }
+            Request::Status { path } => {
+                if let Some(p) = path
+                    .as_deref()
+                    .filter(|p| vol.is_tracked(p, false) && sight.sees(vol.backing.fd(), p))
+                {
+                    vol.observe(p, now);
+                }
+                let st = seen_status(vol, sight, path.as_deref());
+                let c = st.counts;
+                let msg = match path {
+                    Some(p) => format!(
+                        "{p_q}: {}; {} live and {} ended handoff record(s)",
+                        st.version
+                            .map(|v| format!("v{v}"))
+                            .unwrap_or_else(|| "not in the volume".into()),
+                        c.live,
+                        c.ended,
+                        p_q = crate::names::display_name(p)
+                    ),
+                    None => format!(
+                        "{} session(s), {} path(s), {} live and {} ended handoff record(s)",
+                        c.sessions, c.paths, c.live, c.ended
+                    ),
+                };
+                let mut body = serde_json::to_value(&st).unwrap_or(Value::Null);
+                if let Some(c) = vol.coord.describe() {
+                    body["coordinator"] = c;
+                }
+                if let Some(m) = self.data_mode.lock().clone() {
+                    body["data_mode"] = Value::String(m);
+                }
+                let msg = match journal_json(vol) {
+                    Some((j, line)) => {
+                        body["journal"] = j;
+                        format!("{msg}; {line}")
+                    }
+                    None => msg,
+                };
+                Reply::status(body, msg)
+            }
+            Request::Whoami => unreachable!("served above, with the ignored tags"),
+            Request::Wait { .. } | Request::WaitStanding { .. } | Request::WaitReport => {
+                unreachable!("served by `write`, which may leave it waiting")
+            }
+        })
+    }
+
+    /// The in-flight rule, in one place: FUSE sends RELEASE after `close(2)` returned, so a
+    /// transfer `refused` in flight (see [`in_flight`]) by write handles of `s` that are
+    /// being released waits for them (see [`Handles::wait_for_releases`]), then is `attempt`ed
+    /// once more.
+    fn once_more_after_releases<T>(
+        &self,
+        s: &Session,
+        req: &Request,
+        mut attempt: impl FnMut() -> T,
+        refused: impl Fn(&T) -> bool,
+    ) -> T {
+        let first = attempt();
+        match req {
+            Request::Transfer { paths, .. }
+                if refused(&first) && self.wait_for_releases(s, paths) =>
+            {
+                attempt()
+            }
+            _ => first,
+        }
+    }
+
+    /// See [`Handles::wait_for_releases`].
+    fn wait_for_releases(&self, s: &Session, paths: &[String]) -> bool {
+        self.handles
+            .wait_for_releases(s, paths, &self.mountpoint, self.in_flight_wait)
+    }
+
+    /// A transfer is not acknowledged while a process holds the file open for writing where
+    /// the volume does not see it (docs/handoff.md#in-flight): a descriptor opened through
+    /// this volume before its daemon was killed (with FUSE passthrough it writes straight to
+    /// the backing file), or one opened in the backing directory itself. The kernel tells
+    /// whether the inode is open for writing at all ([`crate::store::open_for_writing`]);
+    /// when the volume has a write handle of its own on it, the two cannot be told apart and
+    /// the engine's rules decide (the giver's own handle is in flight there, a bystander's
+    /// reserves nothing).
+    fn no_unseen_writer(&self, seen: &Seen<'_>) -> Result<(), Refusal> {
+        for (p, st) in seen.iter() {
+            match self.unseen_writer(p, st) {
+                Some(true) => {
+                    return Err(Refusal::new(
+                        Reason::HandoffInFlight,
+                        format!(
+                            "{p_q} is open for writing by a process this volume does not see (a \
+                             descriptor opened before the volume was last restarted, or one in \
+                             the backing directory): close it first, then transfer",
+                            p_q = crate::names::display_name(p)
+                        ),
+                    )
+                    .at(p.as_str()))
+                }
+                Some(false) => {}
+                None => warn_no_leases(p),
+            }
+        }
+        Ok(())
+    }
+
+    /// Is `p` open for writing by something other than this volume's own write handles?
+    /// `Some(false)` also when the volume has a write handle on any name of the file
+    /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
+    /// filesystem cannot tell.
+    fn unseen_writer(&self, p: &str, st: Option<(crate::coherence::Stamp, bool)>) -> Option<bool> {
+        if !self.ws.backing.open_for_writing(p)? {
+            return Some(false);
+        }
+        // Only now: the names of the file (a scan of the engine's paths).
+        let mut names = vec![p.to_string()];
+        if let Some((st, _)) = st {
+            names.extend(self.ws.engine.paths_of_inode(st.ino));
+        }
+        // A write handle the volume has just released closes its backing file (and the
+        // kernel drops its passthrough reference, a deferred close) a moment after the
+        // volume hears of it: ask again for a short while before calling a writer unseen.
+        let settle = Instant::now() + UNSEEN_WRITER_SETTLE;
+        loop {
+            if !self.ws.backing.open_for_writing(p)? {
+                return Some(false);
+            }
+            if self.handles.open_on(&names) {
+                return Some(false);
+            }
+            if Instant::now() >= settle {
+                return Some(true);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Says once per daemon that writers outside the volume cannot be seen on this backing
+/// filesystem, so a transfer cannot check for them.
+fn warn_no_leases(p: &str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            "cannot tell whether {p} is open for writing outside the volume (the backing \
+             filesystem grants no file leases): a transfer cannot check for descriptors \
+             from before a restart"
+        )
+    });
+}
+
+/// A transfer refused for a write handle still open (or a file its creating handle has
+/// not committed yet): worth waiting for imminent releases.
+fn in_flight(f: &Refusal) -> bool {
+    matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
+}
+
+/// The paths of a verb with what the backing directory holds at each, looked at once
+/// (a `fstatat` each) for every check of the verb that needs to know.
+struct Seen<'a> {
+    paths: &'a [String],
+    stats: Vec<Option<(crate::coherence::Stamp, bool)>>,
+}
+
+impl<'a> Seen<'a> {
+    fn look(vol: &Workspace, paths: &'a [String]) -> Self {
+        let stats = paths.iter().map(|p| vol.stat(p)).collect();
+        Seen { paths, stats }
+    }
+
+    fn iter(
+        &self,
+    ) -> impl Iterator<Item = (&'a String, Option<(crate::coherence::Stamp, bool)>)> + '_ {
+        self.paths.iter().zip(self.stats.iter().copied())
+    }
+}
+
+/// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
+/// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
+fn tracked_paths(vol: &Workspace, seen: &Seen<'_>) -> Result<(), Refusal> {
+    let paths = seen.paths;
+    let refused: Vec<Refusal> = seen
+        .iter()
+        .filter_map(|(p, st)| {
+            let is_dir = st.is_some_and(|x| x.1);
+            let why = vol.tracking.why_untracked(p, is_dir)?;
+            Some(
+                Refusal::new(
+                    Reason::NotTracked,
+                    format!(
+                        "{p_q} is not tracked by the volume, so it cannot be handed on: {why}",
+                        p_q = crate::names::display_name(p)
+                    ),
+                )
+                .at(p.as_str()),
+            )
+        })
+        .collect();
+    let Some(first) = refused.first() else {
+        return Ok(());
+    };
+    let mut r = first.clone();
+    if paths.len() > 1 {
+        r.per_path = refused;
+    }
+    Err(r)
+}
+
+/// Count what the backing directory holds at each path before a verb decides on it.
+/// Directories are not handed on.
+fn observe_paths(
+    vol: &Workspace,
+    e: &Engine,
+    seen: &Seen<'_>,
+    now: Timestamp,
+) -> Result<(), Refusal> {
+    for (p, st) in seen.iter() {
+        vol.observe_seen(e, p, st, now);
+        if st.is_some_and(|x| x.1) {
+            return Err(Refusal::new(
+                Reason::BadRequest,
+                format!(
+                    "bad request: {p_q} is a directory; hand on the files in it",
+                    p_q = crate::names::display_name(p)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A transfer hands on content: each file's fingerprint is taken now (and counted, should
+/// the file have changed since it was observed), so while the record is live only content
+/// that differs from it ends it (docs/versions-and-holds.md#content). A file that cannot be
+/// read to take it is not handed on (fail closed: without it, no metadata change could be
+/// told from a rewrite).
+fn fingerprint_paths(
+    vol: &Workspace,
+    e: &Engine,
+    paths: &[String],
+    now: Timestamp,
+) -> Result<(), Refusal> {
+    for p in paths {
+        if e.version(p).is_none() || !vol.backing.has_content(p) {
+            continue; // the engine refuses it (`no_such_path`), or a special file
+        }
+        let Some((st, print)) = vol.print_of(p) else {
+            return Err(Refusal::new(
+                Reason::IoError,
+                format!(
+                    "{p} could not be read to take its content's fingerprint (it is changing \
+                     right now, or the volume may not read it): the handoff needs one; try \
+                     again once it is still"
+                ),
+            )
+            .at(p.as_str()));
+        };
+        e.observe_content(p, st, Some(print), now);
+    }
+    Ok(())
+}
+
+/// The state log's trouble, for `status` (None while it is written normally): JSON and a
+/// line.
+fn journal_json(vol: &Workspace) -> Option<(Value, String)> {
+    if !vol.journal.is_poisoned() {
+        return None;
+    }
+    let (kept, shed, limit) = vol.journal.backlog();
+    let shedding = vol.journal.is_shedding();
+    let line = if shedding {
+        format!(
+            "the state log cannot be written and the events kept in memory reached their \
+             bound ({} KiB): {shed} event(s) not kept; verbs and writes to handed files are \
+             refused until the disk takes writes again",
+            limit >> 10
+        )
+    } else {
+        format!(
+            "the state log cannot be written: {} KiB of events kept in memory (bound {} KiB); \
+             verbs are refused until the disk takes writes again",
+            kept >> 10,
+            limit >> 10
+        )
+    };
+    Some((
+        serde_json::json!({
+            "failing": true,
+            "shedding": shedding,
+            "kept_bytes": kept,
+            "not_kept": shed,
+            "bound_bytes": limit,
+            "message": line,
+        }),
+        line,
+    ))
+}
+
+/// The reply when the state log cannot be written: the write fails with `EIO`.
+fn journal_failed(verb: Verb) -> Reply {
+    Reply::refused(
+        Some(verb),
+        &Refusal::new(
+            Reason::IoError,
+            "the volume cannot write its state log (disk error), so it records nothing more \
+             for now; see the coherent-mount log and free the disk",
+        ),
+        None,
+    )
+}
+
+/// A verb of a process carrying another uid's session name (docs/design.md#sessions): refused.
+fn not_yours(s: &Session, verb: Verb) -> Option<Refusal> {
+    let Via::NotYours { session, owner } = &s.via else {
+        return None;
+    };
+    if verb == Verb::Status {
+        return None;
+    }
+    Some(Refusal::new(
+        Reason::SessionNotYours,
+        format!(
+            "session {session} belongs to uid {owner}; this process (uid {}) is not that \
+             session, so it cannot {} as it",
+            s.name.trim_start_matches("uid:"),
+            verb.as_str()
+        ),
+    ))
+}
+
+/// The caller as the permission checks see it (its supplementary groups from `/proc`).
+fn who(caller: &Caller) -> Who {
+    Who::of_task(caller.pid, caller.uid, caller.gid)
+}
+
+/// The request with its paths placed beneath the backing root: a path that leaves it is
+/// refused `bad_request` (the same answer whether the host path exists or not, and the
+/// engine never sees it); a path through a symlink to a directory inside becomes the real
+/// path; a path the caller may not see is refused as a path that does not exist
+/// (`status PATH` answers for it as for a path never seen, in [`seen_status`]).
+fn place_request(vol: &Workspace, sight: &mut Sight, req: &Request) -> Result<Request, Refusal> {
+    let place = |sight: &mut Sight, p: &String, hide: bool| -> Result<String, Refusal> {
+        let real = match beneath::resolve(vol.backing.fd(), p) {
+            Ok(Resolved::Outside) => {
+                return Err(Refusal::new(
+                    Reason::BadRequest,
+                    format!(
+                        "bad request: {} is outside the volume (it leaves the mount root \
+                         through a symlink)",
+                        crate::names::quote_for_message(p)
+                    ),
+                ))
+            }
+            Ok(Resolved::Inside { real: Some(r), .. }) if !r.is_empty() => r,
+            _ => p.clone(),
+        };
+        if hide && !sight.sees(vol.backing.fd(), &real) {
+            return Err(not_there(&real));
+        }
+        Ok(real)
+    };
+    let all = |sight: &mut Sight, paths: &[String]| -> Result<Vec<String>, Refusal> {
+        paths.iter().map(|p| place(sight, p, true)).collect()
+    };
+    Ok(match req {
+        Request::Transfer { paths, to, note } => Request::Transfer {
+            paths: all(sight, paths)?,
+            to: to.clone(),
+            note: note.clone(),
+        },
+        Request::Accept { paths } => Request::Accept {
+            paths: all(sight, paths)?,
+        },
+        Request::Decline { paths } => Request::Decline {
+            paths: all(sight, paths)?,
+        },
+        Request::Withdraw { paths } => Request::Withdraw {
+            paths: all(sight, paths)?,
+        },
+        Request::Status { path: Some(p) } => Request::Status {
+            path: Some(place(sight, p, false)?),
+        },
+        Request::Wait {
+            path,
+            until,
+            timeout_ms,
+        } => Request::Wait {
+            path: place(sight, path, true)?,
+            until: *until,
+            timeout_ms: *timeout_ms,
+        },
+        other => other.clone(),
+    })
+}
+
+/// A `wait` request placed and checked like any request on a path (beneath the root, a
+/// path the caller may look up, tracked), then answered now or later.
+fn wait_check(vol: &Workspace, caller: &Caller, req: &Request) -> Check {
+    let mut sight = Sight::new(who(caller));
+    let refused = |f: Refusal, p: &str| Check::Now(Reply::refused(Some(Verb::Wait), &f, Some(p)));
+    let placed = match place_request(vol, &mut sight, req) {
+        Ok(r) => r,
+        Err(f) => return refused(f, &req.paths()[0]),
+    };
+    let Request::Wait {
+        path,
+        until,
+        timeout_ms,
+    } = placed
+    else {
+        unreachable!("a wait stays a wait")
+    };
+    let paths = [path];
+    let seen = Seen::look(vol, &paths);
+    if let Err(f) = tracked_paths(vol, &seen) {
+        return refused(f, &paths[0]);
+    }
+    let path = &paths[0];
+    vol.observe_seen(&vol.engine, path, seen.stats[0], Timestamp::now());
+    let me = vol.session(caller).name.to_string();
+    waits::check(&vol.engine, &me, path, until, timeout_ms)
+}
+
+/// The refusal for a path that does not exist (the engine's own answer for one).
+fn not_there(p: &str) -> Refusal {
+    Refusal::new(
+        Reason::NoSuchPath,
+        format!(
+            "{p_q} does not exist in this volume (or the volume has not seen it yet)",
+            p_q = crate::names::display_name(p)
+        ),
+    )
+}
+
+/// `accept` (and the claim of an offer) needs that the caller could open the file for
+/// writing (§5): a session that cannot write a file cannot be its successor. Checked on
+/// the paths whose live record names `s` as successor or is an offer `s` would claim;
+/// the others get the engine's answer. An offer stays open for a session that can.
+fn successor_may_write(
+    vol: &Workspace,
+    s: &Session,
+    who: &Who,
+    paths: &[String],
+) -> Result<(), Refusal> {
+    for p in paths {
+        let Some(h) = vol.engine.handoff(s, p) else {
+            continue;
+        };
+        let claim = h.record.offer && h.record.claimed_by.is_none() && h.role == Role::Bystander;
+        if h.role != Role::Successor && !claim {
+            continue;
+        }
+        if let Ok(false) = may_write(vol.backing.fd(), Path::new(p), who) {
+            let way = if claim {
+                "the offer stays open for a session that can write it".to_string()
+            } else {
+                format!(
+                    "decline it instead (coherent decline {})",
+                    crate::control::shell_word(p)
+                )
+            };
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), so \
+                     this session cannot {} it: {way}",
+                    who.uid,
+                    if claim { "claim" } else { "accept" },
+                    p_q = crate::names::display_name(p)
+                ),
+            )
+            .at(p.as_str())
+            .with_status(h.record.status));
+        }
+    }
+    Ok(())
+}
+
+/// The two write-permission checks of a `transfer`, in one place, as the kernel would
+/// decide an open for writing for a uid, its groups and the file's mode and ACL
+/// (docs/design.md#handoff):
+/// - the caller could open each file for writing itself;
+/// - a transfer to a session owned by another uid needs that this uid could too (§5: only
+///   a session whose owner could write the file can be its successor; otherwise "when it
+///   writes the file" would be a way out that cannot work). An owner the user database
+///   does not know is not checked here (its `accept` is).
+///
+/// Errors (a path that is gone) are the engine's to answer.
+fn writers_may_write(
+    vol: &Workspace,
+    who: &Who,
+    to: &str,
+    paths: &[String],
+) -> Result<(), Refusal> {
+    let may = |p: &String, as_who: &Who| may_write(vol.backing.fd(), Path::new(p), as_who);
+    for p in paths {
+        if let Ok(false) = may(p, who) {
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), \
+                     so you cannot hand it on",
+                    who.uid,
+                    p_q = crate::names::display_name(p)
+                ),
+            ));
+        }
+    }
+    let Ok(succ) = vol.engine.lookup_session(to) else {
+        return Ok(());
+    };
+    let Some(uid) = vol
+        .engine
+        .owner(&succ.name)
+        .filter(|u| *u != who.uid && *u != 0)
+    else {
+        return Ok(());
+    };
+    let Some(owner) = Who::of_user(uid) else {
+        return Ok(());
+    };
+    for p in paths {
+        if let Ok(false) = may(p, &owner) {
+            return Err(Refusal::new(
+                Reason::SessionNotYours,
+                format!(
+                    "session {} belongs to uid {uid}, which may not write {p_q}, so it cannot be \
+                     its successor: hand it to a session that can write it",
+                    succ.name,
+                    p_q = crate::names::display_name(p)
+                ),
+            )
+            .at(p.as_str()));
+        }
+    }
+    Ok(())
+}
+
+/// `accept`/`decline` only by the successor's owner uid, `withdraw` only by the giver's
+/// (docs/design.md#handoff): a caller of another uid is refused `session_not_yours` (a caller of
+/// the same uid in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
+fn owner_only(
+    vol: &Workspace,
+    s: &Session,
+    who: &Who,
+    verb: Verb,
+    paths: &[String],
+) -> Result<(), Refusal> {
+    for p in paths {
+        let Some(h) = vol.engine.handoff(s, p) else {
+            continue;
+        };
+        let (role, name) = match verb {
+            Verb::Withdraw => ("giver", &h.record.giver),
+            _ => ("successor", &h.record.successor),
+        };
+        match vol.engine.owner(name) {
+            Some(owner) if *name != s.name && owner != who.uid => {
+                return Err(Refusal::new(
+                    Reason::SessionNotYours,
+                    format!(
+                        "the {role} of {p_q} is session {name}, which belongs to uid {owner}: \
+                         only that uid may {} it",
+                        verb.as_str(),
+                        p_q = crate::names::display_name(p)
+                    ),
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Only the records whose paths the reader may see.
+fn seen_records(vol: &Workspace, sight: &mut Sight, recs: Vec<RecordJson>) -> Vec<RecordJson> {
+    if sight.sees_all() {
+        return recs;
+    }
+    recs.into_iter()
+        .filter(|r| sight.sees(vol.backing.fd(), &r.path))
+        .collect()
+}
+
+/// `status [PATH]` as the reader may see it: records of paths it may not look up are left
+/// out (and out of the counts); `status PATH` of such a path is the answer for a path
+/// never seen.
+fn seen_status(vol: &Workspace, sight: &mut Sight, path: Option<&str>) -> StatusReport {
+    let mut st = vol.engine.status(path);
+    if sight.sees_all() {
+        return st;
+    }
+    if let Some(p) = path {
+        if !sight.sees(vol.backing.fd(), p) {
+            st.version = None;
+            st.live.clear();
+            st.ended.clear();
+        }
+    }
+    st.live = seen_records(vol, sight, std::mem::take(&mut st.live));
+    st.ended = seen_records(vol, sight, std::mem::take(&mut st.ended));
+    st.counts.live = st.live.len();
+    st.counts.ended = st.ended.len();
+    st
+}

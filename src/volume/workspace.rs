@@ -1,0 +1,323 @@
+//! What every part of the volume reads: the engine, the journal, the coordinator, the
+//! session resolver, the tracked paths and the store's backing directory, with the two
+//! questions each decision starts from, asked here once: who is calling (its session,
+//! docs/design.md#sessions) and what the backing directory holds at a path
+//! (docs/design.md#versions).
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::changes::Changes;
+use crate::coherence::{self, At, Engine, Found, Timestamp};
+use crate::coordinator::etcd::Etcd;
+use crate::coordinator::Coordinator;
+use crate::identity::{Resolver, Session, SessionInfo, Via};
+use crate::journal::Journal;
+use crate::store::{Backing, Caller, Stamp};
+use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
+
+/// A workspace path as the engine keys it (None: the root, a name the store lost, or a
+/// name that is not UTF-8, which the volume does not track).
+pub(super) fn rel(path: Option<&Path>) -> Option<&str> {
+    path.and_then(Path::to_str)
+        .filter(|p| coherence::valid_path(p))
+}
+
+/// The engine's stamp of a backing file: (ino, ctime, mtime, size).
+pub(super) fn stamp(s: &Stamp) -> coherence::Stamp {
+    let ns = |t: crate::store::Time| t.sec * 1_000_000_000 + i64::from(t.nsec);
+    coherence::Stamp {
+        ino: s.ino,
+        ctime_ns: ns(s.ctime),
+        size: s.size,
+        mtime_ns: ns(s.mtime),
+    }
+}
+
+/// The daemon's line for a content check that counted nothing (a changed one is in the
+/// state log as `external_change`).
+fn log_content(p: &str, c: coherence::Content) {
+    use coherence::Content;
+    match c {
+        Content::Unchanged | Content::Changed => {}
+        Content::Same => tracing::info!(
+            "{p}: changed behind the volume's back but its content is the same (a \
+             metadata-only change, or this copy caught up): restamped, not a change"
+        ),
+        Content::Behind(v) => tracing::info!(
+            "{p}: this copy still holds the content of v{v} (its sync has not arrived): \
+             behind, not a change"
+        ),
+        Content::Unknown => tracing::warn!(
+            "{p}: changed behind the volume's back and could not be read to compare its \
+             content: nothing counted, any record on it stays live"
+        ),
+    }
+}
+
+/// The state and the backing directory the parts of the volume share (each part holds
+/// an `Arc` of it; none owns another's state).
+pub(super) struct Workspace {
+    pub(super) engine: Arc<Engine>,
+    pub(super) journal: Arc<Journal>,
+    /// Where shared state is agreed: [`crate::coordinator::Embedded`] on one host, [`Etcd`]
+    /// across hosts.
+    pub(super) coord: Arc<dyn Coordinator>,
+    pub(super) etcd: Option<Arc<Etcd>>,
+    pub(super) resolver: Arc<Resolver>,
+    /// The backing directory: the store's root descriptor.
+    pub(super) backing: Backing,
+    /// Which paths are tracked (docs/design.md#versions): the rest pass through with no
+    /// version, no hold, no event and no session lookup.
+    pub(super) tracking: Tracking,
+    /// The paths changed through the volume, for git's fsmonitor (`changes.rs`).
+    pub(super) changes: Changes,
+    /// Inodes seen with more than one name (their other names are restamped after a link,
+    /// unlink or rename through the volume).
+    pub(super) linked: Mutex<HashSet<u64>>,
+}
+
+impl Workspace {
+    /// The caller's session, made known to the engine (`session_seen` the first time): a
+    /// session is known once any of its processes touched the volume where it resolves.
+    /// A session name belongs to the first uid that shows it (docs/design.md#sessions): a process
+    /// of another uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
+    pub(super) fn session(&self, c: &Caller) -> Session {
+        self.owned(self.resolver.resolve_request(c.pid, c.uid), c)
+    }
+
+    /// `s` as resolved for caller `c`, if `c`'s uid owns the name (docs/design.md#sessions: the
+    /// first uid that shows a name owns it); else `c`'s own `uid:UID`, marked with whose name it
+    /// showed.
+    pub(super) fn owned(&self, s: Session, c: &Caller) -> Session {
+        self.claimed(s, c).unwrap_or_else(|anyone| anyone)
+    }
+
+    /// [`Workspace::owned`], but `Err` (the caller's `uid:UID`) when the coordinator could
+    /// not be asked who owns the name: a writer is then decided as unresolved
+    /// (docs/design.md#sessions).
+    pub(super) fn claimed(&self, s: Session, c: &Caller) -> Result<Session, Session> {
+        let now = Timestamp::now();
+        let claim = match self.coord.claim(&self.engine, &s, c.uid, now) {
+            Ok(r) => r,
+            Err(r) => {
+                tracing::debug!("session {} not claimed: {}", s.name, r.message);
+                return Err(Arc::new(SessionInfo::unattributed(c.uid)));
+            }
+        };
+        Ok(match claim {
+            Ok(()) => s,
+            Err(owner) => {
+                let mine = SessionInfo::unattributed(c.uid);
+                self.engine.session_seen(&Arc::new(mine.clone()), now);
+                Arc::new(SessionInfo {
+                    via: Via::NotYours {
+                        session: s.name.clone(),
+                        owner,
+                    },
+                    ..mine
+                })
+            }
+        })
+    }
+
+    /// The session of a caller about to write (docs/design.md#sessions: fail closed). `Err` carries
+    /// the caller's `uid:UID`, under which a write to a path with no live record goes on.
+    pub(super) fn writer(&self, c: &Caller) -> Result<Session, Session> {
+        match self.resolver.resolve(c.pid) {
+            Ok(s) => self.claimed(s, c),
+            Err(e) => {
+                tracing::debug!("session of pid {}: {e}; failing closed", c.pid);
+                Err(self
+                    .resolver
+                    .directory()
+                    .record(SessionInfo::unattributed(c.uid)))
+            }
+        }
+    }
+
+    /// Is the workspace path `p` tracked (docs/design.md#versions)? `is_dir`: it names a directory.
+    /// A path with a live record stays tracked whatever the ignore files say now, so a giver
+    /// cannot step out of its fence by ignoring the file it handed on.
+    pub(super) fn is_tracked(&self, p: &str, is_dir: bool) -> bool {
+        self.tracking.is_tracked(p, is_dir) || self.engine.has_live_record(p)
+    }
+
+    /// After a change through the mount of `p`: an ignore file changed, or a directory
+    /// moved, so what is tracked may have changed (applies at once).
+    pub(super) fn retrack(&self, p: &str, is_dir: bool) {
+        let name = p.rsplit('/').next().unwrap_or(p);
+        if is_dir || name == GITIGNORE || p == COHERENTIGNORE {
+            self.tracking.invalidate(p);
+        }
+    }
+
+    /// `p` with what the backing directory holds there, if `p` is tracked.
+    pub(super) fn tracked<'p>(&self, p: &'p str) -> (At<'p>, bool) {
+        let at = self.at(p);
+        let dir = at.found == Found::Dir;
+        (at, self.is_tracked(p, dir))
+    }
+
+    /// `fstatat` in the backing directory, without following a final symlink.
+    pub(super) fn stat(&self, p: &str) -> Option<(coherence::Stamp, bool)> {
+        self.stat_links(p).map(|(s, dir, _)| (s, dir))
+    }
+
+    /// [`Workspace::stat`] and the number of names of the file (`st_nlink`). A file seen with
+    /// several names is remembered in `linked` (see [`Workspace::restamp_other_names`]).
+    pub(super) fn stat_links(&self, p: &str) -> Option<(coherence::Stamp, bool, u64)> {
+        let st = self.backing.lstat(p)?;
+        if !st.dir && st.nlink > 1 {
+            self.linked.lock().insert(st.stamp.ino);
+        }
+        Some((stamp(&st.stamp), st.dir, st.nlink))
+    }
+
+    /// A link, unlink or rename through the volume changed the ctime of inode `ino`; its
+    /// other tracked names (`except` the ones the operation itself counts) take the new
+    /// stamp, so the change is never taken for one behind the volume's back
+    /// (docs/design.md#versions). Only for inodes seen with several names.
+    pub(super) fn restamp_other_names(&self, ino: u64, except: &[&str]) {
+        if !self.linked.lock().contains(&ino) {
+            return;
+        }
+        for q in self.engine.paths_of_inode(ino) {
+            if except.contains(&q.as_str()) {
+                continue;
+            }
+            if let Some(now) = self.stamp_now(&q).filter(|st| st.ino == ino) {
+                self.engine.restamp(&q, now);
+            }
+        }
+    }
+
+    /// Show the engine what the backing directory holds at `p` now (versions count
+    /// regular files, symlinks and special files, not directories), so an untracked
+    /// file starts at v1 and a change behind the volume's back is counted.
+    pub(super) fn observe(&self, p: &str, now: Timestamp) -> Option<(coherence::Stamp, bool)> {
+        self.observe_in(&self.engine, p, now)
+    }
+
+    /// [`Workspace::observe`] through `e` (a step's view of the engine keeps the events).
+    pub(super) fn observe_in(
+        &self,
+        e: &Engine,
+        p: &str,
+        now: Timestamp,
+    ) -> Option<(coherence::Stamp, bool)> {
+        let st = self.stat(p);
+        self.observe_seen(e, p, st, now);
+        st
+    }
+
+    /// [`Workspace::observe_in`] of what a [`Workspace::stat`] of `p` found just before.
+    pub(super) fn observe_seen(
+        &self,
+        e: &Engine,
+        p: &str,
+        st: Option<(coherence::Stamp, bool)>,
+        now: Timestamp,
+    ) {
+        match st {
+            Some((_, true)) => {}
+            Some((s, false)) => self.observe_file(e, p, s, now),
+            None => {
+                e.observe(p, None, now);
+            }
+        }
+    }
+
+    /// Shows `e` the file at `p` with stamp `st`, with its fingerprint when only the
+    /// content can tell what a changed stamp means (docs/versions-and-holds.md#content).
+    pub(super) fn observe_file(&self, e: &Engine, p: &str, st: coherence::Stamp, now: Timestamp) {
+        match self.print_if_wanted(e, p, st) {
+            (st, Some(print)) => {
+                e.observe_content(p, st, Some(print), now);
+            }
+            (st, None) => {
+                e.observe(p, Some(st), now);
+            }
+        }
+    }
+
+    /// The fingerprint of the file at `p` (seen with stamp `st`) if `e` needs it to judge
+    /// the stamp ([`Engine::wants_print`]), with the stamp it was taken at (maybe newer
+    /// than `st`). Logs what the content check will find when it counts nothing.
+    pub(super) fn print_if_wanted(
+        &self,
+        e: &Engine,
+        p: &str,
+        st: coherence::Stamp,
+    ) -> (coherence::Stamp, Option<coherence::Print>) {
+        if !e.wants_print(p, &st) {
+            return (st, None);
+        }
+        let (st, print) = match self.print_of(p) {
+            Some((now, print)) => (now, Some(print)),
+            None => (st, None),
+        };
+        log_content(p, e.content(p, st, print));
+        (st, print)
+    }
+
+    /// The fingerprint of the file at `p` now, with the stamp it had while it was read.
+    pub(super) fn print_of(&self, p: &str) -> Option<(coherence::Stamp, coherence::Print)> {
+        let fp = self.backing.fingerprint(p)?;
+        let print = coherence::Print {
+            size: fp.size,
+            digest: fp.digest,
+        };
+        Some((stamp(&fp.stamp), print))
+    }
+
+    /// With a coordinator: the fingerprint of what a commit of `p` (a path with records,
+    /// which hosts share) made, for the other hosts to compare their copies with.
+    pub(super) fn print_commit(&self, e: &Engine, p: &str, st: coherence::Stamp) {
+        if self.etcd.is_none() || !e.has_records(p) {
+            return;
+        }
+        if let Some((now, print)) = self.print_of(p).filter(|(now, _)| *now == st) {
+            e.note_print(p, now, print);
+        }
+    }
+
+    /// Before a write through a file with several names (the fence follows the inode):
+    /// the handed paths taken in from another host and not looked at here yet are looked
+    /// at now, so this host knows their inode on its own copy (hosts share no stamps).
+    pub(super) fn stamp_handed(&self) {
+        if self.etcd.is_none() {
+            return;
+        }
+        let now = Timestamp::now();
+        for q in self.engine.unstamped_live_paths() {
+            if let Some(st) = self.stamp_now(&q) {
+                self.observe_file(&self.engine, &q, st, now);
+            }
+        }
+    }
+
+    /// What the backing directory holds at `p` now, for the write decision (a file with
+    /// several names is marked: the fence follows the inode), with the fingerprint the
+    /// decision needs to judge a changed stamp.
+    pub(super) fn at<'a>(&self, p: &'a str) -> At<'a> {
+        match self.stat_links(p) {
+            None => At::new(p, Found::Absent),
+            Some((_, true, _)) => At::new(p, Found::Dir),
+            Some((s, false, n)) => {
+                if n > 1 {
+                    self.stamp_handed();
+                }
+                let (s, print) = self.print_if_wanted(&self.engine, p, s);
+                At::new(p, Found::File(s)).linked(n > 1).print(print)
+            }
+        }
+    }
+
+    pub(super) fn stamp_now(&self, p: &str) -> Option<coherence::Stamp> {
+        self.stat(p).filter(|(_, dir)| !dir).map(|(s, _)| s)
+    }
+}
