@@ -16,9 +16,9 @@
 #                                  [--files N] [--dirs N] [--jobs J] [--sample] [--no-build]
 #   --jobs J    make -j J in each client (default: the number of cores)
 #   --sample    after the timed rounds, one more untimed round of each workload at the most
-#               clients on the coherent mount, sampling the daemon's threads: kernel wait
-#               channels (/proc/PID/task/*/wchan) every 20 ms, and user stacks (gdb, every
-#               0.5 s) of the threads blocked in a lock; a table of where they wait
+#               clients on the coherent mount, sampling the daemon's request threads: state
+#               and kernel wait channel (/proc/PID/task/*/wchan) every 20 ms, and every tenth
+#               time all stacks (gdb): how often one waits in a lock, and in which function
 #   --no-build  use target/release/coherent-mount as it is (COHERENT_NO_BUILD=1)
 # Env: BENCH_DIR (where to work; default under target/), BENCH_NICE (-10), BENCH_TIMEOUT
 #      (600 s per workload round), COHERENT_CREF (a passthrough_hp binary).
@@ -265,11 +265,11 @@ if [[ -n $SAMPLE && -n ${DAEMON[coherent]:-} && -z ${FAILED_MOUNT[coherent]:-} ]
         while kill -0 "$load" 2>/dev/null; do
             # kernel side: every thread's state and wait channel
             for task in /proc/"$pid"/task/*; do
-                printf 'wchan\t%s\t%s\t%s\n' "$w" "$(cut -d' ' -f3 "$task/stat" 2>/dev/null)" \
-                    "$(cat "$task/wchan" 2>/dev/null)"
+                printf 'wchan\t%s\t%s\t%s\t%s\n' "$w" "$(cat "$task/comm" 2>/dev/null)" \
+                    "$(sed 's/.*) //' "$task/stat" 2>/dev/null | cut -d' ' -f1)" "$(cat "$task/wchan" 2>/dev/null)"
             done >>"$SAMPLES"
-            # user side, every 25th sample (0.5 s): the stacks of all threads
-            if ((k++ % 25 == 0)); then
+            # user side, every 10th sample (0.2 s plus gdb's own time): the stacks of all threads
+            if ((k++ % 10 == 0)); then
                 timeout 20 gdb -p "$pid" -batch -nx -ex 'set pagination off' \
                     -ex 'thread apply all bt 25' 2>/dev/null | sed "s/^/gdb\t$w\t/" >>"$SAMPLES"
             fi
@@ -332,43 +332,53 @@ EOF
         echo
         python3 - "$SAMPLES" <<'EOF'
 import collections, re, sys
+# kernel side, the FUSE request threads (fuser-N) only: running, waiting for a request
+# (fuse_dev_do_read), blocked on a futex (a lock, or a condition variable) or elsewhere
 states = collections.defaultdict(collections.Counter)
 locks = collections.defaultdict(collections.Counter)
-work = None
-stack = []
+stacks = collections.Counter()
+work, stack = None, []
+def frame_fn(f):
+    m = re.match(r"#\d+\s+(?:0x[0-9a-f]+ in )?(\S+)", f)
+    return m.group(1) if m else ""
 def flush(w):
-    # a thread blocked in a lock: the first frame of our own code above the lock call
-    # (std's futex Mutex/RwLock slow paths, parking_lot's; not a Condvar's idle wait)
-    text = " ".join(stack)
-    if not re.search(r"lock_contended|read_contended|write_contended|lock_slow|lock_shared_slow|lock_exclusive_slow", text):
+    # a thread in a lock's slow path (std's futex Mutex/RwLock, parking_lot; not a
+    # condition variable's idle wait): the first frame of our own code above it
+    stacks[w] += 1
+    fns = [frame_fn(f) for f in stack]
+    if not any(re.search(r"lock_contended|read_contended|write_contended|lock_slow|lock_shared_slow|lock_exclusive_slow", f) for f in fns):
         return
-    for f in stack:
-        m = re.search(r"(<?coherent::[^\s(]+)", f)
-        if m:
-            locks[w][re.sub(r"::h[0-9a-f]{16}$", "", m.group(1))] += 1
+    for f in fns:
+        if f.startswith(("coherent::", "<coherent::")):
+            locks[w][re.sub(r"::h[0-9a-f]{16}$", "", f)] += 1
             return
     locks[w]["(no coherent frame)"] += 1
 for line in open(sys.argv[1], errors="replace"):
     kind, w, rest = line.rstrip("\n").split("\t", 2)
     if kind == "wchan":
-        st, wchan = (rest.split("\t") + [""])[:2]
-        states[w][f"{st} {wchan or '-'}"] += 1
+        comm, st, wchan = (rest.split("\t") + ["", ""])[:3]
+        if not comm.startswith("fuser"):
+            continue
+        if st == "R": k = "running"
+        elif wchan == "fuse_dev_do_read": k = "waiting for a request"
+        elif wchan.startswith("futex"): k = "futex (lock or condvar)"
+        else: k = f"{st} {wchan or '-'}"
+        states[w][k] += 1
     else:
         if rest.startswith("Thread "):
             if stack: flush(work)
             stack, work = [], w
-        elif rest.startswith("#"):
+            if '"fuser' not in rest: stack, work = [], None
+        elif rest.startswith("#") and work:
             stack.append(rest)
-if stack: flush(work)
-for w in states:
-    total = sum(states[w].values())
-    top = ", ".join(f"{k} {v * 100 / total:.0f} %" for k, v in states[w].most_common(5))
-    print(f"- {w}: thread states (state, kernel wait channel): {top}")
-    if locks[w]:
-        print(f"  - blocked in a lock (gdb stacks, first coherent frame): " +
-              ", ".join(f"{k} ×{v}" for k, v in locks[w].most_common(5)))
-    else:
-        print("  - no thread seen blocked in a lock (gdb stacks)")
+if stack and work: flush(work)
+for w in dict.fromkeys(list(states) + list(stacks)):
+    total = sum(states[w].values()) or 1
+    top = ", ".join(f"{k} {v * 100 / total:.0f} %" for k, v in states[w].most_common(4))
+    print(f"- {w}: request threads (every 20 ms): {top}")
+    held = sum(locks[w].values())
+    where = ", ".join(f"`{k}` ×{v}" for k, v in locks[w].most_common(4))
+    print(f"  - gdb stacks of request threads: {held} of {stacks[w]} in a lock's slow path" + (f": {where}" if held else ""))
 print()
 EOF
     fi
