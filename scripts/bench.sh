@@ -184,7 +184,8 @@ if [[ $GATE == check ]]; then
             die "--check: no $BASELINES/baseline-$b.tsv (record it with scripts/bench.sh --record --backing $b)"
     done
     # Every backing of one recording shares its options: the first one's header says them.
-    first=$BASELINES/baseline-${BACKINGS_LIST%% *}.tsv
+    read -r first _ <<<"$BACKINGS_LIST"
+    first=$BASELINES/baseline-$first.tsv
     recorded_args=$(baseline_field "$first" args) recorded_modes=$(baseline_field "$first" modes)
     [[ -n $recorded_args && -n $recorded_modes ]] || die "--check: $first has no '# args:' or '# modes:' header line"
     if [[ -z $SHAPED ]]; then
