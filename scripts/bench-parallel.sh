@@ -222,9 +222,14 @@ ops() {
 WORKLOADS=(untar rg git_status make)
 printf 'mode\tclients\tworkload\trun\tseconds\tdaemon_cpu_seconds\n' >"$RAW"
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+turn=0
 for ((run = 1; run <= RUNS; run++)); do
     for n in "${CLIENTS[@]}"; do
-        for mode in "${MODES[@]}"; do
+        # the mode that starts a turn rotates, so that none always runs first (just after
+        # another client count's set-up) or last
+        order=("${MODES[@]:turn % ${#MODES[@]}}" "${MODES[@]:0:turn % ${#MODES[@]}}")
+        turn=$((turn + 1))
+        for mode in "${order[@]}"; do
             [[ -z ${FAILED_MOUNT[$mode]:-} ]] || continue
             log "run $run/$RUNS, $n clients: $(mode_label "$mode")"
             pid=${DAEMON[$mode]:-}
