@@ -105,7 +105,10 @@ fn a_move_inside_the_spread_passes() {
     now.push(("rg", "bindfs", "3.4500", "0.2500"));
     let cur = rows_file(d.path(), "cur", &now);
     let (rc, report) = gate(&["compare", &base, &cur]);
-    assert_eq!(rc, 0, "a move inside the spread is not a regression:\n{report}");
+    assert_eq!(
+        rc, 0,
+        "a move inside the spread is not a regression:\n{report}"
+    );
     assert!(row(&report, "rg", "bindfs").ends_with("| within spread |"));
     // the same move with a steady run is past the spread: it fails
     let cur = rows_file(
@@ -188,5 +191,8 @@ fn a_file_that_is_not_a_rows_file_is_a_clear_error() {
     let (rc, out) = gate(&["compare", &base, junk.to_str().unwrap()]);
     assert_eq!(rc, 2, "{out}");
     assert!(out.contains("expected a header line"), "{out}");
-    assert!(out.contains("bench.sh --record"), "says what writes one: {out}");
+    assert!(
+        out.contains("bench.sh --record"),
+        "says what writes one: {out}"
+    );
 }
