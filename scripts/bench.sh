@@ -362,6 +362,9 @@ backing_dir() {
 }
 
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+# what was measured: the checkout as the run starts (a commit made during the run is not it)
+COMMIT=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[[ -z $(git -C "$REPO_ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]] || COMMIT+=" (with uncommitted changes)"
 printf 'backing\tmode\tworkload\trun\tseconds\n' >"$RAW"
 printf 'backing\tmode\tworkload\trun\tdaemon_cpu_seconds\n' >"$CPU"
 # RAW and CPU name the column (a mode of MODES); on the inplace backing it runs as its
@@ -526,13 +529,11 @@ for backing in "${BACKINGS[@]}"; do
 done
 if [[ $GATE == record ]]; then
     mkdir -p "$BASELINES" || die "cannot create $BASELINES"
-    commit=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
-    [[ -z $(git -C "$REPO_ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]] || commit+=" (with uncommitted changes)"
     for backing in "${BACKINGS[@]}"; do
         {
             echo "# coherent bench baseline, $(backing_label "$backing") backing: ratios to native; scripts/bench.sh --check compares with it"
             echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-            echo "# commit: $commit"
+            echo "# commit: $COMMIT"
             echo "# kernel: $(uname -r)"
             echo "# machine: $(nproc) cores, $(sed -n 's/^model name\t*: //p' /proc/cpuinfo | head -1), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); load average $LOAD_START at start, $(cut -d' ' -f1-3 /proc/loadavg) at end"
             echo "# args: $(shape_args)"
