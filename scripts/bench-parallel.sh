@@ -15,8 +15,8 @@
 # Usage: scripts/bench-parallel.sh [--runs N] [--clients "1 2 4 8"] [--modes "native coherent bindfs cref"]
 #                                  [--files N] [--dirs N] [--jobs J] [--sample] [--no-build]
 #   --jobs J    make -j J in each client (default: the number of cores)
-#   --sample    after the timed rounds, one more untimed round of each workload at the most
-#               clients on the coherent mount, sampling the daemon's request threads: state
+#   --sample    after the timed rounds, each workload again and again for BENCH_SAMPLE_SECS
+#               (20) at the most clients on the coherent mount, untimed, sampling the daemon's request threads: state
 #               and kernel wait channel (/proc/PID/task/*/wchan) every 20 ms, and every tenth
 #               time all stacks (gdb): how often one waits in a lock, and in which function
 #   --no-build  use target/release/coherent-mount as it is (COHERENT_NO_BUILD=1)
@@ -66,7 +66,7 @@ if [[ -z ${BENCH_NICED:-} && ${BENCH_NICE:--10} != 0 && $EUID -eq 0 ]]; then
 fi
 
 RUNS=3 CLIENTS="1 2 4 8" MODES="native coherent bindfs cref" FILES=1000 DIRS=100 JOBS=$(nproc)
-SAMPLE= TIMEOUT=${BENCH_TIMEOUT:-600}
+SAMPLE= SAMPLE_SECS=${BENCH_SAMPLE_SECS:-20} TIMEOUT=${BENCH_TIMEOUT:-600}
 while (($#)); do
     case $1 in
     --runs | --clients | --modes | --files | --dirs | --jobs)
@@ -261,10 +261,16 @@ if [[ -n $SAMPLE && -n ${DAEMON[coherent]:-} && -z ${FAILED_MOUNT[coherent]:-} ]
     pid=${DAEMON[coherent]}
     : >"$SAMPLES"
     for w in "${WORKLOADS[@]}"; do
-        log "sampling the coherent daemon's threads: $w, $MAXC clients"
-        prepare "$w" "${TARGET[coherent]}" "$MAXC"
-        bash "$REPO_ROOT/scripts/bench-parallel.sh" --clients-run "$w" "${TARGET[coherent]}" "$MAXC" \
-            >/dev/null 2>>"$LOGF" &
+        log "sampling the coherent daemon's threads: $w, $MAXC clients, for ${SAMPLE_SECS}s"
+        # the workload over and over (a round can be shorter than one gdb sample)
+        (
+            end=$((SECONDS + SAMPLE_SECS))
+            while ((SECONDS < end)); do
+                prepare "$w" "${TARGET[coherent]}" "$MAXC"
+                bash "$REPO_ROOT/scripts/bench-parallel.sh" --clients-run "$w" "${TARGET[coherent]}" "$MAXC" \
+                    >/dev/null 2>>"$LOGF" || break
+            done
+        ) &
         load=$!
         k=0
         while kill -0 "$load" 2>/dev/null; do
