@@ -9,6 +9,7 @@
 # Usage: scripts/bench.sh [--runs N] [--modes "native coherent bindfs cref"]
 #                         [--backing ext4|tmpfs|inplace|both|all] [--files N] [--dirs N]
 #                         [--big-mib N] [--no-build] [--no-agent] [--plot FILE.svg]
+#                         [--record | --check]
 #   --backing   where the backing directories live: ext4 (under target/, the repo's disk),
 #               tmpfs (a tmpfs mounted for the run), inplace (the disk, each mount over its
 #               own directory: MODE runs as MODE-inplace, modes without one are left out),
@@ -17,6 +18,13 @@
 #               git checkout back and forth, grep -rn, rg, cargo build)
 #   --no-build  skip only the agent's debug `cargo build --offline` (the slow row)
 #   --plot F    also draw the ratio table as a bar chart (SVG, scripts/plot.py)
+#   --record    write each backing's rows (ratio to native and its spread, per workload and
+#               column) to bench/baseline-BACKING.tsv, with the machine, kernel, commit, date
+#               and options in its header: the run --check compares with
+#   --check     the regression gate: run as the baseline was recorded (its options and
+#               modes, on the backings that have one, unless given here), then compare each
+#               row with bench/baseline-BACKING.tsv (scripts/bench-gate.py); exit 1 when a row
+#               is more than 10 % worse beyond the spreads, or missing
 # Env:   BENCH_MODES, BENCH_RUNS (5), BENCH_FILES (3000), BENCH_DIRS (300),
 #        BENCH_BIG_MIB (1024), BENCH_BACKING (all), BENCH_DIR (where to work; default under
 #        target/), BENCH_TMPFS_SIZE (half the RAM), BENCH_NICE (-10: priority of the run and
@@ -117,33 +125,82 @@ DIRS=${BENCH_DIRS:-300}
 BIG_MIB=${BENCH_BIG_MIB:-1024}
 BACKING=${BENCH_BACKING:-all}
 TIMEOUT=${BENCH_TIMEOUT:-600}
-AGENT=1 BUILD=1 PLOT=
+AGENT=1 BUILD=1 PLOT= GATE= SHAPED= BACKING_SET=
+BASELINES=$REPO_ROOT/bench
 
-while (($#)); do
+# parse_args ARG...: the options (also those a baseline was recorded with, for --check).
+parse_args() {
+    while (($#)); do
+        case $1 in
+        --runs | --modes | --backing | --files | --dirs | --big-mib | --plot)
+            (($# >= 2)) || die "$1 wants a value (see --help)" ;;&
+        --runs) RUNS=$2; SHAPED=1; shift ;;
+        --modes) MODES=$2; SHAPED=1; shift ;;
+        --backing) BACKING=$2; BACKING_SET=1; shift ;;
+        --files) FILES=$2; SHAPED=1; shift ;;
+        --dirs) DIRS=$2; SHAPED=1; shift ;;
+        --big-mib) BIG_MIB=$2; SHAPED=1; shift ;;
+        --no-agent) AGENT= SHAPED=1 ;;
+        --no-build) BUILD= SHAPED=1 ;;
+        --plot) PLOT=$2; shift ;;
+        --record | --check)
+            [[ -z $GATE || $GATE == "${1#--}" ]] || die "--record and --check exclude each other"
+            GATE=${1#--}
+            ;;
+        -h | --help) sed -n '2,/^# Modes and/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+        esac
+        shift
+    done
+}
+parse_args "$@"
+# shape_args: the options that decide what a row measures, as a baseline records them.
+shape_args() {
+    printf -- '--runs %s --files %s --dirs %s --big-mib %s' "$RUNS" "$FILES" "$DIRS" "$BIG_MIB"
+    [[ -n $AGENT ]] || printf ' --no-agent'
+    [[ -n $BUILD ]] || printf ' --no-build'
+}
+# baseline_field FILE KEY: the value of the header line '# KEY: value' of a baseline.
+baseline_field() { sed -n "s/^# $2: //p" "$1" | head -1; }
+# backings_of BACKING: the backings that --backing names.
+backings_of() {
     case $1 in
-    --runs) RUNS=$2; shift ;;
-    --modes) MODES=$2; shift ;;
-    --backing) BACKING=$2; shift ;;
-    --files) FILES=$2; shift ;;
-    --dirs) DIRS=$2; shift ;;
-    --big-mib) BIG_MIB=$2; shift ;;
-    --no-agent) AGENT= ;;
-    --no-build) BUILD= ;;
-    --plot) PLOT=$2; shift ;;
-    -h | --help) sed -n '2,/^# Modes and/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown argument '$1' (see --help)" ;;
+    ext4 | tmpfs | inplace) echo "$1" ;;
+    both) echo ext4 tmpfs ;;
+    all) echo ext4 tmpfs inplace ;;
+    list:*) echo "${1#list:}" ;; # --check: the backings with a baseline
+    *) die "--backing wants ext4, tmpfs, inplace, both or all" ;;
     esac
-    shift
-done
+}
+if [[ $GATE == check ]]; then
+    if [[ -z $BACKING_SET ]]; then
+        BACKING=list:
+        for b in ext4 tmpfs inplace; do [[ ! -f $BASELINES/baseline-$b.tsv ]] || BACKING+=" $b"; done
+        [[ $BACKING != list: ]] || die "--check: no recorded run in $BASELINES (record one with scripts/bench.sh --record)"
+    fi
+    BACKINGS_LIST=$(backings_of "$BACKING") || exit 2
+    for b in $BACKINGS_LIST; do
+        [[ -f $BASELINES/baseline-$b.tsv ]] ||
+            die "--check: no $BASELINES/baseline-$b.tsv (record it with scripts/bench.sh --record --backing $b)"
+    done
+    # Every backing of one recording shares its options: the first one's header says them.
+    read -r first _ <<<"$BACKINGS_LIST"
+    first=$BASELINES/baseline-$first.tsv
+    recorded_args=$(baseline_field "$first" args) recorded_modes=$(baseline_field "$first" modes)
+    [[ -n $recorded_args && -n $recorded_modes ]] || die "--check: $first has no '# args:' or '# modes:' header line"
+    if [[ -z $SHAPED ]]; then
+        read -r -a recorded <<<"$recorded_args"
+        parse_args "${recorded[@]}"
+        MODES=$recorded_modes
+    elif [[ "$(shape_args)|$(echo $MODES)" != "$recorded_args|$recorded_modes" ]]; then
+        die "--check: $first was recorded with '$recorded_args' and modes '$recorded_modes', not '$(shape_args)' and '$(echo $MODES)': leave those options out (--check takes them from the baseline) or --record anew"
+    fi
+fi
 read -r -a MODES <<<"$MODES"
 [[ ${MODES[0]} == native ]] || die "the first mode must be native (ratios are against it)"
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || die "--runs wants a positive integer"
-case $BACKING in
-ext4 | tmpfs | inplace) BACKINGS=("$BACKING") ;;
-both) BACKINGS=(ext4 tmpfs) ;;
-all) BACKINGS=(ext4 tmpfs inplace) ;;
-*) die "--backing wants ext4, tmpfs, inplace, both or all" ;;
-esac
+BACKINGS_LIST=$(backings_of "$BACKING") || exit 2
+read -r -a BACKINGS <<<"$BACKINGS_LIST"
 for mode in "${MODES[@]}"; do mode_known "$mode" || mode_command "$mode" / /; done # dies
 
 # backing_mode BACKING COLUMN: the mode that a column runs on that backing (empty: none).
@@ -265,16 +322,6 @@ prepare() {
     esac
 }
 
-# daemon_ticks PID: the CPU time (user + system, clock ticks) the process has used so far,
-# all its threads, those that ended too (/proc/PID/stat fields 14 and 15).
-daemon_ticks() {
-    local s f
-    s=$(<"/proc/$1/stat") || return 1
-    s=${s##*) } # the command name may hold spaces and parentheses
-    read -r -a f <<<"$s"
-    printf '%s' $((f[11] + f[12]))
-}
-
 # one_run BACKING MODE T RUN PID: every workload once; appends a line per workload to RAW,
 # and, when PID (the mount's daemon) is given, its CPU during the workload to CPU.
 one_run() {
@@ -315,6 +362,9 @@ backing_dir() {
 }
 
 LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+# what was measured: the checkout as the run starts (a commit made during the run is not it)
+COMMIT=$(git -C "$REPO_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[[ -z $(git -C "$REPO_ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]] || COMMIT+=" (with uncommitted changes)"
 printf 'backing\tmode\tworkload\trun\tseconds\n' >"$RAW"
 printf 'backing\tmode\tworkload\trun\tdaemon_cpu_seconds\n' >"$CPU"
 # RAW and CPU name the column (a mode of MODES); on the inplace backing it runs as its
@@ -469,4 +519,50 @@ if [[ -n $PLOT ]]; then
         --title "Time relative to native (median of $RUNS runs, $(date -u +%Y-%m-%d), $(nproc) cores)" ||
         die "plot failed"
     log "plot: $PLOT"
+fi
+
+# --- the regression gate (--record, --check) -------------------------------------------
+# Each backing's rows (ratio to native and its spread; scripts/bench-gate.py) for this run.
+for backing in "${BACKINGS[@]}"; do
+    python3 "$REPO_ROOT/scripts/bench-gate.py" rows "$RAW" "$backing" >"$OUT/rows-$STAMP-$backing.tsv" ||
+        die "cannot compute the rows of $backing"
+done
+if [[ $GATE == record ]]; then
+    mkdir -p "$BASELINES" || die "cannot create $BASELINES"
+    for backing in "${BACKINGS[@]}"; do
+        {
+            echo "# coherent bench baseline, $(backing_label "$backing") backing: ratios to native; scripts/bench.sh --check compares with it"
+            echo "# date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+            echo "# commit: $COMMIT"
+            echo "# kernel: $(uname -r)"
+            echo "# machine: $(nproc) cores, $(sed -n 's/^model name\t*: //p' /proc/cpuinfo | head -1), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); load average $LOAD_START at start, $(cut -d' ' -f1-3 /proc/loadavg) at end"
+            echo "# args: $(shape_args)"
+            echo "# modes: ${MODES[*]}"
+            echo "# spread: median absolute deviation of the per-round ratios (mode run i / native run i)"
+            cat "$OUT/rows-$STAMP-$backing.tsv"
+        } >"$BASELINES/baseline-$backing.tsv"
+        log "recorded $BASELINES/baseline-$backing.tsv"
+    done
+elif [[ $GATE == check ]]; then
+    (
+    gate=0
+    for backing in "${BACKINGS[@]}"; do
+        base=$BASELINES/baseline-$backing.tsv
+        echo
+        echo "### gate, $(backing_label "$backing") backing: this run against the baseline of $(baseline_field "$base" date) ($(baseline_field "$base" commit))"
+        [[ $(baseline_field "$base" kernel) == "$(uname -r)" ]] ||
+            echo "(the baseline ran on kernel $(baseline_field "$base" kernel), this run on $(uname -r): a move may be the kernel's)"
+        [[ $(baseline_field "$base" machine) == "$(nproc) cores, $(sed -n 's/^model name\t*: //p' /proc/cpuinfo | head -1),"* ]] ||
+            echo "(the baseline ran on another machine: $(baseline_field "$base" machine))"
+        echo
+        python3 "$REPO_ROOT/scripts/bench-gate.py" compare "$base" "$OUT/rows-$STAMP-$backing.tsv"
+        rc=$?
+        ((rc == 0)) || gate=1
+        ((rc < 2)) || log "the gate could not compare $backing (exit $rc)"
+    done
+    exit "$gate"
+    ) | tee "$OUT/gate-$STAMP.md"
+    gate=${PIPESTATUS[0]}
+    log "gate report: $OUT/gate-$STAMP.md"
+    exit "$gate"
 fi

@@ -263,6 +263,16 @@ cleanup_mounts() {
     for m in "${_MOUNTS[@]}"; do unmount "$m"; done
 }
 
+# daemon_ticks PID: the CPU time (user + system, clock ticks) the process has used so far,
+# all its threads, those that ended too (/proc/PID/stat fields 14 and 15).
+daemon_ticks() {
+    local s f
+    s=$(<"/proc/$1/stat") || return 1
+    s=${s##*) } # the command name may hold spaces and parentheses
+    read -r -a f <<<"$s"
+    printf '%s' $((f[11] + f[12]))
+}
+
 # median of the numbers on stdin
 median() {
     sort -g | awk '{v[NR]=$1} END {if (NR==0) {print "nan"; exit}
