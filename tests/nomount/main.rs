@@ -13,6 +13,7 @@ mod coherent;
 mod core_common;
 
 mod access;
+mod bench_gate;
 mod core_content;
 mod core_contract;
 mod core_handoff_table;
