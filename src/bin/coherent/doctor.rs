@@ -512,55 +512,90 @@ fn hooks(dir: &Path, volume: bool, out: &mut Vec<Check>) {
         ));
         return;
     }
-    let all: Vec<&(String, String)> = found.iter().flat_map(|(_, h)| h).collect();
-    let missing: Vec<&str> = probe::claude_hook_events()
-        .into_iter()
-        .filter(|e| !all.iter().any(|(ev, _)| ev == e))
-        .collect();
+    let all: Vec<(String, String)> = found.iter().flat_map(|(_, h)| h.clone()).collect();
     let files = found
         .iter()
         .map(|(f, _)| f.display().to_string())
         .collect::<Vec<_>>()
         .join(", ");
-    if missing.is_empty() {
-        out.push(ok(N, format!("registered in {files}")));
-    } else {
-        out.push(failed(
-            N,
-            format!(
-                "{files} has coherent hooks but none for {}",
-                missing.join(", ")
-            ),
-            install.clone(),
-        ));
-    }
-    // Firing: each distinct command, run as Claude Code runs it (`sh -c`, in the project).
-    let mut cmds: Vec<&str> = all.iter().map(|(_, c)| c.as_str()).collect();
-    cmds.sort_unstable();
-    cmds.dedup();
-    if !volume {
-        out.push(warn(
-            "hooks fire",
-            "not probed: no volume answers here",
-            "mount the workspace first",
-        ));
-        return;
-    }
-    for cmd in cmds {
-        out.push(match probe_hook(cmd, dir) {
-            Ok(what) => ok(
-                "hooks fire",
-                format!("`{cmd}` answers SessionStart: {what}"),
-            ),
-            Err(why) => failed(
-                "hooks fire",
-                format!("`{cmd}` with a SessionStart input: {why}"),
+    let fire_fix = format!(
+        "the command must run where Claude Code runs it (sh -c, PATH as the agent has it): \
+         `{install}` writes `coherent` as found on PATH"
+    );
+    let agent = AgentHooks {
+        registered: N,
+        fire: "hooks fire",
+        events: probe::claude_hook_events(),
+        probe: probe_hook,
+        fire_fix,
+        install,
+    };
+    agent.check(&files, &all, volume, dir, out);
+}
+
+/// One agent's hooks as the doctor checks them once they are found: every event an
+/// install adds is registered, and each distinct command fires (run as the agent runs it).
+struct AgentHooks {
+    /// The check's names: registered, and firing.
+    registered: &'static str,
+    fire: &'static str,
+    /// The events `coherent install` registers for this agent.
+    events: Vec<&'static str>,
+    /// Run a command with a synthetic `SessionStart` and judge its answer.
+    probe: fn(&str, &Path) -> Result<String, String>,
+    /// The fix when a command does not fire, and the install command.
+    fire_fix: String,
+    install: String,
+}
+
+impl AgentHooks {
+    fn check(
+        &self,
+        shown: &str,
+        hooks: &[(String, String)],
+        volume: bool,
+        dir: &Path,
+        out: &mut Vec<Check>,
+    ) {
+        let missing: Vec<&str> = self
+            .events
+            .iter()
+            .copied()
+            .filter(|e| !hooks.iter().any(|(ev, _)| ev == e))
+            .collect();
+        out.push(if missing.is_empty() {
+            ok(self.registered, format!("registered in {shown}"))
+        } else {
+            failed(
+                self.registered,
                 format!(
-                    "the command must run where Claude Code runs it (sh -c, PATH as the \
-                     agent has it): `{install}` writes `coherent` as found on PATH"
+                    "{shown} has coherent hooks but none for {}",
+                    missing.join(", ")
                 ),
-            ),
+                self.install.clone(),
+            )
         });
+        let mut cmds: Vec<&str> = hooks.iter().map(|(_, c)| c.as_str()).collect();
+        cmds.sort_unstable();
+        cmds.dedup();
+        if !volume {
+            out.push(warn(
+                self.fire,
+                "not probed: no volume answers here",
+                "mount the workspace first",
+            ));
+            return;
+        }
+        for cmd in cmds {
+            out.push(match (self.probe)(cmd, dir) {
+                Ok(what) => ok(self.fire, format!("`{cmd}` answers SessionStart: {what}")),
+                Err(why) => failed(
+                    self.fire,
+                    format!("`{cmd}` with a SessionStart input: {why}"),
+                    self.fire_fix.clone(),
+                ),
+            });
+        }
     }
 }
 
@@ -725,50 +760,19 @@ fn codex_hooks(dir: &Path, volume: bool, out: &mut Vec<Check>) {
         });
         return;
     }
-    let missing: Vec<&str> = probe::codex_hook_events()
-        .into_iter()
-        .filter(|e| !ours.iter().any(|(ev, _)| ev == e))
-        .collect();
-    if missing.is_empty() {
-        out.push(ok(N, format!("registered in {shown}")));
-    } else {
-        out.push(failed(
-            N,
-            format!(
-                "{shown} has coherent hooks but none for {}",
-                missing.join(", ")
-            ),
-            install.clone(),
-        ));
-    }
-    let mut cmds: Vec<&str> = ours.iter().map(|(_, c)| c.as_str()).collect();
-    cmds.sort_unstable();
-    cmds.dedup();
-    if !volume {
-        out.push(warn(
-            "codex hooks fire",
-            "not probed: no volume answers here",
-            "mount the workspace first",
-        ));
-        return;
-    }
-    for cmd in cmds {
-        out.push(match probe_codex_hook(cmd, dir) {
-            Ok(what) => ok(
-                "codex hooks fire",
-                format!("`{cmd}` answers SessionStart: {what}"),
-            ),
-            Err(why) => failed(
-                "codex hooks fire",
-                format!("`{cmd}` with a SessionStart input: {why}"),
-                format!(
-                    "the command must run where Codex runs it (sh -c, PATH as the agent has \
-                     it) and answer only what Codex documents: `{install}` writes `coherent` \
-                     as found on PATH"
-                ),
-            ),
-        });
-    }
+    let fire_fix = format!(
+        "the command must run where Codex runs it (sh -c, PATH as the agent has it) and \
+         answer only what Codex documents: `{install}` writes `coherent` as found on PATH"
+    );
+    let agent = AgentHooks {
+        registered: N,
+        fire: "codex hooks fire",
+        events: probe::codex_hook_events(),
+        probe: probe_codex_hook,
+        fire_fix,
+        install,
+    };
+    agent.check(&shown, &ours, volume, dir, out);
 }
 
 /// Run a Codex hook command with a synthetic `SessionStart` (Codex's input shape) and
