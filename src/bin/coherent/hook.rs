@@ -104,6 +104,7 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
     match name {
         "PreToolUse" => pre_tool_use(ev, agent),
         "PostToolUse" => post_tool_use(ev),
+        "PostToolUseFailure" => post_tool_failure(ev),
         // the relay: before the context that knew the work is summarised (or gone), the
         // session offers its files to any session; the user is shown what was offered,
         // the note, and what the session still holds and owes (PreCompact and SessionEnd
@@ -261,15 +262,7 @@ fn post_tool_use(ev: &Value) -> Option<Value> {
     if ev.get("tool_name")?.as_str()? != "Bash" {
         return None;
     }
-    let output = match ev.get("tool_response") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => ["stdout", "stderr", "output", "error"]
-            .iter()
-            .filter_map(|k| o.get(*k).and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => return None,
-    };
+    let output = tool_output(ev)?;
     if !output.contains("Permission denied") && !output.contains("EACCES") {
         return None;
     }
@@ -291,6 +284,106 @@ fn post_tool_use(ev: &Value) -> Option<Value> {
             "additionalContext": post_context(&root, command, &output, &hits)?,
         }
     }))
+}
+
+/// How recent a refusal in `.coherent/why` must be to be the one a failed tool met: the
+/// tool has just run, and an older refusal is about something else.
+const WHY_FRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Claude Code's `PostToolUseFailure`: a tool failed (a shell command that exited non-zero,
+/// a `Write` that could not open its file), and its `error` text is all the model reads.
+/// When the failure is the volume refusing a file this session handed on, the model is
+/// given the volume's explanation: the refused files' deny text, found as for
+/// `PostToolUse`, or else the volume's own account of the session's refusal of a moment
+/// ago (`.coherent/why`), for a write the hook could not see coming (`F=plan.md; echo x >>
+/// "$F"`).
+fn post_tool_failure(ev: &Value) -> Option<Value> {
+    let tool = ev.get("tool_name")?.as_str()?;
+    let mut output = ["error", "error_message"]
+        .iter()
+        .filter_map(|k| ev.get(*k).and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some(r) = tool_output(ev) {
+        output.push('\n');
+        output.push_str(&r);
+    }
+    if !refusal_text(&output) {
+        return None;
+    }
+    let input = ev.get("tool_input");
+    let field = |k: &str| input.and_then(|i| i.get(k)).and_then(Value::as_str);
+    let root = locate_cwd().ok()?;
+    let (me, _) = whoami(&root)?;
+    let fenced = own_live_transfers(&root, &me)?;
+    let context = if tool == "Bash" {
+        let command = field("command").unwrap_or("");
+        let hits = refused_paths(&root, command, &output, &fenced);
+        if hits.is_empty() {
+            None
+        } else {
+            post_context(&root, command, &output, &hits)
+        }
+    } else {
+        // a file tool: the file it names, when this session handed it on
+        let file = field("file_path").or_else(|| field("notebook_path"));
+        file.and_then(|f| file_fence(Path::new(f))).map(|reason| {
+            format!(
+                "coherent volume at {}: the volume refused this write. {reason}",
+                display_name(&root.to_string_lossy())
+            )
+        })
+    };
+    let context = context.or_else(|| fresh_why(&root))?;
+    Some(json!({
+        "hookSpecificOutput": {
+            "hookEventName": "PostToolUseFailure",
+            "additionalContext": context,
+        }
+    }))
+}
+
+/// A tool's output in its `tool_response` (a string, or an object of streams).
+fn tool_output(ev: &Value) -> Option<String> {
+    match ev.get("tool_response")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => Some(
+            ["stdout", "stderr", "output", "error"]
+                .iter()
+                .filter_map(|k| o.get(*k).and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        _ => None,
+    }
+}
+
+/// Does a tool's output report a refused write (`Permission denied`, Node's `EACCES:
+/// permission denied`)?
+fn refusal_text(output: &str) -> bool {
+    output.contains("EACCES") || output.to_ascii_lowercase().contains("permission denied")
+}
+
+/// The volume's text of this session's latest refusal (`.coherent/why`), when it happened
+/// within [`WHY_FRESH`]: the refusal the tool that just failed met.
+fn fresh_why(root: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(root.join(".coherent/why")).ok()?;
+    if text.starts_with(coherent::control::NO_REFUSAL) {
+        return None;
+    }
+    let (why, at) = text.trim_end().rsplit_once("\n(at ")?;
+    let at = coherent::coherence::Timestamp::parse_rfc3339(at.trim_end_matches(')'))?;
+    let age = coherent::coherence::Timestamp::now().millis() - at.millis();
+    // a little ahead is the same clock read in another order
+    if !(-5_000..=WHY_FRESH.as_millis() as i64).contains(&age) {
+        return None;
+    }
+    Some(format!(
+        "coherent volume at {}: this tool failed because the volume refused it. The volume \
+         says: {}",
+        display_name(&root.to_string_lossy()),
+        why.trim()
+    ))
 }
 
 /// The fenced files this command's permission errors were about: the files the command
@@ -768,14 +861,12 @@ fn pre_bash(ev: &Value) -> Option<Value> {
 /// paths. None when git cannot answer (no repository, an unknown revision, no git): the
 /// caller then fails closed.
 fn git_changes(check: &shellwrites::GitCheck) -> Option<Vec<PathBuf>> {
+    // the repository's own programs (fsmonitor, filters) never run: the user has not
+    // approved the command yet, and the tree may be anyone's
     let git = |args: &[&str]| -> Option<Vec<u8>> {
-        let o = std::process::Command::new("git")
-            .arg("-C")
-            .arg(&check.dir)
+        let o = crate::safegit::git(&check.dir)
             .args(["--no-optional-locks", "-c", "core.quotepath=off"])
             .args(args)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
             .output()
             .ok()?;
         o.status.success().then_some(o.stdout)
@@ -783,7 +874,8 @@ fn git_changes(check: &shellwrites::GitCheck) -> Option<Vec<PathBuf>> {
     let top = git(&["rev-parse", "--show-toplevel"])?;
     let top = std::str::from_utf8(&top).ok()?.trim_end_matches('\n');
     let top = std::fs::canonicalize(top).ok()?;
-    let mut args = vec!["diff", "--no-ext-diff", "--name-only", "-z"];
+    let mut args = vec!["diff", "--name-only", "-z"];
+    args.extend(crate::safegit::DIFF_SAFE);
     if let Some(src) = &check.source {
         // a revision, never an option
         if src.starts_with('-') {
@@ -808,14 +900,12 @@ fn differs_from_head(file: &Path) -> bool {
     let (Some(dir), Some(name)) = (file.parent(), file.file_name()) else {
         return false;
     };
-    std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["diff", "--quiet", "HEAD", "--"])
+    crate::safegit::git(dir)
+        .args(["--no-optional-locks", "diff", "--quiet"])
+        .args(crate::safegit::DIFF_SAFE)
+        .args(["HEAD", "--"])
         .arg(name)
-        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.code() == Some(1))
 }

@@ -457,14 +457,35 @@ fn add_codex_server(
             existing["tool_timeout_sec"] = value(CODEX_TOOL_TIMEOUT_SECS);
             changed = true;
         }
+        // an older install passed no session: Codex filters the server's environment
+        if !passes_session(existing) {
+            existing["env_vars"] = value(Array::from_iter(CODEX_SERVER_ENV));
+            changed = true;
+        }
         return Ok(changed);
     }
     let mut t = Table::new();
     t["command"] = value(exe);
     t["args"] = value(Array::from_iter(["mcp"]));
+    t["env_vars"] = value(Array::from_iter(CODEX_SERVER_ENV));
     t["tool_timeout_sec"] = value(CODEX_TOOL_TIMEOUT_SECS);
     servers.insert(SERVER, Item::Table(t));
     Ok(true)
+}
+
+/// The variables Codex passes to the MCP server from its own environment (`env_vars`):
+/// Codex starts MCP servers with a filtered environment, and without `COHERENT_SESSION`
+/// the server would answer as the user's anonymous `uid:N` session, not the agent's.
+const CODEX_SERVER_ENV: [&str; 1] = ["COHERENT_SESSION"];
+
+/// Does this `[mcp_servers.coherent]` pass every variable of [`CODEX_SERVER_ENV`]?
+fn passes_session(item: &toml_edit::Item) -> bool {
+    let vars: Vec<&str> = item
+        .get("env_vars")
+        .and_then(|a| a.as_array())
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    CODEX_SERVER_ENV.iter().all(|v| vars.contains(v))
 }
 
 fn is_our_codex_server(item: &toml_edit::Item) -> bool {
@@ -492,11 +513,7 @@ fn remove_codex_server(doc: &mut toml_edit::DocumentMut) -> bool {
 
 /// Is `cmd` ours: `.../coherent hook codex`?
 fn is_our_codex_hook(cmd: &str) -> bool {
-    let Some(prog) = cmd.strip_suffix(" hook codex") else {
-        return false;
-    };
-    let prog = prog.trim().trim_matches('\'');
-    Path::new(prog).file_name().is_some_and(|n| n == "coherent")
+    hook_program(cmd, "codex").is_some()
 }
 
 /// A `[[hooks.EVENT]]` group's handlers, when it has them in the table form.
@@ -703,13 +720,48 @@ fn quoted(s: &str) -> String {
     coherent::control::shell_word(s)
 }
 
+/// The program of a hook command line `PROG hook AGENT` as install writes it: PROG one
+/// shell word (plain, or single-quoted as [`quoted`] writes it) naming a `coherent`, and
+/// nothing else on the line. Anything more (`touch x; coherent hook claude-code`) is not
+/// ours, whatever its last word: the line is run by a shell.
+fn hook_program(cmd: &str, agent: &str) -> Option<String> {
+    let word = cmd.strip_suffix(&format!(" hook {agent}"))?;
+    let prog = one_shell_word(word)?;
+    Path::new(&prog)
+        .file_name()
+        .is_some_and(|n| n == "coherent")
+        .then_some(prog)
+}
+
+/// The value of `w` when it is exactly one shell word with no expansion in it: plain
+/// characters only, or one single-quoted string (with `'\''` for a quote inside).
+fn one_shell_word(w: &str) -> Option<String> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./+:@,%=".contains(c);
+    if !w.is_empty() && w.chars().all(plain) {
+        return Some(w.to_string());
+    }
+    let mut out = String::new();
+    let mut rest = w;
+    loop {
+        let body = rest.strip_prefix('\'')?;
+        let end = body.find('\'')?;
+        out.push_str(&body[..end]);
+        rest = &body[end + 1..];
+        if rest.is_empty() {
+            return Some(out);
+        }
+        // `'\''`: a quote between two quoted parts
+        rest = rest.strip_prefix("\\'")?;
+        out.push('\'');
+        if rest.is_empty() {
+            return Some(out);
+        }
+    }
+}
+
 /// Is `cmd` (a shell command line) ours: `.../coherent hook claude-code`?
 fn is_our_hook(cmd: &str) -> bool {
-    let Some(prog) = cmd.strip_suffix(" hook claude-code") else {
-        return false;
-    };
-    let prog = prog.trim().trim_matches('\'');
-    Path::new(prog).file_name().is_some_and(|n| n == "coherent")
+    hook_program(cmd, "claude-code").is_some()
 }
 
 /// A hook group holding only our command (its matcher is ours to set).
@@ -736,6 +788,12 @@ pub(crate) mod probe {
     /// The Claude Code hook events an install registers.
     pub fn claude_hook_events() -> Vec<&'static str> {
         HOOKS.iter().map(|(e, _)| *e).collect()
+    }
+
+    /// The program a hook command line `PROG hook AGENT` names, when the line is exactly
+    /// that (see [`hook_program`]).
+    pub fn hook_program(cmd: &str, agent: &str) -> Option<String> {
+        super::hook_program(cmd, agent)
     }
 
     /// Is this hook command one `coherent install claude-code` wrote?
@@ -774,6 +832,11 @@ pub(crate) mod probe {
     /// Is this `[mcp_servers.coherent]` table the one `coherent install codex` wrote?
     pub fn is_codex_server(item: &toml_edit::Item) -> bool {
         is_our_codex_server(item)
+    }
+
+    /// Does this `[mcp_servers.coherent]` pass the agent's session to the server?
+    pub fn codex_server_passes_session(item: &toml_edit::Item) -> bool {
+        passes_session(item)
     }
 
     /// Codex's config.toml, where `coherent install codex` writes.
@@ -1039,6 +1102,15 @@ mod tests {
         assert!(is_our_hook("coherent hook claude-code"));
         assert!(!is_our_hook("other hook claude-code"));
         assert!(!is_our_hook("coherent hook claude-code --x"));
+        // a shell line that also runs something else is not ours, whatever its last word
+        assert!(!is_our_hook("touch /tmp/x; /any/coherent hook claude-code"));
+        assert!(!is_our_hook("$(touch x)/coherent hook claude-code"));
+        assert!(!is_our_hook("'a'b/coherent hook claude-code"));
+        assert!(!is_our_hook("'/a'; x '/coherent' hook claude-code"));
+        assert_eq!(
+            hook_program(&format!("{} hook codex", quoted("/it's/coherent")), "codex"),
+            Some("/it's/coherent".into())
+        );
         assert!(is_our_server(
             &json!({"command": "/x/coherent", "args": ["mcp"]})
         ));

@@ -16,6 +16,7 @@ mod hook;
 mod install;
 mod mcp;
 mod relay;
+mod safegit;
 mod sandbox;
 mod shellwrites;
 mod top;
@@ -488,6 +489,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         } => wait(&path, until, timeout, json(out)),
         Cmd::Mcp => {
             no_json("mcp")?;
+            mcp::inherit_session();
             mcp::serve().map_err(|e| Fail {
                 code: EXIT_USAGE,
                 message: format!("coherent mcp: {e}"),
