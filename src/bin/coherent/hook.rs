@@ -107,20 +107,17 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
         "PostToolUseFailure" => post_tool_failure(ev),
         // the relay: before the context that knew the work is summarised (or gone), the
         // session offers its files to any session; the user is shown what was offered,
-        // the note, and what the session still holds and owes (PreCompact and SessionEnd
-        // answers have no context for the model)
-        "PreCompact" | "SessionEnd" => {
-            let why = if name == "PreCompact" {
-                "its context was about to be compacted"
-            } else {
-                "it ended"
-            };
+        // the note, and what the session still holds and owes (PreCompact, PostCompact
+        // and SessionEnd answers have no context for the model). A session that simply
+        // ends (a headless run, a closed terminal) keeps its files: see `relay_reason`.
+        "PreCompact" | "PostCompact" | "SessionEnd" => {
+            let why = relay_reason(ev);
             // its waits in flight outlive the context as standing waits
             let kept = locate_cwd()
                 .ok()
                 .and_then(|root| crate::relay::keep_waits(&root));
-            let relay = relay_offer(why);
-            let msg = [kept, relay, session_context(false, agent)]
+            let relay = why.and_then(relay_offer);
+            let msg = [kept, relay, session_context(false, agent, None)]
                 .into_iter()
                 .flatten()
                 .collect::<Vec<_>>()
@@ -132,11 +129,15 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
             let report = locate_cwd()
                 .ok()
                 .and_then(|root| crate::relay::report_waits(&root));
-            let context = [report, session_context(name == "SessionStart", agent)]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join("\n");
+            let client = ev.get("session_id").and_then(Value::as_str);
+            let context = [
+                report,
+                session_context(name == "SessionStart", agent, client),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("\n");
             if context.is_empty() {
                 return None;
             }
@@ -144,6 +145,25 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
                 "hookSpecificOutput": { "hookEventName": name, "additionalContext": context }
             }))
         }
+        _ => None,
+    }
+}
+
+/// Why this event hands the session's files on, or None when it does not. A compaction
+/// (before or after it) does: the context that knew the work is summarised. A session's
+/// end does when it ends for good or its context is cleared: Claude Code's `reason`
+/// `prompt_input_exit` (the user quit), `logout`, or `clear`. `other` (a headless `claude
+/// -p` or `codex exec` that finished, a closed terminal, a killed client, and every Codex
+/// end) does not: the same session name may run again and carry on, and an offer would
+/// fence it from its own files.
+fn relay_reason(ev: &Value) -> Option<&'static str> {
+    match ev.get("hook_event_name")?.as_str()? {
+        "PreCompact" | "PostCompact" => Some("its context was about to be compacted"),
+        "SessionEnd" => match ev.get("reason").and_then(Value::as_str)? {
+            "clear" => Some("its context was cleared"),
+            "prompt_input_exit" | "logout" => Some("it ended"),
+            _ => None,
+        },
         _ => None,
     }
 }
@@ -586,7 +606,7 @@ fn own_live_transfers(root: &Path, me: &str) -> Option<Vec<Value>> {
 
 /// What the agent should know at the start of a session and before each prompt. None
 /// when there is nothing to say (or no volume here).
-fn session_context(start: bool, agent: Agent) -> Option<String> {
+fn session_context(start: bool, agent: Agent, client: Option<&str>) -> Option<String> {
     let (agent_name, agent_cmd) = agent.names();
     let root = locate_cwd().ok()?;
     let (me, attributed) = whoami(&root)?;
@@ -635,19 +655,27 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
                 .into(),
         );
     }
+    // Relays are said once per client session: at its start (a new context), then each
+    // new one before the prompt that follows it.
+    let told = Told::open(&root, &me_raw, client);
+    let relays: Vec<&Value> = relays
+        .into_iter()
+        .filter(|r| start || !told.as_ref().is_some_and(|t| t.has(r)))
+        .collect();
     if !relays.is_empty() {
         out.push(format!(
             "Relays waiting to be claimed on the coherent volume {root_shown} (work another \
              session offered to any session, often as its context ran out):"
         ));
-        for r in &relays {
-            out.push(inbox_entry(r, &me_raw, &uids));
-        }
+        out.extend(relay_lines(&relays, &me_raw, &uids));
         out.push(
             "A file offered to any session is yours once you claim it: `coherent accept \
              PATH` (then write it, or decline it); the first session to claim it takes it."
                 .into(),
         );
+        if let Some(t) = told {
+            t.add(&relays);
+        }
     }
     let mine = own_live_transfers(&root, &me_raw).unwrap_or_default();
     if !mine.is_empty() {
@@ -655,7 +683,7 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
             "Files you (session {me}) handed on and can no longer write (EACCES), paths \
              relative to {root_shown}:"
         ));
-        for r in &mine {
+        for r in mine.iter().take(LIST_CAP) {
             let path = r.get("path").and_then(Value::as_str).unwrap_or("?");
             out.push(format!(
                 "- {}: to {} at v{}, {}; `coherent withdraw {}` takes it back",
@@ -666,6 +694,12 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
                     .unwrap_or(0),
                 r.get("status").and_then(Value::as_str).unwrap_or("?"),
                 shell_word(path)
+            ));
+        }
+        if mine.len() > LIST_CAP {
+            out.push(format!(
+                "- and {} more (`coherent status` lists them all)",
+                mine.len() - LIST_CAP
             ));
         }
         // After a compaction the same session goes on: its relay offers fence it until
@@ -690,6 +724,139 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
         ));
     }
     (!out.is_empty()).then(|| out.join("\n"))
+}
+
+/// How many files a context lists in one list (relays waiting, the session's own
+/// transfers): past it, a count and where to see them all. A relay of hundreds of files
+/// must not flood every other session's context.
+const LIST_CAP: usize = 20;
+
+/// The relays waiting, bounded: grouped by giver and note (a relay offers each of its
+/// files with the same note), one line per file up to [`LIST_CAP`] in all, then a count;
+/// each group's note quoted once (when it may be shown to this session, see
+/// [`inbox_entry`]).
+fn relay_lines(
+    relays: &[&Value],
+    me: &str,
+    uids: &std::collections::HashMap<String, u32>,
+) -> Vec<String> {
+    let key = |r: &Value| {
+        let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        (s("giver"), s("note"))
+    };
+    let mut groups: Vec<((String, String), Vec<&Value>)> = Vec::new();
+    for r in relays {
+        let k = key(r);
+        match groups.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, v)) => v.push(r),
+            None => groups.push((k, vec![r])),
+        }
+    }
+    let mut out = Vec::new();
+    let mut listed = 0;
+    for (_, group) in &groups {
+        let shown = listed < LIST_CAP;
+        for r in group {
+            if listed < LIST_CAP {
+                out.push(inbox_line(r));
+            }
+            listed += 1;
+        }
+        // the note once for the group, after its first file's line
+        let first = group[0];
+        if first.get("note").and_then(Value::as_str).is_some() && shown {
+            let entry = inbox_entry(first, me, uids);
+            if let Some((_, rest)) = entry.split_once('\n') {
+                out.push(rest.to_string());
+            } else if let Some((_, why)) = entry.split_once("; its note is left out") {
+                out.push(format!("  (its note is left out{why})"));
+            }
+        }
+    }
+    if listed > LIST_CAP {
+        out.push(format!(
+            "- and {} more offered files (`coherent status` lists them, with their notes)",
+            listed - LIST_CAP
+        ));
+    }
+    out
+}
+
+/// The relays already told to one client session (its `session_id` in the hook input),
+/// so each is said once: a small file per (volume, session, client session) in the
+/// user's runtime or cache directory. Without a place to keep it, relays are said only at
+/// a session's start.
+struct Told {
+    file: PathBuf,
+    seen: std::collections::HashSet<String>,
+}
+
+impl Told {
+    fn open(root: &Path, me: &str, client: Option<&str>) -> Option<Told> {
+        let client = client.filter(|c| !c.is_empty())?;
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|h| !h.is_empty())
+                    .map(|h| PathBuf::from(h).join(".cache"))
+            })?;
+        let mut h = blake3::Hasher::new();
+        for part in [
+            root.as_os_str().as_bytes(),
+            me.as_bytes(),
+            client.as_bytes(),
+        ] {
+            h.update(part);
+            h.update(&[0]);
+        }
+        let file = base
+            .join("coherent/told")
+            .join(&h.finalize().to_hex()[..32]);
+        let seen = std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect();
+        Some(Told { file, seen })
+    }
+
+    fn key(r: &Value) -> String {
+        let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
+        // a new offer of the same file (a later relay) is news again
+        format!(
+            "{}\t{}\t{}",
+            s("path").escape_debug(),
+            s("giver").escape_debug(),
+            r.get("version_at_transfer")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        )
+    }
+
+    fn has(&self, r: &Value) -> bool {
+        self.seen.contains(&Told::key(r))
+    }
+
+    fn add(mut self, relays: &[&Value]) {
+        for r in relays {
+            self.seen.insert(Told::key(r));
+        }
+        let mut lines: Vec<&String> = self.seen.iter().collect();
+        lines.sort();
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        if let Some(dir) = self.file.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        // best effort: at worst a relay is said again
+        let tmp = self
+            .file
+            .with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.file);
+        }
+    }
 }
 
 fn inbox_line(r: &Value) -> String {

@@ -13,9 +13,14 @@ use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
 /// (event, matcher) pairs the hook is installed for.
-const HOOKS: [(&str, Option<&str>); 6] = [
+const HOOKS: [(&str, Option<&str>); 7] = [
     ("PreToolUse", Some("Write|Edit|MultiEdit|NotebookEdit|Bash")),
     ("PostToolUse", Some("Bash")),
+    // a tool the volume refused fails: its error text is all the model would read
+    (
+        "PostToolUseFailure",
+        Some("Write|Edit|MultiEdit|NotebookEdit|Bash"),
+    ),
     ("SessionStart", None),
     ("UserPromptSubmit", None),
     // the relay: offer the session's files before its context is compacted or it ends
@@ -28,12 +33,17 @@ const SERVER: &str = "coherent";
 /// Codex's hook events the hook is installed for, with their matchers (a regular expression
 /// on the tool name; none: every time). PreToolUse covers Codex's shell and its file-writing
 /// `apply_patch`.
-const CODEX_HOOKS: [(&str, Option<&str>); 5] = [
+const CODEX_HOOKS: [(&str, Option<&str>); 7] = [
     ("PreToolUse", Some("^(Bash|apply_patch)$")),
     ("PostToolUse", Some("^Bash$")),
     ("SessionStart", None),
     ("UserPromptSubmit", None),
     ("PreCompact", None),
+    // a compaction the PreCompact hook missed still relays (an offer made is not made
+    // twice); a session's end keeps its waits (Codex's end is never a relay: its
+    // `reason` is always `other`)
+    ("PostCompact", None),
+    ("SessionEnd", None),
 ];
 
 /// Seconds Codex gives one run of the hook before it goes on without it: the hook asks the
