@@ -820,6 +820,7 @@ fn codex_hooks(dir: &Path, volume: bool, out: &mut Vec<Check>) {
          runs no other program) and answer only what Codex documents: `{install}` writes it \
          so"
     );
+    let trust = codex_trust(dir, &config, &install);
     let agent = AgentHooks {
         registered: N,
         fire: "codex hooks fire",
@@ -830,6 +831,73 @@ fn codex_hooks(dir: &Path, volume: bool, out: &mut Vec<Check>) {
         install,
     };
     agent.check(&shown, &ours, volume, dir, out);
+    out.push(trust);
+}
+
+/// Whether Codex runs the coherent hooks: Codex skips, without a word, a hook whose
+/// definition the user has not trusted (or changed since). Asked of Codex itself (its app
+/// server's `hooks/list`: each hook's trust as Codex decides it), never worked out here.
+fn codex_trust(dir: &Path, config: &Path, install: &str) -> Check {
+    const N: &str = "codex hooks trusted";
+    let Some(codex) = probe::which("codex") else {
+        return warn(
+            N,
+            "no `codex` on PATH to ask whether it trusts the coherent hooks (Codex skips an \
+             untrusted hook without a word)",
+            format!("with codex on PATH: `{install}` (trusts them through Codex), or trust them in /hooks in Codex"),
+        );
+    };
+    let source = format!("{}:", config.display());
+    let hooks = match crate::codex_trust::list(&codex, dir) {
+        Ok(h) => h,
+        Err(e) => {
+            return warn(
+                N,
+                format!("cannot ask Codex ({}): {e}", codex.display()),
+                "run `codex` once and look at /hooks",
+            )
+        }
+    };
+    let ours: Vec<_> = hooks
+        .iter()
+        .filter(|h| probe::is_codex_hook(&h.command) && h.key.starts_with(&source))
+        .collect();
+    if ours.is_empty() {
+        return failed(
+            N,
+            format!(
+                "Codex lists none of the coherent hooks of {}",
+                quote(&config.display().to_string())
+            ),
+            install.to_string(),
+        );
+    }
+    let each: Vec<String> = ours
+        .iter()
+        .map(|h| {
+            let word = match h.trust.as_str() {
+                "trusted" => "Trusted",
+                "untrusted" => "Untrusted",
+                "modified" => "Modified",
+                other => other,
+            };
+            format!("{} {word}", h.event)
+        })
+        .collect();
+    if ours.iter().all(|h| h.trust == "trusted") {
+        ok(N, format!("Codex runs them: {}", each.join(", ")))
+    } else {
+        failed(
+            N,
+            format!(
+                "Codex skips the ones not Trusted, without a word: {}",
+                each.join(", ")
+            ),
+            format!(
+                "`{install}` (trusts them through Codex itself), or trust them in /hooks in Codex"
+            ),
+        )
+    }
 }
 
 /// Run a Codex hook command with a synthetic `SessionStart` (Codex's input shape) and

@@ -277,15 +277,61 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
             );
         }
     }
-    println!(
-        "Codex runs a new or changed hook only once you trust it: open /hooks in Codex and \
-         trust the coherent hooks."
-    );
+    trust_codex_hooks(&dir, &config);
     println!(
         "One thing left: start Codex in its own session, so its tools and every shell it \
          spawns are one session:\n    coherent run --session NAME -- codex"
     );
     Ok(())
+}
+
+/// Codex runs a hook only once the user trusted its definition, and an install (a new or
+/// changed hook) is untrusted: with a `codex` on PATH, the hooks just written are trusted
+/// by Codex's own means (its app server lists each with its hash, and writes the trust
+/// into config.toml, as its `/hooks` screen does: see `codex_trust`). Without one, or when
+/// that fails, the one step left is said.
+fn trust_codex_hooks(dir: &Path, config: &Path) {
+    let manual = "Codex runs a new or changed hook only once you trust it: start `codex` \
+                  once and trust the coherent hooks in /hooks (or run this install again \
+                  with `codex` on PATH); `coherent doctor` shows each hook's trust.";
+    let Some(codex) = on_path("codex") else {
+        println!("{manual}");
+        return;
+    };
+    let source = config.display().to_string();
+    let ours = |h: &crate::codex_trust::Hook| {
+        is_our_codex_hook(&h.command) && h.key.starts_with(&format!("{source}:"))
+    };
+    match crate::codex_trust::trust(&codex, dir, ours) {
+        Ok(hooks) if !hooks.is_empty() && hooks.iter().all(|h| h.trust == "trusted") => {
+            println!(
+                "trusted in Codex: the {} coherent hooks (written by Codex itself, `{} \
+                 app-server`)",
+                hooks.len(),
+                codex.display()
+            )
+        }
+        Ok(hooks) => {
+            let left: Vec<String> = hooks
+                .iter()
+                .filter(|h| h.trust != "trusted")
+                .map(|h| format!("{} ({})", h.event, h.trust))
+                .collect();
+            eprintln!(
+                "coherent: Codex did not list the coherent hooks as trusted{}",
+                if left.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", left.join(", "))
+                }
+            );
+            println!("{manual}");
+        }
+        Err(e) => {
+            eprintln!("coherent: could not trust the hooks through Codex: {e}");
+            println!("{manual}");
+        }
+    }
 }
 
 /// The git settings `coherent install git` makes: (key, value) past core.fsmonitor.

@@ -9,6 +9,7 @@
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
+mod codex_trust;
 mod doctor;
 mod follow;
 mod fsmonitor;
