@@ -171,6 +171,11 @@ fn relay_reason(ev: &Value) -> Option<&'static str> {
 fn pre_tool_use(ev: &Value, agent: Agent) -> Option<Value> {
     let tool = ev.get("tool_name")?.as_str()?;
     if tool == "Bash" {
+        // Codex applies a patch given to its shell (`apply_patch <<'EOF' ... EOF`) as its
+        // apply_patch tool, and asks the hook only about the shell command
+        if let Some(d) = shell_patch(ev) {
+            return Some(d);
+        }
         return pre_bash(ev);
     }
     if tool == "apply_patch" && agent == Agent::Codex {
@@ -192,6 +197,24 @@ fn pre_tool_use(ev: &Value, agent: Agent) -> Option<Value> {
 fn pre_patch(ev: &Value) -> Option<Value> {
     let patch = ev.get("tool_input")?.get("command")?.as_str()?;
     patch_paths(patch).iter().find_map(|p| {
+        let reason = file_fence(Path::new(p))?;
+        deny(format!(
+            "coherent: this patch would write {}, handed on by this session. {reason}",
+            display_name(p)
+        ))
+    })
+}
+
+/// A shell command that is an `apply_patch` (or `applypatch`) call with its patch in the
+/// command text (a here-document, or the patch as an argument): judged as the patch.
+fn shell_patch(ev: &Value) -> Option<Value> {
+    let command = ev.get("tool_input")?.get("command")?.as_str()?;
+    let first = command.split_whitespace().next()?;
+    let prog = first.rsplit('/').next().unwrap_or(first);
+    if !matches!(prog, "apply_patch" | "applypatch") || !command.contains("*** Begin Patch") {
+        return None;
+    }
+    patch_paths(command).iter().find_map(|p| {
         let reason = file_fence(Path::new(p))?;
         deny(format!(
             "coherent: this patch would write {}, handed on by this session. {reason}",

@@ -32,7 +32,7 @@ fn write_access() -> landlock::BitFlags<AccessFs> {
 const ALWAYS: &[&str] = &["/dev"];
 
 /// The scratch places writable by default: temporary directories, the user's config,
-/// cache and data directories and Claude Code's files. Missing ones are left out. Not
+/// cache and data directories, Claude Code's and Codex's files. Missing ones are left out. Not
 /// `~/.local/state`: a volume's state directory lives there.
 pub fn default_writable() -> Vec<PathBuf> {
     let home = std::env::var_os("HOME")
@@ -56,7 +56,14 @@ pub fn default_writable() -> Vec<PathBuf> {
     if let Some(h) = &home {
         out.push(h.join(".claude"));
         out.push(h.join(".claude.json"));
+        // Codex keeps its sessions, logs and config there
+        out.push(h.join(".codex"));
     }
+    out.extend(
+        std::env::var_os("CODEX_HOME")
+            .filter(|c| !c.is_empty())
+            .map(PathBuf::from),
+    );
     out
 }
 
