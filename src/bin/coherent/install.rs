@@ -50,6 +50,9 @@ const CODEX_HOOKS: [(&str, Option<&str>); 7] = [
 /// volume and at most git, well under this; the volume enforces either way.
 const CODEX_HOOK_TIMEOUT_SECS: i64 = 30;
 
+/// Codex's own cap on a `SessionEnd` hook's timeout (0.169 clamps a longer one to it).
+const CODEX_SESSION_END_TIMEOUT_SECS: i64 = 3;
+
 /// Codex's `tool_timeout_sec` for the coherent MCP server: above the longest `wait` (its
 /// largest `timeout_s`), so Codex never abandons a wait the server is still serving.
 const CODEX_TOOL_TIMEOUT_SECS: f64 = crate::mcp::WAIT_MAX_SECS + 60.0;
@@ -628,7 +631,14 @@ fn add_codex_hooks(
         let mut handler = Table::new();
         handler["type"] = value("command");
         handler["command"] = value(command);
-        handler["timeout"] = value(CODEX_HOOK_TIMEOUT_SECS);
+        // Codex gives SessionEnd at most 3 s (and warns at each start about a longer
+        // one); the hook there only keeps waits, well within it
+        let timeout = if event == "SessionEnd" {
+            CODEX_SESSION_END_TIMEOUT_SECS
+        } else {
+            CODEX_HOOK_TIMEOUT_SECS
+        };
+        handler["timeout"] = value(timeout);
         let mut handlers = ArrayOfTables::new();
         handlers.push(handler);
         let mut group = Table::new();
