@@ -1233,14 +1233,10 @@ fn fsmonitor(dir: &Path) -> Check {
     // git with the repository's own programs switched off (reading config runs none;
     // this keeps it so whatever git does)
     let git = |args: &[&str]| {
-        output_within(
-            &mut crate::safegit::git(dir).args(args),
-            None,
-            PROBE_TIMEOUT,
-        )
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        output_within(crate::safegit::git(dir).args(args), None, PROBE_TIMEOUT)
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     let Some(top) = git(&["rev-parse", "--show-toplevel"]) else {
         return ok(N, "no git repository here: nothing to check");
