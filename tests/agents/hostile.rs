@@ -271,3 +271,48 @@ fn bash_hook_asks_git_without_running_the_repositorys_programs() {
         "the hostile config runs nothing even under plain git: the test proves nothing"
     );
 }
+
+/// Issue 38, item 6: advice only about the clients the user has. A Codex-only user (Codex
+/// installed by `coherent install codex`, no Claude Code anywhere) is not told to install
+/// Claude Code's hooks or that no agent knows the MCP server; the Codex registration is
+/// seen, with the session passed (`env_vars`).
+#[test]
+fn doctor_advises_only_about_the_clients_in_use() {
+    let m = Mount::new(false);
+    let root = m.root().to_path_buf();
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&home).unwrap();
+    std::os::unix::fs::symlink(CLI, bin.join("coherent")).unwrap();
+    let path = format!("{}:/usr/sbin:/usr/bin:/sbin:/bin", bin.display());
+    let run = |args: &[&str]| {
+        let mut c = Command::new(CLI);
+        c.args(args)
+            .current_dir(&root)
+            .env("PATH", &path)
+            .env("HOME", &home)
+            .env_remove("CODEX_HOME");
+        for t in TAGS {
+            c.env_remove(t);
+        }
+        let o = common::run_timeout(&mut c, Duration::from_secs(60));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    run(&["install", "codex", root.to_str().unwrap()]);
+    let out = run(&["doctor", root.to_str().unwrap()]);
+    let mcp = line(&out, "mcp server");
+    assert!(mcp.starts_with("ok"), "{out}");
+    assert!(mcp.contains("told to Codex"), "{mcp}");
+    assert!(
+        !out.contains("install claude-code"),
+        "advice about Claude Code: {out}"
+    );
+    assert!(line(&out, "claude hooks").starts_with("ok"), "{out}");
+    assert_eq!(
+        line(&out, "codex hooks").split_whitespace().next(),
+        Some("ok"),
+        "{out}"
+    );
+}
