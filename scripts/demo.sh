@@ -78,8 +78,9 @@ BIN=${COHERENT_BIN_DIR:-$ROOT/target/release}
     fail "no binaries in $BIN (run without --no-build)"
 export PATH="$BIN:$PATH"
 
-# Not under /tmp: `coherent run` lets its agents write the scratch places (/tmp, ...)
-# and refuses to start when one of them holds the backing directory (docs/sessions.md).
+# Beside the checkout, wherever it is: from a clone under /tmp, `coherent run` leaves /tmp
+# (which then holds the backing directory) out of the agents' writable places and gives
+# each session a TMPDIR of its own (docs/sessions.md).
 mkdir -p "$ROOT/target"
 WORK=$(mktemp -d "$ROOT/target/coherent-demo.XXXXXX")
 BACKING=$WORK/backing

@@ -3,7 +3,7 @@
 # Debian machine (run as root). Idempotent and quiet: does nothing slow when all is there.
 #   apt:   fuse3 (fusermount3), bindfs (the FUSE peer), fio, attr (getfattr/setfattr),
 #          rsync, git and ripgrep (the copy, tracking and listing tests),
-#          acl + libacl1-dev (pjdfstest links libacl); gcc, python3 and nodejs if missing;
+#          acl + libacl1-dev (pjdfstest links libacl); gcc, python3, nodejs and npm if missing;
 #          etcd-server + etcd-client (etcd and etcdctl: scripts/etcd.sh, the etcd coordinator's
 #          tests; if the package's own etcd service starts on port 2379 it is left alone,
 #          nothing of ours uses it), protobuf-compiler and libprotobuf-dev (protoc and the
@@ -34,6 +34,7 @@ missing=()
 command -v cc >/dev/null || missing+=(gcc libc6-dev)
 command -v python3 >/dev/null || missing+=(python3) # bench.sh's tree generator
 command -v node >/dev/null || missing+=(nodejs)     # a fenced node process (tests/agents/cli.rs)
+command -v npm >/dev/null || missing+=(npm)         # test-clients.sh installs the agents with it
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done

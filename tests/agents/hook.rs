@@ -772,3 +772,106 @@ fn post_tool_use_explains_each_refused_path_and_half_done_git() {
         "plan v2\n"
     );
 }
+
+/// Issue 38, item 1: a shell write the PreToolUse hook cannot see (`F=plan.md; echo x >>
+/// "$F"`), and a Write that fails, are refused by the volume; Claude Code then runs
+/// `PostToolUseFailure` with the tool's error. The model is given coherent's explanation:
+/// the deny text of the file, or (when the error names no file) the volume's own account
+/// of the refusal of a moment ago. A failure that is not the volume's says nothing.
+#[test]
+fn post_tool_use_failure_explains_a_refusal_the_hook_could_not_see() {
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    let failure = |tool: &str, input: Value, error: &str| {
+        json!({
+            "session_id": "abc123",
+            "cwd": root,
+            "hook_event_name": "PostToolUseFailure",
+            "tool_name": tool,
+            "tool_input": input,
+            "tool_use_id": "toolu_1",
+            "error": error,
+            "is_interrupt": false
+        })
+    };
+    let context = |v: &Value| {
+        assert_eq!(
+            v["hookSpecificOutput"]["hookEventName"], "PostToolUseFailure",
+            "{v}"
+        );
+        v["hookSpecificOutput"]["additionalContext"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no context: {v}"))
+            .to_string()
+    };
+    // the PreToolUse hook lets it through: it cannot see the target
+    let cmd = r#"F=plan.md; echo x >> "$F""#;
+    let pre = json!({"session_id": "abc123", "cwd": root, "hook_event_name": "PreToolUse",
+                     "tool_name": "Bash", "tool_input": {"command": cmd}});
+    silent(&root, Some("alice"), &pre.to_string());
+    // run for real: refused, and the error names the file
+    let run = sh(&m, Some("alice"), cmd);
+    assert!(run.denied(), "{}", run.show());
+    let error = format!("Exit code 1\n{}", run.err.trim());
+    let c = context(&answer(
+        &root,
+        Some("alice"),
+        &failure("Bash", json!({"command": cmd}), &error),
+    ));
+    assert!(
+        c.contains("refused writing plan.md") && c.contains("you handed plan.md to"),
+        "{c}"
+    );
+    // an error that names no file: the volume's refusal of a moment ago
+    let cmd2 = r#"F=plan.md; exec 3>>"$F""#;
+    let run = sh(&m, Some("alice"), cmd2);
+    assert!(run.denied(), "{}", run.show());
+    let c = context(&answer(
+        &root,
+        Some("alice"),
+        &failure(
+            "Bash",
+            json!({"command": cmd2}),
+            "Exit code 1\nPermission denied",
+        ),
+    ));
+    assert!(
+        c.contains("the volume refused it") && c.contains("plan.md"),
+        "{c}"
+    );
+    // a Write that failed
+    let c = context(&answer(
+        &root,
+        Some("alice"),
+        &failure(
+            "Write",
+            json!({"file_path": root.join("plan.md"), "content": "x"}),
+            &format!(
+                "EACCES: permission denied, open '{}'",
+                root.join("plan.md").display()
+            ),
+        ),
+    ));
+    assert!(c.contains("you handed plan.md to"), "{c}");
+    // a failure that is not the volume's: carol was never refused
+    silent(
+        &root,
+        Some("carol"),
+        &failure(
+            "Bash",
+            json!({"command": "cat /root/x"}),
+            "Permission denied",
+        )
+        .to_string(),
+    );
+    // nor one without a refusal in its text
+    silent(
+        &root,
+        Some("alice"),
+        &failure("Bash", json!({"command": "false"}), "Exit code 1").to_string(),
+    );
+}

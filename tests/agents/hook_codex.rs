@@ -290,6 +290,23 @@ fn installed_codex_hooks_deny_the_givers_shell_and_apply_patch_writes() {
     wants(&why, "shell");
     assert!(why.contains("this command would write"), "{why}");
 
+    // apply_patch given to Codex's shell (Codex applies it as its apply_patch tool, and
+    // asks the hook about a shell command; issue 38: that went through)
+    let heredoc = format!(
+        "apply_patch <<'EOF'\n{}EOF\n",
+        patch("*** Update File: plan.md\n@@\n-plan\n+plan 2\n")
+    );
+    let why =
+        deny_reason(&hooks.answer(Some("alice"), &tool(&root, "PreToolUse", "Bash", &heredoc)));
+    wants(&why, "apply_patch through the shell");
+    assert!(why.contains("this patch would write plan.md"), "{why}");
+    // the same for another file: nothing to say
+    let other = format!(
+        "apply_patch <<'EOF'\n{}EOF\n",
+        patch("*** Update File: other.md\n@@\n-o\n+p\n")
+    );
+    hooks.silent(Some("alice"), &tool(&root, "PreToolUse", "Bash", &other));
+
     // the giver's apply_patch: an update, a delete, a move onto the file, each among others
     let edits = [
         "*** Update File: plan.md\n@@\n-plan\n+plan 2\n",

@@ -16,6 +16,7 @@ mod cli_mount;
 mod fsmonitor;
 mod hook;
 mod hook_codex;
+mod hostile;
 mod mcp;
 mod names_in_text;
 mod relay;

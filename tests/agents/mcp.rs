@@ -1616,3 +1616,44 @@ async fn mcp_wait_task_cancel_ends_the_wait() {
     assert_eq!(v["session"], "alice", "{v}");
     alice.cancel().await.unwrap();
 }
+
+/// Issue 38, item 3: Codex starts MCP servers with a filtered environment, so the server
+/// can start without `COHERENT_SESSION` though its client runs as a session. It takes the
+/// tag from its client process: `whoami` and `inbox` answer as bob, not as the user's
+/// anonymous `uid:N` (which would say no handoff waits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_started_with_a_filtered_environment_answers_as_its_clients_session() {
+    let m = Mount::new(false);
+    let root = m.root().to_path_buf();
+    assert!(cli(&m, Some("bob"), &["register"]).ok());
+    sh_ok(&m, Some("alice"), "echo plan > plan.md");
+    let r = cli(&m, Some("alice"), &["transfer", "--to", "bob", "plan.md"]);
+    assert!(r.ok(), "{}", r.show());
+    // the client (a shell standing for Codex) is bob; the server's own environment has
+    // no tag (`; exit` keeps the shell from exec-ing the server: it stays the parent)
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "env -u COHERENT_SESSION -u CLAUDE_CODE_SESSION_ID '{CLI}' mcp; exit $?"
+        ))
+        .current_dir(&root);
+    for t in TAGS {
+        cmd.env_remove(t);
+    }
+    cmd.env("COHERENT_SESSION", "bob");
+    let transport = TokioChildProcess::new(cmd).expect("spawn");
+    let c = tokio::time::timeout(Duration::from_secs(20), ().serve(transport))
+        .await
+        .expect("initialize within 20 s")
+        .expect("initialize");
+    let me = ok("whoami", &call(&c, "whoami", json!({})).await);
+    assert_eq!(me["session"], "bob", "{me}");
+    let inbox = ok("inbox", &call(&c, "inbox", json!({})).await);
+    let paths: Vec<&str> = inbox["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["plan.md"], "{inbox}");
+}

@@ -100,6 +100,9 @@ impl Installed {
         c.arg("-c")
             .arg(command)
             .env("PATH", &self.path)
+            // what the hook keeps (the relays told) stays in the scratch home
+            .env("HOME", self._tmp.path())
+            .env_remove("XDG_RUNTIME_DIR")
             .current_dir(input["cwd"].as_str().unwrap());
         for t in TAGS {
             c.env_remove(t);
@@ -285,4 +288,139 @@ fn a_relay_of_three_sessions_loses_no_write_and_keeps_the_fence() {
         offered(&m, f, "s3");
         fenced(&m, "s3", f);
     }
+}
+
+/// A session's end with `reason`, as Claude Code sends it (Codex sends `other`, always).
+fn session_end(root: &Path, reason: &str) -> Value {
+    let mut v = input(root, "SessionEnd");
+    v["reason"] = json!(reason);
+    v
+}
+
+/// Issue 38, item 5: a headless run (`claude -p`, `codex exec`) that simply ends (`reason`
+/// `other`) is not a relay: the same session runs again and writes its own file. The user
+/// quitting (`prompt_input_exit`) or clearing the context (`clear`) is. The note names only
+/// files that exist (not an editor's temporary file renamed over its file).
+#[test]
+fn a_headless_end_keeps_the_files_and_an_explicit_end_relays() {
+    let claude = Installed::claude_code();
+    let codex = Installed::codex();
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    // as Claude Code's Write does: a temporary file, renamed over the file
+    sh_ok(
+        &m,
+        Some("job"),
+        "echo v1 > notes.md.tmp.4242.9f3a && mv notes.md.tmp.4242.9f3a notes.md",
+    );
+    await_events(&m, "commit", "notes.md", Some("job"), 1);
+    for (agent, installed) in [("claude", &claude), ("codex", &codex)] {
+        let (code, out, err) = run_hook(installed, "job", &session_end(&root, "other"));
+        assert_eq!(code, Some(0), "{agent}: {err}");
+        assert!(!out.contains("offered"), "{agent}: {out}");
+        assert!(
+            live_record(&m, "notes.md").is_none(),
+            "{agent}: a headless end offered the files"
+        );
+        // the next run of the same session writes its own file
+        sh_ok(&m, Some("job"), &format!("echo {agent} >> notes.md"));
+    }
+    // the user quits: a relay
+    let msg = system_message(&claude.answer("job", &session_end(&root, "prompt_input_exit")));
+    assert!(msg.contains("it ended"), "{msg}");
+    let r = offered(&m, "notes.md", "job");
+    let note = r["note"].as_str().unwrap();
+    assert!(note.contains("- notes.md ("), "{note}");
+    assert!(
+        !note.contains(".tmp."),
+        "a temporary name in the note: {note}"
+    );
+    assert!(!msg.contains(".tmp."), "{msg}");
+    fenced(&m, "job", "notes.md");
+    // /clear: the context is gone, a relay too
+    sh_ok(&m, Some("job2"), "echo x > other.md");
+    await_events(&m, "commit", "other.md", Some("job2"), 1);
+    let msg = system_message(&claude.answer("job2", &session_end(&root, "clear")));
+    assert!(msg.contains("its context was cleared"), "{msg}");
+    offered(&m, "other.md", "job2");
+}
+
+/// Issue 38, item 8: after one relay of 150 files, another session's context is bounded
+/// (one line per offer up to a cap, then a count; the note said once, itself capped), and
+/// it is said once per client session: not again before the next prompt, but again to a
+/// new client session.
+#[test]
+fn a_relay_of_150_files_gives_bounded_context_said_once() {
+    let claude = Installed::claude_code();
+    let m = Mount::new(true);
+    let root = m.root().to_path_buf();
+    sh_ok(
+        &m,
+        Some("big"),
+        "mkdir d && for i in $(seq 1 150); do echo $i > d/f$i.md; done",
+    );
+    await_events(&m, "commit", "d/f150.md", Some("big"), 1);
+    assert!(
+        common::wait_until(common::TIMEOUT, || coherent::events(&m)
+            .iter()
+            .filter(|e| e["event"] == "commit" && e["session"] == "big")
+            .count()
+            >= 150),
+        "150 commits not logged"
+    );
+    let msg = system_message(&claude.answer("big", &input(&root, "PreCompact")));
+    assert!(msg.contains("offered to any session"), "{msg}");
+    let live = coherent::status(&m)["live"].as_array().unwrap().len();
+    assert_eq!(live, 150, "every file offered");
+    let mut start = input(&root, "SessionStart");
+    start["session_id"] = json!("bob-1");
+    let ctx = start_context(&claude.answer("bob", &start));
+    assert!(ctx.contains("Relays waiting to be claimed"), "{ctx}");
+    assert!(ctx.contains("and 130 more offered files"), "{ctx}");
+    assert!(
+        ctx.contains("> Relay from session big"),
+        "the note, once: {ctx}"
+    );
+    assert_eq!(ctx.matches("Relay from session big").count(), 1, "{ctx}");
+    assert!(ctx.len() < 8 * 1024, "{} bytes:\n{ctx}", ctx.len());
+    // the next prompt of the same client session: not said again
+    let mut prompt = input(&root, "UserPromptSubmit");
+    prompt["session_id"] = json!("bob-1");
+    prompt["prompt"] = json!("go on");
+    let (code, out, _) = run_hook(&claude, "bob", &prompt);
+    assert_eq!(code, Some(0));
+    assert!(!out.contains("Relays waiting"), "said again: {out}");
+    // a new client session of bob: said once more
+    prompt["session_id"] = json!("bob-2");
+    let (_, out, _) = run_hook(&claude, "bob", &prompt);
+    assert!(out.contains("Relays waiting"), "{out}");
+    // the giver's own list is capped too
+    let mut start = input(&root, "SessionStart");
+    start["session_id"] = json!("big-2");
+    let ctx = start_context(&claude.answer("big", &start));
+    assert!(ctx.contains("and 130 more (`coherent status`"), "{ctx}");
+    assert!(ctx.len() < 8 * 1024, "{} bytes", ctx.len());
+}
+
+/// The installed hook for `input`'s event run as `who`: (exit code, stdout, stderr).
+fn run_hook(i: &Installed, who: &str, input: &Value) -> (Option<i32>, String, String) {
+    let event = input["hook_event_name"].as_str().unwrap();
+    let command = &i.hooks.iter().find(|(e, _)| e == event).unwrap().1;
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(command)
+        .env("PATH", &i.path)
+        .env("HOME", i._tmp.path())
+        .env_remove("XDG_RUNTIME_DIR")
+        .current_dir(input["cwd"].as_str().unwrap());
+    for t in TAGS {
+        c.env_remove(t);
+    }
+    c.env("COHERENT_SESSION", who);
+    let o = common::run_with_stdin(&mut c, &input.to_string());
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }

@@ -438,3 +438,55 @@ fn a_pathname_socket_outside_is_still_reachable_as_documented() {
         if text == "plan\n" { "closed" } else { "open" }
     );
 }
+
+/// Issue 38, item 9: a checkout under /tmp. The backing directory lies under /tmp (as every
+/// test mount's does), and /tmp is a default scratch place: `coherent run` no longer
+/// refuses, it leaves /tmp out and gives the session a temporary directory of its own
+/// (TMPDIR), so `mktemp` works, the mount is written, and the backing directory is not.
+#[test]
+fn a_backing_directory_under_tmp_gets_the_session_its_own_tmpdir() {
+    if !landlock() {
+        eprintln!("SKIP: this kernel has no Landlock ABI >= 3");
+        return;
+    }
+    let m = mount(true);
+    assert!(m.backing.starts_with("/tmp"), "{}", m.backing.display());
+    let b = m.backing.display().to_string();
+    let mut c = Command::new(CLI);
+    c.args(["run", "--session", "alice", "--", "sh", "-c"])
+        .arg(format!(
+            "echo started; t=$(mktemp) && echo tmp > \"$t\" && echo \"tmpdir=$TMPDIR\" \
+         && echo mine > notes.md && echo ok-mount; echo x > '{b}/sneak' && echo WROTE-BACKING"
+        ));
+    // not `run_in`: it sets a scratch list without /tmp, and this is about the defaults
+    c.current_dir(m.root())
+        .env_remove("COHERENT_RUN_WRITABLE")
+        .env_remove("TMPDIR");
+    for t in TAGS {
+        c.env_remove(t);
+    }
+    let o = common::run_timeout(&mut c, RUN_TIMEOUT);
+    let out = Run {
+        code: o.status.code(),
+        out: String::from_utf8_lossy(&o.stdout).into_owned(),
+        err: String::from_utf8_lossy(&o.stderr).into_owned(),
+    };
+    assert!(out.out.contains("started"), "refused: {}", out.show());
+    assert!(out.out.contains("ok-mount"), "{}", out.show());
+    let tmpdir = out
+        .out
+        .lines()
+        .find_map(|l| l.strip_prefix("tmpdir="))
+        .unwrap_or_else(|| panic!("no private TMPDIR: {}", out.show()));
+    assert!(
+        tmpdir.contains("coherent-run-") && !Path::new(&b).starts_with(tmpdir),
+        "{tmpdir}"
+    );
+    assert!(!out.out.contains("WROTE-BACKING"), "{}", out.show());
+    assert!(!m.backing.join("sneak").exists());
+    assert_eq!(
+        std::fs::read_to_string(m.path("notes.md")).unwrap(),
+        "mine\n"
+    );
+    let _ = std::fs::remove_dir_all(tmpdir);
+}

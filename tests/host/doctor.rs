@@ -187,8 +187,10 @@ fn a_hook_naming_a_missing_binary_fails_its_live_probe() {
     assert_eq!(level(line(&out, "claude hooks")), "ok", "{out}");
     let fire = line(&out, "hooks fire");
     assert_eq!(level(fire), "FAIL", "{out}");
+    // Resolved as the agent would, without running it (the doctor runs no program the
+    // settings name): it is not there.
     assert!(
-        fire.contains("/opt/gone/coherent") && fire.contains("exit 127"),
+        fire.contains("/opt/gone/coherent") && fire.contains("does not exist"),
         "{fire}"
     );
     assert!(
@@ -406,21 +408,25 @@ fn codex_hooks_are_checked_registered_and_firing() {
     assert_eq!(level(line(&out, "codex hooks")), "ok", "{out}");
     let fire = line(&out, "codex hooks fire");
     assert_eq!(level(fire), "FAIL", "{out}");
-    assert!(fire.contains("exit 127"), "{fire}");
+    assert!(fire.contains("`coherent` is not on PATH"), "{fire}");
     assert!(
         fire.contains("fix: ") && fire.contains("coherent install codex"),
         "{fire}"
     );
 
-    // An answer with a field Codex does not document for SessionStart (`decision` is
-    // documented for other events only): a `coherent` of its own that answers so.
+    // A `coherent` of its own elsewhere, answering with a field Codex does not document
+    // for SessionStart: the doctor does not run it (it is not the `coherent` on PATH), and
+    // says so.
     let fake = env.home.join("fake");
     std::fs::create_dir(&fake).unwrap();
     let script = fake.join("coherent");
+    let ran = env.home.join("fake-ran");
     std::fs::write(
         &script,
-        "#!/bin/sh\ncat >/dev/null\necho '{\"decision\":\"approve\",\"hookSpecificOutput\":\
-         {\"hookEventName\":\"SessionStart\",\"additionalContext\":\"hi\"}}'\n",
+        format!(
+            "#!/bin/sh\ntouch '{}'\ncat >/dev/null\necho '{{\"decision\":\"approve\"}}'\n",
+            ran.display()
+        ),
     )
     .unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -438,7 +444,8 @@ fn codex_hooks_are_checked_registered_and_firing() {
     let fire = line(&out, "codex hooks fire");
     assert_eq!(level(fire), "FAIL", "{out}");
     assert!(
-        fire.contains("`decision`") && fire.contains("does not document"),
+        fire.contains("is not the `coherent` on PATH") && fire.contains("not run"),
         "{fire}"
     );
+    assert!(!ran.exists(), "the doctor ran the program the config named");
 }

@@ -266,9 +266,10 @@ fn a_local_user_creating_the_scripts_names_first_changes_nothing() {
     let body = format!(
         r#"
 set -u
+# a copy outside /tmp: a checkout under /tmp is hidden by the tmpfs below
+S=$(mktemp /dev/shm/coherent-etcd-sh.XXXXXX) && cp {script} "$S" || exit 89
 mount -t tmpfs -o mode=1777 tmpfs /tmp || exit 90
-S={script}
-trap 'bash $S stop >/dev/null 2>&1 || true' EXIT
+trap 'bash $S stop >/dev/null 2>&1 || true; rm -f $S' EXIT
 echo precious >/tmp/victim
 runuser -u {user} -- sh -c 'mkdir /tmp/coherent-etcd.ports &&
     ln -s /tmp/victim /tmp/coherent-etcd.ports/.lock &&
@@ -344,8 +345,9 @@ fn start_moves_to_the_next_block_when_a_port_was_taken_meanwhile() {
         r#"
 set -u
 ip link set lo up || exit 90
+# a copy outside /tmp: a checkout under /tmp is hidden by the tmpfs below
+S=$(mktemp /dev/shm/coherent-etcd-sh.XXXXXX) && cp {script} "$S" || exit 89
 mount -t tmpfs -o mode=1777 tmpfs /tmp || exit 91
-S={script}
 python3 -c '
 import socket, sys, time
 held = []
@@ -357,7 +359,7 @@ print("bound", flush=True)
 time.sleep(120)
 ' >/tmp/bound &
 holder=$!
-trap 'bash $S stop >/dev/null 2>&1 || true; kill $holder' EXIT
+trap 'bash $S stop >/dev/null 2>&1 || true; kill $holder; rm -f $S' EXIT
 for _ in $(seq 100); do grep -q bound /tmp/bound && break; sleep 0.05; done
 url=$(bash $S start --insecure 2>/tmp/err) || {{ cat /tmp/err; exit 92; }}
 echo "url=$url"

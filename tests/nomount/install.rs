@@ -86,6 +86,7 @@ fn install_on_an_empty_dir_then_again_then_uninstall() {
     for event in [
         "PreToolUse",
         "PostToolUse",
+        "PostToolUseFailure",
         "SessionStart",
         "UserPromptSubmit",
     ] {
@@ -100,6 +101,11 @@ fn install_on_an_empty_dir_then_again_then_uninstall() {
         "Write|Edit|MultiEdit|NotebookEdit|Bash"
     );
     assert_eq!(settings["hooks"]["PostToolUse"][0]["matcher"], "Bash");
+    // issue 38: a tool the volume refused fails, and only this hook is told of it
+    assert_eq!(
+        settings["hooks"]["PostToolUseFailure"][0]["matcher"],
+        "Write|Edit|MultiEdit|NotebookEdit|Bash"
+    );
     let mcp = read(&d.path().join(".mcp.json"));
     assert_eq!(
         mcp["mcpServers"]["coherent"],
@@ -438,7 +444,7 @@ fn install_codex_registers_the_server_and_the_guidance() {
     assert_eq!(
         head.replace(
             "[mcp_servers.coherent]\ncommand = \"coherent\"\nargs = [\"mcp\"]\n\
-             tool_timeout_sec = 86460.0\n\n",
+             env_vars = [\"COHERENT_SESSION\"]\ntool_timeout_sec = 86460.0\n\n",
             ""
         ),
         config,
@@ -498,7 +504,8 @@ fn install_codex_registers_the_server_and_the_guidance() {
     assert!(
         text.starts_with(
             "[mcp_servers.coherent]\ncommand = \"coherent\"\nargs = [\"mcp\"]\n\
-             tool_timeout_sec = 86460.0\n\n[[hooks.PreToolUse]]\n"
+             env_vars = [\"COHERENT_SESSION\"]\ntool_timeout_sec = 86460.0\n\n\
+             [[hooks.PreToolUse]]\n"
         ),
         "{text}"
     );
@@ -647,9 +654,24 @@ fn install_codex_hooks_follow_codex_documented_schema() {
         );
     }
     assert_eq!(ours("PostToolUse"), [Some("^Bash$".to_string())]);
-    for event in ["SessionStart", "UserPromptSubmit", "PreCompact"] {
+    // issue 38: Codex 0.169 has PostCompact and SessionEnd, registered too
+    for event in [
+        "SessionStart",
+        "UserPromptSubmit",
+        "PreCompact",
+        "PostCompact",
+        "SessionEnd",
+    ] {
         assert_eq!(ours(event), [None], "{event}: {text}");
     }
+    // Codex starts MCP servers with a filtered environment: the session is passed on
+    let vars: Vec<&str> = doc["mcp_servers"]["coherent"]["env_vars"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no env_vars: {text}"))
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(vars, ["COHERENT_SESSION"], "{text}");
     // the user's hook is still there, first
     assert_eq!(
         handlers[0],

@@ -496,6 +496,13 @@ fn hooks(dir: &Path, volume: bool, out: &mut Vec<Check>) {
         }
     }
     out.extend(bad);
+    if found.is_empty() && !claude_in_use(dir) {
+        out.push(ok(
+            N,
+            "Claude Code is not set up here (not on PATH, no settings)",
+        ));
+        return;
+    }
     if found.is_empty() {
         out.push(warn(
             N,
@@ -519,12 +526,13 @@ fn hooks(dir: &Path, volume: bool, out: &mut Vec<Check>) {
         .collect::<Vec<_>>()
         .join(", ");
     let fire_fix = format!(
-        "the command must run where Claude Code runs it (sh -c, PATH as the agent has it): \
-         `{install}` writes `coherent` as found on PATH"
+        "the command must be `coherent hook claude-code` naming the `coherent` on PATH (the \
+         doctor runs no other program): `{install}` writes it so"
     );
     let agent = AgentHooks {
         registered: N,
         fire: "hooks fire",
+        agent: "claude-code",
         events: probe::claude_hook_events(),
         probe: probe_hook,
         fire_fix,
@@ -539,10 +547,13 @@ struct AgentHooks {
     /// The check's names: registered, and firing.
     registered: &'static str,
     fire: &'static str,
+    /// The agent word of `coherent hook AGENT`.
+    agent: &'static str,
     /// The events `coherent install` registers for this agent.
     events: Vec<&'static str>,
-    /// Run a command with a synthetic `SessionStart` and judge its answer.
-    probe: fn(&str, &Path) -> Result<String, String>,
+    /// Run a vetted `coherent` binary as the hook with a synthetic `SessionStart` and
+    /// judge its answer.
+    probe: fn(&Path, &Path) -> Result<String, String>,
     /// The fix when a command does not fire, and the install command.
     fire_fix: String,
     install: String,
@@ -587,11 +598,17 @@ impl AgentHooks {
             return;
         }
         for cmd in cmds {
-            out.push(match (self.probe)(cmd, dir) {
-                Ok(what) => ok(self.fire, format!("`{cmd}` answers SessionStart: {what}")),
+            // The command line is never given to a shell: its program is resolved as the
+            // agent would and run only when it is a `coherent` the doctor trusts.
+            let bin = probe::hook_program(cmd, self.agent)
+                .ok_or_else(|| "not a `coherent hook` command line".to_string())
+                .and_then(|prog| vetted(&prog));
+            let shown = quote(cmd);
+            out.push(match bin.and_then(|b| (self.probe)(&b, dir)) {
+                Ok(what) => ok(self.fire, format!("`{shown}` answers SessionStart: {what}")),
                 Err(why) => failed(
                     self.fire,
-                    format!("`{cmd}` with a SessionStart input: {why}"),
+                    format!("`{shown}` with a SessionStart input: {why}"),
                     self.fire_fix.clone(),
                 ),
             });
@@ -599,9 +616,48 @@ impl AgentHooks {
     }
 }
 
-/// Run a hook command with a synthetic `SessionStart` and check its answer is the hook
-/// JSON of that event.
-fn probe_hook(cmd: &str, dir: &Path) -> Result<String, String> {
+/// The `coherent` binaries the doctor runs: the one on PATH (what the agents run by that
+/// name) and itself, by their real paths. Nothing a repository's files name is added.
+fn trusted_coherents() -> Vec<PathBuf> {
+    [probe::which("coherent"), std::env::current_exe().ok()]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.canonicalize().ok())
+        .collect()
+}
+
+/// The program `prog` (as a hook command or an MCP server entry names it) resolved as the
+/// agent would resolve it, when that is a `coherent` the doctor trusts
+/// ([`trusted_coherents`]); else why it is not run. A repository's settings can name any
+/// program, and the doctor often runs as root in a fresh clone: it runs none of them.
+fn vetted(prog: &str) -> Result<PathBuf, String> {
+    let path = Path::new(prog);
+    let found = if path.is_absolute() {
+        path.canonicalize()
+            .map_err(|e| format!("{} does not exist or cannot be reached ({e})", quote(prog)))?
+    } else if prog.contains('/') {
+        return Err(format!(
+            "{} is a path relative to the directory the agent starts in: the doctor does not              run it (a repository can put any program there)",
+            quote(prog)
+        ));
+    } else {
+        probe::which(prog)
+            .and_then(|p| p.canonicalize().ok())
+            .ok_or_else(|| format!("`{}` is not on PATH", quote(prog)))?
+    };
+    if trusted_coherents().contains(&found) {
+        Ok(found)
+    } else {
+        Err(format!(
+            "{} is not the `coherent` on PATH nor this doctor's own binary: not run (a              repository's settings can name any program)",
+            quote(&found.display().to_string())
+        ))
+    }
+}
+
+/// Run a vetted `coherent` as Claude Code's hook with a synthetic `SessionStart` and check
+/// its answer is the hook JSON of that event.
+fn probe_hook(bin: &Path, dir: &Path) -> Result<String, String> {
     let input = json!({
         "session_id": "coherent-doctor-probe",
         "hook_event_name": "SessionStart",
@@ -609,9 +665,8 @@ fn probe_hook(cmd: &str, dir: &Path) -> Result<String, String> {
         "cwd": dir.display().to_string(),
     });
     let o = output_within(
-        Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
+        Command::new(bin)
+            .args(["hook", "claude-code"])
             .current_dir(dir)
             .env("CLAUDE_PROJECT_DIR", dir),
         Some(format!("{input}\n").as_bytes()),
@@ -761,23 +816,93 @@ fn codex_hooks(dir: &Path, volume: bool, out: &mut Vec<Check>) {
         return;
     }
     let fire_fix = format!(
-        "the command must run where Codex runs it (sh -c, PATH as the agent has it) and \
-         answer only what Codex documents: `{install}` writes `coherent` as found on PATH"
+        "the command must be `coherent hook codex` naming the `coherent` on PATH (the doctor \
+         runs no other program) and answer only what Codex documents: `{install}` writes it \
+         so"
     );
+    let trust = codex_trust(dir, &config, &install);
     let agent = AgentHooks {
         registered: N,
         fire: "codex hooks fire",
+        agent: "codex",
         events: probe::codex_hook_events(),
         probe: probe_codex_hook,
         fire_fix,
         install,
     };
     agent.check(&shown, &ours, volume, dir, out);
+    out.push(trust);
+}
+
+/// Whether Codex runs the coherent hooks: Codex skips, without a word, a hook whose
+/// definition the user has not trusted (or changed since). Asked of Codex itself (its app
+/// server's `hooks/list`: each hook's trust as Codex decides it), never worked out here.
+fn codex_trust(dir: &Path, config: &Path, install: &str) -> Check {
+    const N: &str = "codex hooks trusted";
+    let Some(codex) = probe::which("codex") else {
+        return warn(
+            N,
+            "no `codex` on PATH to ask whether it trusts the coherent hooks (Codex skips an \
+             untrusted hook without a word)",
+            format!("with codex on PATH: `{install}` (trusts them through Codex), or trust them in /hooks in Codex"),
+        );
+    };
+    let source = format!("{}:", config.display());
+    let hooks = match crate::codex_trust::list(&codex, dir) {
+        Ok(h) => h,
+        Err(e) => {
+            return warn(
+                N,
+                format!("cannot ask Codex ({}): {e}", codex.display()),
+                "run `codex` once and look at /hooks",
+            )
+        }
+    };
+    let ours: Vec<_> = hooks
+        .iter()
+        .filter(|h| probe::is_codex_hook(&h.command) && h.key.starts_with(&source))
+        .collect();
+    if ours.is_empty() {
+        return failed(
+            N,
+            format!(
+                "Codex lists none of the coherent hooks of {}",
+                quote(&config.display().to_string())
+            ),
+            install.to_string(),
+        );
+    }
+    let each: Vec<String> = ours
+        .iter()
+        .map(|h| {
+            let word = match h.trust.as_str() {
+                "trusted" => "Trusted",
+                "untrusted" => "Untrusted",
+                "modified" => "Modified",
+                other => other,
+            };
+            format!("{} {word}", h.event)
+        })
+        .collect();
+    if ours.iter().all(|h| h.trust == "trusted") {
+        ok(N, format!("Codex runs them: {}", each.join(", ")))
+    } else {
+        failed(
+            N,
+            format!(
+                "Codex skips the ones not Trusted, without a word: {}",
+                each.join(", ")
+            ),
+            format!(
+                "`{install}` (trusts them through Codex itself), or trust them in /hooks in Codex"
+            ),
+        )
+    }
 }
 
 /// Run a Codex hook command with a synthetic `SessionStart` (Codex's input shape) and
 /// check the answer: exit 0, and hook JSON with only the fields Codex documents.
-fn probe_codex_hook(cmd: &str, dir: &Path) -> Result<String, String> {
+fn probe_codex_hook(bin: &Path, dir: &Path) -> Result<String, String> {
     let input = json!({
         "session_id": "coherent-doctor-probe",
         "transcript_path": null,
@@ -787,7 +912,7 @@ fn probe_codex_hook(cmd: &str, dir: &Path) -> Result<String, String> {
         "source": "startup",
     });
     let o = output_within(
-        Command::new("sh").arg("-c").arg(cmd).current_dir(dir),
+        Command::new(bin).args(["hook", "codex"]).current_dir(dir),
         Some(format!("{input}\n").as_bytes()),
         PROBE_TIMEOUT,
     )?;
@@ -859,9 +984,11 @@ fn codex_documented(v: &Value) -> Result<(), String> {
 
 // ---- MCP ----------------------------------------------------------------------------------
 
-/// The registered MCP server (project `.mcp.json`, then `~/.claude.json`): where, command,
-/// args.
-fn mcp_registration(dir: &Path) -> Option<(PathBuf, String, Vec<String>)> {
+/// Where each agent the user has is told of the MCP server: (where, the command it names,
+/// which agent). Claude Code: the project's `.mcp.json`, then `~/.claude.json`; Codex:
+/// its config.toml.
+fn mcp_registrations(dir: &Path) -> Vec<(String, String, &'static str)> {
+    let mut out = Vec::new();
     let mut files = vec![dir.join(".mcp.json")];
     if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
         files.push(PathBuf::from(home).join(".claude.json"));
@@ -879,52 +1006,152 @@ fn mcp_registration(dir: &Path) -> Option<(PathBuf, String, Vec<String>)> {
         if !probe::is_mcp_server(s) {
             continue;
         }
-        let cmd = s["command"].as_str()?.to_string();
-        let args = s["args"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(String::from)
-                    .collect()
-            })
-            .unwrap_or_default();
-        return Some((f, cmd, args));
+        if let Some(cmd) = s["command"].as_str() {
+            out.push((f.display().to_string(), cmd.to_string(), CLAUDE));
+            // the project's entry wins over the user's
+            break;
+        }
     }
-    None
+    if let Ok(config) = probe::codex_config() {
+        let doc = std::fs::read_to_string(&config)
+            .ok()
+            .and_then(|t| t.parse::<toml_edit::DocumentMut>().ok());
+        if let Some(server) = doc
+            .as_ref()
+            .and_then(|d| d.get("mcp_servers"))
+            .and_then(|m| m.get(probe::MCP_SERVER))
+            .filter(|s| probe::is_codex_server(s))
+        {
+            if let Some(cmd) = server.get("command").and_then(|c| c.as_str()) {
+                out.push((config.display().to_string(), cmd.to_string(), CODEX));
+            }
+            if !probe::codex_server_passes_session(server) {
+                // Codex filters the server's environment: said by `mcp` below
+                out.push((config.display().to_string(), String::new(), NO_SESSION));
+            }
+        }
+    }
+    out
 }
 
-/// The MCP server starts and lists its tools.
+const CLAUDE: &str = "Claude Code";
+/// A Codex registration without `env_vars = ["COHERENT_SESSION"]`.
+const NO_SESSION: &str = "no session";
+const CODEX: &str = "Codex";
+
+/// Claude Code is in use here: on PATH, or its settings exist (the user's or the
+/// project's).
+fn claude_in_use(dir: &Path) -> bool {
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from);
+    probe::which("claude").is_some()
+        || dir.join(".claude").is_dir()
+        || home.is_some_and(|h| h.join(".claude").is_dir() || h.join(".claude.json").is_file())
+}
+
+/// Codex is in use here: on PATH, or its config exists.
+fn codex_in_use() -> bool {
+    probe::which("codex").is_some() || probe::codex_config().is_ok_and(|c| c.is_file())
+}
+
+/// The install command for one agent.
+fn install_for(agent: &str, dir: &Path) -> String {
+    let word = if agent == CODEX {
+        "codex"
+    } else {
+        "claude-code"
+    };
+    format!("coherent install {word} {}", dir.display())
+}
+
+/// The MCP server starts and lists its tools, as each agent the user has is told to start
+/// it; advice only about the agents in use.
 fn mcp(dir: &Path) -> Check {
     const N: &str = "mcp server";
-    let install = format!("coherent install claude-code {}", dir.display());
-    let registered = mcp_registration(dir);
-    let (cmd, args) = match &registered {
-        Some((_, c, a)) => (c.clone(), a.clone()),
-        None => ("coherent".to_string(), vec!["mcp".to_string()]),
-    };
-    let shown = format!("{cmd} {}", args.join(" "));
-    match probe_mcp(&cmd, &args, dir) {
-        Ok(what) => match registered {
-            Some((f, _, _)) => ok(N, format!("`{shown}` (from {}) {what}", f.display())),
-            None => warn(
-                N,
-                format!(
-                    "`{shown}` {what}, but no agent is told of it (no `{}` server in .mcp.json \
-                     or ~/.claude.json)",
-                    probe::MCP_SERVER
-                ),
-                install,
-            ),
-        },
-        Err(why) => failed(N, format!("`{shown}`: {why}"), install),
+    let mut regs = mcp_registrations(dir);
+    let no_session = regs.iter().any(|r| r.2 == NO_SESSION);
+    regs.retain(|r| r.2 != NO_SESSION);
+    let mut told = Vec::new();
+    let mut bin = None;
+    for (place, cmd, agent) in &regs {
+        match vetted(cmd) {
+            Ok(b) => {
+                told.push(format!("{agent} (from {})", quote(place)));
+                bin.get_or_insert(b);
+            }
+            Err(why) => {
+                return failed(
+                    N,
+                    format!("`{} mcp` (from {}): {why}", quote(cmd), quote(place)),
+                    install_for(agent, dir),
+                )
+            }
+        }
     }
+    let Some(bin) = bin.or_else(|| trusted_coherents().into_iter().next()) else {
+        return failed(
+            N,
+            "no `coherent` to start it with",
+            "install coherent (the Debian package, or cargo install --path .)",
+        );
+    };
+    let shown = format!("{} mcp", bin.display());
+    let what = match probe_mcp(&bin, dir) {
+        Ok(w) => w,
+        Err(why) => {
+            return failed(
+                N,
+                format!("`{shown}`: {why}"),
+                "see `coherent mcp`'s own error",
+            )
+        }
+    };
+    let mut untold: Vec<&str> = Vec::new();
+    if claude_in_use(dir) && !regs.iter().any(|r| r.2 == CLAUDE) {
+        untold.push(CLAUDE);
+    }
+    if codex_in_use() && !regs.iter().any(|r| r.2 == CODEX) {
+        untold.push(CODEX);
+    }
+    if no_session {
+        return warn(
+            N,
+            format!(
+                "`{shown}` {what}, but Codex starts it without `COHERENT_SESSION` (its config \
+                 has no `env_vars` for it): the server finds the session from its client \
+                 process, and otherwise answers as the user's anonymous session"
+            ),
+            install_for(CODEX, dir),
+        );
+    }
+    if untold.is_empty() {
+        if told.is_empty() {
+            return ok(
+                N,
+                format!("`{shown}` {what}; no Claude Code or Codex here to tell of it"),
+            );
+        }
+        return ok(N, format!("`{shown}` {what}; told to {}", told.join(", ")));
+    }
+    warn(
+        N,
+        format!(
+            "`{shown}` {what}, but {} is not told of it",
+            untold.join(" and ")
+        ),
+        untold
+            .iter()
+            .map(|a| install_for(a, dir))
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
 }
 
 /// Spawn the server, `initialize`, `notifications/initialized`, `tools/list`.
-fn probe_mcp(cmd: &str, args: &[String], dir: &Path) -> Result<String, String> {
-    let mut child = Command::new(cmd)
-        .args(args)
+fn probe_mcp(bin: &Path, dir: &Path) -> Result<String, String> {
+    let mut child = Command::new(bin)
+        .arg("mcp")
         .current_dir(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -1003,20 +1230,19 @@ fn probe_mcp(cmd: &str, args: &[String], dir: &Path) -> Result<String, String> {
 /// The fsmonitor hook of the repository at `dir`, if it has one of ours.
 fn fsmonitor(dir: &Path) -> Check {
     const N: &str = "git fsmonitor";
+    // git with the repository's own programs switched off (reading config runs none;
+    // this keeps it so whatever git does)
     let git = |args: &[&str]| {
-        output_within(
-            Command::new("git").arg("-C").arg(dir).args(args),
-            None,
-            PROBE_TIMEOUT,
-        )
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        output_within(crate::safegit::git(dir).args(args), None, PROBE_TIMEOUT)
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     let Some(top) = git(&["rev-parse", "--show-toplevel"]) else {
         return ok(N, "no git repository here: nothing to check");
     };
-    let Some(value) = git(&["config", "core.fsmonitor"]) else {
+    // the repository's value, not the override above
+    let Some(value) = git(&["config", "--local", "core.fsmonitor"]) else {
         return ok(
             N,
             format!(
@@ -1030,13 +1256,17 @@ fn fsmonitor(dir: &Path) -> Check {
     }
     let fix = format!("coherent install git --uninstall && coherent install git (in {top})");
     // Run it as git does: `PROG 2 TOKEN`; an unknown token is answered with a fresh
-    // token and `/`.
+    // token and `/`. Only a `coherent` the doctor trusts: the value is the repository's.
     let prog = value
         .trim()
         .trim_end_matches(" fsmonitor")
         .trim_matches('\'');
+    let bin = match vetted(prog) {
+        Ok(b) => b,
+        Err(why) => return failed(N, format!("core.fsmonitor {}: {why}", quote(&value)), fix),
+    };
     let o = match output_within(
-        Command::new(prog)
+        Command::new(bin)
             .args(["fsmonitor", "2", "doctor"])
             .current_dir(&top),
         None,

@@ -104,22 +104,20 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
     match name {
         "PreToolUse" => pre_tool_use(ev, agent),
         "PostToolUse" => post_tool_use(ev),
+        "PostToolUseFailure" => post_tool_failure(ev),
         // the relay: before the context that knew the work is summarised (or gone), the
         // session offers its files to any session; the user is shown what was offered,
-        // the note, and what the session still holds and owes (PreCompact and SessionEnd
-        // answers have no context for the model)
-        "PreCompact" | "SessionEnd" => {
-            let why = if name == "PreCompact" {
-                "its context was about to be compacted"
-            } else {
-                "it ended"
-            };
+        // the note, and what the session still holds and owes (PreCompact, PostCompact
+        // and SessionEnd answers have no context for the model). A session that simply
+        // ends (a headless run, a closed terminal) keeps its files: see `relay_reason`.
+        "PreCompact" | "PostCompact" | "SessionEnd" => {
+            let why = relay_reason(ev);
             // its waits in flight outlive the context as standing waits
             let kept = locate_cwd()
                 .ok()
                 .and_then(|root| crate::relay::keep_waits(&root));
-            let relay = relay_offer(why);
-            let msg = [kept, relay, session_context(false, agent)]
+            let relay = why.and_then(relay_offer);
+            let msg = [kept, relay, session_context(false, agent, None)]
                 .into_iter()
                 .flatten()
                 .collect::<Vec<_>>()
@@ -131,11 +129,15 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
             let report = locate_cwd()
                 .ok()
                 .and_then(|root| crate::relay::report_waits(&root));
-            let context = [report, session_context(name == "SessionStart", agent)]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join("\n");
+            let client = ev.get("session_id").and_then(Value::as_str);
+            let context = [
+                report,
+                session_context(name == "SessionStart", agent, client),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("\n");
             if context.is_empty() {
                 return None;
             }
@@ -147,9 +149,33 @@ fn answer(ev: &Value, agent: Agent) -> Option<Value> {
     }
 }
 
+/// Why this event hands the session's files on, or None when it does not. A compaction
+/// (before or after it) does: the context that knew the work is summarised. A session's
+/// end does when it ends for good or its context is cleared: Claude Code's `reason`
+/// `prompt_input_exit` (the user quit), `logout`, or `clear`. `other` (a headless `claude
+/// -p` or `codex exec` that finished, a closed terminal, a killed client, and every Codex
+/// end) does not: the same session name may run again and carry on, and an offer would
+/// fence it from its own files.
+fn relay_reason(ev: &Value) -> Option<&'static str> {
+    match ev.get("hook_event_name")?.as_str()? {
+        "PreCompact" | "PostCompact" => Some("its context was about to be compacted"),
+        "SessionEnd" => match ev.get("reason").and_then(Value::as_str)? {
+            "clear" => Some("its context was cleared"),
+            "prompt_input_exit" | "logout" => Some("it ended"),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn pre_tool_use(ev: &Value, agent: Agent) -> Option<Value> {
     let tool = ev.get("tool_name")?.as_str()?;
     if tool == "Bash" {
+        // Codex applies a patch given to its shell (`apply_patch <<'EOF' ... EOF`) as its
+        // apply_patch tool, and asks the hook only about the shell command
+        if let Some(d) = shell_patch(ev) {
+            return Some(d);
+        }
         return pre_bash(ev);
     }
     if tool == "apply_patch" && agent == Agent::Codex {
@@ -171,6 +197,24 @@ fn pre_tool_use(ev: &Value, agent: Agent) -> Option<Value> {
 fn pre_patch(ev: &Value) -> Option<Value> {
     let patch = ev.get("tool_input")?.get("command")?.as_str()?;
     patch_paths(patch).iter().find_map(|p| {
+        let reason = file_fence(Path::new(p))?;
+        deny(format!(
+            "coherent: this patch would write {}, handed on by this session. {reason}",
+            display_name(p)
+        ))
+    })
+}
+
+/// A shell command that is an `apply_patch` (or `applypatch`) call with its patch in the
+/// command text (a here-document, or the patch as an argument): judged as the patch.
+fn shell_patch(ev: &Value) -> Option<Value> {
+    let command = ev.get("tool_input")?.get("command")?.as_str()?;
+    let first = command.split_whitespace().next()?;
+    let prog = first.rsplit('/').next().unwrap_or(first);
+    if !matches!(prog, "apply_patch" | "applypatch") || !command.contains("*** Begin Patch") {
+        return None;
+    }
+    patch_paths(command).iter().find_map(|p| {
         let reason = file_fence(Path::new(p))?;
         deny(format!(
             "coherent: this patch would write {}, handed on by this session. {reason}",
@@ -261,15 +305,7 @@ fn post_tool_use(ev: &Value) -> Option<Value> {
     if ev.get("tool_name")?.as_str()? != "Bash" {
         return None;
     }
-    let output = match ev.get("tool_response") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => ["stdout", "stderr", "output", "error"]
-            .iter()
-            .filter_map(|k| o.get(*k).and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => return None,
-    };
+    let output = tool_output(ev)?;
     if !output.contains("Permission denied") && !output.contains("EACCES") {
         return None;
     }
@@ -291,6 +327,106 @@ fn post_tool_use(ev: &Value) -> Option<Value> {
             "additionalContext": post_context(&root, command, &output, &hits)?,
         }
     }))
+}
+
+/// How recent a refusal in `.coherent/why` must be to be the one a failed tool met: the
+/// tool has just run, and an older refusal is about something else.
+const WHY_FRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Claude Code's `PostToolUseFailure`: a tool failed (a shell command that exited non-zero,
+/// a `Write` that could not open its file), and its `error` text is all the model reads.
+/// When the failure is the volume refusing a file this session handed on, the model is
+/// given the volume's explanation: the refused files' deny text, found as for
+/// `PostToolUse`, or else the volume's own account of the session's refusal of a moment
+/// ago (`.coherent/why`), for a write the hook could not see coming (`F=plan.md; echo x >>
+/// "$F"`).
+fn post_tool_failure(ev: &Value) -> Option<Value> {
+    let tool = ev.get("tool_name")?.as_str()?;
+    let mut output = ["error", "error_message"]
+        .iter()
+        .filter_map(|k| ev.get(*k).and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some(r) = tool_output(ev) {
+        output.push('\n');
+        output.push_str(&r);
+    }
+    if !refusal_text(&output) {
+        return None;
+    }
+    let input = ev.get("tool_input");
+    let field = |k: &str| input.and_then(|i| i.get(k)).and_then(Value::as_str);
+    let root = locate_cwd().ok()?;
+    let (me, _) = whoami(&root)?;
+    let fenced = own_live_transfers(&root, &me)?;
+    let context = if tool == "Bash" {
+        let command = field("command").unwrap_or("");
+        let hits = refused_paths(&root, command, &output, &fenced);
+        if hits.is_empty() {
+            None
+        } else {
+            post_context(&root, command, &output, &hits)
+        }
+    } else {
+        // a file tool: the file it names, when this session handed it on
+        let file = field("file_path").or_else(|| field("notebook_path"));
+        file.and_then(|f| file_fence(Path::new(f))).map(|reason| {
+            format!(
+                "coherent volume at {}: the volume refused this write. {reason}",
+                display_name(&root.to_string_lossy())
+            )
+        })
+    };
+    let context = context.or_else(|| fresh_why(&root))?;
+    Some(json!({
+        "hookSpecificOutput": {
+            "hookEventName": "PostToolUseFailure",
+            "additionalContext": context,
+        }
+    }))
+}
+
+/// A tool's output in its `tool_response` (a string, or an object of streams).
+fn tool_output(ev: &Value) -> Option<String> {
+    match ev.get("tool_response")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => Some(
+            ["stdout", "stderr", "output", "error"]
+                .iter()
+                .filter_map(|k| o.get(*k).and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        _ => None,
+    }
+}
+
+/// Does a tool's output report a refused write (`Permission denied`, Node's `EACCES:
+/// permission denied`)?
+fn refusal_text(output: &str) -> bool {
+    output.contains("EACCES") || output.to_ascii_lowercase().contains("permission denied")
+}
+
+/// The volume's text of this session's latest refusal (`.coherent/why`), when it happened
+/// within [`WHY_FRESH`]: the refusal the tool that just failed met.
+fn fresh_why(root: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(root.join(".coherent/why")).ok()?;
+    if text.starts_with(coherent::control::NO_REFUSAL) {
+        return None;
+    }
+    let (why, at) = text.trim_end().rsplit_once("\n(at ")?;
+    let at = coherent::coherence::Timestamp::parse_rfc3339(at.trim_end_matches(')'))?;
+    let age = coherent::coherence::Timestamp::now().millis() - at.millis();
+    // a little ahead is the same clock read in another order
+    if !(-5_000..=WHY_FRESH.as_millis() as i64).contains(&age) {
+        return None;
+    }
+    Some(format!(
+        "coherent volume at {}: this tool failed because the volume refused it. The volume \
+         says: {}",
+        display_name(&root.to_string_lossy()),
+        why.trim()
+    ))
 }
 
 /// The fenced files this command's permission errors were about: the files the command
@@ -493,7 +629,7 @@ fn own_live_transfers(root: &Path, me: &str) -> Option<Vec<Value>> {
 
 /// What the agent should know at the start of a session and before each prompt. None
 /// when there is nothing to say (or no volume here).
-fn session_context(start: bool, agent: Agent) -> Option<String> {
+fn session_context(start: bool, agent: Agent, client: Option<&str>) -> Option<String> {
     let (agent_name, agent_cmd) = agent.names();
     let root = locate_cwd().ok()?;
     let (me, attributed) = whoami(&root)?;
@@ -542,19 +678,27 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
                 .into(),
         );
     }
+    // Relays are said once per client session: at its start (a new context), then each
+    // new one before the prompt that follows it.
+    let told = Told::open(&root, &me_raw, client);
+    let relays: Vec<&Value> = relays
+        .into_iter()
+        .filter(|r| start || !told.as_ref().is_some_and(|t| t.has(r)))
+        .collect();
     if !relays.is_empty() {
         out.push(format!(
             "Relays waiting to be claimed on the coherent volume {root_shown} (work another \
              session offered to any session, often as its context ran out):"
         ));
-        for r in &relays {
-            out.push(inbox_entry(r, &me_raw, &uids));
-        }
+        out.extend(relay_lines(&relays, &me_raw, &uids));
         out.push(
             "A file offered to any session is yours once you claim it: `coherent accept \
              PATH` (then write it, or decline it); the first session to claim it takes it."
                 .into(),
         );
+        if let Some(t) = told {
+            t.add(&relays);
+        }
     }
     let mine = own_live_transfers(&root, &me_raw).unwrap_or_default();
     if !mine.is_empty() {
@@ -562,7 +706,7 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
             "Files you (session {me}) handed on and can no longer write (EACCES), paths \
              relative to {root_shown}:"
         ));
-        for r in &mine {
+        for r in mine.iter().take(LIST_CAP) {
             let path = r.get("path").and_then(Value::as_str).unwrap_or("?");
             out.push(format!(
                 "- {}: to {} at v{}, {}; `coherent withdraw {}` takes it back",
@@ -573,6 +717,12 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
                     .unwrap_or(0),
                 r.get("status").and_then(Value::as_str).unwrap_or("?"),
                 shell_word(path)
+            ));
+        }
+        if mine.len() > LIST_CAP {
+            out.push(format!(
+                "- and {} more (`coherent status` lists them all)",
+                mine.len() - LIST_CAP
             ));
         }
         // After a compaction the same session goes on: its relay offers fence it until
@@ -597,6 +747,139 @@ fn session_context(start: bool, agent: Agent) -> Option<String> {
         ));
     }
     (!out.is_empty()).then(|| out.join("\n"))
+}
+
+/// How many files a context lists in one list (relays waiting, the session's own
+/// transfers): past it, a count and where to see them all. A relay of hundreds of files
+/// must not flood every other session's context.
+const LIST_CAP: usize = 20;
+
+/// The relays waiting, bounded: grouped by giver and note (a relay offers each of its
+/// files with the same note), one line per file up to [`LIST_CAP`] in all, then a count;
+/// each group's note quoted once (when it may be shown to this session, see
+/// [`inbox_entry`]).
+fn relay_lines(
+    relays: &[&Value],
+    me: &str,
+    uids: &std::collections::HashMap<String, u32>,
+) -> Vec<String> {
+    let key = |r: &Value| {
+        let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        (s("giver"), s("note"))
+    };
+    let mut groups: Vec<((String, String), Vec<&Value>)> = Vec::new();
+    for r in relays {
+        let k = key(r);
+        match groups.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, v)) => v.push(r),
+            None => groups.push((k, vec![r])),
+        }
+    }
+    let mut out = Vec::new();
+    let mut listed = 0;
+    for (_, group) in &groups {
+        let shown = listed < LIST_CAP;
+        for r in group {
+            if listed < LIST_CAP {
+                out.push(inbox_line(r));
+            }
+            listed += 1;
+        }
+        // the note once for the group, after its first file's line
+        let first = group[0];
+        if first.get("note").and_then(Value::as_str).is_some() && shown {
+            let entry = inbox_entry(first, me, uids);
+            if let Some((_, rest)) = entry.split_once('\n') {
+                out.push(rest.to_string());
+            } else if let Some((_, why)) = entry.split_once("; its note is left out") {
+                out.push(format!("  (its note is left out{why})"));
+            }
+        }
+    }
+    if listed > LIST_CAP {
+        out.push(format!(
+            "- and {} more offered files (`coherent status` lists them, with their notes)",
+            listed - LIST_CAP
+        ));
+    }
+    out
+}
+
+/// The relays already told to one client session (its `session_id` in the hook input),
+/// so each is said once: a small file per (volume, session, client session) in the
+/// user's runtime or cache directory. Without a place to keep it, relays are said only at
+/// a session's start.
+struct Told {
+    file: PathBuf,
+    seen: std::collections::HashSet<String>,
+}
+
+impl Told {
+    fn open(root: &Path, me: &str, client: Option<&str>) -> Option<Told> {
+        let client = client.filter(|c| !c.is_empty())?;
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|h| !h.is_empty())
+                    .map(|h| PathBuf::from(h).join(".cache"))
+            })?;
+        let mut h = blake3::Hasher::new();
+        for part in [
+            root.as_os_str().as_bytes(),
+            me.as_bytes(),
+            client.as_bytes(),
+        ] {
+            h.update(part);
+            h.update(&[0]);
+        }
+        let file = base
+            .join("coherent/told")
+            .join(&h.finalize().to_hex()[..32]);
+        let seen = std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect();
+        Some(Told { file, seen })
+    }
+
+    fn key(r: &Value) -> String {
+        let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("");
+        // a new offer of the same file (a later relay) is news again
+        format!(
+            "{}\t{}\t{}",
+            s("path").escape_debug(),
+            s("giver").escape_debug(),
+            r.get("version_at_transfer")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        )
+    }
+
+    fn has(&self, r: &Value) -> bool {
+        self.seen.contains(&Told::key(r))
+    }
+
+    fn add(mut self, relays: &[&Value]) {
+        for r in relays {
+            self.seen.insert(Told::key(r));
+        }
+        let mut lines: Vec<&String> = self.seen.iter().collect();
+        lines.sort();
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        if let Some(dir) = self.file.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        // best effort: at worst a relay is said again
+        let tmp = self
+            .file
+            .with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.file);
+        }
+    }
 }
 
 fn inbox_line(r: &Value) -> String {
@@ -768,14 +1051,12 @@ fn pre_bash(ev: &Value) -> Option<Value> {
 /// paths. None when git cannot answer (no repository, an unknown revision, no git): the
 /// caller then fails closed.
 fn git_changes(check: &shellwrites::GitCheck) -> Option<Vec<PathBuf>> {
+    // the repository's own programs (fsmonitor, filters) never run: the user has not
+    // approved the command yet, and the tree may be anyone's
     let git = |args: &[&str]| -> Option<Vec<u8>> {
-        let o = std::process::Command::new("git")
-            .arg("-C")
-            .arg(&check.dir)
+        let o = crate::safegit::git(&check.dir)
             .args(["--no-optional-locks", "-c", "core.quotepath=off"])
             .args(args)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
             .output()
             .ok()?;
         o.status.success().then_some(o.stdout)
@@ -783,7 +1064,8 @@ fn git_changes(check: &shellwrites::GitCheck) -> Option<Vec<PathBuf>> {
     let top = git(&["rev-parse", "--show-toplevel"])?;
     let top = std::str::from_utf8(&top).ok()?.trim_end_matches('\n');
     let top = std::fs::canonicalize(top).ok()?;
-    let mut args = vec!["diff", "--no-ext-diff", "--name-only", "-z"];
+    let mut args = vec!["diff", "--name-only", "-z"];
+    args.extend(crate::safegit::DIFF_SAFE);
     if let Some(src) = &check.source {
         // a revision, never an option
         if src.starts_with('-') {
@@ -808,14 +1090,12 @@ fn differs_from_head(file: &Path) -> bool {
     let (Some(dir), Some(name)) = (file.parent(), file.file_name()) else {
         return false;
     };
-    std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["diff", "--quiet", "HEAD", "--"])
+    crate::safegit::git(dir)
+        .args(["--no-optional-locks", "diff", "--quiet"])
+        .args(crate::safegit::DIFF_SAFE)
+        .args(["HEAD", "--"])
         .arg(name)
-        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.code() == Some(1))
 }

@@ -13,9 +13,14 @@ use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
 /// (event, matcher) pairs the hook is installed for.
-const HOOKS: [(&str, Option<&str>); 6] = [
+const HOOKS: [(&str, Option<&str>); 7] = [
     ("PreToolUse", Some("Write|Edit|MultiEdit|NotebookEdit|Bash")),
     ("PostToolUse", Some("Bash")),
+    // a tool the volume refused fails: its error text is all the model would read
+    (
+        "PostToolUseFailure",
+        Some("Write|Edit|MultiEdit|NotebookEdit|Bash"),
+    ),
     ("SessionStart", None),
     ("UserPromptSubmit", None),
     // the relay: offer the session's files before its context is compacted or it ends
@@ -28,17 +33,25 @@ const SERVER: &str = "coherent";
 /// Codex's hook events the hook is installed for, with their matchers (a regular expression
 /// on the tool name; none: every time). PreToolUse covers Codex's shell and its file-writing
 /// `apply_patch`.
-const CODEX_HOOKS: [(&str, Option<&str>); 5] = [
+const CODEX_HOOKS: [(&str, Option<&str>); 7] = [
     ("PreToolUse", Some("^(Bash|apply_patch)$")),
     ("PostToolUse", Some("^Bash$")),
     ("SessionStart", None),
     ("UserPromptSubmit", None),
     ("PreCompact", None),
+    // a compaction the PreCompact hook missed still relays (an offer made is not made
+    // twice); a session's end keeps its waits (Codex's end is never a relay: its
+    // `reason` is always `other`)
+    ("PostCompact", None),
+    ("SessionEnd", None),
 ];
 
 /// Seconds Codex gives one run of the hook before it goes on without it: the hook asks the
 /// volume and at most git, well under this; the volume enforces either way.
 const CODEX_HOOK_TIMEOUT_SECS: i64 = 30;
+
+/// Codex's own cap on a `SessionEnd` hook's timeout (0.169 clamps a longer one to it).
+const CODEX_SESSION_END_TIMEOUT_SECS: i64 = 3;
 
 /// Codex's `tool_timeout_sec` for the coherent MCP server: above the longest `wait` (its
 /// largest `timeout_s`), so Codex never abandons a wait the server is still serving.
@@ -267,15 +280,61 @@ pub fn codex(dir: Option<&Path>, uninstall: bool) -> Result<(), Fail> {
             );
         }
     }
-    println!(
-        "Codex runs a new or changed hook only once you trust it: open /hooks in Codex and \
-         trust the coherent hooks."
-    );
+    trust_codex_hooks(&dir, &config);
     println!(
         "One thing left: start Codex in its own session, so its tools and every shell it \
          spawns are one session:\n    coherent run --session NAME -- codex"
     );
     Ok(())
+}
+
+/// Codex runs a hook only once the user trusted its definition, and an install (a new or
+/// changed hook) is untrusted: with a `codex` on PATH, the hooks just written are trusted
+/// by Codex's own means (its app server lists each with its hash, and writes the trust
+/// into config.toml, as its `/hooks` screen does: see `codex_trust`). Without one, or when
+/// that fails, the one step left is said.
+fn trust_codex_hooks(dir: &Path, config: &Path) {
+    let manual = "Codex runs a new or changed hook only once you trust it: start `codex` \
+                  once and trust the coherent hooks in /hooks (or run this install again \
+                  with `codex` on PATH); `coherent doctor` shows each hook's trust.";
+    let Some(codex) = on_path("codex") else {
+        println!("{manual}");
+        return;
+    };
+    let source = config.display().to_string();
+    let ours = |h: &crate::codex_trust::Hook| {
+        is_our_codex_hook(&h.command) && h.key.starts_with(&format!("{source}:"))
+    };
+    match crate::codex_trust::trust(&codex, dir, ours) {
+        Ok(hooks) if !hooks.is_empty() && hooks.iter().all(|h| h.trust == "trusted") => {
+            println!(
+                "trusted in Codex: the {} coherent hooks (written by Codex itself, `{} \
+                 app-server`)",
+                hooks.len(),
+                codex.display()
+            )
+        }
+        Ok(hooks) => {
+            let left: Vec<String> = hooks
+                .iter()
+                .filter(|h| h.trust != "trusted")
+                .map(|h| format!("{} ({})", h.event, h.trust))
+                .collect();
+            eprintln!(
+                "coherent: Codex did not list the coherent hooks as trusted{}",
+                if left.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", left.join(", "))
+                }
+            );
+            println!("{manual}");
+        }
+        Err(e) => {
+            eprintln!("coherent: could not trust the hooks through Codex: {e}");
+            println!("{manual}");
+        }
+    }
 }
 
 /// The git settings `coherent install git` makes: (key, value) past core.fsmonitor.
@@ -457,14 +516,35 @@ fn add_codex_server(
             existing["tool_timeout_sec"] = value(CODEX_TOOL_TIMEOUT_SECS);
             changed = true;
         }
+        // an older install passed no session: Codex filters the server's environment
+        if !passes_session(existing) {
+            existing["env_vars"] = value(Array::from_iter(CODEX_SERVER_ENV));
+            changed = true;
+        }
         return Ok(changed);
     }
     let mut t = Table::new();
     t["command"] = value(exe);
     t["args"] = value(Array::from_iter(["mcp"]));
+    t["env_vars"] = value(Array::from_iter(CODEX_SERVER_ENV));
     t["tool_timeout_sec"] = value(CODEX_TOOL_TIMEOUT_SECS);
     servers.insert(SERVER, Item::Table(t));
     Ok(true)
+}
+
+/// The variables Codex passes to the MCP server from its own environment (`env_vars`):
+/// Codex starts MCP servers with a filtered environment, and without `COHERENT_SESSION`
+/// the server would answer as the user's anonymous `uid:N` session, not the agent's.
+const CODEX_SERVER_ENV: [&str; 1] = ["COHERENT_SESSION"];
+
+/// Does this `[mcp_servers.coherent]` pass every variable of [`CODEX_SERVER_ENV`]?
+fn passes_session(item: &toml_edit::Item) -> bool {
+    let vars: Vec<&str> = item
+        .get("env_vars")
+        .and_then(|a| a.as_array())
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    CODEX_SERVER_ENV.iter().all(|v| vars.contains(v))
 }
 
 fn is_our_codex_server(item: &toml_edit::Item) -> bool {
@@ -492,11 +572,7 @@ fn remove_codex_server(doc: &mut toml_edit::DocumentMut) -> bool {
 
 /// Is `cmd` ours: `.../coherent hook codex`?
 fn is_our_codex_hook(cmd: &str) -> bool {
-    let Some(prog) = cmd.strip_suffix(" hook codex") else {
-        return false;
-    };
-    let prog = prog.trim().trim_matches('\'');
-    Path::new(prog).file_name().is_some_and(|n| n == "coherent")
+    hook_program(cmd, "codex").is_some()
 }
 
 /// A `[[hooks.EVENT]]` group's handlers, when it has them in the table form.
@@ -555,7 +631,14 @@ fn add_codex_hooks(
         let mut handler = Table::new();
         handler["type"] = value("command");
         handler["command"] = value(command);
-        handler["timeout"] = value(CODEX_HOOK_TIMEOUT_SECS);
+        // Codex gives SessionEnd at most 3 s (and warns at each start about a longer
+        // one); the hook there only keeps waits, well within it
+        let timeout = if event == "SessionEnd" {
+            CODEX_SESSION_END_TIMEOUT_SECS
+        } else {
+            CODEX_HOOK_TIMEOUT_SECS
+        };
+        handler["timeout"] = value(timeout);
         let mut handlers = ArrayOfTables::new();
         handlers.push(handler);
         let mut group = Table::new();
@@ -703,13 +786,48 @@ fn quoted(s: &str) -> String {
     coherent::control::shell_word(s)
 }
 
+/// The program of a hook command line `PROG hook AGENT` as install writes it: PROG one
+/// shell word (plain, or single-quoted as [`quoted`] writes it) naming a `coherent`, and
+/// nothing else on the line. Anything more (`touch x; coherent hook claude-code`) is not
+/// ours, whatever its last word: the line is run by a shell.
+fn hook_program(cmd: &str, agent: &str) -> Option<String> {
+    let word = cmd.strip_suffix(&format!(" hook {agent}"))?;
+    let prog = one_shell_word(word)?;
+    Path::new(&prog)
+        .file_name()
+        .is_some_and(|n| n == "coherent")
+        .then_some(prog)
+}
+
+/// The value of `w` when it is exactly one shell word with no expansion in it: plain
+/// characters only, or one single-quoted string (with `'\''` for a quote inside).
+fn one_shell_word(w: &str) -> Option<String> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./+:@,%=".contains(c);
+    if !w.is_empty() && w.chars().all(plain) {
+        return Some(w.to_string());
+    }
+    let mut out = String::new();
+    let mut rest = w;
+    loop {
+        let body = rest.strip_prefix('\'')?;
+        let end = body.find('\'')?;
+        out.push_str(&body[..end]);
+        rest = &body[end + 1..];
+        if rest.is_empty() {
+            return Some(out);
+        }
+        // `'\''`: a quote between two quoted parts
+        rest = rest.strip_prefix("\\'")?;
+        out.push('\'');
+        if rest.is_empty() {
+            return Some(out);
+        }
+    }
+}
+
 /// Is `cmd` (a shell command line) ours: `.../coherent hook claude-code`?
 fn is_our_hook(cmd: &str) -> bool {
-    let Some(prog) = cmd.strip_suffix(" hook claude-code") else {
-        return false;
-    };
-    let prog = prog.trim().trim_matches('\'');
-    Path::new(prog).file_name().is_some_and(|n| n == "coherent")
+    hook_program(cmd, "claude-code").is_some()
 }
 
 /// A hook group holding only our command (its matcher is ours to set).
@@ -736,6 +854,12 @@ pub(crate) mod probe {
     /// The Claude Code hook events an install registers.
     pub fn claude_hook_events() -> Vec<&'static str> {
         HOOKS.iter().map(|(e, _)| *e).collect()
+    }
+
+    /// The program a hook command line `PROG hook AGENT` names, when the line is exactly
+    /// that (see [`hook_program`]).
+    pub fn hook_program(cmd: &str, agent: &str) -> Option<String> {
+        super::hook_program(cmd, agent)
     }
 
     /// Is this hook command one `coherent install claude-code` wrote?
@@ -774,6 +898,11 @@ pub(crate) mod probe {
     /// Is this `[mcp_servers.coherent]` table the one `coherent install codex` wrote?
     pub fn is_codex_server(item: &toml_edit::Item) -> bool {
         is_our_codex_server(item)
+    }
+
+    /// Does this `[mcp_servers.coherent]` pass the agent's session to the server?
+    pub fn codex_server_passes_session(item: &toml_edit::Item) -> bool {
+        passes_session(item)
     }
 
     /// Codex's config.toml, where `coherent install codex` writes.
@@ -1039,6 +1168,15 @@ mod tests {
         assert!(is_our_hook("coherent hook claude-code"));
         assert!(!is_our_hook("other hook claude-code"));
         assert!(!is_our_hook("coherent hook claude-code --x"));
+        // a shell line that also runs something else is not ours, whatever its last word
+        assert!(!is_our_hook("touch /tmp/x; /any/coherent hook claude-code"));
+        assert!(!is_our_hook("$(touch x)/coherent hook claude-code"));
+        assert!(!is_our_hook("'a'b/coherent hook claude-code"));
+        assert!(!is_our_hook("'/a'; x '/coherent' hook claude-code"));
+        assert_eq!(
+            hook_program(&format!("{} hook codex", quoted("/it's/coherent")), "codex"),
+            Some("/it's/coherent".into())
+        );
         assert!(is_our_server(
             &json!({"command": "/x/coherent", "args": ["mcp"]})
         ));

@@ -9,6 +9,7 @@
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
+mod codex_trust;
 mod doctor;
 mod follow;
 mod fsmonitor;
@@ -16,6 +17,7 @@ mod hook;
 mod install;
 mod mcp;
 mod relay;
+mod safegit;
 mod sandbox;
 mod shellwrites;
 mod top;
@@ -488,6 +490,7 @@ fn run(cli: Cli) -> Result<(), Fail> {
         } => wait(&path, until, timeout, json(out)),
         Cmd::Mcp => {
             no_json("mcp")?;
+            mcp::inherit_session();
             mcp::serve().map_err(|e| Fail {
                 code: EXIT_USAGE,
                 message: format!("coherent mcp: {e}"),
@@ -1260,7 +1263,8 @@ fn shorten(s: &str, max: usize) -> String {
 /// Restricts this process, before it execs the session's command, to writing under the
 /// mount of the volume around the current directory and the scratch places (see
 /// [`sandbox`]). Outside a volume nothing is restricted (said on stderr).
-fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<(), Fail> {
+/// The session's own TMPDIR, when the default temporary directory had to be left out.
+fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<Option<PathBuf>, Fail> {
     let root = match locate_cwd() {
         Ok(r) => r,
         Err(f) => {
@@ -1271,7 +1275,7 @@ fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<(), Fail> {
                     f.message
                 );
             }
-            return Ok(());
+            return Ok(None);
         }
     };
     let refuse = |message: String| Fail {
@@ -1279,7 +1283,35 @@ fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<(), Fail> {
         message: format!("coherent: run: {message}; or run with --no-landlock"),
     };
     let backing = sandbox::backing_of(&root).map_err(refuse)?;
-    let writable = sandbox::writable(extra);
+    let mut writable = sandbox::writable(extra);
+    // A default scratch place holding the backing directory (a checkout under /tmp) is
+    // left out, and the session gets a temporary directory of its own instead; a place
+    // the user named is refused below.
+    let named = std::env::var_os(sandbox::WRITABLE_ENV).is_some();
+    let mut tmpdir = None;
+    while let Some(w) = sandbox::conflict(&root, &backing, &writable) {
+        if named || extra.contains(&w) {
+            break;
+        }
+        writable.retain(|p| *p != w);
+        if tmpdir.is_none() && sandbox::is_temp_dir(&w) {
+            let private = sandbox::private_tmp(&root, &backing, &writable).map_err(refuse)?;
+            writable.push(private.clone());
+            tmpdir = Some(private);
+        }
+        if verbose {
+            eprintln!(
+                "coherent: run: {} holds the backing directory {}: left out of the writable \
+                 places{}",
+                w.display(),
+                backing.display(),
+                tmpdir
+                    .as_ref()
+                    .map(|t| format!("; temporary files go to TMPDIR={}", t.display()))
+                    .unwrap_or_default()
+            );
+        }
+    }
     if let Some(w) = sandbox::conflict(&root, &backing, &writable) {
         return Err(refuse(format!(
             "the writable place {} contains or lies inside the backing directory {} of the \
@@ -1333,7 +1365,7 @@ fn sandbox_run(extra: &[PathBuf], verbose: bool) -> Result<(), Fail> {
             backing.display()
         ),
     }
-    Ok(())
+    Ok(tmpdir)
 }
 
 fn run_in_session(
@@ -1359,9 +1391,10 @@ fn run_in_session(
         ),
         Err(_) => {}
     }
-    if let Some(extra) = sandbox {
-        sandbox_run(extra, verbose)?;
-    }
+    let tmpdir = match sandbox {
+        Some(extra) => sandbox_run(extra, verbose)?,
+        None => None,
+    };
     // no command: the user's shell, so an interactive shell is the session from its start
     // (an `export COHERENT_SESSION=...` inside a running shell cannot do that)
     let shell;
@@ -1373,10 +1406,12 @@ fn run_in_session(
     } else {
         cmd
     };
-    let err = std::process::Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .env("COHERENT_SESSION", name)
-        .exec();
+    let mut command = std::process::Command::new(&cmd[0]);
+    command.args(&cmd[1..]).env("COHERENT_SESSION", name);
+    if let Some(t) = &tmpdir {
+        command.env("TMPDIR", t);
+    }
+    let err = command.exec();
     // exec only returns on failure; shells use 127 for not found, 126 for not runnable
     let code = if err.kind() == io::ErrorKind::NotFound {
         127

@@ -71,6 +71,22 @@ pub(crate) fn recent_work(text: &str, me: &str) -> Work {
     w
 }
 
+/// How many files each list of a note names: past it, a count. A note travels with each
+/// file offered and into other sessions' context.
+const NOTE_CAP: usize = 20;
+
+/// `items` as note lines, at most [`NOTE_CAP`], then how many more.
+fn capped<T>(items: &[T], line: impl Fn(&T) -> String) -> Vec<String> {
+    let mut out: Vec<String> = items.iter().take(NOTE_CAP).map(line).collect();
+    if items.len() > NOTE_CAP {
+        out.push(format!(
+            "- and {} more (coherent status lists them)",
+            items.len() - NOTE_CAP
+        ));
+    }
+    out
+}
+
 /// The note's lines for `work`, `why` saying what is ending.
 fn note_lines(me: &str, why: &str, work: &Work) -> Vec<String> {
     let mut out = vec![format!(
@@ -80,24 +96,22 @@ fn note_lines(me: &str, why: &str, work: &Work) -> Vec<String> {
     )];
     if !work.changed.is_empty() {
         out.push("Changed:".into());
-        for (p, n) in &work.changed {
-            out.push(format!("- {} ({n} commits)", display_name(p)));
-        }
+        out.extend(capped(&work.changed, |(p, n)| {
+            format!("- {} ({n} commits)", display_name(p))
+        }));
     }
     if !work.gave.is_empty() {
         out.push("Handed on earlier (open or done, see coherent status PATH):".into());
-        for (p, to) in &work.gave {
-            out.push(format!("- {} to {}", display_name(p), display_name(to)));
-        }
+        out.extend(capped(&work.gave, |(p, to)| {
+            format!("- {} to {}", display_name(p), display_name(to))
+        }));
     }
     if !work.took.is_empty() {
         out.push("Handed to it:".into());
-        for (p, from) in &work.took {
-            match from {
-                Some(g) => out.push(format!("- {} from {}", display_name(p), display_name(g))),
-                None => out.push(format!("- {}", display_name(p))),
-            }
-        }
+        out.extend(capped(&work.took, |(p, from)| match from {
+            Some(g) => format!("- {} from {}", display_name(p), display_name(g)),
+            None => format!("- {}", display_name(p)),
+        }));
     }
     out
 }
@@ -106,7 +120,10 @@ fn note_lines(me: &str, why: &str, work: &Work) -> Vec<String> {
 /// there is nothing to hand on.
 pub(crate) fn offer(root: &Path, me: &str, why: &str) -> Option<String> {
     let log = std::fs::read_to_string(root.join(".coherent/events")).ok()?;
-    let work = recent_work(&log, me);
+    let mut work = recent_work(&log, me);
+    // only files that exist: an editor's temporary file (`notes.md.tmp.PID.HEX`, renamed
+    // over the file) was committed under its own name, and is gone
+    work.changed.retain(|(p, _)| root.join(p).is_file());
     let handed = crate::hook::own_live_paths(root, me);
     let files: Vec<String> = work
         .changed
@@ -240,8 +257,59 @@ pub(crate) fn looks_like_credential(line: &str) -> bool {
     if line.contains("-----BEGIN") && line.contains("PRIVATE KEY") {
         return true;
     }
+    let lower = line.to_ascii_lowercase();
+    // a password given as a value: `password=...`, `passwd: ...`
+    for key in ["password", "passwd", "pwd"] {
+        for (i, _) in lower.match_indices(key) {
+            let rest = lower[i + key.len()..].trim_start_matches(['"', '\'']);
+            let rest = rest.trim_start();
+            if let Some(v) = rest.strip_prefix(['=', ':']) {
+                if !v.trim().trim_matches(['"', '\'']).is_empty() {
+                    return true;
+                }
+            }
+        }
+    }
+    // a JSON web token, however short: three base64url parts, the first `eyJ` (`{"`)
+    if line
+        .split(|c: char| !(c.is_ascii_alphanumeric() || "-_.".contains(c)))
+        .any(is_jwt)
+    {
+        return true;
+    }
+    let keyed = [
+        "token",
+        "key",
+        "secret",
+        "auth",
+        "bearer",
+        "credential",
+        "api",
+    ]
+    .iter()
+    .any(|k| lower.contains(k));
     line.split(|c: char| !(c.is_ascii_alphanumeric() || "+/_-".contains(c)))
-        .any(token_is_secret)
+        .any(|t| token_is_secret(t) || (keyed && is_hex40(t)))
+}
+
+/// `header.payload.signature`, base64url, the header a JSON object (`eyJ`).
+fn is_jwt(t: &str) -> bool {
+    let parts: Vec<&str> = t.split('.').collect();
+    parts.len() == 3
+        && parts[0].starts_with("eyJ")
+        && parts[0].len() >= 10
+        && parts[1].len() >= 4
+        && parts[2].len() >= 4
+        && parts.iter().all(|p| {
+            p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+        })
+}
+
+/// A 40-hex-digit token (a classic forge or CI token, a SHA-1 too): a secret on a line
+/// that calls it a token, key, secret or the like. A commit id on its own passes.
+fn is_hex40(t: &str) -> bool {
+    t.len() == 40 && t.chars().all(|c| c.is_ascii_hexdigit())
 }
 
 fn token_is_secret(t: &str) -> bool {
@@ -255,7 +323,12 @@ fn token_is_secret(t: &str) -> bool {
     {
         return true;
     }
-    const PREFIXED: [(&str, usize); 9] = [
+    const PREFIXED: [(&str, usize); 14] = [
+        ("glpat-", 20),
+        ("xoxa-", 10),
+        ("xoxr-", 10),
+        ("xoxs-", 10),
+        ("xapp-", 10),
         ("ghp_", 20),
         ("gho_", 20),
         ("ghu_", 20),
@@ -320,6 +393,13 @@ mod tests {
             "OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwx",
             "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
             "xoxb-123456789012-abcdefghij",
+            // issue 38: these passed
+            "db password=hunter2",
+            "PASSWORD: \"correct horse\"",
+            "CI_TOKEN=glpat-AbCdEfGhIjKlMnOpQrSt",
+            "GITHUB_TOKEN=0123456789abcdef0123456789abcdef01234567",
+            "auth eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln",
+            "slack xoxa-2-1234567890-abcdef",
         ] {
             assert!(looks_like_credential(s), "{s}");
         }
@@ -334,9 +414,26 @@ mod tests {
             "commit 0123456789abcdef0123456789abcdef01234567",
             "ask-for-review and task-list",
             "AKIA is the prefix of an access key id",
+            "- password-reset.md (2 commits)",
+            "the password field is documented in auth.md",
+            "- src/jwt.rs to eyJ-reviewer",
         ] {
             assert!(!looks_like_credential(s), "{s}");
         }
+    }
+
+    #[test]
+    fn a_long_list_in_a_note_is_capped_with_a_count() {
+        let work = Work {
+            changed: (0..150).map(|i| (format!("f{i}.md"), 1)).collect(),
+            ..Work::default()
+        };
+        let lines = note_lines("s1", "it ended", &work);
+        assert_eq!(lines.len(), 1 + 1 + NOTE_CAP + 1, "{lines:?}");
+        assert_eq!(
+            lines.last().unwrap(),
+            "- and 130 more (coherent status lists them)"
+        );
     }
 
     #[test]

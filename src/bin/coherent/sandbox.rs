@@ -32,7 +32,7 @@ fn write_access() -> landlock::BitFlags<AccessFs> {
 const ALWAYS: &[&str] = &["/dev"];
 
 /// The scratch places writable by default: temporary directories, the user's config,
-/// cache and data directories and Claude Code's files. Missing ones are left out. Not
+/// cache and data directories, Claude Code's and Codex's files. Missing ones are left out. Not
 /// `~/.local/state`: a volume's state directory lives there.
 pub fn default_writable() -> Vec<PathBuf> {
     let home = std::env::var_os("HOME")
@@ -56,7 +56,14 @@ pub fn default_writable() -> Vec<PathBuf> {
     if let Some(h) = &home {
         out.push(h.join(".claude"));
         out.push(h.join(".claude.json"));
+        // Codex keeps its sessions, logs and config there
+        out.push(h.join(".codex"));
     }
+    out.extend(
+        std::env::var_os("CODEX_HOME")
+            .filter(|c| !c.is_empty())
+            .map(PathBuf::from),
+    );
     out
 }
 
@@ -73,6 +80,41 @@ pub fn writable(extra: &[PathBuf]) -> Vec<PathBuf> {
     });
     out.extend(extra.iter().cloned());
     out
+}
+
+/// Is `p` a temporary directory of the defaults (`/tmp`, `/var/tmp`, `$TMPDIR`)?
+pub fn is_temp_dir(p: &Path) -> bool {
+    p == Path::new("/tmp")
+        || p == Path::new("/var/tmp")
+        || std::env::var_os("TMPDIR").is_some_and(|t| Path::new(&t) == p)
+}
+
+/// A temporary directory for the session alone when the usual one holds the backing
+/// directory (a checkout under /tmp): `coherent-run-XXXXXX`, mode 0700, in the first of
+/// `/tmp`, `/var/tmp`, `/dev/shm` where it neither holds nor lies in the backing directory.
+/// Left behind at the end, like any temporary directory, for the system to clear.
+pub fn private_tmp(root: &Path, backing: &Path, writable: &[PathBuf]) -> Result<PathBuf, String> {
+    let mut last = String::new();
+    for parent in ["/tmp", "/var/tmp", "/dev/shm"] {
+        let template = Path::new(parent).join("coherent-run-XXXXXX");
+        let dir = match nix::unistd::mkdtemp(&template) {
+            Ok(d) => d,
+            Err(e) => {
+                last = format!("{parent}: {e}");
+                continue;
+            }
+        };
+        let mut with = writable.to_vec();
+        with.push(dir.clone());
+        if conflict(root, backing, &with).is_none() {
+            return Ok(dir);
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
+    Err(format!(
+        "no temporary directory apart from the backing directory {} ({last})",
+        backing.display()
+    ))
 }
 
 /// The backing directory of the coherent volume mounted at `root`, from
