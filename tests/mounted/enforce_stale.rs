@@ -1,6 +1,9 @@
-//! The stale-write guard on a real mount (docs/design.md#holds): `--stale strict` refuses a write
-//! from an outdated view until the session reads again, `warn` (the default) logs
-//! `stale_write` and allows, `off` does neither. A blind write is never stale.
+//! The stale-write guard on a real mount (docs/design.md#holds, docs/versions-and-holds.md#stale):
+//! `guard` (the default) refuses a stale write that can overwrite and lets a stale append
+//! through with `stale_write`; `strict` refuses every stale write until the session reads
+//! again; `warn` logs `stale_write` and allows; `off` does neither. A blind write is never
+//! stale. A late giver (its successor wrote since its view) is refused under every mode but
+//! `off`.
 
 use crate::coherent;
 use crate::common;
@@ -57,7 +60,7 @@ fn strict_refuses_a_stale_write_until_the_session_reads_again() {
 
 #[test]
 fn warn_logs_a_stale_write_and_allows_it() {
-    let m = outdated(None);
+    let m = outdated(Some("warn"));
     sh_ok(&m, Some("alice"), "echo alice >> f");
     assert_eq!(version(&m, "f"), Some(3));
     let ev = await_events(&m, "stale_write", "f", Some("alice"), 1);
@@ -76,18 +79,145 @@ fn warn_logs_a_stale_write_and_allows_it() {
 }
 
 #[test]
-fn warn_is_the_explicit_default_and_off_says_nothing() {
-    let m = outdated(Some("warn"));
-    sh_ok(&m, Some("alice"), "echo alice >> f");
-    assert_eq!(
-        await_events(&m, "stale_write", "f", Some("alice"), 1).len(),
-        1
-    );
-
+fn off_says_nothing() {
     let m = outdated(Some("off"));
     sh_ok(&m, Some("alice"), "echo alice >> f");
     assert_eq!(version(&m, "f"), Some(3));
     assert_eq!(await_committed_version(&m, "f", 3), Some(3));
     assert!(events_of(&m, "stale_write", "f", None).is_empty());
     assert!(events_of(&m, "denied", "f", None).is_empty());
+}
+
+/// The default (`guard`, also spelled out): a stale write that can overwrite is refused
+/// `stale_view` whatever tool makes it (a truncating redirection, python's
+/// write-temp-and-rename, `truncate`, an `r+` open), the file keeps bob's line; a stale `>>`
+/// goes on with `stale_write`; a blind writer is never stale; reading again clears it.
+#[test]
+fn guard_is_the_default_it_refuses_stale_overwrites_and_lets_appends_through() {
+    for stale in [None, Some("guard")] {
+        let m = outdated(stale);
+        let save = "python3 -c \"import os; open('f.tmp','w').write('alice\\n'); \
+                    os.replace('f.tmp','f')\"";
+        for cmd in [
+            "echo alice > f",
+            save,
+            "truncate -s 0 f",
+            "python3 -c \"open('f','r+').write('alice')\"",
+        ] {
+            sh_refused(&m, "alice", cmd, "f", "stale_view");
+            assert_eq!(
+                std::fs::read_to_string(m.path("f")).unwrap(),
+                "v1\nbob\n",
+                "{stale:?} `{cmd}`"
+            );
+        }
+        let _ = std::fs::remove_file(m.path("f.tmp"));
+        let w = why(&m, Some("alice"));
+        assert!(
+            w.contains("f is at v2")
+                && w.contains("last saw v1")
+                && w.contains("(bob) changed it since")
+                && w.contains("Read f again"),
+            "{w:?}"
+        );
+        let d = await_events(&m, "denied", "f", Some("alice"), 1);
+        assert_eq!(
+            (&d[0]["view"], &d[0]["version"], &d[0]["counterparty"]),
+            (&1.into(), &2.into(), &"bob".into()),
+            "{d:?}"
+        );
+        // a stale append adds to bob's line: allowed, counted
+        sh_ok(&m, Some("alice"), "echo alice >> f");
+        assert_eq!(
+            std::fs::read_to_string(m.path("f")).unwrap(),
+            "v1\nbob\nalice\n"
+        );
+        let ev = await_events(&m, "stale_write", "f", Some("alice"), 1);
+        assert_eq!((&ev[0]["view"], &ev[0]["version"]), (&1.into(), &2.into()));
+        // carol never read f: her overwrite is blind, never stale
+        sh_ok(&m, Some("carol"), "echo carol > f");
+        // alice reads again: her overwrite goes on
+        sh_ok(&m, Some("alice"), "cat f >/dev/null && echo alice2 > f");
+        assert_eq!(std::fs::read_to_string(m.path("f")).unwrap(), "alice2\n");
+    }
+}
+
+/// The mission's own case (issue 42): alice hands plan.md to bob; her write is fenced;
+/// bob reads and writes (the record completes and ends, the fence lifts); alice then
+/// writes from her old view. Refused `stale_view` under every `--stale` but `off`, appends
+/// included; the deny text names bob, the version and what to do; bob's line stays.
+#[test]
+fn a_late_giver_is_refused_after_the_successor_wrote() {
+    for stale in [None, Some("warn"), Some("strict")] {
+        let mut b = Mount::builder();
+        if let Some(s) = stale {
+            b = b.args(["--stale", s]);
+        }
+        let m = mount_with(b);
+        std::fs::write(m.backing_path("plan.md"), "v1\n").unwrap();
+        touch_session(&m, "bob");
+        sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
+        transfer(&m, "alice", "bob", &["plan.md"]);
+        sh_refused(&m, "alice", "echo early >> plan.md", "plan.md", "fenced");
+        sh_ok(
+            &m,
+            Some("bob"),
+            "cat plan.md >/dev/null && echo bob >> plan.md",
+        );
+        assert_eq!(await_committed_version(&m, "plan.md", 2), Some(2));
+        let r = record(&m, "plan.md").expect("the record");
+        assert_eq!(
+            (&r["status"], &r["live"]),
+            (&"completed".into(), &false.into())
+        );
+        for cmd in ["echo late >> plan.md", "echo late > plan.md"] {
+            sh_refused(&m, "alice", cmd, "plan.md", "stale_view");
+            assert_eq!(
+                std::fs::read_to_string(m.path("plan.md")).unwrap(),
+                "v1\nbob\n",
+                "{stale:?} `{cmd}`"
+            );
+        }
+        let d = await_events(&m, "denied", "plan.md", Some("alice"), 3);
+        assert_eq!(
+            (&d[2]["successor"], &d[2]["version"], &d[2]["view"]),
+            (&"bob".into(), &2.into(), &1.into()),
+            "{d:?}"
+        );
+        let w = why(&m, Some("alice"));
+        let short = short_of("bob");
+        assert!(
+            w.contains(&format!("you handed plan.md to agent {short} (bob) at v1"))
+                && w.contains("bob has changed it since (it is at v2 now)")
+                && w.contains("Read plan.md again"),
+            "{w:?}"
+        );
+        // alice reads bob's version: from then on she writes as anyone does
+        sh_ok(
+            &m,
+            Some("alice"),
+            "cat plan.md >/dev/null && echo alice >> plan.md",
+        );
+        assert_eq!(
+            std::fs::read_to_string(m.path("plan.md")).unwrap(),
+            "v1\nbob\nalice\n"
+        );
+    }
+}
+
+/// `--stale off` checks nothing, a late giver included (the one setting that admits it).
+#[test]
+fn off_lets_a_late_giver_write() {
+    let m = mount_with(Mount::builder().args(["--stale", "off"]));
+    std::fs::write(m.backing_path("plan.md"), "v1\n").unwrap();
+    touch_session(&m, "bob");
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
+    transfer(&m, "alice", "bob", &["plan.md"]);
+    sh_ok(&m, Some("bob"), "echo bob >> plan.md");
+    assert_eq!(await_committed_version(&m, "plan.md", 2), Some(2));
+    sh_ok(&m, Some("alice"), "echo late >> plan.md");
+    assert_eq!(await_committed_version(&m, "plan.md", 3), Some(3));
+    assert!(events_of(&m, "denied", "plan.md", Some("alice"))
+        .iter()
+        .all(|e| e["reason"] != "stale_view"));
 }

@@ -556,7 +556,8 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
     );
 }
 
-/// `--stale warn` (the default): a write from an outdated view goes on, and the writer
+/// A stale append (allowed under the default `--stale guard`, as under `warn`): the write
+/// goes on, and the writer
 /// reads at `.coherent/why` exactly what happened, through the filesystem.
 #[test]
 fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
