@@ -221,3 +221,114 @@ fn off_lets_a_late_giver_write() {
         .iter()
         .all(|e| e["reason"] != "stale_view"));
 }
+
+/// False refusals of the default `guard` on real tools (issue 42): two sessions take turns
+/// on the same files, each working normally (its tool reads the file, or the agent reads it,
+/// before writing), right after the other one changed it. Every step must go on: an editor's
+/// save (vim), python's write-temp-and-rename, `sed -i`, `perl -pi`, `ed`, a `>` after a
+/// read, `>>` from an old view, `cp` after a read, `rustfmt`, `cargo fmt`, `cargo build`,
+/// and git's `checkout`/`rebase` over files the other session committed. No `denied` event.
+#[test]
+fn real_tools_working_normally_are_never_refused() {
+    let m = mount_with(Mount::builder());
+    let setup = "git init -q -b main && git config user.email a@example.com && \
+                 git config user.name a && mkdir src && \
+                 printf '[package]\\nname = \"tiny\"\\nversion = \"0.1.0\"\\nedition = \"2021\"\\n' \
+                 > Cargo.toml && printf '/target\\n' > .gitignore && \
+                 printf 'pub fn  f()->u32{1}\\n' > src/lib.rs && printf 'old line\\n' > notes.md && \
+                 printf 'other\\n' > other.md && git add -A && git commit -qm init";
+    sh_ok(&m, Some("alice"), setup);
+    // (the session that changes the file first, then the one that works on it)
+    let steps: &[(&str, &str)] = &[
+        ("bob", "echo bob1 >> notes.md"),
+        (
+            "alice",
+            "vim -u NONE -i NONE -es -c '%s/old/new/' -c wq notes.md",
+        ),
+        ("bob", "echo bob2 >> notes.md"),
+        (
+            "alice",
+            "python3 -c \"import os; t=open('notes.md').read(); \
+             open('.notes.tmp','w').write(t+'py\\n'); os.replace('.notes.tmp','notes.md')\"",
+        ),
+        ("bob", "echo bob3 >> notes.md"),
+        ("alice", "sed -i 's/bob3/sed/' notes.md"),
+        ("bob", "echo bob4 >> notes.md"),
+        ("alice", "perl -pi -e 's/bob4/perl/' notes.md"),
+        ("bob", "echo bob5 >> notes.md"),
+        ("alice", "printf ',s/bob5/ed/\\nw\\nq\\n' | ed -s notes.md"),
+        ("bob", "echo bob6 >> notes.md"),
+        (
+            "alice",
+            "t=$(cat notes.md) && printf '%s\\nredir\\n' \"$t\" > notes.md",
+        ),
+        ("bob", "echo bob7 >> notes.md"),
+        ("alice", "echo append-from-an-old-view >> notes.md"),
+        ("bob", "echo bob8 >> other.md"),
+        ("alice", "cat other.md >/dev/null && cp notes.md other.md"),
+        ("bob", "echo 'pub fn g() -> u32 { 2 }' >> src/lib.rs"),
+        ("alice", "rustfmt --edition 2021 src/lib.rs"),
+        ("bob", "echo 'pub fn  h()->u32{3}' >> src/lib.rs"),
+        ("alice", "cargo fmt"),
+        ("bob", "echo 'pub fn i() -> u32 { 4 }' >> src/lib.rs"),
+        ("alice", "cargo build -q --offline"),
+        (
+            "bob",
+            "echo 'pub fn j() -> u32 { 5 }' >> src/lib.rs && cargo build -q --offline",
+        ),
+        (
+            "alice",
+            "git add -A && git commit -qm alice && git checkout -q -b side",
+        ),
+        (
+            "alice",
+            "echo side >> notes.md && git commit -qam side && git checkout -q main",
+        ),
+        (
+            "bob",
+            "echo 'pub fn k() -> u32 { 6 }' >> src/lib.rs && git commit -qam bob",
+        ),
+        (
+            "alice",
+            "git checkout -q side && git rebase -q main && git checkout -q main",
+        ),
+        (
+            "bob",
+            "git merge -q --ff-only side && echo bob9 >> notes.md",
+        ),
+        (
+            "alice",
+            "git stash -q && git stash pop -q; cat notes.md >/dev/null",
+        ),
+    ];
+    let mut refused = Vec::new();
+    for (who, cmd) in steps {
+        let r = sh(&m, Some(who), cmd);
+        if !r.ok() {
+            refused.push(format!("{who} `{cmd}`: {}", r.show()));
+        }
+    }
+    let denied = events(&m)
+        .into_iter()
+        .filter(|e| e["event"] == "denied")
+        .collect::<Vec<_>>();
+    assert!(
+        refused.is_empty() && denied.is_empty(),
+        "false refusals:\n{}\ndenied: {denied:?}",
+        refused.join("\n")
+    );
+    // the tools' work is there: bob's lines and alice's edits both
+    let notes = std::fs::read_to_string(m.path("notes.md")).unwrap();
+    for want in [
+        "new line",
+        "bob1",
+        "py",
+        "sed",
+        "perl",
+        "ed",
+        "redir",
+        "append-from",
+    ] {
+        assert!(notes.contains(want), "{want} missing from {notes:?}");
+    }
+}
