@@ -201,6 +201,8 @@ class Agent:
     def take_handoffs(self):
         d = os.path.join(self.notes, str(self.me))
         for n in sorted(os.listdir(d)):
+            if n.startswith("."):
+                continue  # a note still being written
             with open(os.path.join(d, n)) as fh:
                 note = json.load(fh)
             os.unlink(os.path.join(d, n))

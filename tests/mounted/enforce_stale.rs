@@ -332,3 +332,55 @@ fn real_tools_working_normally_are_never_refused() {
         assert!(notes.contains(want), "{want} missing from {notes:?}");
     }
 }
+
+/// A quick seed of the lost-work benchmark (scripts/bench-lostwork.py, docs/lost-work.md)
+/// on a real mount of this build: three agents, each its own session, on shared files, with
+/// read-modify-writes, appends, `sed -i`, blind creates and handoffs with late writes, the
+/// agents doing what the deny text says. No token may be lost to a late write or a stale
+/// overwrite, and no append or blind create may be refused `stale_view`.
+#[test]
+fn the_lost_work_bench_loses_nothing_to_late_or_stale_writes() {
+    let bin = std::path::Path::new(crate::common::BIN).parent().unwrap();
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/bench-lostwork.py");
+    let r = std::process::Command::new("python3")
+        .args([
+            script,
+            "--agents",
+            "3",
+            "--seeds",
+            "2",
+            "--rounds",
+            "8",
+            "--no-plain",
+        ])
+        .arg("--bin")
+        .arg(format!("this={}", bin.display()))
+        .arg("--json")
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let runs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path()).unwrap()).unwrap();
+    for run in runs.as_array().unwrap() {
+        let lost = &run["lost_by_cause"];
+        assert_eq!(
+            (
+                &lost["late_write"],
+                &lost["stale_overwrite"],
+                &run["false_refusals"]
+            ),
+            (
+                &serde_json::Value::Null,
+                &serde_json::Value::Null,
+                &0.into()
+            ),
+            "{run}"
+        );
+        assert!(run["writes_ok"].as_u64().unwrap() > 10, "{run}");
+        let handoffs =
+            run["transfers_ok"].as_u64().unwrap() + run["transfers_refused"].as_u64().unwrap();
+        assert!(handoffs > 0, "the schedule has handoffs: {run}");
+    }
+}
