@@ -27,6 +27,8 @@ attributed to the write that erased it:
                    was committed (what the stale guard refuses);
   race_in_handle   an overwrite whose handle was already open (or whose tool had already
                    read) when the token was committed: a race inside one handle's life;
+  read_missed      an overwrite whose read came after the token's write had returned and
+                   still did not hold the token (a read that missed a committed write);
   unexplained      none of these.
 
 Output: a table on stdout and, with --json FILE, every run's numbers.
@@ -35,6 +37,7 @@ Output: a table on stdout and, with --json FILE, every run's numbers.
       --bin before=/tmp/base-bin --bin after=target/release --json /tmp/lostwork.json
 """
 import argparse
+import errno
 import json
 import os
 import random
@@ -96,6 +99,7 @@ class Agent:
         self.mounted, self.notes = cfg["mounted"], cfg["notes"]
         self.log = []  # one entry per token write
         self.events = []  # transfers, waits, withdrawals
+        self.read_errors = []
 
     def now(self):
         return time.monotonic()
@@ -121,6 +125,17 @@ class Agent:
     def read(self, f):
         with open(self.path(f)) as fh:
             return fh.read()
+
+    def read_again(self, f):
+        """A read that failed is tried again (an agent never writes from a read that
+        failed as if the file were empty); every failure is counted by errno."""
+        for _ in range(5):
+            try:
+                return self.read(f)
+            except OSError as err:
+                self.read_errors.append(errno.errorcode.get(err.errno, str(err.errno)))
+                time.sleep(0.01)
+        return None
 
     def coherent(self, *args, timeout=30):
         p = subprocess.run([self.cli, "--json", *args], cwd=self.root, timeout=timeout,
@@ -154,10 +169,10 @@ class Agent:
             e["tries"] += 1
             if base is None:
                 e["read_at"] = self.now()
-                try:
-                    base = self.read(f)
-                except OSError:
-                    base = ""
+                base = self.read_again(f)
+                if base is None:
+                    e["error"] = "read failed"
+                    break
                 time.sleep(delay)
             e["write_at"] = self.now()
             try:
@@ -192,10 +207,7 @@ class Agent:
             if why == "fenced":
                 self.fenced(f)
             elif why == "stale_view":
-                try:
-                    self.read(f)  # read it again: the next try is from the current view
-                except OSError:
-                    pass
+                self.read_again(f)  # read it again: the next try is from the current view
         self.log.append(e)
 
     def take_handoffs(self):
@@ -211,9 +223,8 @@ class Agent:
 
     def handoff(self, op):
         f = op["file"]
-        try:
-            view = self.read(f)
-        except OSError:
+        view = self.read_again(f)
+        if view is None:
             return
         ok = True
         if self.mounted:
@@ -262,14 +273,14 @@ def worker(cfg_path, out_path):
     a = Agent(cfg)
     a.run(cfg["ops"])
     with open(out_path, "w") as fh:
-        json.dump({"log": a.log, "events": a.events}, fh)
+        json.dump({"log": a.log, "events": a.events, "read_errors": a.read_errors}, fh)
 
 
 # ---------------------------------------------------------------- one run
 
 
-def mount(bindir, back, mnt, state, stale):
-    args = [os.path.join(bindir, "coherent-mount"), back, mnt, "--state-dir", state]
+def mount(bindir, back, mnt, state, stale, extra):
+    args = [os.path.join(bindir, "coherent-mount"), back, mnt, "--state-dir", state] + extra
     if stale:
         args += ["--stale", stale]
     p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -283,7 +294,7 @@ def mount(bindir, back, mnt, state, stale):
     raise SystemExit(f"mount failed: see {state}/../mount.log")
 
 
-def run_one(target, bindir, seed, agents, rounds, stale, keep):
+def run_one(target, bindir, seed, agents, rounds, stale, keep, extra):
     base = tempfile.mkdtemp(prefix="coh-lostwork-")
     back, mnt, state, notes = (os.path.join(base, x) for x in ("b", "m", "s", "notes"))
     for d in (back, mnt, state, notes):
@@ -298,7 +309,7 @@ def run_one(target, bindir, seed, agents, rounds, stale, keep):
     root = back
     cli = shutil.which("true")
     if bindir:
-        proc = mount(bindir, back, mnt, state, stale)
+        proc = mount(bindir, back, mnt, state, stale, extra)
         root, cli = mnt, os.path.join(bindir, "coherent")
     t0 = time.monotonic()
     workers = []
@@ -311,7 +322,7 @@ def run_one(target, bindir, seed, agents, rounds, stale, keep):
         env = dict(os.environ, COHERENT_SESSION=f"agent-{a}")
         workers.append((subprocess.Popen([sys.executable, os.path.abspath(__file__),
                                           "--worker", cp, op], env=env, cwd=root), op))
-    logs, events = [], []
+    logs, events, read_errors = [], [], []
     for w, op in workers:
         if w.wait() != 0:
             raise SystemExit(f"a worker failed ({target}, seed {seed})")
@@ -319,6 +330,7 @@ def run_one(target, bindir, seed, agents, rounds, stale, keep):
             out = json.load(fh)
         logs += out["log"]
         events += out["events"]
+        read_errors += out["read_errors"]
     wall = time.monotonic() - t0
     final = {}
     for e in logs:
@@ -338,6 +350,7 @@ def run_one(target, bindir, seed, agents, rounds, stale, keep):
         proc.terminate()
         proc.wait(timeout=30)
     res = score(logs, events, final, log_events)
+    res["read_errors"] = {k: read_errors.count(k) for k in sorted(set(read_errors))}
     res.update(target=target, seed=seed, agents=agents, rounds=rounds, wall_s=round(wall, 2))
     if not keep:
         shutil.rmtree(base, ignore_errors=True)
@@ -354,17 +367,25 @@ def score(logs, events, final, log_events):
     for t in lost:
         cause, by = "unexplained", None
         for w in sorted(overwrites, key=lambda w: w["end"]):
-            if w["file"] != t["file"] or w["end"] <= t["end"] or w is t:
+            if w["file"] != t["file"] or w is t:
                 continue
             if w["kind"] == "sed":
-                # sed read the file somewhere inside its run: its window held the token's
-                if w["read_at"] < t["end"]:
+                # sed reads the file and renames its new copy onto it somewhere inside its
+                # run: a token written in that window is lost (into the copy sed read too
+                # early, or into the inode sed's rename replaced while the token's handle
+                # was open on it)
+                if w["read_at"] < t["end"] and w["end"] > t["write_at"]:
                     cause, by = "race_in_handle", w
                     break
                 continue
-            if t["token"] in w["base"].split("\n"):
+            # an overwrite that ended before the token's write began cannot have erased it
+            if w["end"] <= t["write_at"] or t["token"] in w["base"].split("\n"):
                 continue
-            if w["write_at"] < t["end"]:
+            if w["read_at"] > t["end"]:
+                # the writer read after the token's write had returned, and its read did
+                # not hold the token: the read missed a committed write
+                cause = "read_missed"
+            elif w["write_at"] < t["end"]:
                 cause = "race_in_handle"
             else:
                 cause = "late_write" if w["kind"] == "late" else "stale_overwrite"
@@ -422,7 +443,7 @@ def table(results):
     rows = {}
     for r in results:
         rows.setdefault((r["target"], r["agents"]), []).append(r)
-    causes = ["late_write", "stale_overwrite", "race_in_handle", "unexplained"]
+    causes = ["late_write", "stale_overwrite", "race_in_handle", "read_missed", "unexplained"]
     head = (["target", "agents", "runs", "writes ok", "lost", "lost %"] + causes +
             ["stale_view", "fenced", "retries", "gave up", "false ref", "wall s"])
     out = [head]
@@ -457,6 +478,8 @@ def main():
                     help="LABEL=DIR with coherent-mount and coherent (repeatable)")
     ap.add_argument("--stale", help="--stale of every mount (default: the binary's default)")
     ap.add_argument("--no-plain", action="store_true", help="skip the plain directory")
+    ap.add_argument("--mount-arg", action="append", default=[],
+                    help="one more argument for every coherent-mount (repeatable)")
     ap.add_argument("--json", help="write every run's numbers here")
     ap.add_argument("--keep", action="store_true", help="keep each run's directories")
     a = ap.parse_args()
@@ -470,7 +493,7 @@ def main():
     for agents in [int(x) for x in a.agents.split(",")]:
         for seed in range(a.first_seed, a.first_seed + a.seeds):
             for label, d in targets:
-                r = run_one(label, d, seed, agents, a.rounds, a.stale, a.keep)
+                r = run_one(label, d, seed, agents, a.rounds, a.stale, a.keep, a.mount_arg)
                 results.append(r)
                 print(f"{label:>8} agents={agents} seed={seed}: {r['lost']}/{r['writes_ok']} lost "
                       f"{r['lost_by_cause']} refusals {r['refusals']} {r['wall_s']}s",
