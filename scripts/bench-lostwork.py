@@ -27,8 +27,10 @@ attributed to the write that erased it:
                    was committed (what the stale guard refuses);
   race_in_handle   an overwrite whose handle was already open (or whose tool had already
                    read) when the token was committed: a race inside one handle's life;
-  read_missed      an overwrite whose read came after the token's write had returned and
-                   still did not hold the token (a read that missed a committed write);
+  torn_read        an overwrite whose read came after the token's write had returned and
+                   still did not hold the token: it read while another writer was rewriting
+                   the file in place (truncated, not yet written back), a race inside that
+                   writer's handle's life;
   unexplained      none of these.
 
 Output: a table on stdout and, with --json FILE, every run's numbers.
@@ -159,11 +161,11 @@ class Agent:
         rc, _ = self.coherent("withdraw", f)
         self.events.append({"event": "withdrew" if rc == 0 else "withdraw_refused", "file": f})
 
-    def write_whole(self, f, token, base_text=None, delay=0.0, kind="rmw"):
-        """Read-modify-write of a whole file (base_text: write from that view instead of
-        reading, the late giver's first try)."""
+    def write_whole(self, f, token, base_text=None, delay=0.0, kind="rmw", read_at=None):
+        """Read-modify-write of a whole file (base_text: write from that view, read at
+        read_at, instead of reading: the late giver's first try)."""
         e = {"token": token, "file": f, "kind": kind, "ok": False, "tries": 0, "refusals": [],
-             "agent": self.me}
+             "agent": self.me, "read_at": read_at}
         base = base_text
         while e["tries"] < MAX_TRIES:
             e["tries"] += 1
@@ -223,6 +225,7 @@ class Agent:
 
     def handoff(self, op):
         f = op["file"]
+        view_at = self.now()
         view = self.read_again(f)
         if view is None:
             return
@@ -242,7 +245,8 @@ class Agent:
         os.rename(tmp, os.path.join(d, op["token"]))
         if op.get("late"):
             time.sleep(op["late_delay"])
-            self.write_whole(f, op["late_token"], base_text=view, delay=op["delay"], kind="late")
+            self.write_whole(f, op["late_token"], base_text=view, delay=op["delay"], kind="late",
+                             read_at=view_at)
 
     def run(self, ops):
         for op in ops:
@@ -383,8 +387,8 @@ def score(logs, events, final, log_events):
                 continue
             if w["read_at"] > t["end"]:
                 # the writer read after the token's write had returned, and its read did
-                # not hold the token: the read missed a committed write
-                cause = "read_missed"
+                # not hold the token: it read while another writer had the file truncated
+                cause = "torn_read"
             elif w["write_at"] < t["end"]:
                 cause = "race_in_handle"
             else:
@@ -443,7 +447,7 @@ def table(results):
     rows = {}
     for r in results:
         rows.setdefault((r["target"], r["agents"]), []).append(r)
-    causes = ["late_write", "stale_overwrite", "race_in_handle", "read_missed", "unexplained"]
+    causes = ["late_write", "stale_overwrite", "race_in_handle", "torn_read", "unexplained"]
     head = (["target", "agents", "runs", "writes ok", "lost", "lost %"] + causes +
             ["stale_view", "fenced", "retries", "gave up", "false ref", "wall s"])
     out = [head]

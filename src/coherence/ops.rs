@@ -360,7 +360,7 @@ impl Engine {
         })
     }
 
-    /// The stale guard of one write of `s` to `path` (docs/versions-and-holds.md#stale): is
+    /// The stale guard of one write of `s` to `path` (docs/versions-and-holds.md#the-stale-write-guard): is
     /// its view older than the current version? Under `--stale` and `reach`, refused
     /// (`denied`, reason `stale_view`), or allowed and counted (`stale_write`, returns
     /// true), or allowed unseen. A session with no view (a blind write), or a path with no
@@ -439,7 +439,7 @@ impl Engine {
         })
     }
 
-    /// The late giver (docs/versions-and-holds.md#late-giver): a former giver writing from a
+    /// The late giver (docs/versions-and-holds.md#the-late-giver): a former giver writing from a
     /// view older than its successor's version is refused on every write route under every
     /// `--stale` but `off` (`denied`, reason `stale_view`, the record and the successor).
     pub(super) fn refuse_late(

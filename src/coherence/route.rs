@@ -91,7 +91,7 @@ impl<'a> At<'a> {
 }
 
 /// What a write can do to the bytes already at its path: the one fact of the request the
-/// stale guard needs (docs/versions-and-holds.md#stale). The mount derives it from the open
+/// stale guard needs (docs/versions-and-holds.md#the-stale-write-guard). The mount derives it from the open
 /// flags or the setattr; the core never sees either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reach {

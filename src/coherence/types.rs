@@ -21,7 +21,7 @@ pub enum Hold {
 pub use crate::error::Status;
 
 /// `--stale`: what a write from an outdated view meets (docs/design.md#holds,
-/// docs/versions-and-holds.md#stale). Every mode but `off` refuses a late giver.
+/// docs/versions-and-holds.md#the-stale-write-guard). Every mode but `off` refuses a late giver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StaleMode {
@@ -36,18 +36,6 @@ pub enum StaleMode {
     Guard,
     /// Every stale write is refused `stale_view`, appends too.
     Strict,
-}
-
-impl StaleMode {
-    /// The wire/flag name (`--stale NAME`, `stale=NAME`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StaleMode::Off => "off",
-            StaleMode::Warn => "warn",
-            StaleMode::Guard => "guard",
-            StaleMode::Strict => "strict",
-        }
-    }
 }
 
 /// Engine settings.

@@ -674,7 +674,7 @@ const STALE_ROWS: &[StaleRow] = &[
     },
 ];
 
-/// The stale guard of each `--stale` on each kind of write (docs/versions-and-holds.md#stale):
+/// The stale guard of each `--stale` on each kind of write (docs/versions-and-holds.md#the-stale-write-guard):
 /// refused (`EACCES`, one `denied` `stale_view` with the route, the view, the version and
 /// who wrote since; bob's bytes intact) or allowed with or without `stale_write`.
 #[test]
