@@ -44,8 +44,8 @@ impl Workspace {
                 Some(p),
                 format!(
                     "stale write: {p_q} is at v{v} but this session last saw v{seen} (another \
-                     session changed it since); the write goes on over that change. Read {p_q} \
-                     again to see it.",
+                     session changed it since); the write goes on (an append adds after that \
+                     change, any other write replaces it). Read {p_q} again to see it.",
                     p_q = crate::names::display_name(p)
                 ),
             ),
