@@ -225,7 +225,7 @@ fn off_lets_a_late_giver_write() {
 /// False refusals of the default `guard` on real tools (issue 42): two sessions take turns
 /// on the same files, each working normally (its tool reads the file, or the agent reads it,
 /// before writing), right after the other one changed it. Every step must go on: an editor's
-/// save (vim), python's write-temp-and-rename, `sed -i`, `perl -pi`, `ed`, a `>` after a
+/// save (vi: vim), python's write-temp-and-rename, `sed -i`, `perl -pi`, `ed`, a `>` after a
 /// read, `>>` from an old view, `cp` after a read, `rustfmt`, `cargo fmt`, `cargo build`,
 /// and git's `checkout`/`rebase` over files the other session committed. No `denied` event.
 #[test]
