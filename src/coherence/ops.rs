@@ -423,19 +423,20 @@ impl Engine {
 
     /// The record that makes `s` a late giver on `e`: `s` handed the path on, the
     /// successor's version now exists (the record `completed` and ended: its version
-    /// moved), and `s` has not seen it (its view, or the handed version when the view was
-    /// forgotten, is at most the handed version).
+    /// moved), and `s` has not seen it (its view is at most the handed version). A session
+    /// with no view here (views are memory only: after a restart, or on another host) writes
+    /// blind, which is never stale (docs/design.md#holds).
     fn late_record<'e>(&self, e: &'e Entry, s: &Session) -> Option<&'e Record> {
         if self.config.stale == StaleMode::Off || !s.is_attributed() {
             return None;
         }
-        let view = e.holder(&s.name).and_then(|h| h.view);
+        let view = e.holder(&s.name).and_then(|h| h.view)?;
         e.records.iter().find(|r| {
             r.giver.name == s.name
                 && r.status == Status::Completed
                 && !r.is_live(e.version)
                 && r.version_at_transfer < e.version
-                && view.unwrap_or(r.version_at_transfer) <= r.version_at_transfer
+                && view <= r.version_at_transfer
         })
     }
 
@@ -453,7 +454,8 @@ impl Engine {
         let Some(r) = self.late_record(e, s) else {
             return Ok(());
         };
-        let (id, vat, succ) = (r.id, r.version_at_transfer, r.successor.clone());
+        let (id, succ) = (r.id, r.successor.clone());
+        let vat = r.version_at_transfer;
         let version = e.version;
         let by = e.last_by.clone();
         let view = e.holder(&s.name).and_then(|h| h.view);

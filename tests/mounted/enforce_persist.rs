@@ -199,8 +199,8 @@ fn ended_records_and_the_log_survive_a_restart() {
         "{st}"
     );
     assert_eq!(version(&m, "plan.md"), Some(3));
-    // alice handed it on and has not read the successor's version: read first (a late
-    // giver's write is refused)
+    // alice handed it on; she reads the successor's version before she writes again (a
+    // late giver's write is refused while she has an older view)
     sh_ok(
         &m,
         Some("alice"),

@@ -267,8 +267,8 @@ impl Model {
     }
 
     /// §4: the late giver: `s` gave a record on `p` that completed and ended (its
-    /// successor's version exists) and has not seen that version (its view, or the handed
-    /// version when it has none, is at most the handed one). Every `--stale` but `off`.
+    /// successor's version exists) and has not seen that version (its view is at most the
+    /// handed one; with no view its write is blind). Every `--stale` but `off`.
     fn late(&self, s: usize, p: usize) -> bool {
         let v = self.paths[p].version;
         let view = self.paths[p].holders.get(&s).and_then(|h| h.view);
@@ -278,7 +278,7 @@ impl Model {
                     && r.giver == s
                     && r.status == MStatus::Completed
                     && r.version_at_transfer < v
-                    && view.unwrap_or(r.version_at_transfer) <= r.version_at_transfer
+                    && view.is_some_and(|w| w <= r.version_at_transfer)
             })
     }
 
