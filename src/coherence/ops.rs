@@ -360,8 +360,9 @@ impl Engine {
         })
     }
 
-    /// The stale guard of one write of `s` to `path` (docs/versions-and-holds.md#the-stale-write-guard): is
-    /// its view older than the current version? Under `--stale` and `reach`, refused
+    /// The stale guard of one write of `s` to `path`
+    /// (docs/versions-and-holds.md#the-stale-write-guard): is its view older than the
+    /// current version? Under `--stale` and `reach`, refused
     /// (`denied`, reason `stale_view`), or allowed and counted (`stale_write`, returns
     /// true), or allowed unseen. A session with no view (a blind write), or a path with no
     /// file, is never stale.

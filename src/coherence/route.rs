@@ -91,8 +91,8 @@ impl<'a> At<'a> {
 }
 
 /// What a write can do to the bytes already at its path: the one fact of the request the
-/// stale guard needs (docs/versions-and-holds.md#the-stale-write-guard). The mount derives it from the open
-/// flags or the setattr; the core never sees either.
+/// stale guard needs (docs/versions-and-holds.md#the-stale-write-guard). The mount
+/// derives it from the open flags or the setattr; the core never sees either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reach {
     /// It can replace or remove what is there: an open for write without `O_APPEND` (or

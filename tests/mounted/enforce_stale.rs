@@ -1,5 +1,5 @@
-//! The stale-write guard on a real mount (docs/design.md#holds, docs/versions-and-holds.md#the-stale-write-guard):
-//! `guard` (the default) refuses a stale write that can overwrite and lets a stale append
+//! The stale-write guard on a real mount (docs/design.md#holds,
+//! docs/versions-and-holds.md#the-stale-write-guard): `guard` (the default) refuses a stale write that can overwrite and lets a stale append
 //! through with `stale_write`; `strict` refuses every stale write until the session reads
 //! again; `warn` logs `stale_write` and allows; `off` does neither. A blind write is never
 //! stale. A late giver (its successor wrote since its view) is refused under every mode but

@@ -674,8 +674,8 @@ const STALE_ROWS: &[StaleRow] = &[
     },
 ];
 
-/// The stale guard of each `--stale` on each kind of write (docs/versions-and-holds.md#the-stale-write-guard):
-/// refused (`EACCES`, one `denied` `stale_view` with the route, the view, the version and
+/// The stale guard of each `--stale` on each kind of write
+/// (docs/versions-and-holds.md#the-stale-write-guard): refused (`EACCES`, one `denied` `stale_view` with the route, the view, the version and
 /// who wrote since; bob's bytes intact) or allowed with or without `stale_write`.
 #[test]
 fn each_stale_mode_decides_each_kind_of_write() {

@@ -21,7 +21,8 @@ use coherent::store::Store;
 use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
 use fuser::{Config, MountOption, SessionACL};
 
-/// What `--stale` does with a write from an outdated view (docs/versions-and-holds.md#the-stale-write-guard).
+/// What `--stale` does with a write from an outdated view
+/// (docs/versions-and-holds.md#the-stale-write-guard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StaleMode {
     /// Nothing checked, nothing logged (not even a late giver is refused).
