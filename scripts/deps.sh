@@ -8,7 +8,8 @@
 #          tests; if the package's own etcd service starts on port 2379 it is left alone,
 #          nothing of ours uses it), protobuf-compiler and libprotobuf-dev (protoc and the
 #          .proto files it imports: the etcd-client crate's build), openssl (scripts/etcd.sh
-#          makes each cluster's CA and certificates), iproute2 (ip and tc: the network
+#          makes each cluster's CA and certificates), ed and vim-tiny (`vi`: the real tools
+#          of tests/mounted/enforce_stale.rs), iproute2 (ip and tc: the network
 #          namespaces, cut links and slowed links of tests/multihost/partition.rs), tmux (a server
 #          outside `coherent run` that its sandbox cannot close: tests/agents/run_landlock.rs)
 #   cargo: pjdfstest, fsx (pinned versions, from crates.io)
@@ -17,7 +18,7 @@
 #   /dev/fuse (loads the fuse module if needed)
 set -euo pipefail
 
-APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git ripgrep etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl iproute2 tmux)
+APT_PACKAGES=(fuse3 bindfs fio attr acl libacl1-dev rsync git ripgrep etcd-server etcd-client protobuf-compiler libprotobuf-dev openssl ed vim-tiny iproute2 tmux)
 CARGO_CRATES=(pjdfstest@0.2.2 fsx@0.3.2)
 
 die() {

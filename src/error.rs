@@ -59,7 +59,9 @@ pub enum Reason {
     CoordinatorUnavailable,
     /// A fenced write (the giver handed the path on); a `denied` event reason.
     Fenced,
-    /// `--stale strict`: the session's view is older than the current version.
+    /// The stale guard: the session's view is older than the current version and the
+    /// write could erase that change (or the session is a late giver); a `denied` event
+    /// reason.
     StaleView,
     /// The caller could not be resolved to a session where the volume fails closed
     /// (docs/design.md#sessions); a `denied` event reason.

@@ -93,6 +93,10 @@ pub(super) struct Holder {
     pub(super) view: Option<u64>,
     /// Open write handles.
     pub(super) writers: u32,
+    /// While `writers` > 0: the version the handles' content builds on (the version at
+    /// the first acquire, then this session's own commits). A commit over a newer version
+    /// made by someone else while the handles were open is counted (`stale_write`).
+    pub(super) base: Option<u64>,
 }
 
 /// One path.
@@ -112,6 +116,9 @@ pub(super) struct Entry {
     pub(super) logged: bool,
     pub(super) holders: Vec<Holder>,
     pub(super) records: Vec<Record>,
+    /// The session whose commit (or `external`) made the current version, when known:
+    /// who wrote since, in a stale writer's refusal.
+    pub(super) last_by: Option<String>,
 }
 
 impl Entry {
@@ -132,6 +139,7 @@ impl Entry {
                     hold: Hold::I,
                     view: None,
                     writers: 0,
+                    base: None,
                 });
                 self.holders.len() - 1
             }
@@ -357,6 +365,8 @@ impl Engine {
                 logged: true,
                 holders: Vec::new(),
                 records: Vec::new(),
+                // A snapshot does not say who made a version (the log after it does).
+                last_by: None,
             };
             e.shards[shard_of(&path)]
                 .lock()
@@ -528,6 +538,9 @@ impl Engine {
                     .iter_mut()
                     .find(|h| h.session.name == who)
                     .expect("held");
+                if h.writers == 0 {
+                    h.base = Some(e.version);
+                }
                 h.writers += 1;
                 h.hold = Hold::E;
             }
@@ -535,6 +548,7 @@ impl Engine {
                 let v = e.version;
                 if let Some(h) = e.holders.iter_mut().find(|h| h.session.name == who) {
                     h.writers = 0;
+                    h.base = None;
                     h.hold = if h.view == Some(v) { Hold::S } else { Hold::I };
                 }
             }
@@ -547,10 +561,14 @@ impl Engine {
                 e.logged_stamp = ev.stamp;
                 e.print = ev.print;
                 e.logged = true;
+                e.last_by = ev.session.clone();
                 for h in &mut e.holders {
                     if ev.event == EventKind::Commit && h.session.name == who {
                         h.hold = if h.writers > 0 { Hold::E } else { Hold::M };
                         h.view = Some(v);
+                        if h.writers > 0 {
+                            h.base = Some(v);
+                        }
                     } else {
                         h.hold = Hold::I;
                     }
@@ -565,6 +583,7 @@ impl Engine {
                         hold: Hold::M,
                         view: Some(v),
                         writers: 0,
+                        base: None,
                     });
                 }
             }

@@ -18,7 +18,7 @@ mod wait;
 pub use engine::{deny_text, valid_path, Engine, EventSink, MemorySink, EXTERNAL, MAX_NOTE};
 pub use lookup::{resolve_session, MIN_PREFIX};
 pub use ops::Content;
-pub use route::{computed_xattr, At, Found, Permit, Write, XATTR_PREFIX};
+pub use route::{computed_xattr, At, Found, Permit, Reach, Write, XATTR_PREFIX};
 pub use shared::{Saved, SharedPath, SharedSession};
 pub use time::Timestamp;
 pub use types::*;

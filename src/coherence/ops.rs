@@ -2,7 +2,7 @@
 //! volume's back, sessions gone, eviction; and the fence decision of every write route (§6).
 
 use super::engine::*;
-use super::route::{At, Found, Write};
+use super::route::{At, Found, Reach, Write};
 use super::time::Timestamp;
 use super::types::*;
 use crate::error::{Reason, Refusal};
@@ -314,49 +314,40 @@ impl Engine {
     /// An open (or create) for write by `s`: the fence and the stale guard, then an `E`
     /// hold (`acquire`). A bystander's acquire turns a live record `overtaken`. On
     /// refusal nothing is held; answer `EACCES`. Pair with `close_write`.
-    /// Shorthand for [`Engine::decide`] of [`Write::Open`] on a path the caller did not
-    /// stat.
+    /// Shorthand for [`Engine::decide`] of [`Write::Open`] (an open that can overwrite)
+    /// on a path the caller did not stat.
     pub fn acquire(&self, s: &Session, path: &str, now: Timestamp) -> Result<Acquired, Refusal> {
         let p = self.decide(s, Write::Open(At::unseen(path)), now)?;
         Ok(p.acquired.expect("an open of a file acquires"))
     }
 
-    /// The open-for-write rule with the entry held: the fence, the stale guard, the
-    /// acquire (a bystander's acquire overtakes a live record).
+    /// [`Engine::acquire`] of an open that only appends ([`Write::Append`]).
+    pub fn acquire_append(
+        &self,
+        s: &Session,
+        path: &str,
+        now: Timestamp,
+    ) -> Result<Acquired, Refusal> {
+        let p = self.decide(s, Write::Append(At::unseen(path)), now)?;
+        Ok(p.acquired.expect("an open of a file acquires"))
+    }
+
+    /// The open-for-write rule with the entry held: the fence (and the late giver), the
+    /// stale guard (`reach`: what the open can do to the bytes there), the acquire (a
+    /// bystander's acquire overtakes a live record).
     pub(super) fn acquire_in(
         &self,
         e: &mut Entry,
         s: &Session,
         path: &str,
+        reach: Reach,
         now: Timestamp,
     ) -> Result<Acquired, Refusal> {
         self.refuse_live(e, path, s, Against::Giver, Route::OpenWrite, now)?;
+        self.refuse_late(e, path, s, Route::OpenWrite, now)?;
         let version = e.version;
         let view = e.holder(&s.name).and_then(|h| h.view);
-        let stale = matches!(view, Some(v) if v < version);
-        if stale {
-            match self.config.stale {
-                StaleMode::Off => {}
-                StaleMode::Warn => {
-                    let mut ev = Event::new(EventKind::StaleWrite, now, Some(path), Some(s));
-                    ev.view = view;
-                    ev.version = Some(version);
-                    self.emit(e, ev);
-                }
-                StaleMode::Strict => {
-                    let mut ev = Event::denied(Reason::StaleView, Route::OpenWrite, now, path, s);
-                    ev.view = view;
-                    ev.version = Some(version);
-                    self.emit(e, ev);
-                    let text =
-                        format!(
-                        "write denied: {path_q} is at v{version} but this session last saw v{} \
-                         (another session changed it since). Read {path_q} again, then write.",
-                        view.unwrap_or(0), path_q = crate::names::display_name(path));
-                    return Err(self.refuse(s, Refusal::new(Reason::StaleView, text).at(path)));
-                }
-            }
-        }
+        let stale = self.stale_guard(e, path, s, Route::OpenWrite, reach, now)?;
         self.touch_live(e, s, None, now);
         self.mark_seen(e, s, now);
         let mut ev = Event::new(EventKind::Acquire, now, Some(path), Some(s));
@@ -364,9 +355,130 @@ impl Engine {
         self.emit(e, ev);
         Ok(Acquired {
             version,
-            stale: stale && self.config.stale == StaleMode::Warn,
+            stale,
             view,
         })
+    }
+
+    /// The stale guard of one write of `s` to `path`
+    /// (docs/versions-and-holds.md#the-stale-write-guard): is its view older than the
+    /// current version? Under `--stale` and `reach`, refused
+    /// (`denied`, reason `stale_view`), or allowed and counted (`stale_write`, returns
+    /// true), or allowed unseen. A session with no view (a blind write), or a path with no
+    /// file, is never stale.
+    pub(super) fn stale_guard(
+        &self,
+        e: &mut Entry,
+        path: &str,
+        s: &Session,
+        route: Route,
+        reach: Reach,
+        now: Timestamp,
+    ) -> Result<bool, Refusal> {
+        let version = e.version;
+        let view = e.holder(&s.name).and_then(|h| h.view);
+        let Some(seen) = view.filter(|v| *v < version && e.exists) else {
+            return Ok(false);
+        };
+        let refuse = match self.config.stale {
+            StaleMode::Off => return Ok(false),
+            StaleMode::Warn => false,
+            StaleMode::Guard => reach == Reach::Overwrite,
+            StaleMode::Strict => true,
+        };
+        let by = e.last_by.clone();
+        if !refuse {
+            let mut ev = Event::new(EventKind::StaleWrite, now, Some(path), Some(s));
+            ev.view = view;
+            ev.version = Some(version);
+            ev.counterparty = by;
+            self.emit(e, ev);
+            return Ok(true);
+        }
+        let mut ev = Event::denied(Reason::StaleView, route, now, path, s);
+        ev.view = view;
+        ev.version = Some(version);
+        ev.counterparty = by.clone();
+        self.emit(e, ev);
+        let who = by.map_or_else(|| "another session".to_string(), |b| self.who(&b));
+        let text = format!(
+            "write denied: {path_q} is at v{version} ({who} changed it since) but this session \
+             last saw v{seen}, so this write would erase that change. Read {path_q} again, \
+             then make your change on what it holds now.",
+            path_q = crate::names::display_name(path)
+        );
+        Err(self.refuse(s, Refusal::new(Reason::StaleView, text).at(path)))
+    }
+
+    /// A session as a refusal names it: `agent 6e271ee6 (bob)`, `a process outside any
+    /// session` for `external`.
+    fn who(&self, name: &str) -> String {
+        if name == EXTERNAL {
+            return "a process outside the volume".to_string();
+        }
+        match self.sessions.read().get(name) {
+            Some(x) => format!("agent {} ({name})", x.short_id()),
+            None => format!("session {name}"),
+        }
+    }
+
+    /// The record that makes `s` a late giver on `e`: `s` handed the path on, the
+    /// successor's version now exists (the record `completed` and ended: its version
+    /// moved), and `s` has not seen it (its view is at most the handed version). A session
+    /// with no view here (views are memory only: after a restart, or on another host) writes
+    /// blind, which is never stale (docs/design.md#holds).
+    fn late_record<'e>(&self, e: &'e Entry, s: &Session) -> Option<&'e Record> {
+        if self.config.stale == StaleMode::Off || !s.is_attributed() {
+            return None;
+        }
+        let view = e.holder(&s.name).and_then(|h| h.view)?;
+        e.records.iter().find(|r| {
+            r.giver.name == s.name
+                && r.status == Status::Completed
+                && !r.is_live(e.version)
+                && r.version_at_transfer < e.version
+                && view <= r.version_at_transfer
+        })
+    }
+
+    /// The late giver (docs/versions-and-holds.md#the-late-giver): a former giver writing from a
+    /// view older than its successor's version is refused on every write route under every
+    /// `--stale` but `off` (`denied`, reason `stale_view`, the record and the successor).
+    pub(super) fn refuse_late(
+        &self,
+        e: &mut Entry,
+        path: &str,
+        s: &Session,
+        route: Route,
+        now: Timestamp,
+    ) -> Result<(), Refusal> {
+        let Some(r) = self.late_record(e, s) else {
+            return Ok(());
+        };
+        let (id, succ) = (r.id, r.successor.clone());
+        let vat = r.version_at_transfer;
+        let version = e.version;
+        let by = e.last_by.clone();
+        let view = e.holder(&s.name).and_then(|h| h.view);
+        let mut ev = Event::denied(Reason::StaleView, route, now, path, s);
+        ev.record = Some(id);
+        ev.successor = Some(succ.name.clone());
+        ev.view = Some(view.unwrap_or(vat));
+        ev.version = Some(version);
+        ev.counterparty = by;
+        self.emit(e, ev);
+        let text = format!(
+            "write denied: you handed {path_q} to agent {id} ({name}) at v{vat}, and {name} has \
+             changed it since (it is at v{version} now); this session last saw v{seen}, so this \
+             write would erase {name}'s work. Read {path_q} again (cat {path_w}), then make your \
+             change on what it holds now. Retrying without reading will be denied the same way.",
+            id = succ.short_id(),
+            name = succ.name,
+            seen = view.unwrap_or(vat),
+            path_q = crate::names::display_name(path),
+            path_w = crate::names::shell_word(path)
+        );
+        Err(self.refuse(s, Refusal::new(Reason::StaleView, text).at(path)))
     }
 
     /// The fence alone on one path for `route` (no acquire, no other rule; for the core
@@ -414,6 +526,7 @@ impl Engine {
         now: Timestamp,
     ) -> u64 {
         let version = e.version + 1;
+        self.superseded_while_open(e, s, path, op, now);
         self.touch_live(e, s, Some(version), now);
         let mut ev = Event::new(EventKind::Commit, now, Some(path), Some(s));
         ev.version = Some(version);
@@ -423,6 +536,41 @@ impl Engine {
         ev.from = from.map(str::to_string);
         self.emit(e, ev);
         version
+    }
+
+    /// A commit through write handles of `s` opened at a version that another session (or
+    /// a change behind the volume's back) superseded while they were open: a race inside
+    /// one handle's life, which nothing can refuse any more (the bytes are in the file).
+    /// Counted under every `--stale` but `off`: `stale_write` with `op` `write`, `view` the
+    /// version the handles built on, `version` the one this commit writes over and
+    /// `counterparty` who made it.
+    fn superseded_while_open(
+        &self,
+        e: &mut Entry,
+        s: &Session,
+        path: &str,
+        op: CommitOp,
+        now: Timestamp,
+    ) {
+        if op != CommitOp::Write || self.config.stale == StaleMode::Off {
+            return;
+        }
+        let Some(base) = e
+            .holder(&s.name)
+            .filter(|h| h.writers > 0)
+            .and_then(|h| h.base)
+        else {
+            return;
+        };
+        if base >= e.version || e.last_by.as_deref() == Some(s.name.as_str()) {
+            return;
+        }
+        let mut ev = Event::new(EventKind::StaleWrite, now, Some(path), Some(s));
+        ev.op = Some(CommitOp::Write);
+        ev.view = Some(base);
+        ev.version = Some(e.version);
+        ev.counterparty = e.last_by.clone();
+        self.emit(e, ev);
     }
 
     /// A committed change of `path` by `s` (§3): a write handle flushed/released with a
@@ -461,6 +609,7 @@ impl Engine {
         if h.writers > 1 || committed {
             h.writers -= 1;
             if h.writers == 0 {
+                h.base = None;
                 // M if its commit is still the current version, else someone committed since.
                 h.hold = if h.view == Some(v) { Hold::M } else { Hold::I };
             }

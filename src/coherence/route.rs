@@ -90,17 +90,34 @@ impl<'a> At<'a> {
     }
 }
 
+/// What a write can do to the bytes already at its path: the one fact of the request the
+/// stale guard needs (docs/versions-and-holds.md#the-stale-write-guard). The mount
+/// derives it from the open flags or the setattr; the core never sees either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// It can replace or remove what is there: an open for write without `O_APPEND` (or
+    /// with `O_TRUNC`), a truncate, a rename onto the path.
+    Overwrite,
+    /// It can only add after what is there: an `O_APPEND` open without `O_TRUNC`.
+    Append,
+}
+
 /// A write route of docs/design.md#write-routes as the core decides it: the path(s) and the facts
 /// the rules need. `mkdir` and `rmdir` are not among them: docs/design.md#write-routes fences no
 /// directory being made or removed (a directory rename is).
 #[derive(Debug, Clone, Copy)]
 pub enum Write<'a> {
-    /// `open`/`create` with `O_WRONLY`, `O_RDWR`, `O_TRUNC` or `O_APPEND`: the fence, the
-    /// stale guard, then an `E` hold (an acquire). A directory is not acquired (the open
-    /// fails with `EISDIR` anyway).
+    /// `open`/`create` with `O_WRONLY`, `O_RDWR` or `O_TRUNC` (one that can overwrite):
+    /// the fence, the stale guard, then an `E` hold (an acquire). A directory is not
+    /// acquired (the open fails with `EISDIR` anyway).
     Open(At<'a>),
-    /// `truncate`/`chmod`/`chown`/`utimes`.
+    /// `open`/`create` with `O_APPEND` and without `O_TRUNC`: as [`Write::Open`], but the
+    /// stale guard of `--stale guard` lets it go on (with `stale_write`).
+    Append(At<'a>),
+    /// `chmod`/`chown`/`utimes`: a setattr that keeps the size.
     Setattr(At<'a>),
+    /// `truncate`/`ftruncate`: a setattr that changes the size (the stale guard applies).
+    Truncate(At<'a>),
     Unlink(At<'a>),
     /// A hard link `to` of `from`. Both names are fenced: a giver may not give the file
     /// it handed on a second name (writes through it would go around the fence). `from`
@@ -134,7 +151,9 @@ impl<'a> Write<'a> {
     fn main(&self) -> (At<'a>, Option<At<'a>>) {
         match *self {
             Write::Open(a)
+            | Write::Append(a)
             | Write::Setattr(a)
+            | Write::Truncate(a)
             | Write::Unlink(a)
             | Write::Symlink(a)
             | Write::Mknod(a)
@@ -167,8 +186,8 @@ impl<'a> Write<'a> {
     /// The route named in a `denied` event for the main path.
     pub fn route(&self) -> Route {
         match self {
-            Write::Open(_) => Route::OpenWrite,
-            Write::Setattr(_) => Route::Setattr,
+            Write::Open(_) | Write::Append(_) => Route::OpenWrite,
+            Write::Setattr(_) | Write::Truncate(_) => Route::Setattr,
             Write::Unlink(_) => Route::Unlink,
             Write::Link { .. } => Route::Link,
             Write::Symlink(_) => Route::Symlink,
@@ -366,10 +385,20 @@ impl Engine {
             alias: false,
         };
         match w {
-            Write::Open(at) => {
+            Write::Open(at) | Write::Append(at) => {
                 if at.found != Found::Dir {
+                    let reach = match w {
+                        Write::Append(_) => Reach::Append,
+                        _ => Reach::Overwrite,
+                    };
                     let e = entry_mut(locked.shard(at.path), at.path);
-                    permit.acquired = Some(self.acquire_in(e, s, at.path, now)?);
+                    permit.acquired = Some(self.acquire_in(e, s, at.path, reach, now)?);
+                }
+            }
+            Write::Truncate(at) => {
+                self.fence_at(locked.shard(at.path), at.path, s, Route::Setattr, now)?;
+                if let (Some(e), false) = (locked.shard(at.path).get_mut(at.path), permit.is_dir) {
+                    self.stale_guard(e, at.path, s, Route::Setattr, Reach::Overwrite, now)?;
                 }
             }
             Write::Link { from, to } => {
@@ -387,6 +416,14 @@ impl Engine {
                     now,
                 )?;
                 self.fence_at(locked.shard(to.path), to.path, s, Route::RenameTarget, now)?;
+                // A rename onto a file replaces it: the stale guard of its target (a
+                // session's own atomic save renames onto what it read).
+                if !subtree && from.path != to.path {
+                    if let Some(e) = locked.shard(to.path).get_mut(to.path) {
+                        let route = Route::RenameTarget;
+                        self.stale_guard(e, to.path, s, route, Reach::Overwrite, now)?;
+                    }
+                }
                 if subtree {
                     for (dir, route) in [
                         (from.path, Route::RenameSource),
@@ -397,6 +434,7 @@ impl Engine {
                             for (k, e) in sh.iter_mut() {
                                 if k.starts_with(&pre) {
                                     self.refuse_live(e, k, s, Against::Giver, route, now)?;
+                                    self.refuse_late(e, k, s, route, now)?;
                                 }
                             }
                         }
@@ -486,7 +524,10 @@ impl Engine {
         now: Timestamp,
     ) -> Result<(), Refusal> {
         match sh.get_mut(path) {
-            Some(e) => self.refuse_live(e, path, s, Against::Giver, route, now),
+            Some(e) => {
+                self.refuse_live(e, path, s, Against::Giver, route, now)?;
+                self.refuse_late(e, path, s, route, now)
+            }
             None => Ok(()),
         }
     }

@@ -20,13 +20,21 @@ pub enum Hold {
 /// The status of a transfer record: with the reason codes, since a refusal names it.
 pub use crate::error::Status;
 
-/// `--stale` (docs/design.md#holds).
+/// `--stale`: what a write from an outdated view meets (docs/design.md#holds,
+/// docs/versions-and-holds.md#the-stale-write-guard). Every mode but `off` refuses a late giver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StaleMode {
+    /// Nothing is checked or logged.
     Off,
-    #[default]
+    /// Allowed, with a `stale_write` event.
     Warn,
+    /// The default: a stale write that can overwrite (an open for write without
+    /// `O_APPEND`, a truncate, a rename onto the path) is refused `stale_view`; a stale
+    /// append is allowed with `stale_write`.
+    #[default]
+    Guard,
+    /// Every stale write is refused `stale_view`, appends too.
     Strict,
 }
 
@@ -43,7 +51,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            stale: StaleMode::Warn,
+            stale: StaleMode::default(),
             evict_after: std::time::Duration::from_secs(24 * 3600),
             host: None,
         }
@@ -232,9 +240,12 @@ pub struct Event {
     pub hold: Option<Hold>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// `overtaken`: the bystander. `stale_write` and a `denied` of reason `stale_view`:
+    /// the session whose commit made the current version (who wrote since the view).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counterparty: Option<String>,
-    /// `stale_write`: the writer's view.
+    /// `stale_write` and a `denied` of reason `stale_view`: the writer's view (for a
+    /// handle's commit, the version the handle was opened at).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view: Option<u64>,
     /// `denied`: the reason code and the route.
@@ -502,7 +513,8 @@ pub struct VerbReply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Acquired {
     pub version: u64,
-    /// `--stale warn`: the write was stale and a `stale_write` event was logged.
+    /// The write was stale and allowed with a `stale_write` event (`--stale warn`, or an
+    /// append under `guard`).
     pub stale: bool,
     /// The version the session last read, wrote or committed (None: a blind write).
     pub view: Option<u64>,

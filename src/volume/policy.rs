@@ -24,7 +24,7 @@ use super::tell::{Denied, Told};
 use super::workspace::{rel, stamp, Workspace};
 use super::{XATTR_HANDOFF, XATTR_PREFIX, XATTR_VERSION};
 use crate::access::Who;
-use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Route, Timestamp, Write};
+use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Reach, Route, Timestamp, Write};
 use crate::coordinator::{StepKind, Ticket};
 use crate::error::{Reason, Refusal};
 use crate::fs::{open_writes, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
@@ -34,6 +34,16 @@ use crate::visibility::Sight;
 
 /// `renameat2` flag: swap the two names.
 const RENAME_EXCHANGE: u32 = 2;
+
+/// What an open for write with `flags` can do to the bytes there (the stale guard's one
+/// fact of the request): only an `O_APPEND` open that does not truncate only appends.
+fn reach(flags: i32) -> Reach {
+    if flags & libc::O_APPEND != 0 && flags & libc::O_TRUNC == 0 {
+        Reach::Append
+    } else {
+        Reach::Overwrite
+    }
+}
 
 /// The volume's write policy: decides and counts write routes, keeps write handles.
 pub struct WritePolicy {
@@ -87,7 +97,8 @@ impl WritePolicy {
         match decided {
             Ok(permit) => {
                 if let Some(a) = permit.acquired.filter(|a| a.stale) {
-                    // `--stale warn`: allowed, and the writer is told.
+                    // A stale write allowed (`--stale warn`, or an append under `guard`):
+                    // the writer is told.
                     let seen = a.view.unwrap_or(0);
                     let stale = Told::Stale(&permit.path, a.version, seen);
                     self.ws.tell(&permit.session, stale, now);
@@ -445,9 +456,18 @@ impl Policy for WritePolicy {
         // An open for write names a file (a directory fails EISDIR anyway). Tracking
         // first: an untracked path costs no session lookup and no engine lock; what a
         // tracked one opens is looked at once, here.
-        if let WriteRoute::Open { path, .. } | WriteRoute::Create { path, .. } = *route {
+        if let WriteRoute::Open { path, flags, .. } | WriteRoute::Create { path, flags, .. } =
+            *route
+        {
             return match rel(path).filter(|p| self.ws.is_tracked(p, false)) {
-                Some(p) => self.decide(caller, Write::Open(self.ws.at(p))),
+                Some(p) => {
+                    let at = self.ws.at(p);
+                    let w = match reach(flags) {
+                        Reach::Append => Write::Append(at),
+                        Reach::Overwrite => Write::Open(at),
+                    };
+                    self.decide(caller, w)
+                }
                 // An untracked name of a tracked file (a hard link): fenced by inode.
                 None => self.alias_write(caller, route),
             };
@@ -457,11 +477,15 @@ impl Policy for WritePolicy {
         }
         let w = match *route {
             WriteRoute::Open { .. } | WriteRoute::Create { .. } => unreachable!("decided above"),
-            WriteRoute::Setattr { path, .. } => {
+            WriteRoute::Setattr { path, set, .. } => {
                 let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p)) else {
                     return Ok(None);
                 };
-                Write::Setattr(a)
+                // A change of size can drop bytes: the stale guard applies.
+                match set.size {
+                    Some(_) => Write::Truncate(a),
+                    None => Write::Setattr(a),
+                }
             }
             WriteRoute::Rename { from, to, flags } => {
                 let (Some(f), Some(t)) = (rel(from), rel(to)) else {

@@ -2,7 +2,8 @@
 //! route or handle write is told at `.coherent/why` (with its time), its `denied`
 //! event is in the state log before the call returns, and it fails with the refusal's
 //! errno; a refused verb is told at `why` too (its reply carries the rest). A stale
-//! write allowed by `--stale warn` is told the same way.
+//! write let through (`--stale warn`, or an append under the default `guard`) is told the
+//! same way.
 
 use super::workspace::Workspace;
 use crate::coherence::{Route, Timestamp};
@@ -13,7 +14,8 @@ use crate::store::{Caller, FsError};
 /// What a writer or a verb's caller is told at `.coherent/why`.
 pub(super) enum Told<'a> {
     Refused(&'a Refusal),
-    /// A stale write allowed by `--stale warn`: the path, its version, the writer's view.
+    /// A stale write let through (`warn`, or an append under `guard`): the path, its
+    /// version, the writer's view.
     Stale(&'a str, u64, u64),
 }
 
@@ -42,8 +44,8 @@ impl Workspace {
                 Some(p),
                 format!(
                     "stale write: {p_q} is at v{v} but this session last saw v{seen} (another \
-                     session changed it since); the write goes on over that change. Read {p_q} \
-                     again to see it.",
+                     session changed it since); the write goes on (an append adds after that \
+                     change, any other write replaces it). Read {p_q} again to see it.",
                     p_q = crate::names::display_name(p)
                 ),
             ),

@@ -202,7 +202,16 @@ fn completed_by_the_successors_write(chan: Chan) {
     );
     assert!(!await_events(&m, "completed", "plan.md", None, 1).is_empty());
     assert!(handoff(&m, Some("alice"), "plan.md").is_none());
-    // the version moved: the fence is gone
+    // the version moved: the fence is gone; alice has not read bob's version, so she is
+    // a late giver (refused `stale_view`) until she reads it
+    sh_refused(
+        &m,
+        "alice",
+        "echo alice >> plan.md",
+        "plan.md",
+        "stale_view",
+    );
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
     writes(&m, "alice", "plan.md");
     assert_eq!(
         std::fs::read_to_string(m.path("plan.md")).unwrap(),
@@ -226,6 +235,15 @@ fn accept_keeps_the_fence_until_the_version_moves(chan: Chan) {
     assert_eq!(version(&m, "plan.md"), Some(1));
     writes(&m, "bob", "plan.md");
     assert_eq!(version(&m, "plan.md"), Some(2));
+    // the fence lifted; a late giver until alice reads bob's version
+    sh_refused(
+        &m,
+        "alice",
+        "echo alice >> plan.md",
+        "plan.md",
+        "stale_view",
+    );
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
     writes(&m, "alice", "plan.md");
 }
 

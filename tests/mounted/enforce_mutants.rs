@@ -99,7 +99,13 @@ fn truncate_by_path_commits() {
     assert_eq!(await_committed_version(&m, "plan.md", 3), Some(3));
     assert_eq!(record(&m, "plan.md").unwrap()["status"], "completed");
     assert!(live_record(&m, "plan.md").is_none());
-    assert_eq!(errno_of(&m, "alice", "open('plan.md', 'a').write('x')"), 0);
+    // alice is a late giver until she reads bob's version
+    assert_eq!(
+        errno_of(&m, "alice", "open('plan.md', 'a').write('x')"),
+        libc::EACCES
+    );
+    let read_then_append = "open('plan.md').read(); open('plan.md', 'a').write('x')";
+    assert_eq!(errno_of(&m, "alice", read_then_append), 0);
 }
 
 /// Every route of docs/design.md#write-routes a giver can try on a handed file answers EACCES and

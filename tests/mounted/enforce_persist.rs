@@ -199,7 +199,13 @@ fn ended_records_and_the_log_survive_a_restart() {
         "{st}"
     );
     assert_eq!(version(&m, "plan.md"), Some(3));
-    sh_ok(&m, Some("alice"), "echo a >> plan.md");
+    // alice handed it on; she reads the successor's version before she writes again (a
+    // late giver's write is refused while she has an older view)
+    sh_ok(
+        &m,
+        Some("alice"),
+        "cat plan.md >/dev/null && echo a >> plan.md",
+    );
     // the log goes on: old events are still there, seq keeps growing
     await_events(&m, "commit", "plan.md", Some("alice"), 3);
     let after = events(&m);

@@ -310,5 +310,19 @@ fn two_sessions_race_to_claim_an_offer_and_one_wins() {
     assert!(sh(&m, Some("alice"), "echo again >> plan.md").denied());
     sh_ok(&m, Some(winner), "echo mine >> plan.md");
     wait_until(SETTLE, || live_record(&m, "plan.md").is_none());
-    assert!(sh(&m, Some("alice"), "echo again >> plan.md").ok());
+    // the fence lifted; alice writes once she has read the winner's version (before, she
+    // is a late giver)
+    sh_refused(
+        &m,
+        "alice",
+        "echo again >> plan.md",
+        "plan.md",
+        "stale_view",
+    );
+    assert!(sh(
+        &m,
+        Some("alice"),
+        "cat plan.md >/dev/null && echo again >> plan.md"
+    )
+    .ok());
 }

@@ -110,6 +110,16 @@ fn overtaken_the_successors_acquire_completes_it_and_its_commit_ends_it() {
         (&r["status"], &r["live"]),
         (&"completed".into(), &false.into())
     );
+    // the fence lifted; alice has not read bob's version: a late giver, refused
+    // `stale_view` until she reads it
+    sh_refused(
+        &m,
+        "alice",
+        "echo alice >> plan.md",
+        "plan.md",
+        "stale_view",
+    );
+    sh_ok(&m, Some("alice"), "cat plan.md >/dev/null");
     writes(&m, "alice");
 }
 

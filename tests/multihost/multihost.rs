@@ -204,8 +204,16 @@ fn a_transfer_on_one_host_fences_the_giver_on_the_other_before_it_returns() {
     let t = events_of(&p.b, "transfer", "plan.md", Some("alice"));
     assert_eq!(t.len(), 1, "B's log lacks A's transfer");
     assert_eq!(t[0]["host"], "A");
-    // The fence lifted on both hosts.
-    assert!(write(&p.a, Some("alice"), "plan.md").ok());
+    // The fence lifted on both hosts. On A alice still has her pre-handoff view: a late
+    // giver, refused `stale_view` until she reads bob's version; on B she never read it
+    // (a blind write).
+    assert!(write(&p.a, Some("alice"), "plan.md").denied());
+    assert_eq!(
+        denied_reason(&p.a, "alice", "plan.md").as_deref(),
+        Some("stale_view")
+    );
+    let read_then_write = "cat plan.md >/dev/null && echo alice >> plan.md";
+    assert!(sh(&p.a, Some("alice"), read_then_write).ok());
     assert!(write(&p.b, Some("alice"), "plan.md").ok());
 }
 
@@ -509,6 +517,8 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
     // Handoffs (file, giver, successor) declined or withdrawn at the file's current
     // version: an exact re-send answers `handoff_ended`, before any other check (§5).
     let mut ended: std::collections::HashSet<(&str, &str, &str)> = Default::default();
+    // (file, giver) whose successor wrote the file: the giver may be a late giver.
+    let mut late: std::collections::HashSet<(&str, &str)> = Default::default();
     let mut admitted_after_ack = Vec::new();
     for step in 0..70 {
         let h = if rng.below(2) == 0 { &p.a } else { &p.b };
@@ -529,7 +539,21 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
                             admitted_after_ack.push(format!("{ctx} wrote {f}: {}", r.show()));
                         }
                     }
+                    // A giver whose successor wrote since, writing from its older view (on
+                    // a host where it has one): a late giver, refused `stale_view` (§4).
+                    _ if r.denied() && late.contains(&(f, who)) => {
+                        assert_eq!(
+                            denied_reason(h, who, f).as_deref(),
+                            Some("stale_view"),
+                            "{ctx}"
+                        );
+                    }
                     _ => {
+                        if let Some(&(g, to)) = fenced.get(f) {
+                            if to == who && r.ok() {
+                                late.insert((f, g));
+                            }
+                        }
                         assert!(
                             r.ok(),
                             "{ctx}: write {f} refused: {}; why: {}; model: {fenced:?}\n{}",

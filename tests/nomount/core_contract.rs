@@ -223,9 +223,11 @@ fn decide_fences_both_names_of_a_link_and_every_path_under_a_renamed_directory()
 fn decide_counts_a_change_behind_the_volumes_back_before_the_fence() {
     let (mut h, a, _, _) = handed();
     // The backing file changed while nobody wrote through the volume: an external
-    // commit moves the version, the record is overtaken, and the fence lifts.
+    // commit moves the version, the record is overtaken, and the fence lifts. (An
+    // append: the giver's view is older than the external version now, and under the
+    // default `--stale guard` an overwrite from it would be refused `stale_view`.)
     let t = h.t();
-    let w = Write::Open(At::new(P, Found::File(stamp(999).unwrap())));
+    let w = Write::Append(At::new(P, Found::File(stamp(999).unwrap())));
     let pm = h.e.decide(&a, w, t).unwrap();
     assert_eq!(pm.acquired.map(|x| x.version), Some(3));
     assert_eq!(pm.pre, stamp(999));

@@ -220,7 +220,7 @@ struct Model {
     paths: Vec<MPath>,
     records: Vec<MRecord>,
     hour: u64,
-    strict: bool,
+    stale: StaleMode,
     /// Changes counted behind the volume's back (`external_change` events).
     externals: usize,
     /// `overtaken` events: a record overtaken, or its counterparty changed.
@@ -236,7 +236,7 @@ fn refuse(r: Reason) -> Want {
 }
 
 impl Model {
-    fn new(strict: bool) -> Self {
+    fn new(stale: StaleMode) -> Self {
         Model {
             paths: (0..PATHS.len())
                 .map(|i| MPath {
@@ -250,7 +250,7 @@ impl Model {
             externals: 0,
             overtakes: 0,
             hour: 0,
-            strict,
+            stale,
         }
     }
 
@@ -264,6 +264,43 @@ impl Model {
     /// §5: the giver of a live record on `p` is fenced on `p`; nobody else is.
     fn fenced(&self, s: usize, p: usize) -> bool {
         self.live(p).is_some_and(|i| self.records[i].giver == s)
+    }
+
+    /// §4: the late giver: `s` gave a record on `p` that completed and ended (its
+    /// successor's version exists) and has not seen that version (its view is at most the
+    /// handed one; with no view its write is blind). Every `--stale` but `off`.
+    fn late(&self, s: usize, p: usize) -> bool {
+        let v = self.paths[p].version;
+        let view = self.paths[p].holders.get(&s).and_then(|h| h.view);
+        self.stale != StaleMode::Off
+            && self.records.iter().any(|r| {
+                r.path == p
+                    && r.giver == s
+                    && r.status == MStatus::Completed
+                    && r.version_at_transfer < v
+                    && view.is_some_and(|w| w <= r.version_at_transfer)
+            })
+    }
+
+    /// §4: a write that can overwrite, from a view older than the version of an existing
+    /// file, under `guard` or `strict`.
+    fn stale_overwrite(&self, s: usize, p: usize) -> bool {
+        let e = &self.paths[p];
+        let view = e.holders.get(&s).and_then(|h| h.view);
+        matches!(self.stale, StaleMode::Guard | StaleMode::Strict)
+            && e.exists
+            && view.is_some_and(|w| w < e.version)
+    }
+
+    /// The fence, then the late giver, on one path of a route.
+    fn fence(&self, s: usize, p: usize) -> Want {
+        if self.fenced(s, p) {
+            return refuse(Reason::Fenced);
+        }
+        if self.late(s, p) {
+            return refuse(Reason::StaleView);
+        }
+        Ok(())
     }
 
     fn holder(&mut self, s: usize, p: usize) -> &mut MHolder {
@@ -308,12 +345,8 @@ impl Model {
 
     /// Open for write (§4, §6): fence, stale guard, then an `E` hold.
     fn acquire(&mut self, s: usize, p: usize) -> Want {
-        if self.fenced(s, p) {
-            return refuse(Reason::Fenced);
-        }
-        let v = self.paths[p].version;
-        let view = self.paths[p].holders.get(&s).and_then(|h| h.view);
-        if self.strict && view.is_some_and(|w| w < v) {
+        self.fence(s, p)?;
+        if self.stale_overwrite(s, p) {
             return refuse(Reason::StaleView);
         }
         match self.live(p) {
@@ -676,7 +709,7 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
         stale,
         ..Config::default()
     });
-    let mut m = Model::new(stale == StaleMode::Strict);
+    let mut m = Model::new(stale);
     let ss: Vec<Session> = NAMES[..UNATTRIBUTED]
         .iter()
         .map(|n| sess(n))
@@ -761,11 +794,7 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
                 m.close(s, p, changed && open);
             }
             Op::Unlink(s, p) => {
-                let want = if m.fenced(s, p) {
-                    refuse(Reason::Fenced)
-                } else {
-                    Ok(())
-                };
+                let want = m.fence(s, p);
                 let t = h.t();
                 let r = got(h.e.check_write(&ss[s], PATHS[p], Route::Unlink, t));
                 check(&want, r, &what)?;
@@ -776,11 +805,12 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
                 }
             }
             Op::Rename(s, a, b) if a != b => {
-                let want = if m.fenced(s, a) || m.fenced(s, b) {
-                    refuse(Reason::Fenced)
-                } else {
-                    Ok(())
-                };
+                let want = m.fence(s, a).and_then(|_| m.fence(s, b)).and_then(|_| {
+                    match m.stale_overwrite(s, b) {
+                        true => refuse(Reason::StaleView),
+                        false => Ok(()),
+                    }
+                });
                 let t = h.t();
                 let r = got(h.e.check_rename(&ss[s], PATHS[a], PATHS[b], false, t));
                 check(&want, r, &what)?;
@@ -886,11 +916,8 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
                 prop_assert_eq!(h.e.is_fenced(s, p), fenced, "{}: {} on {}", what, s.name, p);
                 let t = h.t();
                 let r = got(h.e.check_write(s, p, Route::Setxattr, t));
-                let want = if fenced {
-                    refuse(Reason::Fenced)
-                } else {
-                    Ok(())
-                };
+                // The fence, then the late giver (every route, §4).
+                let want = m.fence(j, i);
                 check(&want, r, &format!("{what}: setxattr by {} on {p}", s.name))?;
             }
         }
@@ -918,7 +945,12 @@ proptest! {
     #[test]
     fn the_engine_follows_the_model(
         ops in prop::collection::vec(op(), 1..40),
-        stale in prop_oneof![Just(StaleMode::Warn), Just(StaleMode::Strict), Just(StaleMode::Off)],
+        stale in prop_oneof![
+            Just(StaleMode::Guard),
+            Just(StaleMode::Warn),
+            Just(StaleMode::Strict),
+            Just(StaleMode::Off)
+        ],
     ) {
         run(ops, stale)?;
     }

@@ -82,6 +82,10 @@ fn the_first_accept_claims_it_and_then_it_is_a_targeted_grant() {
     let st = h.e.status(Some("plan.md"));
     assert_eq!(st.live[0].claimed_by.as_deref(), Some("bob"));
     h.write(b, "plan.md").unwrap();
+    // alice is a late giver now (bob's version exists, she has not read it): refused
+    // until she reads it
+    assert_eq!(h.write(a, "plan.md").unwrap_err().reason, Reason::StaleView);
+    h.read(a, "plan.md");
     h.write(a, "plan.md").unwrap();
     h.assert_replay_equal();
 }

@@ -146,6 +146,11 @@ fn basic_flow_successor_commit_completes_and_lifts_the_fence() {
     assert_eq!(st.ended.len(), 1);
     assert_eq!(st.ended[0].status, Status::Completed);
     assert_eq!(st.version, Some(3));
+    // alice, the former giver, has not read bob's version: a late giver, refused on
+    // every write route (the fence is gone, the reason is `stale_view`) until she reads
+    let err = h.write(&a, P).unwrap_err();
+    assert_eq!((err.reason, err.errno()), (Reason::StaleView, libc::EACCES));
+    h.read(&a, P);
     assert_eq!(h.write(&a, P).unwrap(), 4);
     h.assert_replay_equal();
 }
@@ -487,7 +492,12 @@ fn successor_by_id_and_prefix() {
 
 #[test]
 fn stale_guard_modes() {
-    for mode in [StaleMode::Off, StaleMode::Warn, StaleMode::Strict] {
+    for mode in [
+        StaleMode::Off,
+        StaleMode::Warn,
+        StaleMode::Guard,
+        StaleMode::Strict,
+    ] {
         let mut h = H::with(Config {
             stale: mode,
             ..Config::default()
@@ -507,15 +517,27 @@ fn stale_guard_modes() {
                 assert!(r.unwrap().stale);
                 assert_eq!(h.count(EventKind::StaleWrite), 1);
             }
-            StaleMode::Strict => {
+            StaleMode::Guard | StaleMode::Strict => {
                 let err = r.unwrap_err();
                 assert_eq!(err.reason, Reason::StaleView);
                 assert_eq!(err.errno(), libc::EACCES);
-                assert!(h
-                    .e
-                    .why(&a)
-                    .unwrap()
-                    .contains("is at v2 but this session last saw v1"));
+                let why = h.e.why(&a).unwrap();
+                assert!(
+                    why.contains("is at v2 (agent") && why.contains("last saw v1"),
+                    "{why}"
+                );
+                // An append: allowed (and counted) under guard, refused under strict.
+                let t = h.t();
+                match (mode, h.e.acquire_append(&a, P, t)) {
+                    (StaleMode::Guard, Ok(x)) => {
+                        assert!(x.stale);
+                        assert_eq!(h.count(EventKind::StaleWrite), 1);
+                        let t = h.t();
+                        h.e.close_write(&a, P, false, t);
+                    }
+                    (StaleMode::Strict, Err(e)) => assert_eq!(e.reason, Reason::StaleView),
+                    (m, got) => panic!("{m:?}: a stale append {got:?}"),
+                }
                 h.read(&a, P);
                 let t = h.t();
                 assert!(!h.e.acquire(&a, P, t).unwrap().stale);

@@ -294,7 +294,14 @@ struct Cast {
 }
 
 fn handed_off() -> (InProc, Cast) {
-    let f = InProc::new();
+    handed_off_with(StaleMode::default())
+}
+
+fn handed_off_with(stale: StaleMode) -> (InProc, Cast) {
+    let f = InProc::with(Setup {
+        stale,
+        ..Setup::default()
+    });
     let cast = Cast {
         alice: Agent::new("alice"),
         bob: Agent::new("bob"),
@@ -542,12 +549,13 @@ fn strict_refuses_a_stale_write_until_the_session_reads_again() {
     assert!(f.events_of("stale_write", "alice").is_empty());
 }
 
-/// `--stale warn` (the default) allows the write and logs `stale_write` with the view and
-/// the version; `off` does neither. Neither refuses.
+/// A stale append: `--stale warn` and `guard` (the default) allow it and log
+/// `stale_write` with the view and the version; `off` does neither. None refuses.
 #[test]
 fn warn_logs_a_stale_write_and_off_says_nothing() {
     for (mode, logged) in [
         (StaleMode::default(), 1),
+        (StaleMode::Guard, 1),
         (StaleMode::Warn, 1),
         (StaleMode::Off, 0),
     ] {
@@ -571,6 +579,291 @@ fn warn_logs_a_stale_write_and_off_says_nothing() {
             logged,
             "{mode:?}"
         );
+    }
+}
+
+/// One stale write of the guard's table: alice (view v1, `f` at v2 by bob) tries it.
+struct StaleRow {
+    name: &'static str,
+    run: fn(&InProc, &Agent) -> Result<(), i32>,
+    /// It can overwrite (refused under `guard`); else it only appends or keeps the bytes.
+    overwrites: bool,
+    /// It writes the bytes at all (a stale one is counted under `warn`); a chmod does not.
+    writes: bool,
+    route: &'static str,
+}
+
+const STALE_ROWS: &[StaleRow] = &[
+    StaleRow {
+        name: "open_trunc",
+        run: |f, a| f.write(a, "f", W | libc::O_TRUNC, Some(b"a\n")),
+        overwrites: true,
+        writes: true,
+        route: "open_write",
+    },
+    StaleRow {
+        name: "open_wronly",
+        run: |f, a| f.write(a, "f", W, Some(b"a\n")),
+        overwrites: true,
+        writes: true,
+        route: "open_write",
+    },
+    StaleRow {
+        name: "open_rdwr",
+        run: |f, a| f.write(a, "f", libc::O_RDWR, Some(b"a\n")),
+        overwrites: true,
+        writes: true,
+        route: "open_write",
+    },
+    StaleRow {
+        name: "append_trunc",
+        run: |f, a| f.write(a, "f", APPEND | libc::O_TRUNC, Some(b"a\n")),
+        overwrites: true,
+        writes: true,
+        route: "open_write",
+    },
+    StaleRow {
+        name: "truncate",
+        run: |f, a| {
+            let set = SetAttr {
+                size: Some(1),
+                ..Default::default()
+            };
+            f.setattr(a, "f", &set)
+        },
+        overwrites: true,
+        writes: true,
+        route: "setattr",
+    },
+    StaleRow {
+        name: "atomic_save",
+        run: |f, a| {
+            f.write(a, "f.tmp", W | libc::O_CREAT, Some(b"a\n"))?;
+            f.rename(a, "f.tmp", "f", 0)
+        },
+        overwrites: true,
+        writes: true,
+        route: "rename_target",
+    },
+    StaleRow {
+        name: "append",
+        run: |f, a| f.write(a, "f", APPEND, Some(b"a\n")),
+        overwrites: false,
+        writes: true,
+        route: "open_write",
+    },
+    StaleRow {
+        name: "append_rdwr",
+        run: |f, a| f.write(a, "f", libc::O_RDWR | libc::O_APPEND, Some(b"a\n")),
+        overwrites: false,
+        writes: true,
+        route: "open_write",
+    },
+    StaleRow {
+        name: "chmod",
+        run: |f, a| {
+            let set = SetAttr {
+                mode: Some(0o600),
+                ..Default::default()
+            };
+            f.setattr(a, "f", &set)
+        },
+        overwrites: false,
+        writes: false,
+        route: "setattr",
+    },
+];
+
+/// The stale guard of each `--stale` on each kind of write
+/// (docs/versions-and-holds.md#the-stale-write-guard): refused (`EACCES`, one `denied` `stale_view` with the route, the view, the version and
+/// who wrote since; bob's bytes intact) or allowed with or without `stale_write`.
+#[test]
+fn each_stale_mode_decides_each_kind_of_write() {
+    let mut failures = Vec::new();
+    for mode in [
+        StaleMode::Guard,
+        StaleMode::Strict,
+        StaleMode::Warn,
+        StaleMode::Off,
+    ] {
+        for r in STALE_ROWS {
+            let (f, alice, _bob) = outdated(mode);
+            let refused = match mode {
+                StaleMode::Guard => r.overwrites,
+                StaleMode::Strict => r.writes,
+                _ => false,
+            };
+            let counted = r.writes && !refused && mode != StaleMode::Off;
+            let got = (r.run)(&f, &alice);
+            let mut bad = Vec::new();
+            let denied = f.events_written("denied", "alice");
+            if refused {
+                if got != Err(libc::EACCES) {
+                    bad.push(format!("{got:?}, want EACCES"));
+                }
+                if f.content("f").as_deref() != Some("v1\nbob\n") {
+                    bad.push(format!("bytes {:?}", f.content("f")));
+                }
+                match denied.as_slice() {
+                    [d] if d["reason"] == "stale_view"
+                        && d["route"] == r.route
+                        && d["view"] == 1
+                        && d["version"] == 2
+                        && d["counterparty"] == "bob" => {}
+                    other => bad.push(format!("denied {other:?}")),
+                }
+            } else {
+                if got.is_err() {
+                    bad.push(format!("refused: {got:?}"));
+                }
+                if !denied.is_empty() {
+                    bad.push(format!("denied {denied:?}"));
+                }
+            }
+            let sw = f.events_of("stale_write", "alice");
+            if sw.len() != counted as usize {
+                bad.push(format!("stale_write {sw:?}, want {}", counted as usize));
+            }
+            if !bad.is_empty() {
+                failures.push(format!("  {mode:?} {}: {}", r.name, bad.join("; ")));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "wrong:\n{}", failures.join("\n"));
+}
+
+/// A blind write (carol never read `f`) is never stale, an overwrite included.
+#[test]
+fn a_blind_overwrite_is_never_stale() {
+    for mode in [StaleMode::Guard, StaleMode::Strict] {
+        let (f, _alice, _bob) = outdated(mode);
+        let carol = Agent::new("carol");
+        assert_eq!(
+            f.write(&carol, "f", W | libc::O_TRUNC, Some(b"c\n")),
+            Ok(())
+        );
+        assert_eq!(f.content("f").as_deref(), Some("c\n"));
+        assert!(f.events_of("stale_write", "carol").is_empty());
+    }
+}
+
+/// A race inside one handle's life: alice (view v1) opens `f` for writing, bob commits v2
+/// while her handle is open. Her truncate is still refusable (refused); her handle's
+/// commit is not, and is counted: `stale_write` with `op` `write`, the version her handle
+/// built on, the version it wrote over and who made it.
+#[test]
+fn a_commit_over_a_version_made_while_the_handle_was_open_is_counted() {
+    for mode in [StaleMode::Guard, StaleMode::Warn, StaleMode::Strict] {
+        let f = InProc::with(Setup {
+            stale: mode,
+            ..Setup::default()
+        });
+        let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+        f.write_file("f", "v1\n");
+        f.read(&alice, "f").unwrap();
+        let ino = f.ino(&alice, "f").unwrap();
+        let o = f.fs.open(&alice.caller, ino, APPEND).unwrap();
+        f.write(&bob, "f", APPEND, Some(b"bob\n")).unwrap();
+        assert_eq!(f.version(&bob, "f"), Some(2));
+        let set = SetAttr {
+            size: Some(0),
+            ..Default::default()
+        };
+        // Still refusable: a truncate (allowed and counted under `warn`).
+        let want = match mode {
+            StaleMode::Warn => Ok(()),
+            _ => Err(libc::EACCES),
+        };
+        assert_eq!(f.setattr(&alice, "f", &set), want, "{mode:?}");
+        f.fs.write(&alice.caller, ino, o.fh, 7, b"alice\n").unwrap();
+        f.fs.flush(&alice.caller, ino, o.fh).unwrap();
+        f.fs.release(&alice.caller, ino, o.fh);
+        assert_eq!(f.version(&alice, "f"), Some(3));
+        let sw: Vec<_> = f
+            .events_of("stale_write", "alice")
+            .into_iter()
+            .filter(|e| e["op"] == "write")
+            .collect();
+        assert_eq!(sw.len(), 1, "{mode:?}: {sw:?}");
+        assert_eq!(
+            (&sw[0]["view"], &sw[0]["version"], &sw[0]["counterparty"]),
+            (&1.into(), &2.into(), &"bob".into()),
+            "{mode:?}"
+        );
+    }
+}
+
+/// The late giver on every route (issue 42): alice hands every `tN.md` to bob, bob writes
+/// each (the records complete and end, the fence lifts), and alice, who has not read bob's
+/// version, tries every route: refused under every `--stale` but `off` (`EACCES`, one
+/// `denied` `stale_view` with the route, the record's successor and both versions; bob's
+/// bytes intact; `why` names bob and the versions). Under `off` every route goes on.
+#[test]
+fn a_late_giver_is_refused_on_every_route() {
+    for mode in [
+        StaleMode::Guard,
+        StaleMode::Warn,
+        StaleMode::Strict,
+        StaleMode::Off,
+    ] {
+        let (f, cast) = handed_off_with(mode);
+        for i in 0..ROWS.len() {
+            let t = target(i);
+            f.write(&cast.bob, &t, APPEND, Some(b"bob\n")).unwrap();
+            let rec = f.record(&cast.bob, &t).unwrap();
+            assert_eq!(
+                (&rec["status"], &rec["live"]),
+                (&"completed".into(), &false.into())
+            );
+        }
+        let alice = &cast.alice;
+        let mut failures = Vec::new();
+        for (i, r) in ROWS.iter().enumerate() {
+            let (t, o) = (target(i), helper(i));
+            let before = f.events_written("denied", "alice").len();
+            let got = (r.run)(&Try {
+                f: &f,
+                a: alice,
+                t: &t,
+                o: &o,
+            });
+            let mut bad = Vec::new();
+            if mode == StaleMode::Off {
+                if got.is_err() {
+                    bad.push(format!("refused under off: {got:?}"));
+                }
+            } else {
+                if got != Err(libc::EACCES) {
+                    bad.push(format!("{got:?}, want EACCES"));
+                }
+                if f.content(&t).as_deref() != Some("orig\nbob\n") {
+                    bad.push(format!("bytes now {:?}", f.content(&t)));
+                }
+                let w = f.why(alice);
+                if !(w.contains(&format!("you handed {t} to agent"))
+                    && w.contains("(bob) at v1")
+                    && w.contains("it is at v2 now")
+                    && w.contains(&format!("Read {t} again")))
+                {
+                    bad.push(format!("why {w:?}"));
+                }
+                let denied = f.events_written("denied", "alice");
+                match denied.get(before..) {
+                    Some([d])
+                        if d["reason"] == "stale_view"
+                            && d["route"] == r.route
+                            && d["path"] == t
+                            && d["successor"] == "bob"
+                            && d["view"] == 1
+                            && d["version"] == 2 => {}
+                    other => bad.push(format!("denied events {other:?}")),
+                }
+            }
+            if !bad.is_empty() {
+                failures.push(format!("  {mode:?} {}: {}", r.name, bad.join("; ")));
+            }
+        }
+        report("late giver", failures);
     }
 }
 

@@ -556,7 +556,8 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
     );
 }
 
-/// `--stale warn` (the default): a write from an outdated view goes on, and the writer
+/// A stale append (allowed under the default `--stale guard`, as under `warn`): the write
+/// goes on, and the writer
 /// reads at `.coherent/why` exactly what happened, through the filesystem.
 #[test]
 fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
@@ -578,8 +579,8 @@ fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
     append(&alice);
     let why = f.read_surface(&alice, "why");
     let told = "stale write: plan.md is at v2 but this session last saw v1 (another session \
-                changed it since); the write goes on over that change. Read plan.md again to \
-                see it.\n(at ";
+                changed it since); the write goes on (an append adds after that change, any other \
+                write replaces it). Read plan.md again to see it.\n(at ";
     assert!(why.starts_with(told), "{why}");
     assert_eq!(f.events_of("stale_write", "alice").len(), 1);
 }

@@ -21,11 +21,17 @@ use coherent::store::Store;
 use coherent::volume::{default_state_dir, raise_nofile_limit, Volume, VolumeConfig};
 use fuser::{Config, MountOption, SessionACL};
 
-/// What `--stale` does with a write from an outdated view (docs/design.md#holds).
+/// What `--stale` does with a write from an outdated view
+/// (docs/versions-and-holds.md#the-stale-write-guard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StaleMode {
+    /// Nothing checked, nothing logged (not even a late giver is refused).
     Off,
+    /// Allowed and logged (`stale_write`); a late giver is refused.
     Warn,
+    /// Refused (`stale_view`) when it can overwrite; an append is allowed and logged.
+    Guard,
+    /// Every stale write refused, appends too.
     Strict,
 }
 
@@ -77,8 +83,9 @@ struct Args {
     /// per backing directory).
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// What to do with a write from an outdated view.
-    #[arg(long, value_enum, default_value_t = StaleMode::Warn)]
+    /// What to do with a write from an outdated view (another session changed the file
+    /// since this session last read it).
+    #[arg(long, value_enum, default_value_t = StaleMode::Guard)]
     stale: StaleMode,
     /// Keep ended handoff records this long (e.g. 24h, 30m, 90s, 2d).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
@@ -334,6 +341,7 @@ fn make_policy(
         stale: match args.stale {
             StaleMode::Off => coherence::StaleMode::Off,
             StaleMode::Warn => coherence::StaleMode::Warn,
+            StaleMode::Guard => coherence::StaleMode::Guard,
             StaleMode::Strict => coherence::StaleMode::Strict,
         },
         evict_after: args.evict_after,

@@ -66,6 +66,22 @@ pub(crate) struct Session {
     pub via: Option<String>,
 }
 
+/// What a `denied` event of reason `stale_view` says about the write it refused: who made
+/// the current version (its `counterparty`, else a late giver's `successor`), that
+/// version, and the refused session's view.
+fn stale_facts(ev: &Value) -> String {
+    if ev["reason"] != "stale_view" {
+        return String::new();
+    }
+    let by = ev["counterparty"]
+        .as_str()
+        .or(ev["successor"].as_str())
+        .unwrap_or("another session");
+    let v = |k: &str| ev[k].as_u64().map_or("?".to_string(), |n| n.to_string());
+    let by = coherent::names::display_name(by);
+    format!("{by} wrote v{}, saw v{}", v("version"), v("view"))
+}
+
 /// The refusals of one session by one route.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Refusals {
@@ -74,6 +90,9 @@ pub(crate) struct Refusals {
     pub total: u64,
     pub last_reason: String,
     pub last_path: String,
+    /// The last refusal's `stale_view` facts: who wrote since, the version it made and the
+    /// refused session's view (`bob wrote v3, saw v1`); empty for other reasons.
+    pub last_stale: String,
 }
 
 /// A host of a multi-host volume.
@@ -247,6 +266,7 @@ impl Board {
                 r.recent.push_back(ts);
                 r.last_reason = ev["reason"].as_str().unwrap_or("?").to_string();
                 r.last_path = path.to_string();
+                r.last_stale = stale_facts(ev);
                 while r.recent.len() > 4096 {
                     r.recent.pop_front();
                 }
@@ -487,6 +507,41 @@ mod tests {
             ("alice", "open_write", 1)
         );
         assert_eq!(b.refusal_rates(now + RATE_WINDOW_MS + 1)[0].1, 0);
+    }
+
+    #[test]
+    fn a_stale_refusal_shows_who_wrote_since_and_at_which_version() {
+        let mut b = Board::default();
+        let t = "2026-12-03T12:00:00.000Z";
+        ev(
+            &mut b,
+            json!({"seq":1,"ts":t,"event":"denied","path":"p","session":"alice",
+            "reason":"stale_view","route":"open_write","view":1,"version":3,
+            "counterparty":"bob"}),
+        );
+        let now = Timestamp::parse_rfc3339(t).unwrap().millis() + 1000;
+        let rates = b.refusal_rates(now);
+        assert_eq!(rates[0].2.last_reason, "stale_view");
+        assert_eq!(rates[0].2.last_stale, "bob wrote v3, saw v1");
+        // a late giver's names its successor when the writer is not known
+        ev(
+            &mut b,
+            json!({"seq":2,"ts":t,"event":"denied","path":"p","session":"alice",
+            "reason":"stale_view","route":"setattr","view":1,"version":2,"successor":"bob"}),
+        );
+        assert_eq!(
+            b.refusals[&("alice".into(), "setattr".into())].last_stale,
+            "bob wrote v2, saw v1"
+        );
+        ev(
+            &mut b,
+            json!({"seq":3,"ts":t,"event":"denied","path":"p","session":"alice",
+            "reason":"fenced","route":"open_write","version":2}),
+        );
+        assert_eq!(
+            b.refusals[&("alice".into(), "open_write".into())].last_stale,
+            ""
+        );
     }
 
     #[test]

@@ -274,8 +274,12 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
         })
         .take(lines)
         .map(|((s, route), per_min, r)| {
+            let stale = match r.last_stale.as_str() {
+                "" => String::new(),
+                facts => format!(" ({facts})"),
+            };
             format!(
-                "{} {route} {per_min}/min, {} total: {} {}",
+                "{} {route} {per_min}/min, {} total: {} {}{stale}",
                 q(s),
                 r.total,
                 r.last_reason,
