@@ -10,6 +10,7 @@ mod common;
 mod coherent;
 
 mod acl;
+mod data_path;
 mod fs_cache;
 mod fs_hooks;
 mod fs_lifecycle;
