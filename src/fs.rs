@@ -415,6 +415,7 @@ impl Fs {
                 // rules agree.
                 if *set == SetAttr::default() {
                     return self.attr_out(self.guarded(caller, &route, || {
+                        self.may_kill_privs(caller, ino)?;
                         self.kill_privs(caller, ino, KillRule::Chown)?;
                         self.store.getattr(ino)
                     }));

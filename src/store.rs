@@ -644,6 +644,14 @@ impl Store {
         self.getattr(ino)
     }
 
+    /// Is the node open for writing through the mount (a handle of ours)?
+    pub fn has_write_handle(&self, ino: u64) -> bool {
+        self.handles
+            .read()
+            .values()
+            .any(|h| h.ino == ino && h.flags & libc::O_ACCMODE != libc::O_RDONLY)
+    }
+
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let (_, node_fd) = self.node_fd(ino)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
@@ -1474,7 +1482,7 @@ mod tests {
             let (a, fh, _) = s
                 .create(&ROOT, sub.ino, OsStr::new(&name), 0o644, 0, libc::O_WRONLY)
                 .unwrap();
-            s.write(fh, 0, name.as_bytes()).unwrap();
+            s.write(fh, 0, name.as_bytes(), false).unwrap();
             s.release(fh);
             inos.push(a.ino);
         }

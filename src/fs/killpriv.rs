@@ -82,6 +82,29 @@ impl Fs {
     }
 }
 
+impl Fs {
+    /// The empty setattr is a chown (`chown(f, -1, -1)`) or a write's own check, and
+    /// FUSE tells them apart no more. A chown by neither root nor the owner that would
+    /// clear a bit is refused (`EPERM`), as natively, unless the file is open for writing
+    /// through the mount: then it may be a write's (whose caller may have opened it
+    /// before giving up its privileges), which clears the same bits whoever writes.
+    pub(super) fn may_kill_privs(&self, caller: &Caller, ino: u64) -> FsResult<()> {
+        if caller.uid == 0 {
+            return Ok(());
+        }
+        let a = self.store.getattr(ino)?;
+        let bits = u32::from(a.perm) & (libc::S_ISUID | libc::S_ISGID) != 0;
+        if a.uid == caller.uid || !bits || matches!(a.kind, Kind::Dir | Kind::Symlink) {
+            return Ok(());
+        }
+        if self.store.has_write_handle(ino) {
+            Ok(())
+        } else {
+            Err(FsError(libc::EPERM))
+        }
+    }
+}
+
 /// Is `gid` the caller's group or one of its supplementary groups?
 fn in_group(c: &Caller, gid: u32) -> bool {
     c.gid == gid || crate::access::groups_of(c.pid).contains(&gid)

@@ -86,7 +86,7 @@ fn chown_scenario(dir: &Path) -> String {
     root_sh(
         dir,
         &format!(
-            "for k in f p d; do for m in 4755 2755 2745 6745 4644; do for w in r u ru ug; do \
+            "for k in f p d; do for m in 4755 2755 2745 6745 4644; do for w in r u ru ug n; do \
                n=$w-$k-$m; case $k in f) echo data > $n;; p) mkfifo $n;; d) mkdir $n;; esac; \
                case $w in u|ug) chown {u}:{g} $n;; esac; chmod $m $n; done; done; \
                n=u-$k-2745-g0; case $k in f) echo data > $n;; p) mkfifo $n;; d) mkdir $n;; esac; \
@@ -98,13 +98,18 @@ fn chown_scenario(dir: &Path) -> String {
     const SAME: &str = "import os, sys\nfor p in sys.argv[1:]: os.chown(p, -1, -1)";
     // chown(f, -1, -1) by root and by the owner; a real change of owner by root, of group
     // by the owner (to a group it is in).
-    root_sh(dir, &format!("python3 -c '{SAME}' r-* && chown {} ru-*", u1.uid));
-    u1.sh_ok(
+    root_sh(
+        dir,
+        &format!("python3 -c '{SAME}' r-* && chown {} ru-*", u1.uid),
+    );
+    // Not the owner: refused where a bit would go (root's files, n-*), as natively.
+    const TRY: &str = "import os, sys\nfor p in sys.argv[1:]:\n  try: os.chown(p, -1, -1); print(p, 0)\n  except OSError as e: print(p, e.errno)";
+    let refused = u1.sh_ok(
         dir,
         &[],
-        &format!("python3 -c '{SAME}' u-* && chgrp {shared} ug-*"),
+        &format!("python3 -c '{SAME}' u-* && chgrp {shared} ug-* && python3 -c '{TRY}' n-*"),
     );
-    root_sh(dir, "stat -c '%n %a' * | sort")
+    root_sh(dir, "stat -c '%n %a' * | sort") + &refused
 }
 
 fn chown_same_as_native(m: &Mount) {
@@ -130,8 +135,15 @@ fn chown_same_as_native(m: &Mount) {
         "u-d-2745-g0 2745",
         "ru-f-2745 2745",
         "ug-p-6745 2745",
+        "n-f-4755 1",
+        "n-d-4755 0",
+        "n-p-4755 1",
+        "n-p-4644 1",
     ] {
-        assert!(want.lines().any(|l| l == line), "native: no `{line}` in\n{want}");
+        assert!(
+            want.lines().any(|l| l == line),
+            "native: no `{line}` in\n{want}"
+        );
     }
     assert_eq!(chown_scenario(&m.mnt), want, "mount log:\n{}", m.log());
 }

@@ -16,6 +16,7 @@ mod fs_hooks;
 mod fs_lifecycle;
 mod fs_ops;
 mod fs_perms;
+mod fuzz;
 mod killpriv;
 mod long_run;
 mod mount_helper;
