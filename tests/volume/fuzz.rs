@@ -1189,6 +1189,8 @@ fn become_who(who: Who, ids: &Ids) {
 /// index, or None for the trees), and how many divergences the list allowed.
 struct Outcome {
     bad: Option<(Option<usize>, String)>,
+    /// The last op's kind and both results, when they differed.
+    last: Option<(String, Res, Res)>,
     allowed: Vec<String>,
     cut: bool,
 }
@@ -1221,6 +1223,7 @@ impl Env {
         unsafe { libc::umask(0o022) };
         let mut out = Outcome {
             bad: None,
+            last: None,
             allowed: Vec::new(),
             cut: false,
         };
@@ -1246,6 +1249,7 @@ impl Env {
             if want == got {
                 continue;
             }
+            out.last = Some((kind.clone(), want.clone(), got.clone()));
             match allowed(&self.allow, &self.mode, &kind, &want, &got) {
                 Some(al) => {
                     out.allowed.push(format!(
@@ -1386,6 +1390,11 @@ fn worker() {
         allow: allow_list(),
         runs: Default::default(),
     };
+    if mode == "passthrough_hp" {
+        // The list is what is checked there.
+        let mut env = env;
+        return reproduce(&mut env, &allow_list());
+    }
     let salt: u64 = mode
         .bytes()
         .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64))
@@ -1439,14 +1448,99 @@ fn worker() {
     }
 }
 
-/// Run the worker as `session` (None: unattributed) against `m`.
-fn fuzz(mode: &str, m: &Mount, session: Option<&str>) {
-    // coh-u1 must reach the trees: the mount's temporary parent is root's and private.
-    let base = m.mnt.parent().unwrap();
-    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let top = m.path("fuzz");
-    std::fs::create_dir(&top).unwrap();
-    std::fs::set_permissions(&top, std::fs::Permissions::from_mode(0o755)).unwrap();
+/// The allow-list's entries that claim a limit FUSE itself has, each with a sequence
+/// that shows it. On a plain passthrough FUSE filesystem (libfuse's passthrough_hp) each
+/// must diverge from native at its last operation, as its entry says.
+fn reproducers() -> Vec<(&'static str, Vec<Op>)> {
+    let f = |slot| Op::Open {
+        slot,
+        p: "f".into(),
+        flags: libc::O_RDWR | libc::O_CREAT,
+        mode: 0o644,
+    };
+    let d = |slot| Op::Open {
+        slot,
+        p: "d".into(),
+        flags: libc::O_RDONLY | libc::O_DIRECTORY,
+        mode: 0,
+    };
+    let mkdir = || Op::Mkdir {
+        p: "d".into(),
+        mode: 0o755,
+    };
+    let data = Op::Pwrite {
+        slot: 0,
+        off: 0,
+        len: 16384,
+        byte: b'a',
+    };
+    let fallocate = |mode| Op::Fallocate {
+        slot: 0,
+        mode,
+        off: 4096,
+        len: 4096,
+    };
+    let seek = |whence| Op::Lseek {
+        slot: 0,
+        off: 4096,
+        whence,
+    };
+    vec![
+        (
+            "Fallocate",
+            vec![
+                f(0),
+                data.clone(),
+                fallocate(libc::FALLOC_FL_COLLAPSE_RANGE),
+            ],
+        ),
+        (
+            "Fallocate",
+            vec![f(0), data, fallocate(libc::FALLOC_FL_INSERT_RANGE)],
+        ),
+        ("Lseek@dir", vec![mkdir(), d(0), seek(libc::SEEK_DATA)]),
+        ("Lseek@dir", vec![mkdir(), d(0), seek(libc::SEEK_END)]),
+        (
+            "Read@dir",
+            vec![
+                mkdir(),
+                d(0),
+                seek(libc::SEEK_HOLE),
+                Op::Read { slot: 0, len: 100 },
+            ],
+        ),
+    ]
+}
+
+/// The worker's part of [`shared_limits_on_passthrough_hp`]: each reproducer diverges at
+/// its last operation, and the entry it stands for allows that divergence.
+fn reproduce(env: &mut Env, list: &[Allow]) {
+    for (entry, ops) in reproducers() {
+        // Every divergence counts but those of the other entries (a read of a directory
+        // diverges after its seek did).
+        env.allow = allow_list();
+        env.allow.retain(|a| a.op != entry);
+        let claimed = list.iter().find(|a| a.op == entry);
+        let claimed = claimed.unwrap_or_else(|| panic!("no allow-list entry {entry}"));
+        assert!(claimed.reason.contains("passthrough_hp"), "{claimed:?}");
+        let out = env.run(&ops);
+        let last = ops.len() - 1;
+        match (out.bad, out.last) {
+            (Some((Some(i), what)), Some((kind, want, got)))
+                if i == last
+                    && allowed(list, "passthrough_hp", &kind, &want, &got)
+                        .is_some_and(|a| a.op == entry) =>
+            {
+                println!("reproduced {entry}: {what}")
+            }
+            (bad, _) => panic!("{entry}: {ops:?} on passthrough_hp: {bad:?}"),
+        }
+    }
+}
+
+/// Run the worker as `session` (None: unattributed) against the tree `top` (with its
+/// backing directory, if it has one of its own); its output.
+fn worker_on(mode: &str, top: &Path, backing: Option<PathBuf>, session: Option<&str>) -> String {
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args([
         "--exact",
@@ -1456,27 +1550,64 @@ fn fuzz(mode: &str, m: &Mount, session: Option<&str>) {
         "--test-threads=1",
     ])
     .env("FUZZ_MODE", mode)
-    .env("FUZZ_MNT", &top)
+    .env("FUZZ_MNT", top)
     .env_remove("COHERENT_SESSION");
-    if m.backing != m.mnt {
-        c.env("FUZZ_BACKING", m.backing_path("fuzz"));
+    if let Some(b) = backing {
+        c.env("FUZZ_BACKING", b);
     }
     if let Some(s) = session {
         c.env("COHERENT_SESSION", s);
     }
     let o = common::run_timeout(&mut c, Duration::from_secs(6 * 3600));
-    let out = String::from_utf8_lossy(&o.stdout);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success() && out.contains("1 passed"),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+    );
+    out
+}
+
+/// libfuse's passthrough_hp (no cache: as with the daemon, every write reaches it), the
+/// plain passthrough FUSE filesystem the allow-list's shared limits are reproduced on. Its
+/// path comes in `COHERENT_CREF` (scripts/fuzz.sh builds it with scripts/cref.sh).
+#[test]
+#[ignore = "needs libfuse's passthrough_hp in COHERENT_CREF: scripts/fuzz.sh builds it"]
+fn shared_limits_on_passthrough_hp() {
+    let bin = std::env::var("COHERENT_CREF")
+        .expect("COHERENT_CREF: the path of passthrough_hp (scripts/cref.sh prints it)");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    let mut cmd = Command::new(bin);
+    cmd.args(["--nocache", "--foreground"]).arg(&src).arg(&mnt);
+    let d = common::hosts::Daemon::spawn(cmd, &mnt, &dir.path().join("log"));
+    let top = mnt.join("fuzz");
+    std::fs::create_dir(&top).unwrap();
+    std::fs::set_permissions(&top, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = worker_on("passthrough_hp", &top, None, None);
+    let found: Vec<&str> = out.lines().filter(|l| l.contains("reproduced ")).collect();
+    assert_eq!(found.len(), reproducers().len(), "{out}\n{}", d.log());
+    eprintln!("{}", found.join("\n"));
+}
+
+/// Run the worker as `session` (None: unattributed) against `m`.
+fn fuzz(mode: &str, m: &Mount, session: Option<&str>) {
+    // coh-u1 must reach the trees: the mount's temporary parent is root's and private.
+    let base = m.mnt.parent().unwrap();
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let top = m.path("fuzz");
+    std::fs::create_dir(&top).unwrap();
+    std::fs::set_permissions(&top, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let backing = (m.backing != m.mnt).then(|| m.backing_path("fuzz"));
+    let out = worker_on(mode, &top, backing, session);
     let report: Vec<&str> = out
         .lines()
         .filter(|l| l.contains("fuzz (") || l.starts_with("  allowed"))
         .collect();
     eprintln!("{}", report.join("\n"));
-    assert!(
-        o.status.success() && out.contains("1 passed"),
-        "{out}\n{}\nmount log:\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        m.log()
-    );
 }
 
 #[test]
