@@ -15,64 +15,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// The probe: `python3 -c PROBE DIR [BEHIND]`. BEHIND is the same directory reached
+/// The probe (tests/data/append_probe.py): `python3 -c PROBE DIR [BEHIND]`. BEHIND is the same directory reached
 /// around the mount (its backing directory; natively DIR itself): a file grown there is
 /// grown behind the kernel's back, and an append must still go after it.
-const PROBE: &str = r#"
-import fcntl, mmap, os, sys
-d = sys.argv[1]
-behind = sys.argv[2] if len(sys.argv) > 2 else None
-def content(name):
-    with open(os.path.join(behind or d, name), "rb") as f:
-        return f.read().decode()
-A = os.O_APPEND
-# A store into a shared mapping of a file opened O_APPEND, written back by msync.
-p = os.path.join(d, "mapped")
-fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC | A, 0o644)
-os.write(fd, b"0123456789")
-m = mmap.mmap(fd, 10)
-m[0:1] = b"X"
-m.flush()
-m.close()
-os.close(fd)
-print("mapped", content("mapped"))
-# Two descriptors appending in turn; pwrite on an O_APPEND descriptor appends too.
-p = os.path.join(d, "log")
-a = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | A, 0o644)
-b = os.open(p, os.O_WRONLY | A)
-os.write(a, b"a"); os.write(b, b"bb"); os.pwrite(a, b"c", 0); os.write(b, b"d")
-print("appends", content("log"), os.lseek(b, 0, os.SEEK_CUR))
-# O_APPEND taken off and put back with fcntl: the flags of each write count.
-fl = fcntl.fcntl(a, fcntl.F_GETFL)
-fcntl.fcntl(a, fcntl.F_SETFL, fl & ~A)
-os.pwrite(a, b"Z", 0)
-fcntl.fcntl(a, fcntl.F_SETFL, fl)
-os.write(a, b"e")
-print("fcntl", content("log"))
-os.close(a); os.close(b)
-# A mapping through a read-write descriptor while another appends.
-p = os.path.join(d, "both")
-w = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-ap = os.open(p, os.O_WRONLY | A)
-os.write(w, b"abcdefgh")
-m = mmap.mmap(w, 8)
-m[7:8] = b"H"
-os.write(ap, b"++")
-m.flush(); m.close()
-print("both", content("both"))
-os.close(w); os.close(ap)
-if behind:
-    # The file grows behind the kernel's back; the next append goes after that growth.
-    p = os.path.join(d, "grown")
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | A, 0o644)
-    os.write(fd, b"0123456789")
-    os.fsync(fd)
-    with open(os.path.join(behind, "grown"), "ab") as f:
-        f.write(b"ABCDE")
-    os.write(fd, b"x")
-    os.close(fd)
-    print("grown", content("grown"))
-"#;
+const PROBE: &str = include_str!("../data/append_probe.py");
 
 fn probe(dir: &Path, behind: Option<&Path>) -> String {
     let mut c = Command::new("python3");
