@@ -23,7 +23,7 @@
 use std::ffi::OsStr;
 
 use super::Fs;
-use crate::store::{Caller, FsError, FsResult, Kind, SetAttr};
+use crate::store::{Attr, Caller, FsError, FsResult, Kind, SetAttr};
 
 /// The extended attribute that holds file capabilities.
 const CAPS: &str = "security.capability";
@@ -42,23 +42,10 @@ impl Fs {
     /// True when the mode changed.
     pub(super) fn kill_privs(&self, caller: &Caller, ino: u64, rule: KillRule) -> FsResult<bool> {
         let a = self.store.getattr(ino)?;
-        let applies = match rule {
-            KillRule::Write => a.kind == Kind::File,
-            // A symlink has no such bits (and no mode to set).
-            KillRule::Chown => !matches!(a.kind, Kind::Dir | Kind::Symlink),
-        };
-        if !applies {
-            return Ok(false);
-        }
         let perm = u32::from(a.perm);
-        let root = caller.uid == 0;
-        let mut keep = perm;
-        if !root || rule == KillRule::Chown {
-            keep &= !libc::S_ISUID;
-            let gx = perm & libc::S_IXGRP != 0;
-            if perm & libc::S_ISGID != 0 && (gx || !(root || in_group(caller, a.gid))) {
-                keep &= !libc::S_ISGID;
-            }
+        let keep = kept(caller, &a, rule);
+        if !applies(&a, rule) {
+            return Ok(false);
         }
         if keep != perm {
             let set = SetAttr {
@@ -93,8 +80,7 @@ impl Fs {
             return Ok(());
         }
         let a = self.store.getattr(ino)?;
-        let bits = u32::from(a.perm) & (libc::S_ISUID | libc::S_ISGID) != 0;
-        if a.uid == caller.uid || !bits || matches!(a.kind, Kind::Dir | Kind::Symlink) {
+        if a.uid == caller.uid || kept(caller, &a, KillRule::Chown) == u32::from(a.perm) {
             return Ok(());
         }
         if self.store.has_write_handle(ino) {
@@ -103,6 +89,30 @@ impl Fs {
             Err(FsError(libc::EPERM))
         }
     }
+}
+
+/// Does `rule` apply to a node like `a` at all?
+fn applies(a: &Attr, rule: KillRule) -> bool {
+    match rule {
+        KillRule::Write => a.kind == Kind::File,
+        // A symlink has no such bits (and no mode to set).
+        KillRule::Chown => !matches!(a.kind, Kind::Dir | Kind::Symlink),
+    }
+}
+
+/// The permission bits `rule` leaves `a` by `caller`.
+fn kept(caller: &Caller, a: &Attr, rule: KillRule) -> u32 {
+    let perm = u32::from(a.perm);
+    let root = caller.uid == 0;
+    if !applies(a, rule) || (root && rule == KillRule::Write) {
+        return perm;
+    }
+    let mut keep = perm & !libc::S_ISUID;
+    let gx = perm & libc::S_IXGRP != 0;
+    if perm & libc::S_ISGID != 0 && (gx || !(root || in_group(caller, a.gid))) {
+        keep &= !libc::S_ISGID;
+    }
+    keep
 }
 
 /// Is `gid` the caller's group or one of its supplementary groups?

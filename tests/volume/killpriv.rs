@@ -86,9 +86,9 @@ fn chown_scenario(dir: &Path) -> String {
     root_sh(
         dir,
         &format!(
-            "for k in f p d; do for m in 4755 2755 2745 6745 4644; do for w in r u ru ug n; do \
+            "for k in f p d; do for m in 4755 2755 2745 6745 4644; do for w in r u ru ug n ng; do \
                n=$w-$k-$m; case $k in f) echo data > $n;; p) mkfifo $n;; d) mkdir $n;; esac; \
-               case $w in u|ug) chown {u}:{g} $n;; esac; chmod $m $n; done; done; \
+               case $w in u|ug) chown {u}:{g} $n;; ng) chown 0:{g} $n;; esac; chmod $m $n; done; done; \
                n=u-$k-2745-g0; case $k in f) echo data > $n;; p) mkfifo $n;; d) mkdir $n;; esac; \
                chown {u}:0 $n; chmod 2745 $n; done",
             u = u1.uid,
@@ -102,12 +102,13 @@ fn chown_scenario(dir: &Path) -> String {
         dir,
         &format!("python3 -c '{SAME}' r-* && chown {} ru-*", u1.uid),
     );
-    // Not the owner: refused where a bit would go (root's files, n-*), as natively.
+    // Not the owner: refused where a bit would go (root's files, n-*; ng-* in coh-u1's
+    // group, where set-group-ID without group execute stays), as natively.
     const TRY: &str = "import os, sys\nfor p in sys.argv[1:]:\n  try: os.chown(p, -1, -1); print(p, 0)\n  except OSError as e: print(p, e.errno)";
     let refused = u1.sh_ok(
         dir,
         &[],
-        &format!("python3 -c '{SAME}' u-* && chgrp {shared} ug-* && python3 -c '{TRY}' n-*"),
+        &format!("python3 -c '{SAME}' u-* && chgrp {shared} ug-* && python3 -c '{TRY}' n-* ng-*"),
     );
     root_sh(dir, "stat -c '%n %a' * | sort") + &refused
 }
@@ -139,6 +140,8 @@ fn chown_same_as_native(m: &Mount) {
         "n-d-4755 0",
         "n-p-4755 1",
         "n-p-4644 1",
+        "ng-f-2745 0",
+        "ng-f-2755 1",
     ] {
         assert!(
             want.lines().any(|l| l == line),
