@@ -15,7 +15,7 @@
 //! The operations run in a worker process (this binary, `fuzz::worker`), so that it can be
 //! an agent (`COHERENT_SESSION` is read from its environment) and may set its own umask.
 //!
-//! `COHERENT_FUZZ_OPS` operations per mode (default 1500: a few seconds),
+//! `COHERENT_FUZZ_OPS` operations per mode (default 10,000: a second or two per mode),
 //! `COHERENT_FUZZ_SEED` the first seed (one sequence per seed, counting up),
 //! `COHERENT_FUZZ_SEQ` operations per sequence (default 150). scripts/fuzz.sh runs it long.
 
@@ -1390,7 +1390,7 @@ fn env_num(k: &str) -> Option<u64> {
 #[ignore = "run by the fuzz_* tests in a process of its own"]
 fn worker() {
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} unset: run by fuzz_*"));
-    let total = env_num("COHERENT_FUZZ_OPS").unwrap_or(1500);
+    let total = env_num("COHERENT_FUZZ_OPS").unwrap_or(10_000);
     let per_seq = env_num("COHERENT_FUZZ_SEQ").unwrap_or(150).max(1);
     let first = env_num("COHERENT_FUZZ_SEED");
     let mode = var("FUZZ_MODE");
