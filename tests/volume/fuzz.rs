@@ -1272,7 +1272,7 @@ impl Env {
             match allowed(&self.allow, &self.mode, &kind, &want, &got) {
                 Some(al) => {
                     out.allowed.push(format!(
-                        "{kind} ({} / {}): {}",
+                        "{kind} (e.g. {} / {}): {}",
                         show(&want),
                         show(&got),
                         al.reason
@@ -1419,7 +1419,8 @@ fn worker() {
         .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64))
         << 32;
     let seqs = total.div_ceil(per_seq);
-    let (mut ops_run, mut allowed, mut cut) = (0u64, BTreeMap::<String, u64>::new(), 0u64);
+    let (mut ops_run, mut allowed, mut cut) =
+        (0u64, BTreeMap::<String, (u64, String)>::new(), 0u64);
     for s in 0..seqs {
         let seed = first.map_or(0x5eed_0000 + s + salt, |f| f + s);
         let mut rng = Rng(seed);
@@ -1440,8 +1441,14 @@ fn worker() {
         let out = env.run(&ops);
         ops_run += per_seq;
         cut += out.cut as u64;
+        // Counted by op and entry; the first values seen kept as the example.
         for a in &out.allowed {
-            *allowed.entry(a.clone()).or_default() += 1;
+            let key = match (a.split_once(" (e.g. "), a.split_once("): ")) {
+                (Some((kind, _)), Some((_, reason))) => format!("{kind}: {reason}"),
+                _ => a.clone(),
+            };
+            let e = allowed.entry(key).or_insert((0, a.clone()));
+            e.0 += 1;
         }
         if let Some((at, what)) = out.bad {
             let upto = at.map_or(ops.len(), |i| i + 1);
@@ -1462,8 +1469,8 @@ fn worker() {
         }
     }
     println!("fuzz ({mode}): {ops_run} operations in {seqs} sequences, {cut} cut short by an allowed divergence");
-    for (a, n) in allowed {
-        println!("  allowed {n}x: {a}");
+    for (_, (n, example)) in allowed {
+        println!("  allowed {n}x: {example}");
     }
 }
 
