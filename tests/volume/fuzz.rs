@@ -259,6 +259,17 @@ impl Op {
     fn kind(&self) -> String {
         match self {
             Op::SetAppend { on: false, .. } => return "SetAppend@off".into(),
+            // chown(f, -1, -1): changes no owner, only (maybe) the set-ID bits.
+            Op::Chown {
+                uid: NONE,
+                gid: NONE,
+                ..
+            } => return "Chown@keep".into(),
+            Op::Fchown {
+                uid: NONE,
+                gid: NONE,
+                ..
+            } => return "Fchown@keep".into(),
             Op::Lseek {
                 whence: libc::SEEK_DATA,
                 ..
