@@ -1165,6 +1165,7 @@ fn errno_name(e: i32) -> &'static str {
         libc::EBUSY => "EBUSY",
         libc::ENOSYS => "ENOSYS",
         libc::EIO => "EIO",
+        libc::ENOSPC => "ENOSPC",
         _ => "E?",
     }
 }
