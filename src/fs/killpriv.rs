@@ -42,11 +42,10 @@ impl Fs {
     /// True when the mode changed.
     pub(super) fn kill_privs(&self, caller: &Caller, ino: u64, rule: KillRule) -> FsResult<bool> {
         let a = self.store.getattr(ino)?;
-        let perm = u32::from(a.perm);
-        let keep = kept(caller, &a, rule);
         if !applies(&a, rule) {
             return Ok(false);
         }
+        let (perm, keep) = (u32::from(a.perm), kept(caller, &a, rule));
         if keep != perm {
             let set = SetAttr {
                 mode: Some(keep),
@@ -67,9 +66,7 @@ impl Fs {
             Err(e) => Err(e),
         }
     }
-}
 
-impl Fs {
     /// The empty setattr is a chown (`chown(f, -1, -1)`) or a write's own check, and
     /// FUSE tells them apart no more. A chown by neither root nor the owner that would
     /// clear a bit is refused (`EPERM`), as natively, unless the file is open for writing
