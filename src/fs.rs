@@ -14,6 +14,7 @@
 
 mod counters;
 mod killpriv;
+use killpriv::KillRule;
 mod policy;
 mod pseudo;
 mod router;
@@ -86,6 +87,16 @@ pub struct Entry {
 pub struct AttrOut {
     pub attr: Attr,
     pub ttl: Duration,
+}
+
+/// What the kernel says of a write besides its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteFlags {
+    /// `FUSE_WRITE_KILL_SUIDGID`: the caller has no `CAP_FSETID` (killpriv.rs).
+    pub kill_privs: bool,
+    /// A write the caller made with `O_APPEND` (not a page written back from the cache):
+    /// it goes at the end of the file whatever the offset says.
+    pub append: bool,
 }
 
 /// How the kernel is to treat an open handle.
@@ -399,9 +410,13 @@ impl Fs {
                 // -1)`) found privileges to remove and left that to us (killpriv.rs). It
                 // is a mode change all the same, decided as one: a fenced giver may not
                 // strip the handed file's set-user-ID bit or capabilities.
+                // The chown rule serves both: the kernel sends the empty setattr of a write
+                // only for a caller without CAP_FSETID on a regular file, where the two
+                // rules agree.
                 if *set == SetAttr::default() {
                     return self.attr_out(self.guarded(caller, &route, || {
-                        self.kill_privs(caller, ino)?;
+                        self.may_kill_privs(caller, ino)?;
+                        self.kill_privs(caller, ino, KillRule::Chown)?;
                         self.store.getattr(ino)
                     }));
                 }
@@ -415,11 +430,11 @@ impl Fs {
                 let chown = plain && (set.uid.is_some() || set.gid.is_some());
                 self.guarded(caller, &route, || {
                     if chown {
-                        self.kill_privs(caller, ino)?;
+                        self.kill_privs(caller, ino, KillRule::Chown)?;
                     }
                     let a = self.store.setattr(ino, set, fh)?;
                     if plain && set.size.is_some() {
-                        self.kill_privs(caller, ino)?;
+                        self.kill_privs(caller, ino, KillRule::Write)?;
                         return self.store.getattr(ino);
                     }
                     Ok(a)
@@ -593,7 +608,7 @@ impl Fs {
         // A plain user's `O_TRUNC` removes privileges (killpriv.rs).
         let mut changed = false;
         if let (Ok((fh, _)), true) = (&made, flags & libc::O_TRUNC != 0 && caller.uid != 0) {
-            match self.kill_privs(caller, ino) {
+            match self.kill_privs(caller, ino, KillRule::Write) {
                 Ok(c) => changed = c,
                 Err(e) => {
                     self.store.release(*fh);
@@ -669,10 +684,10 @@ impl Fs {
         offset: u64,
         data: &[u8],
     ) -> FsResult<u32> {
-        self.write_flagged(caller, ino, fh, offset, data, false)
+        self.write_flagged(caller, ino, fh, offset, data, WriteFlags::default())
     }
 
-    /// A write; `kill_privs` when the kernel flags it (`FUSE_WRITE_KILL_SUIDGID`).
+    /// A write with what the kernel says of it (see [`WriteFlags`]).
     pub fn write_flagged(
         &self,
         caller: &Caller,
@@ -680,17 +695,17 @@ impl Fs {
         fh: u64,
         offset: u64,
         data: &[u8],
-        kill_privs: bool,
+        flags: WriteFlags,
     ) -> FsResult<u32> {
         match self.router.node(ino) {
             Node::Pseudo(_) => self.pseudo()?.write(caller, fh, data),
             Node::Backing(ino) => {
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
                 self.handle_write_allowed(fh)?;
-                let n = self.store.write(fh, offset, data)?;
+                let n = self.store.write(fh, offset, data, flags.append)?;
                 // The kernel flags a write by a caller without CAP_FSETID (killpriv.rs).
-                if kill_privs {
-                    self.kill_privs(caller, ino)?;
+                if flags.kill_privs {
+                    self.kill_privs(caller, ino, KillRule::Write)?;
                 }
                 Ok(n)
             }

@@ -359,13 +359,20 @@ impl Filesystem for CoherentFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let c = self.begin(Op::Write, req);
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let r = self.fs.write_flagged(&c, ino.0, fh.0, offset, data, kill);
+        // `flags` are the caller's file flags at the time of the write (fcntl may have
+        // changed them since the open); a page written back from the cache (a shared
+        // mapping's) carries none, and goes where its offset says.
+        let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let how = crate::fs::WriteFlags {
+            kill_privs: write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+            append: flags.0 & libc::O_APPEND != 0 && !cached,
+        };
+        let r = self.fs.write_flagged(&c, ino.0, fh.0, offset, data, how);
         answer(Op::Write, r, reply, |reply, n| reply.written(n))
     }
 

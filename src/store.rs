@@ -644,6 +644,14 @@ impl Store {
         self.getattr(ino)
     }
 
+    /// Is the node open for writing through the mount (a handle of ours)?
+    pub fn has_write_handle(&self, ino: u64) -> bool {
+        self.handles
+            .read()
+            .values()
+            .any(|h| h.ino == ino && h.flags & libc::O_ACCMODE != libc::O_RDONLY)
+    }
+
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let (_, node_fd) = self.node_fd(ino)?;
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
@@ -851,18 +859,27 @@ impl Store {
         Ok(buf)
     }
 
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+    /// Write `data` at `offset`, or, with `append`, at the end of the file as it is at the
+    /// time of the write (`RWF_APPEND`: atomic against every other writer of the backing
+    /// file, as `O_APPEND` is natively, even when the kernel's idea of the size is stale).
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8], append: bool) -> FsResult<u32> {
         let h = self.handle(fh)?;
+        let flags = if append { libc::RWF_APPEND } else { 0 };
         let mut done = 0usize;
         while done < data.len() {
-            // SAFETY: pwrite reads at most data.len() - done bytes, which is what is left of
-            // `data` at `done`.
+            let iov = libc::iovec {
+                iov_base: data[done..].as_ptr() as *mut libc::c_void,
+                iov_len: data.len() - done,
+            };
+            // SAFETY: pwritev2 reads at most iov_len bytes from iov_base, which is what is
+            // left of `data` at `done`; `iov` outlives the call.
             let n = cvt(unsafe {
-                libc::pwrite(
+                libc::pwritev2(
                     h.file.as_raw_fd(),
-                    data[done..].as_ptr().cast(),
-                    data.len() - done,
+                    &iov,
+                    1,
                     (offset + done as u64) as libc::off_t,
+                    flags,
                 )
             })?;
             done += n as usize;
@@ -1465,7 +1482,7 @@ mod tests {
             let (a, fh, _) = s
                 .create(&ROOT, sub.ino, OsStr::new(&name), 0o644, 0, libc::O_WRONLY)
                 .unwrap();
-            s.write(fh, 0, name.as_bytes()).unwrap();
+            s.write(fh, 0, name.as_bytes(), false).unwrap();
             s.release(fh);
             inos.push(a.ino);
         }

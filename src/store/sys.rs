@@ -61,6 +61,12 @@ pub(super) fn xattr_reply(mut buf: Vec<u8>, len: usize, size: u32) -> XattrReply
 /// Flags for opening the backing file: `O_DIRECT` is dropped because daemon-side buffers
 /// are not aligned (in passthrough mode the kernel opens the backing file with the
 /// caller's own flags), and `O_NOCTTY`/`O_EXCL` are not meaningful on a re-open.
+/// `O_APPEND` is dropped too: the kernel sends every write with the offset it means, and
+/// `pwrite` on an `O_APPEND` descriptor ignores its offset, so a shared mapping's dirty
+/// page written back through the handle would land at the end of the file. A write the
+/// caller made with `O_APPEND` is appended per call instead ([`Store::write`]).
+///
+/// [`Store::write`]: super::Store::write
 pub(super) fn backing_flags(flags: i32) -> i32 {
-    flags & !(libc::O_DIRECT | libc::O_NOCTTY)
+    flags & !(libc::O_DIRECT | libc::O_NOCTTY | libc::O_APPEND)
 }

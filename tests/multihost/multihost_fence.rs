@@ -696,3 +696,63 @@ fn a_copy_that_lags_behind_is_behind_and_a_real_change_on_a_copy_ends_the_record
         assert_eq!(record(h, FILE).unwrap()["counterparty"], "external");
     }
 }
+
+/// Where an `O_APPEND` file's data lands on a multi-host volume, where the daemon serves
+/// every read and write: an agent's appends through its direct-I/O write handles (no
+/// shared mapping there: see above), and an unattributed process's mapped page of an
+/// `O_APPEND` file (page cache, written back through the daemon), each as natively
+/// (tests/data/append_probe.py, as tests/volume/data_path.rs runs it on one host).
+#[test]
+fn appends_and_mappings_land_as_natively_on_a_multi_host_volume() {
+    const PROBE: &str = include_str!("../data/append_probe.py");
+    let dir = tempfile::Builder::new()
+        .prefix("coherent-mhf-")
+        .tempdir()
+        .unwrap();
+    let base = dir.path().canonicalize().unwrap();
+    std::fs::write(base.join("probe.py"), PROBE).unwrap();
+    let probe = base.join("probe.py");
+    let run = |d: &Path, behind: &Path, nomap: bool| {
+        let mut c = Command::new("python3");
+        c.arg(&probe).arg(d).arg(behind);
+        if nomap {
+            c.arg("nomap");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let native = base.join("native");
+    std::fs::create_dir_all(native.join("m")).unwrap();
+    std::fs::create_dir_all(native.join("n")).unwrap();
+    let (want, want_nomap) = (
+        run(&native.join("m"), &native.join("m"), false),
+        run(&native.join("n"), &native.join("n"), true),
+    );
+    assert!(want.starts_with("mapped X123456789\n"), "{want}");
+    let etcd = Etcd::start(1);
+    let a = Host::start(&base, "A", etcd.url(), true);
+    assert!(
+        a.log().contains("a multi-host volume checks every write"),
+        "{}",
+        a.log()
+    );
+    for d in ["u", "alice"] {
+        std::fs::create_dir(a.backing.join(d)).unwrap();
+    }
+    let cmd = |d: &str, nomap: bool| {
+        format!(
+            "python3 {} {} {}{}",
+            probe.display(),
+            a.at(d).display(),
+            a.backing.join(d).display(),
+            if nomap { " nomap" } else { "" }
+        )
+    };
+    let got = sh(&a, None, &cmd("u", false));
+    assert!(got.ok(), "{}\n{}", got.show(), a.log());
+    assert_eq!(got.out, want, "unattributed; log:\n{}", a.log());
+    let got = sh(&a, Some("alice"), &cmd("alice", true));
+    assert!(got.ok(), "{}\n{}", got.show(), a.log());
+    assert_eq!(got.out, want_nomap, "alice; log:\n{}", a.log());
+}

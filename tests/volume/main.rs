@@ -10,11 +10,13 @@ mod common;
 mod coherent;
 
 mod acl;
+mod data_path;
 mod fs_cache;
 mod fs_hooks;
 mod fs_lifecycle;
 mod fs_ops;
 mod fs_perms;
+mod fuzz;
 mod killpriv;
 mod long_run;
 mod mount_helper;
