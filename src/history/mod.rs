@@ -14,7 +14,7 @@ pub mod diff;
 pub mod plan;
 mod store;
 
-pub use store::{Entry, Kept, Limits, Store};
+pub use store::{hex as store_hex, Entry, Kept, Limits, Store};
 
 /// How `--since` is written: RFC 3339 (`2026-12-04T17:00:00Z`) or a span back from now
 /// (`90s`, `30m`, `2h`, `1d`). None if neither.

@@ -191,7 +191,7 @@ fn fd_b(fd: &OwnedFd) -> BorrowedFd<'_> {
 }
 
 /// The digest as the blob's name: 64 lower-case hex digits.
-pub(crate) fn hex(d: &[u8; 32]) -> String {
+pub fn hex(d: &[u8; 32]) -> String {
     use std::fmt::Write as _;
     d.iter().fold(String::with_capacity(64), |mut s, b| {
         let _ = write!(s, "{b:02x}");
