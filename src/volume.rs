@@ -16,6 +16,7 @@ mod control;
 mod handle;
 mod handles;
 mod history;
+mod history_verbs;
 mod liveness;
 mod policy;
 mod prune;
