@@ -746,8 +746,9 @@ async fn mcp_tools_are_annotated_and_their_schemas_travel() {
             .annotations
             .clone()
             .unwrap_or_else(|| panic!("{name} has no annotations"));
-        let read_only = ["whoami", "status", "inbox", "wait"].contains(&name.as_str());
-        let idempotent = name != "transfer";
+        let read_only =
+            ["whoami", "status", "inbox", "wait", "log", "show", "diff"].contains(&name.as_str());
+        let idempotent = name != "transfer" && name != "undo";
         assert_eq!(a.read_only_hint, Some(read_only), "{name}");
         assert_eq!(a.idempotent_hint, Some(idempotent), "{name}");
         assert_eq!(a.destructive_hint, Some(false), "{name}");

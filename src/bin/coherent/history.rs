@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::{call_bytes, locate, locate_cwd, Fail, EXIT_REFUSED};
 
-fn request(root: &Path, v: Value) -> Result<Reply, Fail> {
+pub(super) fn request(root: &Path, v: Value) -> Result<Reply, Fail> {
     let mut bytes = serde_json::to_vec(&v).expect("JSON");
     bytes.push(b'\n');
     call_bytes(root, &bytes)
@@ -105,7 +105,7 @@ pub(super) fn show(spec: &str, json: bool) -> Result<(), Fail> {
         .map_err(|e| Fail::usage(format!("cannot write the version out: {e}")))
 }
 
-fn session_req(verb: &str, session: &str, since: Option<&str>) -> Value {
+pub(super) fn session_req(verb: &str, session: &str, since: Option<&str>) -> Value {
     let mut v = json!({"verb": verb, "session": session});
     if let Some(s) = since {
         v["since"] = s.into();
@@ -219,22 +219,20 @@ fn apply(root: &Path, f: &Value) -> Result<String, (String, String)> {
     })
 }
 
-pub(super) fn undo(
+/// Asks for the plan and, unless `dry_run`, puts the files back: the outcome as the JSON
+/// `coherent undo --json` prints (`ok` false when a file was refused), or the volume's
+/// refusal of the whole request.
+pub(super) fn undo_run(
+    root: &Path,
     session: &str,
     since: Option<&str>,
     dry_run: bool,
-    json: bool,
-) -> Result<(), Fail> {
-    let root = locate_cwd()?;
+) -> Result<Result<Value, Reply>, Fail> {
     let mut req = session_req("undo", session, since);
     req["dry_run"] = dry_run.into();
-    let reply = request(&root, req)?;
+    let reply = request(root, req)?;
     if !reply.is_ok() {
-        return if json {
-            print_json_or_fail(&reply)
-        } else {
-            Err(refused(&reply))
-        };
+        return Ok(Err(reply));
     }
     let body = reply.body();
     let mut done = Vec::new();
@@ -245,7 +243,7 @@ pub(super) fn undo(
                 "restore_version": f["restore_version"]}));
             continue;
         }
-        match apply(&root, f) {
+        match apply(root, f) {
             Ok(line) => done.push(json!({"path": f["path"], "action": f["action"],
                 "restore_version": f["restore_version"], "message": line})),
             Err((reason, message)) => {
@@ -253,14 +251,37 @@ pub(super) fn undo(
             }
         }
     }
+    let message = format!(
+        "{} file(s) {}, {} refused",
+        done.len(),
+        if dry_run { "to put back" } else { "put back" },
+        refusals.len()
+    );
+    Ok(Ok(
+        json!({"ok": refusals.is_empty(), "verb": "undo", "session": session,
+            "dry_run": dry_run, "files": done, "refused": refusals, "message": message}),
+    ))
+}
+
+pub(super) fn undo(
+    session: &str,
+    since: Option<&str>,
+    dry_run: bool,
+    json: bool,
+) -> Result<(), Fail> {
+    let root = locate_cwd()?;
+    let out = match undo_run(&root, session, since, dry_run)? {
+        Ok(v) => v,
+        Err(reply) if json => return print_json_or_fail(&reply),
+        Err(reply) => return Err(refused(&reply)),
+    };
+    let empty = Vec::new();
+    let done = out["files"].as_array().unwrap_or(&empty);
+    let refusals = out["refused"].as_array().unwrap_or(&empty);
     if json {
-        println!(
-            "{}",
-            json!({"ok": refusals.is_empty(), "verb": "undo", "session": session,
-                "dry_run": dry_run, "files": done, "refused": refusals})
-        );
+        println!("{out}");
     } else {
-        for d in &done {
+        for d in done {
             let line = match d["message"].as_str() {
                 Some(m) => m.to_string(),
                 None => format!(
@@ -274,7 +295,7 @@ pub(super) fn undo(
             };
             println!("{}", one_line(&line));
         }
-        for r in &refusals {
+        for r in refusals {
             eprintln!(
                 "coherent: refused ({}): {}",
                 r["reason"].as_str().unwrap_or(""),
