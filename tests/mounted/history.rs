@@ -137,14 +137,18 @@ fn sessions_at_work(m: &impl Root) {
 #[test]
 fn diff_of_a_session_is_exact_and_undo_puts_back_what_nobody_changed_since() {
     let m = mount(true);
+    // a file that was there before the volume: its first content is kept before a write
+    std::fs::write(m.backing.join("old.txt"), "as found\n").unwrap();
     sessions_at_work(&m);
+    sh_ok(&m, Some("alice"), "echo rewritten > old.txt");
     let r = cli(&m, Some("reader"), &["diff", "--session", "alice"]);
     assert!(r.ok(), "{}", r.show());
     assert_eq!(
         r.out,
         "--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n-a1\n+a3\n same\n\
          --- a/c.txt\n+++ b/c.txt\n@@ -1 +1 @@\n-c1\n+c2\n\
-         --- /dev/null\n+++ b/n.txt\n@@ -0,0 +1 @@\n+new\n"
+         --- /dev/null\n+++ b/n.txt\n@@ -0,0 +1 @@\n+new\n\
+         --- a/old.txt\n+++ b/old.txt\n@@ -1 +1 @@\n-as found\n+rewritten\n"
     );
     // bob's diff: b.txt from b1, c.txt from alice's c2
     let r = cli(&m, Some("reader"), &["diff", "--session", "bob"]);
@@ -174,6 +178,10 @@ fn diff_of_a_session_is_exact_and_undo_puts_back_what_nobody_changed_since() {
         "a1\nsame\n"
     );
     assert!(!m.at("n.txt").exists(), "alice made n.txt: undo removes it");
+    assert_eq!(
+        std::fs::read_to_string(m.at("old.txt")).unwrap(),
+        "as found\n"
+    );
     assert_eq!(std::fs::read_to_string(m.at("c.txt")).unwrap(), "c2\nc3\n");
     let refused = out["refused"].as_array().unwrap();
     assert_eq!(refused.len(), 1, "{out}");
