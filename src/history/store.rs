@@ -578,7 +578,8 @@ impl Store {
         let mut total = inner.total;
         for (last, d) in victims {
             let old = by_age && last < cutoff;
-            if !old && !(over_bound && total > target) {
+            let over = over_bound && total > target;
+            if !old && !over {
                 continue;
             }
             if let Some(b) = inner.blobs.remove(&d) {
