@@ -30,7 +30,9 @@ use std::fs::File;
 use std::io::{self, BufRead, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -89,7 +91,14 @@ pub struct Entry {
     pub kept: bool,
 }
 
-/// What [`Store::keep`] took of a file.
+impl Entry {
+    /// The version removed the path (no content).
+    pub fn removed(&self) -> bool {
+        matches!(self.op.as_str(), "unlink" | "rename_away")
+    }
+}
+
+/// What [`Store::keep_fd`] took of a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kept {
     pub digest: [u8; 32],
@@ -119,7 +128,27 @@ pub struct Store {
     limits: Limits,
     inner: Mutex<Inner>,
     tmp: AtomicU64,
+    /// The backing filesystem refused a reflink once: copy from then on.
+    no_reflink: AtomicBool,
+    /// The worker that hashes files over the size limit (started at the first).
+    hasher: OnceLock<Mutex<Sender<Job>>>,
 }
+
+enum Job {
+    Large(Large),
+    /// Answered once every job before it is done.
+    Settle(Sender<()>),
+}
+
+/// A file over the size limit to hash off the request path.
+struct Large {
+    fd: OwnedFd,
+    stat: libc::stat,
+    entry: Entry,
+}
+
+/// Files up to this size are read into memory once (hash and blob from one read).
+const SMALL: u64 = 256 << 10;
 
 fn cstr(s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
@@ -257,10 +286,24 @@ fn same(a: &libc::stat, b: &libc::stat) -> bool {
 
 /// Copies all of `src` into the empty `dst`: a reflink, else `copy_file_range`, else read
 /// and write.
-fn copy_into(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64) -> io::Result<()> {
-    // SAFETY: FICLONE between two valid descriptors; it changes only dst.
-    if unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONE as _, src.as_raw_fd()) } == 0 {
-        return Ok(());
+fn copy_into(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    size: u64,
+    no_reflink: &AtomicBool,
+) -> io::Result<()> {
+    if !no_reflink.load(Ordering::Relaxed) {
+        // SAFETY: FICLONE between two valid descriptors; it changes only dst.
+        if unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONE as _, src.as_raw_fd()) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::EOPNOTSUPP | libc::EXDEV | libc::EINVAL | libc::ENOTTY)
+        ) {
+            no_reflink.store(true, Ordering::Relaxed);
+        }
     }
     let (mut off_in, mut off_out): (libc::loff_t, libc::loff_t) = (0, 0);
     let mut fallback = false;
@@ -341,6 +384,8 @@ impl Store {
                 last_age_prune: 0,
             }),
             tmp: AtomicU64::new(0),
+            no_reflink: AtomicBool::new(false),
+            hasher: OnceLock::new(),
         };
         store.load()?;
         store.prune(Timestamp::now(), true);
@@ -447,77 +492,152 @@ impl Store {
             if before.st_mode & libc::S_IFMT != libc::S_IFREG {
                 return Ok(None);
             }
-            let (digest, size) = digest_of(fd)?;
-            let name = hex(&digest);
-            if size != before.st_size as u64 || !same(&before, &fstat(fd)?) {
-                continue;
+            match self.keep_once(fd, &before)? {
+                Some(k) => return Ok(Some(k)),
+                None => continue, // it changed while it was read: again
             }
-            if size > self.limits.max_file {
-                return Ok(Some(Kept {
-                    digest,
-                    size,
-                    stored: false,
-                }));
-            }
-            if self.inner.lock().blobs.contains_key(&name) {
-                return Ok(Some(Kept {
-                    digest,
-                    size,
-                    stored: true,
-                }));
-            }
-            let tmp = format!(
-                ".tmp-{}-{}",
-                std::process::id(),
-                self.tmp.fetch_add(1, Ordering::Relaxed)
-            );
-            let out = openat(
-                fd_b(&self.objects),
-                &tmp,
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
-                0o600,
-            )?;
-            let copied = copy_into(fd, fd_b(&out), size);
-            let moved = !same(&before, &fstat(fd)?);
-            let ok = match copied {
-                Ok(()) if !moved => fstat(fd_b(&out))?.st_size as u64 == size,
-                Ok(()) => false,
-                Err(e) => {
-                    self.unlink_obj(&tmp);
-                    return Err(e);
-                }
-            };
-            if !ok {
+        }
+        Ok(None)
+    }
+
+    /// One try of [`Store::keep_fd`] of the file `fd` as `before` stats it; None when it
+    /// changed meanwhile.
+    fn keep_once(&self, fd: BorrowedFd<'_>, before: &libc::stat) -> io::Result<Option<Kept>> {
+        let size = before.st_size as u64;
+        // A small file is read once: hashed and, if new, written from memory (no second
+        // pass over it, no reflink or copy_file_range round trip).
+        let small = size <= SMALL && size <= self.limits.max_file;
+        let mut buf = Vec::new();
+        let (digest, n) = if small {
+            buf.reserve_exact(size as usize + 1);
+            each_chunk(fd, |b| buf.extend_from_slice(b))?;
+            (*blake3::hash(&buf).as_bytes(), buf.len() as u64)
+        } else {
+            digest_of(fd)?
+        };
+        if n != size || !same(before, &fstat(fd)?) {
+            return Ok(None);
+        }
+        let name = hex(&digest);
+        let kept = |stored| Kept {
+            digest,
+            size,
+            stored,
+        };
+        if size > self.limits.max_file {
+            return Ok(Some(kept(false)));
+        }
+        if self.inner.lock().blobs.contains_key(&name) {
+            return Ok(Some(kept(true)));
+        }
+        let tmp = format!(
+            ".tmp-{}-{}",
+            std::process::id(),
+            self.tmp.fetch_add(1, Ordering::Relaxed)
+        );
+        let out = openat(
+            fd_b(&self.objects),
+            &tmp,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+            0o600,
+        )?;
+        let copied = if small {
+            File::from(out).write_all(&buf).map(|()| true)
+        } else {
+            let r = copy_into(fd, fd_b(&out), size, &self.no_reflink);
+            // The copy is of this content only if the file did not move while it ran.
+            r.and_then(|()| {
+                Ok(same(before, &fstat(fd)?) && fstat(fd_b(&out))?.st_size as u64 == size)
+            })
+        };
+        match copied {
+            Ok(true) => {}
+            Ok(false) => {
                 self.unlink_obj(&tmp);
-                continue;
+                return Ok(None);
             }
-            let (from, to) = (cstr(&tmp)?, cstr(&name)?);
-            // SAFETY: valid directory descriptors and NUL-terminated names.
-            let r = unsafe {
-                libc::renameat(
-                    self.objects.as_raw_fd(),
-                    from.as_ptr(),
-                    self.objects.as_raw_fd(),
-                    to.as_ptr(),
-                )
-            };
-            if r != 0 {
-                let e = io::Error::last_os_error();
+            Err(e) => {
                 self.unlink_obj(&tmp);
                 return Err(e);
             }
-            let mut inner = self.inner.lock();
-            if !inner.blobs.contains_key(&name) {
-                inner.total += size;
-                inner.blobs.insert(name, Blob { size, last: 0 });
-            }
-            return Ok(Some(Kept {
-                digest,
-                size,
-                stored: true,
-            }));
         }
-        Ok(None)
+        let (from, to) = (cstr(&tmp)?, cstr(&name)?);
+        // SAFETY: valid directory descriptors and NUL-terminated names.
+        let r = unsafe {
+            libc::renameat(
+                self.objects.as_raw_fd(),
+                from.as_ptr(),
+                self.objects.as_raw_fd(),
+                to.as_ptr(),
+            )
+        };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            self.unlink_obj(&tmp);
+            return Err(e);
+        }
+        let mut inner = self.inner.lock();
+        if !inner.blobs.contains_key(&name) {
+            inner.total += size;
+            inner.blobs.insert(name, Blob { size, last: 0 });
+        }
+        Ok(Some(kept(true)))
+    }
+
+    /// A file over `max_file` is recorded by digest only, and reading all of it to hash it
+    /// is not worth holding the request that committed it: a worker thread hashes it and
+    /// records `entry` with the digest, if the file is still as `stat` saw it at the
+    /// commit (else without one: that content is gone).
+    pub fn record_large_later(self: &Arc<Self>, fd: OwnedFd, stat: libc::stat, entry: Entry) {
+        let tx = self.hasher.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Job>();
+            let me = Arc::downgrade(self);
+            let _ = std::thread::Builder::new()
+                .name("coherent-history".into())
+                .spawn(move || {
+                    for job in rx {
+                        match job {
+                            Job::Large(l) => {
+                                let Some(store) = me.upgrade() else { return };
+                                store.hash_large(l);
+                            }
+                            Job::Settle(done) => {
+                                let _ = done.send(());
+                            }
+                        }
+                    }
+                });
+            Mutex::new(tx)
+        });
+        let job = Job::Large(Large { fd, stat, entry });
+        if let Err(std::sync::mpsc::SendError(Job::Large(l))) = tx.lock().send(job) {
+            self.hash_large(l);
+        }
+    }
+
+    fn hash_large(&self, job: Large) {
+        let Large {
+            fd,
+            stat,
+            mut entry,
+        } = job;
+        let got = fstat(fd_b(&fd))
+            .ok()
+            .filter(|now| same(&stat, now))
+            .and_then(|_| digest_of(fd_b(&fd)).ok())
+            .filter(|_| fstat(fd_b(&fd)).is_ok_and(|now| same(&stat, &now)));
+        entry.digest = got.map(|(d, _)| hex(&d));
+        entry.kept = false;
+        self.record(entry);
+    }
+
+    /// Waits until the worker has recorded every large file handed to it so far.
+    pub fn settle(&self) {
+        if let Some(tx) = self.hasher.get() {
+            let (done_tx, done_rx) = std::sync::mpsc::channel();
+            let _ = tx.lock().send(Job::Settle(done_tx));
+            let _ = done_rx.recv_timeout(std::time::Duration::from_secs(30));
+        }
     }
 
     fn unlink_obj(&self, name: &str) {
@@ -799,6 +919,49 @@ mod tests {
         assert!(!k.stored);
         assert_eq!(k.digest, *blake3::hash(b"four").as_bytes());
         assert_eq!(s.usage(), (0, 0));
+    }
+
+    #[test]
+    fn a_large_file_is_hashed_off_the_request_and_recorded_by_digest() {
+        let t = tempfile::tempdir().unwrap();
+        let lim = Limits {
+            max_file: 3,
+            ..Limits::default()
+        };
+        let s = Arc::new(Store::open(t.path(), lim).unwrap());
+        let f = file(t.path(), "big", b"large");
+        let st = fstat(f.as_fd()).unwrap();
+        let e = Entry {
+            path: "big".into(),
+            version: 2,
+            session: "s".into(),
+            ts: Timestamp::now().0,
+            op: "write".into(),
+            digest: None,
+            size: 5,
+            kept: false,
+        };
+        s.record_large_later(f.into(), st, e.clone());
+        s.settle();
+        let log = s.log("big");
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].digest, Some(hex(blake3::hash(b"large").as_bytes())));
+        assert!(!log[0].kept);
+        assert_eq!(s.usage(), (0, 0));
+        // changed since the commit: that content is gone, no digest is made up
+        let f = file(t.path(), "big2", b"large");
+        let st = fstat(f.as_fd()).unwrap();
+        std::fs::write(t.path().join("big2"), b"other!").unwrap();
+        s.record_large_later(
+            f.into(),
+            st,
+            Entry {
+                path: "big2".into(),
+                ..e
+            },
+        );
+        s.settle();
+        assert_eq!(s.log("big2")[0].digest, None);
     }
 
     #[test]

@@ -22,10 +22,8 @@ fn op_name(op: CommitOp) -> String {
 }
 
 impl Workspace {
-    /// The content of the backing file `p` taken into the store (None: history is off, or
-    /// not a regular file).
-    fn history_take(&self, p: &str) -> Option<Kept> {
-        let h = self.history.as_ref()?;
+    /// The backing file `p` open for reading, with its stat, if it is a regular file.
+    fn open_backing(&self, p: &str) -> Option<(std::os::fd::OwnedFd, libc::stat)> {
         let fd = crate::beneath::open_beneath(
             self.backing.fd(),
             Path::new(p),
@@ -33,7 +31,18 @@ impl Workspace {
             0,
         )
         .ok()?;
-        match h.keep_fd(fd.as_fd()) {
+        // SAFETY: an all-zero stat is a valid value to be overwritten.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor and a stat buffer we own.
+        if unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut st) } != 0 {
+            return None;
+        }
+        (st.st_mode & libc::S_IFMT == libc::S_IFREG).then_some((fd, st))
+    }
+
+    /// The content of `fd` (the backing file `p`) taken into the store.
+    fn keep(&self, p: &str, fd: std::os::fd::OwnedFd) -> Option<Kept> {
+        match self.history.as_ref()?.keep_fd(fd.as_fd()) {
             Ok(k) => k,
             Err(e) => {
                 tracing::warn!(path = %crate::names::display_name(p), "history: cannot keep a version: {e}");
@@ -81,7 +90,31 @@ impl Workspace {
             return commit();
         }
         let removes = matches!(op, CommitOp::Unlink | CommitOp::RenameAway);
-        let kept = if removes { None } else { self.history_take(p) };
+        let h = self.history.as_ref().expect("checked");
+        let opened = if removes { None } else { self.open_backing(p) };
+        let kept = match opened {
+            Some((fd, st)) if st.st_size as u64 > h.limits().max_file => {
+                // Over the size limit: recorded by digest only, hashed off this request.
+                let v = commit();
+                h.record_large_later(
+                    fd,
+                    st,
+                    Entry {
+                        path: p.to_string(),
+                        version: v,
+                        session: s.name.clone(),
+                        ts: now.0,
+                        op: op_name(op),
+                        digest: None,
+                        size: st.st_size as u64,
+                        kept: false,
+                    },
+                );
+                return v;
+            }
+            Some((fd, _)) => self.keep(p, fd),
+            None => None,
+        };
         let v = commit();
         self.history_record(p, &s.name, op_name(op), v, kept, now);
         v
@@ -101,7 +134,14 @@ impl Workspace {
             if h.has(p, v) {
                 return;
             }
-            if let Some(k) = self.history_take(p) {
+            // A file over the size limit could not be put back anyway: no base.
+            let Some((fd, st)) = self.open_backing(p) else {
+                return;
+            };
+            if st.st_size as u64 > h.limits().max_file {
+                return;
+            }
+            if let Some(k) = self.keep(p, fd) {
                 self.history_record(p, "", "base".into(), v, Some(k), Timestamp::now());
             }
         };

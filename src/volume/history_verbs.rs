@@ -44,7 +44,7 @@ fn entry_json(e: &Entry) -> Value {
         "digest": e.digest,
         "size": e.size,
         "kept": e.kept,
-        "removed": e.digest.is_none(),
+        "removed": e.removed(),
     })
 }
 
@@ -93,12 +93,12 @@ impl Reader<'_> {
 }
 
 fn bytes_of(h: &Store, e: &Entry) -> Result<Option<Vec<u8>>, Refusal> {
-    let Some(d) = e.digest.as_deref() else {
+    if e.removed() {
         return Ok(Some(Vec::new()));
-    };
-    if !e.kept {
-        return Ok(None);
     }
+    let Some(d) = e.digest.as_deref().filter(|_| e.kept) else {
+        return Ok(None);
+    };
     h.bytes(d)
         .map_err(|err| Refusal::new(Reason::IoError, format!("history: {err}")))
 }
@@ -251,8 +251,8 @@ fn session_diff(
             ));
             continue;
         };
-        let exists_before = c.before.as_ref().is_some_and(|b| b.digest.is_some());
-        if !exists_before && c.last.digest.is_none() {
+        let exists_before = c.before.as_ref().is_some_and(|b| !b.removed());
+        if !exists_before && c.last.removed() {
             continue; // made and removed in the window (an editor's temporary file)
         }
         let (na, nb) = (
@@ -261,7 +261,7 @@ fn session_diff(
             } else {
                 "/dev/null".into()
             },
-            if c.last.digest.is_some() {
+            if !c.last.removed() {
                 format!("b/{}", c.path)
             } else {
                 "/dev/null".into()
@@ -339,7 +339,7 @@ fn undo(
             }));
             continue;
         }
-        let removes = c.before.as_ref().is_none_or(|b| b.digest.is_none());
+        let removes = c.before.as_ref().is_none_or(Entry::removed);
         let exists_now = now.as_ref().is_some_and(|s| s.exists);
         if removes && !exists_now {
             continue; // made and removed by the session: nothing to put back
@@ -355,7 +355,7 @@ fn undo(
             f.insert("action".into(), "remove".into());
         } else {
             let b = c.before.as_ref().expect("not removes");
-            if c.last.digest.is_some() && b.digest == c.last.digest {
+            if b.digest.is_some() && b.digest == c.last.digest {
                 continue; // the session's changes cancel out
             }
             f.insert("action".into(), "restore".into());

@@ -222,6 +222,16 @@ fn a_fenced_givers_undo_is_refused_like_its_write() {
     let (code, out) = cli_json(&m, Some("bob"), &["undo", "--session", "alice"]);
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(std::fs::read_to_string(m.at("f")).unwrap(), "v1\n");
+    // the successor's version stays retrievable after a change behind the volume's back
+    let v = version(&m, "f").unwrap();
+    std::fs::write(m.backing.join("f"), "outside\n").unwrap();
+    sh_ok(&m, Some("reader"), "cat f >/dev/null");
+    assert_eq!(
+        version(&m, "f"),
+        Some(v + 1),
+        "counted as an external change"
+    );
+    assert_eq!(show_bytes(&m, &format!("f@v{v}")), b"v1\n");
 }
 
 #[test]
