@@ -135,7 +135,7 @@ pub struct Store {
 }
 
 enum Job {
-    Large(Large),
+    Large(Box<Large>),
     /// Answered once every job before it is done.
     Settle(Sender<()>),
 }
@@ -599,7 +599,7 @@ impl Store {
                         match job {
                             Job::Large(l) => {
                                 let Some(store) = me.upgrade() else { return };
-                                store.hash_large(l);
+                                store.hash_large(*l);
                             }
                             Job::Settle(done) => {
                                 let _ = done.send(());
@@ -609,9 +609,9 @@ impl Store {
                 });
             Mutex::new(tx)
         });
-        let job = Job::Large(Large { fd, stat, entry });
+        let job = Job::Large(Box::new(Large { fd, stat, entry }));
         if let Err(std::sync::mpsc::SendError(Job::Large(l))) = tx.lock().send(job) {
-            self.hash_large(l);
+            self.hash_large(*l);
         }
     }
 
