@@ -71,6 +71,7 @@ mod tests {
             digest: d.map(str::to_string),
             size: 0,
             kept: true,
+            from: None,
         }
     }
 

@@ -89,6 +89,32 @@ pub struct Entry {
     /// pruned).
     #[serde(default)]
     pub kept: bool,
+    /// `move_dir` (an index line, not a version): the directory `from` was renamed to
+    /// `path`, and the history of everything under it moved with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+}
+
+/// Moves the history of `from` and everything under it to `to` (a directory rename).
+fn move_dir(by_path: &mut HashMap<String, Vec<Entry>>, from: &str, to: &str) {
+    let under = format!("{from}/");
+    let moved: Vec<String> = by_path
+        .keys()
+        .filter(|k| *k == from || k.starts_with(&under))
+        .cloned()
+        .collect();
+    for k in moved {
+        let Some(mut v) = by_path.remove(&k) else {
+            continue;
+        };
+        let nk = format!("{to}{}", &k[from.len()..]);
+        for e in &mut v {
+            e.path = nk.clone();
+        }
+        let dest = by_path.entry(nk).or_default();
+        v.append(dest);
+        *dest = v;
+    }
 }
 
 impl Entry {
@@ -414,6 +440,10 @@ impl Store {
             let Ok(e) = serde_json::from_slice::<Entry>(&line) else {
                 continue;
             };
+            if let (Some(from), "move_dir") = (e.from.as_deref(), e.op.as_str()) {
+                move_dir(&mut by_path, from, &e.path);
+                continue;
+            }
             let v = by_path.entry(e.path.clone()).or_default();
             // The journal may have lost a commit the index has: the later line wins.
             v.retain(|x| x.version != e.version || x.op == "base");
@@ -773,6 +803,31 @@ impl Store {
         Ok(())
     }
 
+    /// A directory renamed from `from` to `to` through the volume: the history of
+    /// everything under it moves with it (as the versions do).
+    pub fn rename_dir(&self, from: &str, to: &str, ts: i64) {
+        let e = Entry {
+            path: to.to_string(),
+            version: 0,
+            session: String::new(),
+            ts,
+            op: "move_dir".into(),
+            digest: None,
+            size: 0,
+            kept: false,
+            from: Some(from.to_string()),
+        };
+        let Ok(mut line) = serde_json::to_vec(&e) else {
+            return;
+        };
+        line.push(b'\n');
+        let mut inner = self.inner.lock();
+        if let Err(err) = inner.index.write_all(&line) {
+            tracing::warn!("history: cannot append to the index: {err}");
+        }
+        move_dir(&mut inner.by_path, from, to);
+    }
+
     /// The versions of `path`, oldest first.
     pub fn log(&self, path: &str) -> Vec<Entry> {
         self.inner
@@ -845,6 +900,7 @@ mod tests {
             digest: Some(hex(&k.digest)),
             size: k.size,
             kept: k.stored,
+            from: None,
         }
     }
 
@@ -940,6 +996,7 @@ mod tests {
             digest: None,
             size: 5,
             kept: false,
+            from: None,
         };
         s.record_large_later(f.into(), st, e.clone());
         s.settle();
@@ -1027,6 +1084,30 @@ mod tests {
             s.log("f").iter().map(|e| e.version).collect::<Vec<_>>(),
             [2]
         );
+    }
+
+    #[test]
+    fn a_directory_rename_moves_the_history_under_it_also_after_reopening() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::open(t.path(), Limits::default()).unwrap();
+        let a = s
+            .keep_fd(file(t.path(), "a", b"x").as_fd())
+            .unwrap()
+            .unwrap();
+        let now = Timestamp::now().0;
+        s.record(entry("d/x", 1, now, &a));
+        s.record(entry("d/sub/y", 1, now, &a));
+        s.record(entry("dx", 1, now, &a));
+        s.rename_dir("d", "e/f", now);
+        let check = |s: &Store| {
+            assert!(s.log("d/x").is_empty());
+            assert_eq!(s.log("e/f/x")[0].path, "e/f/x");
+            assert_eq!(s.log("e/f/sub/y").len(), 1);
+            assert_eq!(s.log("dx").len(), 1, "a sibling with the same prefix stays");
+        };
+        check(&s);
+        drop(s);
+        check(&Store::open(t.path(), Limits::default()).unwrap());
     }
 
     #[test]

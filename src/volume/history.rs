@@ -72,6 +72,7 @@ impl Workspace {
             digest: kept.map(|k| crate::history::store_hex(&k.digest)),
             size: kept.map_or(0, |k| k.size),
             kept: kept.is_some_and(|k| k.stored),
+            from: None,
         });
     }
 
@@ -108,6 +109,7 @@ impl Workspace {
                         digest: None,
                         size: st.st_size as u64,
                         kept: false,
+                        from: None,
                     },
                 );
                 return v;
@@ -153,6 +155,13 @@ impl Workspace {
                 base(to);
             }
             _ => {}
+        }
+    }
+
+    /// A directory renamed through the volume: its history moves with it.
+    pub(super) fn history_moved_dir(&self, from: &str, to: &str, now: Timestamp) {
+        if let Some(h) = &self.history {
+            h.rename_dir(from, to, now.0);
         }
     }
 

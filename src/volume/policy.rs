@@ -400,6 +400,7 @@ impl WritePolicy {
                     };
                     if pm.is_dir {
                         e.rename(s, p, t, true, None, now);
+                        self.ws.history_moved_dir(p, t, now);
                     } else {
                         // The source records a removal, the target the moved content.
                         self.ws.history_moved(p, s, now);

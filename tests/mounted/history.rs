@@ -97,8 +97,15 @@ fn every_version_real_tools_commit_is_shown_after_a_crash_and_a_remount() {
     );
     step(&m, "dave", "echo local change > g.txt", "g.txt", &mut g);
     step(&m, "dave", "git checkout -- g.txt", "g.txt", &mut g);
+    // a directory renamed through the volume takes its files' history along
+    let mut d = Vec::new();
+    sh_ok(&m, Some("erin"), "mkdir dir");
+    step(&m, "erin", "echo in a dir > dir/x", "dir/x", &mut d);
+    step(&m, "erin", "echo again >> dir/x", "dir/x", &mut d);
+    sh_ok(&m, Some("erin"), "mv dir moved");
     check_all(&m, "f.txt", &f);
     check_all(&m, "g.txt", &g);
+    check_all(&m, "moved/x", &d);
     // The log names who made each version and how.
     let (_, log) = cli_json(&m, Some("reader"), &["log", "f.txt"]);
     let who: Vec<&str> = log["versions"]
@@ -114,6 +121,7 @@ fn every_version_real_tools_commit_is_shown_after_a_crash_and_a_remount() {
     let m = Remount::start(&base, &[]);
     check_all(&m, "f.txt", &f);
     check_all(&m, "g.txt", &g);
+    check_all(&m, "moved/x", &d);
     // and history goes on after the restart
     step(&m, "alice", "echo after >> f.txt", "f.txt", &mut f);
     check_all(&m, "f.txt", &f);
