@@ -192,7 +192,9 @@ impl WritePolicy {
         if !f_dir && !t_dir {
             // An untracked side of the swap is not counted (docs/design.md#versions).
             for p in [f, t].into_iter().filter(|p| self.ws.is_tracked(p, false)) {
-                e.commit(s, p, CommitOp::Rename, self.ws.stamp_now(p), now);
+                self.ws.with_history(p, s, CommitOp::Rename, now, || {
+                    e.commit(s, p, CommitOp::Rename, self.ws.stamp_now(p), now)
+                });
             }
             return;
         }

@@ -103,6 +103,14 @@ fn every_version_real_tools_commit_is_shown_after_a_crash_and_a_remount() {
     step(&m, "erin", "echo in a dir > dir/x", "dir/x", &mut d);
     step(&m, "erin", "echo again >> dir/x", "dir/x", &mut d);
     sh_ok(&m, Some("erin"), "mv dir moved");
+    // two files swapped in one step (renameat2 RENAME_EXCHANGE): both new versions kept
+    sh_ok(&m, Some("erin"), "echo left > l && echo right > r");
+    let swap = "import ctypes,os\nlibc=ctypes.CDLL(None,use_errno=True)\n\
+                assert libc.renameat2(-100,b'l',-100,b'r',2)==0, os.strerror(ctypes.get_errno())";
+    sh_ok(&m, Some("erin"), &format!("python3 -S -c \"{swap}\""));
+    let (vl, vr) = (version(&m, "l").unwrap(), version(&m, "r").unwrap());
+    assert_eq!(show_bytes(&m, &format!("l@v{vl}")), b"right\n");
+    assert_eq!(show_bytes(&m, &format!("r@v{vr}")), b"left\n");
     check_all(&m, "f.txt", &f);
     check_all(&m, "g.txt", &g);
     check_all(&m, "moved/x", &d);
