@@ -30,7 +30,7 @@ state_dir_for() {
     rm -rf "$d" && mkdir -p "$d" && printf '%s' "$d"
 }
 
-KNOWN_MODES="native bindfs bindfs-inplace cref cref-inplace coherent coherent-inplace coherent-plain coherent-nopt coherent-base"
+KNOWN_MODES="native bindfs bindfs-inplace cref cref-inplace coherent coherent-inplace coherent-plain coherent-nopt coherent-base coherent-nohist coherent-nohist-inplace"
 
 # mode_known MODE: MODE is one of KNOWN_MODES (without @tN).
 mode_known() { [[ " $KNOWN_MODES " == *" ${1%@t*} "* ]]; }
@@ -90,6 +90,12 @@ mode_command() {
         MODE_CMD=("$COHERENT_MOUNT" "$mnt" --state-dir "$(state_dir_for "$mnt")"
             "${COHERENT_MOUNT_O[@]}")
         ;;
+    coherent-nohist | coherent-nohist-inplace)
+        # The same without the content history (--history-max 0): what keeping every
+        # version costs (docs/history.md).
+        mode_command "${mode/-nohist/}" "$backing" "$mnt"
+        MODE_CMD+=(--history-max 0)
+        ;;
     coherent-plain)
         # Passthrough without the coherence layer (hidden --no-coherence): what enforcement costs.
         MODE_CMD=("$COHERENT_MOUNT" "$backing" "$mnt" --no-coherence "${COHERENT_MOUNT_O[@]}")
@@ -120,6 +126,8 @@ mode_label() {
     coherent-inplace) echo "coherent in place" ;;
     coherent*@t*) echo "$(mode_label "${1%@t*}"), ${1##*@t} threads" ;;
     coherent-plain) echo "coherent (--no-coherence)" ;;
+    coherent-nohist) echo "coherent, no history" ;;
+    coherent-nohist-inplace) echo "coherent in place, no history" ;;
     coherent-nopt) echo "coherent (--no-passthrough)" ;;
     coherent-base) echo "coherent base build (passthrough)" ;;
     *) echo "$1" ;;

@@ -216,6 +216,34 @@ fn parent_of(rel: &Path) -> &Path {
     }
 }
 
+/// May `who` read the content of `rel` now (docs/history.md)? A file there: read
+/// permission on it, as the caller's own `open` would check (a symlink or another kind of
+/// file: no). Nothing there (a version of a removed file): read, write and search
+/// permission on its parent, the caller could list the directory and make the file again.
+/// Anything else, a walk that leaves the root included: no.
+pub fn may_read(root: BorrowedFd<'_>, rel: &Path, who: &Who) -> bool {
+    let _as = (!who.is_root()).then(|| AsUser::enter(who));
+    match open_beneath(root, rel, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+        Ok(fd) => {
+            let Ok(st) = nix::sys::stat::fstat(fd.as_raw_fd()) else {
+                return false;
+            };
+            st.st_mode & libc::S_IFMT == libc::S_IFREG
+                && (who.is_root() || access_fd(fd.as_fd(), libc::R_OK).is_ok())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            match open_beneath(root, parent_of(rel), libc::O_PATH | libc::O_DIRECTORY, 0) {
+                Ok(fd) => {
+                    who.is_root()
+                        || access_fd(fd.as_fd(), libc::R_OK | libc::W_OK | libc::X_OK).is_ok()
+                }
+                Err(_) => false,
+            }
+        }
+        Err(_) => false,
+    }
+}
+
 /// Could `who` look `rel` up: search permission on every directory from the root down to
 /// its parent (the name itself need not exist)? This is what decides whether a caller may
 /// see a path, its record and its note (docs/design.md#control-surface). A parent that does not

@@ -34,6 +34,7 @@ pub mod volume;
 
 // 3. Durability and agreement.
 pub mod coordinator;
+pub mod history;
 pub mod journal;
 
 // 4. The control surface and what a reader may see.

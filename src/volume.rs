@@ -15,6 +15,8 @@ mod changes;
 mod control;
 mod handle;
 mod handles;
+mod history;
+mod history_verbs;
 mod liveness;
 mod policy;
 mod prune;
@@ -86,6 +88,8 @@ pub struct VolumeConfig {
     /// The processes found inside the directory of an in-place mount before it was
     /// mounted: the changes are complete only once none of them is left inside.
     pub bypassers: Vec<u32>,
+    /// The content history (docs/history.md): its bounds, or None when it is off.
+    pub history: Option<crate::history::Limits>,
 }
 
 impl VolumeConfig {
@@ -101,6 +105,7 @@ impl VolumeConfig {
             coordinator: None,
             sole_path: false,
             bypassers: Vec::new(),
+            history: Some(crate::history::Limits::default()),
         }
     }
 }
@@ -215,6 +220,19 @@ impl Volume {
         // network filesystem write behind the volume's back.
         let sole_path =
             cfg.sole_path && cfg.coordinator.is_none() && changes::local_fs(backing.fd());
+        // The history is beside the journal, under the same checks; one that cannot be
+        // opened fails the mount (say what to fix), rather than run without it silently.
+        let history = match cfg.history {
+            None => None,
+            Some(limits) => Some(Arc::new(
+                crate::history::Store::open(&cfg.state_dir, limits).map_err(|err| {
+                    JournalError::Io {
+                        what: format!("open the history in {}", cfg.state_dir.display()),
+                        err,
+                    }
+                })?,
+            )),
+        };
         let ws = Arc::new(Workspace {
             engine: opened.engine,
             journal: opened.journal,
@@ -225,6 +243,7 @@ impl Volume {
             tracking,
             changes: changes::Changes::new(sole_path, bypass),
             linked: Mutex::new(Default::default()),
+            history,
         });
         let handles = Arc::new(Handles::default());
         let policy = Arc::new(WritePolicy::new(ws.clone(), handles.clone()));
@@ -333,6 +352,9 @@ impl Volume {
             rounds += 1;
             if rounds % 12 == 0 {
                 self.ws.forget_gone_readers();
+                if let Some(h) = &self.ws.history {
+                    h.prune(Timestamp::now(), true);
+                }
             }
         }
     }

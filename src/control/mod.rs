@@ -10,6 +10,7 @@
 //!   CLI.
 
 mod describe;
+pub mod history;
 mod reply;
 mod request;
 

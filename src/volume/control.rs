@@ -284,6 +284,18 @@ impl ControlFs {
             return Err(FsError(libc::EBADF));
         };
         let lost = self.waits.stop(token);
+        if let Some(parsed) = crate::control::history::parse_history(data) {
+            let reply = match parsed {
+                Ok(req) => self.verbs.history(caller, &req),
+                Err(refused) => refused,
+            };
+            let r = ctl.set_reply(&reply);
+            drop(h);
+            waits::interrupted(lost.into_iter().flatten().map(|(_, _, d)| d));
+            return r
+                .map(|()| u32::try_from(data.len()).unwrap_or(u32::MAX))
+                .map_err(FsError);
+        }
         let mut later = None;
         let r = ctl.write(data, |req| match req {
             Request::Wait { until, .. } => match self.verbs.wait_check(caller, req) {

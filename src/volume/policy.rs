@@ -203,7 +203,9 @@ impl WritePolicy {
         if !f_dir && !t_dir {
             // An untracked side of the swap is not counted (docs/design.md#versions).
             for p in [f, t].into_iter().filter(|p| self.ws.is_tracked(p, false)) {
-                e.commit(s, p, CommitOp::Rename, self.ws.stamp_now(p), now);
+                self.ws.with_history(p, s, CommitOp::Rename, now, || {
+                    e.commit(s, p, CommitOp::Rename, self.ws.stamp_now(p), now)
+                });
             }
             return;
         }
@@ -382,7 +384,9 @@ impl WritePolicy {
                     // `truncate` is open + ftruncate + close) is part of that handle's
                     // commit; any other change of size is a commit of its own.
                     Some(after) if set.size.is_some() && !holds_e => {
-                        e.commit(s, p, CommitOp::Truncate, Some(after), now);
+                        self.ws.with_history(p, s, CommitOp::Truncate, now, || {
+                            e.commit(s, p, CommitOp::Truncate, Some(after), now)
+                        });
                         self.ws.print_commit(e, p, after);
                     }
                     Some(after) => {
@@ -398,21 +402,34 @@ impl WritePolicy {
                     self.exchange(e, s, p, t, now);
                 } else if !pm.is_dir && !self.ws.is_tracked(t, false) {
                     // Moved out of what the volume tracks: the source is removed.
-                    e.commit(s, p, CommitOp::RenameAway, None, now);
+                    self.ws.with_history(p, s, CommitOp::RenameAway, now, || {
+                        e.commit(s, p, CommitOp::RenameAway, None, now)
+                    });
                 } else {
                     let after = if pm.is_dir {
                         None
                     } else {
                         self.ws.stamp_now(t)
                     };
-                    e.rename(s, p, t, pm.is_dir, after, now);
+                    if pm.is_dir {
+                        e.rename(s, p, t, true, None, now);
+                        self.ws.history_moved_dir(p, t, now);
+                    } else {
+                        // The source records a removal, the target the moved content.
+                        self.ws.history_moved(p, s, now);
+                        self.ws.with_history(t, s, CommitOp::Rename, now, || {
+                            e.rename(s, p, t, false, after, now).unwrap_or(0)
+                        });
+                    }
                     if let Some(moved) = after {
                         self.ws.restamp_other_names(moved.ino, &[p, t]);
                     }
                 }
             }
             WriteRoute::Unlink { .. } => {
-                e.commit(s, p, CommitOp::Unlink, None, now);
+                self.ws.with_history(p, s, CommitOp::Unlink, now, || {
+                    e.commit(s, p, CommitOp::Unlink, None, now)
+                });
                 if let Some(pre) = pm.pre {
                     self.ws.restamp_other_names(pre.ino, &[p]);
                 }
@@ -431,7 +448,8 @@ impl WritePolicy {
                     _ => CommitOp::Mknod,
                 };
                 let after = self.ws.stamp_now(p);
-                e.commit(s, p, op, after, now);
+                self.ws
+                    .with_history(p, s, op, now, || e.commit(s, p, op, after, now));
                 if let (WriteRoute::Link { .. }, Some(after)) = (route, after) {
                     self.ws.restamp_other_names(after.ino, &[p]);
                 }
@@ -447,8 +465,9 @@ impl WritePolicy {
     }
 }
 
-impl Policy for WritePolicy {
-    fn before_write(
+impl WritePolicy {
+    /// The decision of a write route (the history keeps what it may change once permitted).
+    fn decide_write(
         &self,
         caller: &Caller,
         route: &WriteRoute<'_>,
@@ -564,6 +583,20 @@ impl Policy for WritePolicy {
             WriteRoute::Mkdir { .. } | WriteRoute::Rmdir { .. } => return Ok(None),
         };
         self.decide(caller, w)
+    }
+}
+
+impl Policy for WritePolicy {
+    fn before_write(
+        &self,
+        caller: &Caller,
+        route: &WriteRoute<'_>,
+    ) -> Result<Option<Permit>, FsError> {
+        let r = self.decide_write(caller, route);
+        if matches!(r, Ok(Some(_))) {
+            self.ws.history_before(route);
+        }
+        r
     }
 
     fn after_write(
@@ -716,7 +749,10 @@ impl Policy for WritePolicy {
             let Some(p) = rel(h.path) else { return false };
             let now = Timestamp::now();
             self.counted(&[(p, false)], |e| {
-                e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+                self.ws
+                    .with_history(p, &w.session, CommitOp::Write, now, || {
+                        e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now)
+                    });
                 self.ws.print_commit(e, p, stamp(&h.now));
             });
             // The handle's own commit moved the path's epoch: still known good (under
@@ -749,7 +785,10 @@ impl Policy for WritePolicy {
         let end = w.release(h.content_changed(), || {
             let Some(p) = rel(h.path) else { return false };
             self.counted(&[(p, false)], |e| {
-                e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now);
+                self.ws
+                    .with_history(p, &w.session, CommitOp::Write, now, || {
+                        e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now)
+                    });
                 self.ws.print_commit(e, p, stamp(&h.now));
             });
             true

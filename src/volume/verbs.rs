@@ -105,6 +105,10 @@ impl Verbs {
     }
 
     /// The engine, whose changes the waits follow.
+    pub(super) fn workspace(&self) -> &Workspace {
+        &self.ws
+    }
+
     pub(super) fn engine(&self) -> &Engine {
         &self.ws.engine
     }

@@ -78,6 +78,8 @@ pub(super) struct Workspace {
     /// Inodes seen with more than one name (their other names are restamped after a link,
     /// unlink or rename through the volume).
     pub(super) linked: Mutex<HashSet<u64>>,
+    /// The content history (docs/history.md); None when it is off.
+    pub(super) history: Option<Arc<crate::history::Store>>,
 }
 
 impl Workspace {

@@ -189,11 +189,52 @@ async fn mcp_session_drives_every_tool() {
     names.sort();
     assert_eq!(
         names,
-        ["accept", "decline", "inbox", "status", "transfer", "wait", "whoami", "withdraw"]
+        [
+            "accept", "decline", "diff", "inbox", "log", "show", "status", "transfer", "undo",
+            "wait", "whoami", "withdraw"
+        ]
     );
 
     let me = ok("whoami", &call(&alice, "whoami", json!({})).await);
     assert_eq!(me["session"], "alice", "{me}");
+
+    // the history tools: the versions of a file, one version's bytes, a session's diff,
+    // and an undo (docs/history.md)
+    sh_ok(&m, Some("carol"), "echo draft two > draft.md");
+    let log = ok(
+        "log",
+        &call(&alice, "log", json!({"path": "draft.md"})).await,
+    );
+    let vs = log["versions"].as_array().expect("versions");
+    assert_eq!(vs.len(), 2, "{log}");
+    let v1 = vs[0]["version"].as_u64().unwrap();
+    let shown = ok(
+        "show",
+        &call(&alice, "show", json!({"path": "draft.md", "version": v1})).await,
+    );
+    assert_eq!(shown["content"], "draft\n", "{shown}");
+    let d = ok(
+        "diff",
+        &call(&alice, "diff", json!({"session": "carol"})).await,
+    );
+    assert_eq!(
+        d["diff"], "--- a/draft.md\n+++ b/draft.md\n@@ -1 +1 @@\n-draft\n+draft two\n",
+        "{d}"
+    );
+    let u = ok(
+        "undo",
+        &call(&alice, "undo", json!({"session": "carol"})).await,
+    );
+    assert_eq!(u["refused"], json!([]), "{u}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("draft.md")).unwrap(),
+        "draft\n"
+    );
+    refused(
+        "show",
+        &call(&alice, "show", json!({"path": "draft.md", "version": 99})).await,
+        "no_such_path",
+    );
 
     // transfer by `paths`, with a note; the volume then fences alice's own shell writes
     let r = ok(
@@ -746,8 +787,9 @@ async fn mcp_tools_are_annotated_and_their_schemas_travel() {
             .annotations
             .clone()
             .unwrap_or_else(|| panic!("{name} has no annotations"));
-        let read_only = ["whoami", "status", "inbox", "wait"].contains(&name.as_str());
-        let idempotent = name != "transfer";
+        let read_only =
+            ["whoami", "status", "inbox", "wait", "log", "show", "diff"].contains(&name.as_str());
+        let idempotent = name != "transfer" && name != "undo";
         assert_eq!(a.read_only_hint, Some(read_only), "{name}");
         assert_eq!(a.idempotent_hint, Some(idempotent), "{name}");
         assert_eq!(a.destructive_hint, Some(false), "{name}");
@@ -1450,7 +1492,10 @@ async fn mcp_negotiates_2026_07_28_and_2025_11_25() {
         names.sort_unstable();
         assert_eq!(
             names,
-            ["accept", "decline", "inbox", "status", "transfer", "wait", "whoami", "withdraw"],
+            [
+                "accept", "decline", "diff", "inbox", "log", "show", "status", "transfer", "undo",
+                "wait", "whoami", "withdraw"
+            ],
             "asked {asked}"
         );
         for t in &tools {

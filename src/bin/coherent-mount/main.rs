@@ -90,6 +90,16 @@ struct Args {
     /// Keep ended handoff records this long (e.g. 24h, 30m, 90s, 2d).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     evict_after: Duration,
+    /// The content history (every committed version, for `coherent log/show/diff/undo`):
+    /// the most its blobs may take, e.g. 1G, 500M; 0 turns history off.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    history_max: u64,
+    /// Keep a version's content this long after its last use (e.g. 48h, 7d).
+    #[arg(long, default_value = "48h", value_parser = parse_duration)]
+    history_keep: Duration,
+    /// Files larger than this are recorded in the history by digest only (e.g. 16M).
+    #[arg(long, default_value = "16M", value_parser = parse_size)]
+    history_file_max: u64,
     /// Track what `.gitignore` files ignore (paths under `.git/` and those
     /// `.coherentignore` matches stay untracked).
     #[arg(long)]
@@ -130,6 +140,25 @@ fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(2, 8)
+}
+
+/// A size in bytes: a number with an optional K, M, G or T (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad size {s:?} (use e.g. 1G, 500M, 4096)"))?;
+    let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("bad size unit in {s:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -337,6 +366,11 @@ fn make_policy(
     let limit = raise_nofile_limit();
     tracing::debug!("open file limit: {limit}");
     let mut cfg = VolumeConfig::new(state_dir, plan.mountpoint.clone());
+    cfg.history = (args.history_max > 0).then_some(coherent::history::Limits {
+        max_bytes: args.history_max,
+        keep: args.history_keep,
+        max_file: args.history_file_max,
+    });
     cfg.engine = coherence::Config {
         stale: match args.stale {
             StaleMode::Off => coherence::StaleMode::Off,

@@ -13,6 +13,7 @@ mod codex_trust;
 mod doctor;
 mod follow;
 mod fsmonitor;
+mod history;
 mod hook;
 mod install;
 mod mcp;
@@ -189,6 +190,49 @@ enum Cmd {
         /// the agent's hook reports it once on the next prompt after it resolves.
         #[arg(long, conflicts_with = "timeout")]
         standing: bool,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// The versions of PATH the volume keeps: number, time, session, what made it, digest.
+    Log {
+        /// A file on the volume.
+        path: PathBuf,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Print the bytes of one version of a file: PATH@vN (see `coherent log PATH`).
+    Show {
+        /// PATH@vN, e.g. src/lib.rs@v3.
+        #[arg(value_name = "PATH@vN")]
+        spec: String,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// The unified diff of what session S committed: per file, from the version before its
+    /// first change (in the window) to its last version.
+    Diff {
+        /// The session whose work to show.
+        #[arg(long, value_name = "S")]
+        session: String,
+        /// Only changes since T: an RFC 3339 time or a span back (30m, 2h, 1d).
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        #[command(flatten)]
+        out: JsonFlag,
+    },
+    /// Put back every file session S changed (in the window) as it was before S's first
+    /// change, as new versions written by you. A file another session changed after S is
+    /// refused (exit 2), naming who and which version.
+    Undo {
+        /// The session whose work to undo.
+        #[arg(long, value_name = "S")]
+        session: String,
+        /// Only changes since T: an RFC 3339 time or a span back (30m, 2h, 1d).
+        #[arg(long, value_name = "T")]
+        since: Option<String>,
+        /// Say what would be put back and what refused; write nothing.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         out: JsonFlag,
     },
@@ -488,6 +532,19 @@ fn run(cli: Cli) -> Result<(), Fail> {
             out,
             ..
         } => wait(&path, until, timeout, json(out)),
+        Cmd::Log { path, out } => history::log(&path, json(out)),
+        Cmd::Show { spec, out } => history::show(&spec, json(out)),
+        Cmd::Diff {
+            session,
+            since,
+            out,
+        } => history::diff(&session, since.as_deref(), json(out)),
+        Cmd::Undo {
+            session,
+            since,
+            dry_run,
+            out,
+        } => history::undo(&session, since.as_deref(), dry_run, json(out)),
         Cmd::Mcp => {
             no_json("mcp")?;
             mcp::inherit_session();

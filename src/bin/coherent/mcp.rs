@@ -384,6 +384,53 @@ fn tools() -> Vec<Tool> {
         .annotate(hints(true, true))
         // a client that does tasks may run it as one ([`tasks`]); a plain call still works
         .with_execution(ToolExecution::new().with_task_support(TaskSupport::Optional)),
+        Tool::new(
+            "log",
+            "The versions of a file the volume keeps: number, session, time, what made it, digest.",
+            schema(json!({ "path": { "type": "string", "minLength": 1, "description": "A file on the volume." } }), &["path"]),
+        )
+        .with_raw_output_schema(output_schema(json!({ "versions": { "type": "array", "items": { "type": "object" } } })))
+        .annotate(hints(true, true)),
+        Tool::new(
+            "show",
+            "The content of one version of a file (`content`, or `content_base64` for bytes that are not UTF-8).",
+            schema(
+                json!({
+                    "path": { "type": "string", "minLength": 1, "description": "A file on the volume." },
+                    "version": { "type": "integer", "minimum": 1, "description": "The version (see the log tool)." }
+                }),
+                &["path", "version"],
+            ),
+        )
+        .with_raw_output_schema(output_schema(json!({})))
+        .annotate(hints(true, true)),
+        Tool::new(
+            "diff",
+            "The unified diff of what a session committed (per file, from the version before its first change to its last), optionally only since a time (RFC 3339) or a span back (30m, 2h, 1d).",
+            schema(
+                json!({
+                    "session": { "type": "string", "minLength": 1 },
+                    "since": { "type": "string" }
+                }),
+                &["session"],
+            ),
+        )
+        .with_raw_output_schema(output_schema(json!({ "diff": { "type": "string" }, "files": { "type": "array", "items": { "type": "object" } } })))
+        .annotate(hints(true, true)),
+        Tool::new(
+            "undo",
+            "Put back every file a session changed as it was before its first change (in the window), as new versions written by this session. A file another session changed afterwards is refused (`refused`, reason changed_after, naming who and which version). dry_run: only say what would happen.",
+            schema(
+                json!({
+                    "session": { "type": "string", "minLength": 1 },
+                    "since": { "type": "string" },
+                    "dry_run": { "type": "boolean" }
+                }),
+                &["session"],
+            ),
+        )
+        .with_raw_output_schema(output_schema(json!({ "files": { "type": "array", "items": { "type": "object" } }, "refused": { "type": "array", "items": { "type": "object" } } })))
+        .annotate(hints(false, false)),
     ]
 }
 
@@ -517,6 +564,48 @@ fn run_tool(name: &str, args: &JsonObject) -> CallToolResult {
                     _ => Request::Withdraw { paths },
                 };
                 call(&root, &req)
+            }
+            "log" | "show" => {
+                let p = string_arg(args, "path")?.ok_or_else(|| usage("`path` is required"))?;
+                let (root, rel) = locate(&checked_path(&p)?).map_err(from_fail)?;
+                let mut req = json!({ "verb": name, "path": rel });
+                if name == "show" {
+                    let v = args
+                        .get("version")
+                        .and_then(Value::as_u64)
+                        .filter(|v| *v > 0);
+                    req["version"] = v
+                        .ok_or_else(|| usage("`version` (a number ≥ 1) is required"))?
+                        .into();
+                }
+                super::history::request(&root, req)
+            }
+            "diff" | "undo" => {
+                let session =
+                    string_arg(args, "session")?.ok_or_else(|| usage("`session` is required"))?;
+                let since = string_arg(args, "since")?;
+                let root = locate_cwd().map_err(from_fail)?;
+                if name == "diff" {
+                    super::history::request(
+                        &root,
+                        super::history::session_req("diff", &session, since.as_deref()),
+                    )
+                } else {
+                    let dry_run = args
+                        .get("dry_run")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false);
+                    match super::history::undo_run(&root, &session, since.as_deref(), dry_run)
+                        .map_err(from_fail)?
+                    {
+                        Err(reply) => Ok(reply),
+                        Ok(v) => {
+                            let mut r = CallToolResult::structured(v.clone());
+                            r.content = vec![ContentBlock::text(coherent::names::json_text(&v))];
+                            return Ok(r);
+                        }
+                    }
+                }
             }
             other => return Err(usage(&format!("no tool named `{other}`"))),
         };
