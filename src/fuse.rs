@@ -427,7 +427,7 @@ impl Filesystem for CoherentFs {
         let r = self.fs.readdir(&c, ino.0, fh.0, offset);
         answer(Op::Readdir, r, reply, |mut reply, entries| {
             for (i, (n, e)) in entries.into_iter().enumerate() {
-                let ino_hint = if n != 0 { n } else { e.backing_ino.max(1) };
+                let ino_hint = if n != 0 { n } else { e.d_ino.max(1) };
                 let next = offset + i as u64 + 1;
                 if reply.add(INodeNo(ino_hint), next, file_type(e.kind), &e.name) {
                     break;

@@ -5,9 +5,11 @@
 //! No FUSE types here: callers pass plain inode numbers, names and libc flags, and get
 //! plain Rust values back or an [`FsError`] carrying the errno.
 //!
-//! Inode numbers are our own (1 is the root), allocated on first lookup and never reused,
-//! so a stale kernel reference can never reach the wrong file. Numbers with
-//! [`VIRTUAL_INO_BIT`] set are reserved for virtual nodes served elsewhere (`.coherent/`).
+//! Inode numbers (the kernel's node ids, and what `stat` shows) are the backing files'
+//! own, with the device folded in (`inos`): a file keeps its number for its life, across
+//! forgets, remounts and restarts. The root's node id is 1 whatever its number. Numbers
+//! with [`VIRTUAL_INO_BIT`] set are reserved for virtual nodes served elsewhere
+//! (`.coherent/`).
 //! Each inode remembers the (parent, name) it was last looked up, created or renamed
 //! under, so a workspace-relative path can be named for every operation.
 
@@ -25,6 +27,7 @@ use parking_lot::{Mutex, RwLock};
 mod backing;
 mod creds;
 mod handles;
+mod inos;
 mod print;
 mod sys;
 mod types;
@@ -189,7 +192,8 @@ pub struct Store {
     tables: RwLock<Tables>,
     /// Number of inodes held (root included), readable without the lock.
     live: Arc<AtomicU64>,
-    next_ino: AtomicU64,
+    /// The numbers of backing files (docs/design.md#identity).
+    inos: inos::Inos,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     dirs: RwLock<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
@@ -265,7 +269,7 @@ impl Store {
         Ok(Store {
             tables: RwLock::new(t),
             live: Arc::new(AtomicU64::new(1)),
-            next_ino: AtomicU64::new(ROOT_INO + 1),
+            inos: inos::Inos::new(key),
             handles: RwLock::new(HashMap::new()),
             dirs: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -452,10 +456,30 @@ impl Store {
         if let Some(attr) = Self::count_known(&t, st, handle.as_ref(), parent, name) {
             return attr;
         }
-        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
-        self.live.fetch_add(1, Ordering::Relaxed);
-        // A (dev, ino) seen before under another handle is a reused inode number: the new
-        // file takes the key, the stale node keeps its kernel references until forgotten.
+        let ino = self
+            .inos
+            .stable(key)
+            .filter(|i| *i != ROOT_INO)
+            .unwrap_or_else(|| self.inos.spare());
+        // A node at that number already is a file whose inode number the backing
+        // filesystem gave again (the old one is gone: its handle no longer opens). The
+        // number is the new file's now; the kernel's references to the old one are
+        // counted on (its forgets arrive for this number) and reach the new file, as a
+        // reused inode number natively does through an old name looked up again.
+        let refs = match t.inodes.remove(&ino) {
+            Some(old) => {
+                if t.by_key.get(&old.key) == Some(&ino) {
+                    t.by_key.remove(&old.key);
+                }
+                self.fds.remove(ino);
+                let r = old.state.lock().refs;
+                r + 1
+            }
+            None => {
+                self.live.fetch_add(1, Ordering::Relaxed);
+                1
+            }
+        };
         t.by_key.insert(key, ino);
         let fd = Arc::new(fd);
         t.inodes.insert(
@@ -466,7 +490,7 @@ impl Store {
                 handle,
                 pinned: Mutex::new(pin.then(|| fd.clone())),
                 state: Mutex::new(InodeState {
-                    refs: 1,
+                    refs,
                     link: Some((parent, name.to_owned())),
                     others: Vec::new(),
                 }),
@@ -569,7 +593,13 @@ impl Store {
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
         let (_, node_fd) = self.node_fd(ino)?;
         let st = fstat_fd(node_fd.as_raw_fd())?;
-        Ok(Attr::from_stat(ino, &st))
+        // The root's node id is 1, but `stat` shows its own number (the kernel takes the
+        // inode number from the attributes, the node id from the entry).
+        let shown = match ino {
+            ROOT_INO => self.inos.stable((st.st_dev, st.st_ino)).unwrap_or(ROOT_INO),
+            _ => ino,
+        };
+        Ok(Attr::from_stat(shown, &st))
     }
 
     /// Apply `set`; `fh` is the open handle the change came through, if any.
@@ -1018,14 +1048,17 @@ impl Store {
     }
 
     /// The descriptor of the node we know at `key`, if any, to pin if it loses its last
-    /// name. Only without handles: a handle still opens an unlinked file while it is open
-    /// (and a file neither named nor open has nothing left to serve).
+    /// name: without handles it could not be re-resolved, and with them its inode number
+    /// could be given to a new file while the kernel still knows the old one (a current
+    /// directory, say), which would then show the new file's attributes under its number.
     fn known_fd(&self, key: (u64, u64)) -> Option<Arc<OwnedFd>> {
-        if self.mount.is_some() {
-            return None;
-        }
         let ino = *self.tables.read().by_key.get(&key)?;
         self.node_fd(ino).ok().map(|(_, fd)| fd)
+    }
+
+    /// The number of the node at backing (dev, ino), if there is one.
+    fn known_number(&self, dev: u64, ino: u64) -> Option<u64> {
+        self.tables.read().by_key.get(&(dev, ino)).copied()
     }
 
     /// Point the inode now found at (parent, name) to that name.
@@ -1164,6 +1197,7 @@ impl Store {
                 libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
             )
         })?;
+        let dev = fstat_fd(d.file.as_raw_fd())?.st_dev;
         let mut dir = nix::dir::Dir::from_fd(dup)?;
         let mut out = Vec::new();
         for e in dir.iter() {
@@ -1197,7 +1231,11 @@ impl Store {
             out.push(DirEntry {
                 name: name.to_owned(),
                 kind,
-                backing_ino: e.ino(),
+                d_ino: match self.inos.entry(dev, e.ino()) {
+                    // No stable number: the one its node has, if the kernel knows it.
+                    0 => self.known_number(dev, e.ino()).unwrap_or(e.ino()),
+                    n => n,
+                },
             });
         }
         // Stable order: `.` and `..` first, as most filesystems do.

@@ -12,6 +12,7 @@ mod coherent;
 mod acl;
 mod fs_cache;
 mod fs_hooks;
+mod fs_identity;
 mod fs_lifecycle;
 mod fs_ops;
 mod fs_perms;
