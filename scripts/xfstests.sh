@@ -5,8 +5,8 @@
 #   scripts/xfstests.sh [GROUP] [-- TEST...]      GROUP: quick (default) or auto
 #
 # Builds kdave/xfstests at a pinned commit: from the tarball XFSTESTS_TARBALL (a `git
-# archive` of that commit) when set, else by cloning it (needs a network). Build deps are
-# Debian packages (scripts/deps.sh --xfstests lists them). Runs as root: it installs a
+# archive` of that commit) when set, else by cloning it (needs a network). Its build and
+# run deps are Debian packages, installed here if missing (DEPS). Runs as root: it installs a
 # helper link /sbin/mount.fuse.coherent-xfstests (removed at the end), creates the users
 # xfstests needs (fsgqa, 123456-fsgqa, fsgqa2) if missing, and keeps everything else under
 # $XFSTESTS_WORK (default target/xfstests): the build, the backing directories (on the
@@ -40,6 +40,18 @@ if [ "$(id -u)" != 0 ]; then
 fi
 [ -x "$BIN" ] || (cd "$ROOT" && cargo build --release --bin coherent-mount)
 
+DEPS=(xfslibs-dev uuid-dev libtool-bin e2fsprogs automake gcc libuuid1 quota attr make
+    libacl1-dev libaio-dev xfsprogs libgdbm-dev gawk fio dbench uuid-runtime python3 sqlite3
+    liburing-dev libcap-dev)
+missing=()
+for p in "${DEPS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "xfstests.sh: installing ${missing[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
 # The build, once per commit.
 if [ ! -x "$SRC/ltp/fsstress" ]; then
     rm -rf "$SRC" && mkdir -p "$SRC"
@@ -52,7 +64,7 @@ if [ ! -x "$SRC/ltp/fsstress" ]; then
     start=$(date +%s)
     make -C "$SRC" -j"$(nproc)" >"$WORK/build.log" 2>&1 || {
         tail -30 "$WORK/build.log" >&2
-        echo "xfstests.sh: the build failed (log: $WORK/build.log); deps: scripts/deps.sh --xfstests" >&2
+        echo "xfstests.sh: the build failed (log: $WORK/build.log)" >&2
         exit 1
     }
     echo "xfstests built in $(($(date +%s) - start)) s"

@@ -271,3 +271,38 @@ fn git_status_after_forgets_finds_the_index_up_to_date() {
         .collect();
     assert_eq!(scans, ["0"], "files git read again after forgets: {trace}");
 }
+
+/// Export handles are declined up front (`EOPNOTSUPP`), as libfuse's passthrough_hp does:
+/// a handle of a node id could not be opened again once the kernel forgot the node
+/// (ESTALE, xfstests 426, 467, 477, 756, 777).
+#[test]
+fn name_to_handle_at_is_declined() {
+    let m = Mount::new(true);
+    std::fs::write(m.path("f"), b"x").unwrap();
+    let p = std::ffi::CString::new(m.path("f").into_os_string().into_encoded_bytes()).unwrap();
+    #[repr(C)]
+    struct Handle {
+        bytes: u32,
+        kind: i32,
+        f: [u8; 128],
+    }
+    let mut h = Handle {
+        bytes: 128,
+        kind: 0,
+        f: [0; 128],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: `h` has room for the 128 bytes it declares; the path is NUL-terminated.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            &mut h as *mut Handle,
+            &mut mount_id as *mut libc::c_int,
+            0,
+        )
+    };
+    let e = std::io::Error::last_os_error().raw_os_error();
+    assert_eq!((r, e), (-1, Some(libc::EOPNOTSUPP)));
+}

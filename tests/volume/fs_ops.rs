@@ -579,6 +579,41 @@ fn xattrs(m: &Mount) {
         0
     );
     assert_eq!(get(&m.backing_path("d"), "user.dir"), Ok(b"1".to_vec()));
+    // trusted.* on a symlink itself, not its target, as on ext4 (xfstests generic/062).
+    fs::write(m.path("target"), b"t").unwrap();
+    std::os::unix::fs::symlink("target", m.path("link")).unwrap();
+    let (cl, cn) = (c(&m.path("link")), CString::new("trusted.l").unwrap());
+    let lget = |p: &CString| {
+        let mut b = [0u8; 16];
+        let n = unsafe { libc::lgetxattr(p.as_ptr(), cn.as_ptr(), b.as_mut_ptr().cast(), 16) };
+        (n >= 0).then(|| b[..n as usize].to_vec()).ok_or_else(errno)
+    };
+    assert_eq!(
+        unsafe { libc::lsetxattr(cl.as_ptr(), cn.as_ptr(), b"v".as_ptr().cast(), 1, 0) },
+        0,
+        "lsetxattr trusted.* on a symlink: errno {}",
+        errno()
+    );
+    assert_eq!(lget(&cl), Ok(b"v".to_vec()));
+    assert_eq!(
+        lget(&c(&m.backing_path("link"))),
+        Ok(b"v".to_vec()),
+        "on the link"
+    );
+    assert_eq!(
+        get(&m.backing_path("target"), "trusted.l"),
+        Err(libc::ENODATA)
+    );
+    let mut b = [0u8; 256];
+    let n = unsafe { libc::llistxattr(cl.as_ptr(), b.as_mut_ptr().cast(), b.len()) };
+    assert!(
+        n > 0
+            && b[..n as usize]
+                .split(|&x| x == 0)
+                .any(|x| x == b"trusted.l")
+    );
+    assert_eq!(unsafe { libc::lremovexattr(cl.as_ptr(), cn.as_ptr()) }, 0);
+    assert_eq!(lget(&cl), Err(libc::ENODATA));
 }
 
 fn special_files(m: &Mount) {
