@@ -98,8 +98,7 @@ fn current(mnt: &Path) -> Result<u64, String> {
     // The last mount there is the one on top.
     let line = info
         .lines()
-        .filter(|l| l.split(' ').nth(4) == Some(want.as_str()))
-        .last()
+        .rfind(|l| l.split(' ').nth(4) == Some(want.as_str()))
         .ok_or_else(|| format!("nothing is mounted on {}", mnt.display()))?;
     let per_mount = line.split(' ').nth(5).unwrap_or("");
     let sb = line
