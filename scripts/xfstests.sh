@@ -12,7 +12,9 @@
 # $XFSTESTS_WORK (default target/xfstests): the build, the backing directories (on the
 # host's filesystem), the mount points, the state and the results.
 #
-# Excluded tests are listed in scripts/xfstests-exclude, each with its reason. The last
+# The `auto` group has more tests that fill the scratch filesystem: for it, put
+# XFSTESTS_WORK on a filesystem of its own. Excluded tests are listed in
+# scripts/xfstests-exclude, each with its reason. The last
 # line printed is the count: `xfstests GROUP: ran N passed N failed N not-run N excluded N`.
 # Exit status 1 when a test not excluded failed.
 set -euo pipefail
