@@ -1074,8 +1074,16 @@ impl Store {
     /// name: without handles it could not be re-resolved, and with them its inode number
     /// could be given to a new file while the kernel still knows the old one (a current
     /// directory, say), which would then show the new file's attributes under its number.
+    /// With handles only a descriptor at hand is taken (pinned or cached: a node the
+    /// kernel used lately, as a current directory is), so a removal costs no
+    /// `open_by_handle_at`.
     fn known_fd(&self, key: (u64, u64)) -> Option<Arc<OwnedFd>> {
         let ino = *self.tables.read().by_key.get(&key)?;
+        if self.mount.is_some() {
+            let node = self.inode(ino).ok()?;
+            let pinned = node.pinned.lock().clone();
+            return pinned.or_else(|| self.fds.get(ino));
+        }
         self.node_fd(ino).ok().map(|(_, fd)| fd)
     }
 
