@@ -292,8 +292,8 @@ fn mount_t_mounts_an_enforcing_volume_and_umount_stops_it() {
     );
     // mount(8) returned: the volume answers now (readiness).
     assert_eq!(mount_fstype(&m).as_deref(), Some("fuse"));
-    // The source as mount(8) was given it (scripts find and unmount a mount by it).
-    assert_eq!(mount_source(&m).as_deref(), Some(&*b.to_string_lossy()));
+    // The source names the backing directory (`coherent run` finds it there).
+    assert_eq!(mount_source(&m), Some(format!("coherent:{}", b.display())));
     assert!(m.join(".coherent/ctl").exists());
     let daemons = daemons_of(&m);
     assert_eq!(daemons.len(), 1, "one detached daemon: {daemons:?}");

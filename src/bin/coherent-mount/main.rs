@@ -408,18 +408,11 @@ fn backing_mounted(backing: &Path) -> bool {
         .replace(' ', "\\040")
         .replace('\t', "\\011")
         .replace('\n', "\\012");
-    // Mounted by mount(8), the source is the directory as given.
-    let plain = backing
-        .to_string_lossy()
-        .replace('\\', "\\134")
-        .replace(' ', "\\040")
-        .replace('\t', "\\011")
-        .replace('\n', "\\012");
     std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
         m.lines().any(|l| {
             let mut tail = l.split_once(" - ").map_or("", |(_, t)| t).split(' ');
             let (fstype, src) = (tail.next().unwrap_or(""), tail.next().unwrap_or(""));
-            fstype.starts_with("fuse") && (src == want || src == plain)
+            fstype.starts_with("fuse") && src == want
         })
     })
 }
@@ -685,21 +678,6 @@ fn parse_args() -> Result<Option<(Args, bool)>, Fail> {
             if !given.iter().any(|x| x == on || x == off) {
                 args.options.push(on.into());
             }
-        }
-    }
-    if inv.helper {
-        // The mount table shows the source as mount(8) was given it (how scripts such as
-        // xfstests tell that it is mounted). The type stays `fuse`, as they expect too
-        // (`-o subtype=X` makes it `fuse.X`).
-        let given: Vec<String> = args
-            .options
-            .iter()
-            .flat_map(|l| mount_opts::split_options(l))
-            .collect();
-        if !given.iter().any(|o| o.starts_with("fsname=")) {
-            let source = args.backing.to_string_lossy().replace('\\', "\\\\");
-            args.options
-                .push(format!("fsname={}", source.replace(',', "\\,")));
         }
     }
     if let Some(opts) = remount_of(&args.options) {
