@@ -84,8 +84,8 @@ cat >"$HELPER" <<EOF
 src=\$1
 shift
 case \$src in
-coherent-test) dir=$WORK/test-backing ;;
-coherent-scratch) dir=$WORK/scratch-backing ;;
+coherent-xfstests-test) dir=$WORK/test-backing ;;
+coherent-xfstests-scratch) dir=$WORK/scratch-backing ;;
 *) dir=\$src ;;
 esac
 exec -a "\$0" "$BIN" "\$dir" "\$@" -o "fsname=\$src"
@@ -102,9 +102,9 @@ trap cleanup EXIT
 cat >"$SRC/local.config" <<EOF
 export FSTYP=fuse
 export FUSE_SUBTYP=.$SUBTYPE
-export TEST_DEV=coherent-test
+export TEST_DEV=coherent-xfstests-test
 export TEST_DIR=$WORK/test
-export SCRATCH_DEV=coherent-scratch
+export SCRATCH_DEV=coherent-xfstests-scratch
 export SCRATCH_MNT=$WORK/scratch
 export TEST_FS_MOUNT_OPTS="-o state_dir=$WORK/state/test"
 export MOUNT_OPTIONS="-o state_dir=$WORK/state/scratch"
@@ -124,7 +124,7 @@ set -e
 took=$(($(date +%s) - start))
 
 # Counts from check's summary: "Ran: ...", "Not run: ...", "Failures: ...".
-list() { grep -E "^$1:" "$WORK/check.log" | tail -1 | cut -d: -f2- | wc -w; }
+list() { { grep -E "^$1:" "$WORK/check.log" || true; } | tail -1 | cut -d: -f2- | wc -w; }
 ran=$(list Ran)
 notrun=$(list "Not run")
 failed=$(list Failures)
