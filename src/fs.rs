@@ -787,7 +787,7 @@ impl Fs {
                     DirEntry {
                         name: name.into(),
                         kind: Kind::Dir,
-                        backing_ino: ino,
+                        d_ino: ino,
                     },
                 )
             };

@@ -98,6 +98,16 @@ impl Filesystem for CoherentFs {
         ] {
             let _ = config.add_capabilities(flag);
         }
+        // No export handles (`name_to_handle_at`, NFS): a node id is not a handle the
+        // volume can open again once the kernel forgot it, so declining them makes callers
+        // get EOPNOTSUPP up front instead of ESTALE later (Linux 6.7+; as libfuse's
+        // passthrough_hp).
+        if config
+            .add_capabilities(InitFlags::FUSE_NO_EXPORT_SUPPORT)
+            .is_err()
+        {
+            tracing::debug!("the kernel does not offer FUSE_NO_EXPORT_SUPPORT");
+        }
         // POSIX ACLs (docs/permissions.md): the kernel's permission check (on always with
         // them, as `default_permissions`) then reads `system.posix_acl_access` through
         // GETXATTR, and leaves the umask to us: the mode comes unmasked with the caller's
@@ -434,7 +444,7 @@ impl Filesystem for CoherentFs {
         let r = self.fs.readdir(&c, ino.0, fh.0, offset);
         answer(Op::Readdir, r, reply, |mut reply, entries| {
             for (i, (n, e)) in entries.into_iter().enumerate() {
-                let ino_hint = if n != 0 { n } else { e.backing_ino.max(1) };
+                let ino_hint = if n != 0 { n } else { e.d_ino.max(1) };
                 let next = offset + i as u64 + 1;
                 if reply.add(INodeNo(ino_hint), next, file_type(e.kind), &e.name) {
                     break;

@@ -5,9 +5,11 @@
 //! No FUSE types here: callers pass plain inode numbers, names and libc flags, and get
 //! plain Rust values back or an [`FsError`] carrying the errno.
 //!
-//! Inode numbers are our own (1 is the root), allocated on first lookup and never reused,
-//! so a stale kernel reference can never reach the wrong file. Numbers with
-//! [`VIRTUAL_INO_BIT`] set are reserved for virtual nodes served elsewhere (`.coherent/`).
+//! Inode numbers (the kernel's node ids, and what `stat` shows) are the backing files'
+//! own, with the device folded in (`inos`): a file keeps its number for its life, across
+//! forgets, remounts and restarts. The root's node id is 1 whatever its number. Numbers
+//! with [`VIRTUAL_INO_BIT`] set are reserved for virtual nodes served elsewhere
+//! (`.coherent/`).
 //! Each inode remembers the (parent, name) it was last looked up, created or renamed
 //! under, so a workspace-relative path can be named for every operation.
 
@@ -25,6 +27,7 @@ use parking_lot::{Mutex, RwLock};
 mod backing;
 mod creds;
 mod handles;
+mod inos;
 mod print;
 mod sys;
 mod types;
@@ -70,6 +73,29 @@ struct InodeState {
     /// removed one.
     others: Vec<(u64, OsString)>,
 }
+
+/// Where the xattr calls reach a node: its descriptor's magic link (followed), or a
+/// symlink's name under its parent (for the `l*` calls, which do not follow it).
+enum Xattr {
+    Fd(CString),
+    Link(CString),
+}
+
+type GetXattr = unsafe extern "C" fn(
+    *const libc::c_char,
+    *const libc::c_char,
+    *mut libc::c_void,
+    usize,
+) -> isize;
+type ListXattr = unsafe extern "C" fn(*const libc::c_char, *mut libc::c_char, usize) -> isize;
+type SetXattr = unsafe extern "C" fn(
+    *const libc::c_char,
+    *const libc::c_char,
+    *const libc::c_void,
+    usize,
+    libc::c_int,
+) -> libc::c_int;
+type RemoveXattr = unsafe extern "C" fn(*const libc::c_char, *const libc::c_char) -> libc::c_int;
 
 /// At most this many earlier names are remembered per inode.
 const OTHER_NAMES: usize = 16;
@@ -189,7 +215,8 @@ pub struct Store {
     tables: RwLock<Tables>,
     /// Number of inodes held (root included), readable without the lock.
     live: Arc<AtomicU64>,
-    next_ino: AtomicU64,
+    /// The numbers of backing files (docs/design.md#identity).
+    inos: inos::Inos,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     dirs: RwLock<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
@@ -265,7 +292,7 @@ impl Store {
         Ok(Store {
             tables: RwLock::new(t),
             live: Arc::new(AtomicU64::new(1)),
-            next_ino: AtomicU64::new(ROOT_INO + 1),
+            inos: inos::Inos::new(key),
             handles: RwLock::new(HashMap::new()),
             dirs: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -452,10 +479,30 @@ impl Store {
         if let Some(attr) = Self::count_known(&t, st, handle.as_ref(), parent, name) {
             return attr;
         }
-        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
-        self.live.fetch_add(1, Ordering::Relaxed);
-        // A (dev, ino) seen before under another handle is a reused inode number: the new
-        // file takes the key, the stale node keeps its kernel references until forgotten.
+        let ino = self
+            .inos
+            .stable(key)
+            .filter(|i| *i != ROOT_INO)
+            .unwrap_or_else(|| self.inos.spare());
+        // A node at that number already is a file whose inode number the backing
+        // filesystem gave again (the old one is gone: its handle no longer opens). The
+        // number is the new file's now; the kernel's references to the old one are
+        // counted on (its forgets arrive for this number) and reach the new file, as a
+        // reused inode number natively does through an old name looked up again.
+        let refs = match t.inodes.remove(&ino) {
+            Some(old) => {
+                if t.by_key.get(&old.key) == Some(&ino) {
+                    t.by_key.remove(&old.key);
+                }
+                self.fds.remove(ino);
+                let r = old.state.lock().refs;
+                r + 1
+            }
+            None => {
+                self.live.fetch_add(1, Ordering::Relaxed);
+                1
+            }
+        };
         t.by_key.insert(key, ino);
         let fd = Arc::new(fd);
         t.inodes.insert(
@@ -466,7 +513,7 @@ impl Store {
                 handle,
                 pinned: Mutex::new(pin.then(|| fd.clone())),
                 state: Mutex::new(InodeState {
-                    refs: 1,
+                    refs,
                     link: Some((parent, name.to_owned())),
                     others: Vec::new(),
                 }),
@@ -569,7 +616,13 @@ impl Store {
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
         let (_, node_fd) = self.node_fd(ino)?;
         let st = fstat_fd(node_fd.as_raw_fd())?;
-        Ok(Attr::from_stat(ino, &st))
+        // The root's node id is 1, but `stat` shows its own number (the kernel takes the
+        // inode number from the attributes, the node id from the entry).
+        let shown = match ino {
+            ROOT_INO => self.inos.stable((st.st_dev, st.st_ino)).unwrap_or(ROOT_INO),
+            _ => ino,
+        };
+        Ok(Attr::from_stat(shown, &st))
     }
 
     /// Apply `set`; `fh` is the open handle the change came through, if any.
@@ -1035,14 +1088,25 @@ impl Store {
     }
 
     /// The descriptor of the node we know at `key`, if any, to pin if it loses its last
-    /// name. Only without handles: a handle still opens an unlinked file while it is open
-    /// (and a file neither named nor open has nothing left to serve).
+    /// name: without handles it could not be re-resolved, and with them its inode number
+    /// could be given to a new file while the kernel still knows the old one (a current
+    /// directory, say), which would then show the new file's attributes under its number.
+    /// With handles only a descriptor at hand is taken (pinned or cached: a node the
+    /// kernel used lately, as a current directory is), so a removal costs no
+    /// `open_by_handle_at`.
     fn known_fd(&self, key: (u64, u64)) -> Option<Arc<OwnedFd>> {
-        if self.mount.is_some() {
-            return None;
-        }
         let ino = *self.tables.read().by_key.get(&key)?;
+        if self.mount.is_some() {
+            let node = self.inode(ino).ok()?;
+            let pinned = node.pinned.lock().clone();
+            return pinned.or_else(|| self.fds.get(ino));
+        }
         self.node_fd(ino).ok().map(|(_, fd)| fd)
+    }
+
+    /// The number of the node at backing (dev, ino), if there is one.
+    fn known_number(&self, dev: u64, ino: u64) -> Option<u64> {
+        self.tables.read().by_key.get(&(dev, ino)).copied()
     }
 
     /// Point the inode now found at (parent, name) to that name.
@@ -1181,6 +1245,7 @@ impl Store {
                 libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
             )
         })?;
+        let dev = fstat_fd(d.file.as_raw_fd())?.st_dev;
         let mut dir = nix::dir::Dir::from_fd(dup)?;
         let mut out = Vec::new();
         for e in dir.iter() {
@@ -1214,7 +1279,11 @@ impl Store {
             out.push(DirEntry {
                 name: name.to_owned(),
                 kind,
-                backing_ino: e.ino(),
+                d_ino: match self.inos.entry(dev, e.ino()) {
+                    // No stable number: the one its node has, if the kernel knows it.
+                    0 => self.known_number(dev, e.ino()).unwrap_or(e.ino()),
+                    n => n,
+                },
             });
         }
         // Stable order: `.` and `..` first, as most filesystems do.
@@ -1263,10 +1332,33 @@ impl Store {
     /// A path that reaches the node itself for the xattr calls (which do not accept
     /// `O_PATH` descriptors). Symlinks have no user xattrs on Linux.
     /// The descriptor returned keeps the path valid.
-    fn xattr_target(&self, ino: u64) -> FsResult<(Arc<Inode>, CString, Arc<OwnedFd>)> {
+    /// The path the xattr calls take for `ino`, and what keeps it valid. A symlink's
+    /// xattrs (`trusted.*`, `security.*`) are reached by its name under its parent's
+    /// descriptor with the `l*` calls, which do not follow it (the magic link of its own
+    /// `O_PATH` descriptor would be followed, to the target); the name is checked to be
+    /// the node's first. Calls on `Xattr::Link` paths must be the `l*` ones.
+    fn xattr_target(&self, ino: u64) -> FsResult<(Arc<Inode>, Xattr, Arc<OwnedFd>)> {
         let (node, node_fd) = self.node_fd(ino)?;
-        let p = proc_path(node_fd.as_raw_fd());
-        Ok((node, p, node_fd))
+        if node.kind != Kind::Symlink {
+            let p = proc_path(node_fd.as_raw_fd());
+            return Ok((node, Xattr::Fd(p), node_fd));
+        }
+        let (parent, name) = node
+            .state
+            .lock()
+            .link
+            .clone()
+            .ok_or(FsError(libc::ESTALE))?;
+        let (_, dir) = self.node_fd(parent)?;
+        let mut p = proc_path(dir.as_raw_fd()).into_bytes();
+        p.push(b'/');
+        p.extend_from_slice(name.as_bytes());
+        let p = CString::new(p).map_err(|_| FsError(libc::EINVAL))?;
+        let st = fstatat(dir.as_raw_fd(), &cstr(&name)?, libc::AT_SYMLINK_NOFOLLOW)?;
+        if (st.st_dev, st.st_ino) != node.key {
+            return Err(FsError(libc::ESTALE));
+        }
+        Ok((node, Xattr::Link(p), dir))
     }
 
     /// Get an xattr; `size` 0 asks for the length only (returned as an empty vec + len).
@@ -1275,17 +1367,16 @@ impl Store {
     /// negotiated): a backing filesystem without ACL support has no ACLs, and its answer
     /// `EOPNOTSUPP` would fail every check, so it is `ENODATA` (no ACL: the mode decides).
     pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> FsResult<XattrReply> {
-        let (node, p, _fd) = self.xattr_target(ino)?;
-        if node.kind == Kind::Symlink {
-            return Err(FsError(libc::ENODATA));
-        }
+        let (_, p, _fd) = self.xattr_target(ino)?;
         let n = cstr(name)?;
         let mut buf = vec![0u8; size as usize];
+        let (call, p) = match &p {
+            Xattr::Fd(p) => (libc::getxattr as GetXattr, p),
+            Xattr::Link(p) => (libc::lgetxattr as GetXattr, p),
+        };
         // SAFETY: getxattr writes at most buf.len() bytes into `buf`; both names are
         // NUL-terminated.
-        let r = cvt(unsafe {
-            libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        });
+        let r = cvt(unsafe { call(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) });
         match r {
             Err(FsError(libc::EOPNOTSUPP)) if is_posix_acl(name) => Err(FsError(libc::ENODATA)),
             r => Ok(xattr_reply(buf, r? as usize, size)),
@@ -1293,14 +1384,15 @@ impl Store {
     }
 
     pub fn listxattr(&self, ino: u64, size: u32) -> FsResult<XattrReply> {
-        let (node, p, _fd) = self.xattr_target(ino)?;
-        if node.kind == Kind::Symlink {
-            return Ok(xattr_reply(Vec::new(), 0, size));
-        }
+        let (_, p, _fd) = self.xattr_target(ino)?;
         let mut buf = vec![0u8; size as usize];
+        let (call, p) = match &p {
+            Xattr::Fd(p) => (libc::listxattr as ListXattr, p),
+            Xattr::Link(p) => (libc::llistxattr as ListXattr, p),
+        };
         // SAFETY: listxattr writes at most buf.len() bytes into `buf`; the path is
         // NUL-terminated.
-        let r = cvt(unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
+        let r = cvt(unsafe { call(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) })?;
         Ok(xattr_reply(buf, r as usize, size))
     }
 
@@ -1313,15 +1405,16 @@ impl Store {
         value: &[u8],
         flags: i32,
     ) -> FsResult<()> {
-        let (node, p, _fd) = self.xattr_target(ino)?;
-        if node.kind == Kind::Symlink {
-            return Err(FsError(libc::EPERM));
-        }
+        let (_, p, _fd) = self.xattr_target(ino)?;
         let n = cstr(name)?;
         let _as = acl_as_caller(caller, name);
+        let (call, p) = match &p {
+            Xattr::Fd(p) => (libc::setxattr as SetXattr, p),
+            Xattr::Link(p) => (libc::lsetxattr as SetXattr, p),
+        };
         // SAFETY: setxattr reads value.len() bytes of `value`; both names are NUL-terminated.
         cvt(unsafe {
-            libc::setxattr(
+            call(
                 p.as_ptr(),
                 n.as_ptr(),
                 value.as_ptr().cast(),
@@ -1334,14 +1427,15 @@ impl Store {
 
     /// Remove an xattr. A POSIX ACL is removed as the caller (see [`acl_as_caller`]).
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<()> {
-        let (node, p, _fd) = self.xattr_target(ino)?;
-        if node.kind == Kind::Symlink {
-            return Err(FsError(libc::ENODATA));
-        }
+        let (_, p, _fd) = self.xattr_target(ino)?;
         let n = cstr(name)?;
         let _as = acl_as_caller(caller, name);
+        let (call, p) = match &p {
+            Xattr::Fd(p) => (libc::removexattr as RemoveXattr, p),
+            Xattr::Link(p) => (libc::lremovexattr as RemoveXattr, p),
+        };
         // SAFETY: removexattr with a NUL-terminated path and name.
-        cvt(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
+        cvt(unsafe { call(p.as_ptr(), n.as_ptr()) }).map(drop)
     }
 
     /// `access(2)` for the caller, from the mode bits. The kernel sends ACCESS only when it
@@ -1525,16 +1619,17 @@ mod tests {
             Ok(a) => assert!(!handles, "old node reached a new file: {a:?}"),
         }
         let again = s.lookup(sub.ino, OsStr::new("f11")).unwrap();
-        if handles {
-            assert_ne!(again.ino, inos[11]);
-        }
+        // The new file's number is its own inode number (docs/posix.md#identity).
+        let new_ino = std::fs::symlink_metadata(d.path().join("sub/f11")).unwrap();
+        assert_eq!(again.ino, std::os::unix::fs::MetadataExt::ino(&new_ino));
         assert_eq!(again.size, 7);
     }
 
     /// A node whose file is gone and whose inode number came back for a new file (as
-    /// ext4 does) is told apart by its handle: the new file gets a new node.
+    /// ext4 does) is told apart by its handle: the number is the new file's now, and the
+    /// kernel's references to the old one are counted on (its forgets come for it).
     #[test]
-    fn a_reused_inode_number_is_a_new_node() {
+    fn a_reused_inode_number_goes_to_the_new_file() {
         let (d, s) = small_store(true);
         std::fs::write(d.path().join("f"), b"new").unwrap();
         let st = fstatat(
@@ -1547,7 +1642,7 @@ mod tests {
         {
             let mut t = s.tables.write();
             t.inodes.insert(
-                999,
+                st.st_ino,
                 Arc::new(Inode {
                     key: (st.st_dev, st.st_ino),
                     kind: Kind::File,
@@ -1560,14 +1655,19 @@ mod tests {
                     }),
                 }),
             );
-            t.by_key.insert((st.st_dev, st.st_ino), 999);
+            t.by_key.insert((st.st_dev, st.st_ino), st.st_ino);
+            s.live.fetch_add(1, Ordering::Relaxed);
         }
         let a = s.lookup(ROOT_INO, OsStr::new("f")).unwrap();
-        assert_ne!(a.ino, 999, "the stale node was reused for a new file");
+        assert_eq!(a.ino, st.st_ino);
+        assert_eq!(a.size, 3, "the new file's attributes");
         assert_eq!(s.path_of(a.ino).unwrap(), Path::new("f"));
-        // The stale node stays until the kernel forgets it, without taking the key back.
-        s.forget(999, 1);
-        assert_eq!(s.lookup(ROOT_INO, OsStr::new("f")).unwrap().ino, a.ino);
+        assert_eq!(s.inode_count(), 2, "one node for the number");
+        // The old reference's forget leaves the new one's.
+        s.forget(st.st_ino, 1);
+        assert_eq!(s.getattr(st.st_ino).unwrap().size, 3);
+        s.forget(st.st_ino, 1);
+        assert_eq!(s.inode_count(), 1);
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub struct Time {
     pub nsec: u32,
 }
 
-/// File attributes as the mount reports them (`ino` is ours, not the backing one).
+/// File attributes as the mount reports them (`ino`: the node's number, see `inos`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attr {
     pub ino: u64,
@@ -111,9 +111,6 @@ pub struct Attr {
     pub rdev: u32,
     pub blksize: u32,
 }
-
-/// The st_blksize reported for every file: large, so tools (cp, cat) use big buffers.
-pub const BLKSIZE: u32 = 1 << 20;
 
 impl Attr {
     pub(super) fn from_stat(ino: u64, st: &libc::stat) -> Attr {
@@ -139,7 +136,8 @@ impl Attr {
                 nsec: st.st_ctime_nsec as u32,
             },
             rdev: st.st_rdev as u32,
-            blksize: BLKSIZE,
+            // The backing file's, as tools size buffers (and xattrs) from it.
+            blksize: st.st_blksize as u32,
         }
     }
 }
@@ -194,8 +192,9 @@ pub struct SetAttr {
 pub struct DirEntry {
     pub name: OsString,
     pub kind: Kind,
-    /// Backing inode number (only a hint for plain readdir).
-    pub backing_ino: u64,
+    /// The number a plain readdir shows (`d_ino`): the entry's `st_ino` (a mount point's
+    /// is the covered directory's, as natively).
+    pub d_ino: u64,
 }
 
 /// Filesystem statistics.

@@ -182,7 +182,7 @@ impl ControlFs {
                     DirEntry {
                         name: (*n).into(),
                         kind: Kind::File,
-                        backing_ino: *i,
+                        d_ino: *i,
                     },
                 )
             })

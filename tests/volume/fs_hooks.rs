@@ -210,7 +210,7 @@ impl PseudoFs for TestTree {
             DirEntry {
                 name: "hello".into(),
                 kind: Kind::File,
-                backing_ino: VFILE,
+                d_ino: VFILE,
             },
         )])
     }

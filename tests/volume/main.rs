@@ -13,6 +13,7 @@ mod acl;
 mod data_path;
 mod fs_cache;
 mod fs_hooks;
+mod fs_identity;
 mod fs_lifecycle;
 mod fs_ops;
 mod fs_perms;

@@ -120,6 +120,153 @@ fn cli_dir() -> String {
         .into_owned()
 }
 
+/// The source column of the mount at `p`.
+fn mount_source(p: &Path) -> Option<String> {
+    let o = Command::new("findmnt")
+        .args(["-n", "-o", "SOURCE", "--mountpoint"])
+        .arg(p)
+        .output()
+        .ok()?;
+    let s = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    (!s.is_empty()).then_some(s)
+}
+
+/// The per-mount and superblock options of the mount at `p`, as findmnt shows them.
+fn mount_options_of(p: &Path) -> Vec<String> {
+    let o = Command::new("findmnt")
+        .args(["-n", "-o", "OPTIONS", "--mountpoint"])
+        .arg(p)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .split(',')
+        .map(String::from)
+        .collect()
+}
+
+fn mount_t(h: &Helper, opts: &str) -> Output {
+    run(Command::new("mount")
+        .args(["-t", &h.fstype])
+        .arg(h.p("b"))
+        .arg(h.p("m"))
+        .arg("-o")
+        .arg(format!("state_dir={}{opts}", h.p("state").display())))
+}
+
+/// `umount; mount` back to back, ten times through mount(8): umount returns before the
+/// old daemon has let go of the state directory, and the new mount must not be refused
+/// for it (xfstests generic/604 and every cycle mount).
+#[test]
+fn umount_then_mount_at_once_succeeds_every_time() {
+    let h = Helper::new();
+    let m = h.p("m");
+    let o = mount_t(&h, "");
+    assert!(o.status.success(), "{o:?}");
+    for i in 0..10 {
+        fs::write(m.join(format!("f{i}")), b"x").unwrap();
+        let o = run(Command::new("umount").arg(&m));
+        assert!(o.status.success(), "umount {i}: {o:?}");
+        let o = mount_t(&h, "");
+        assert!(
+            o.status.success(),
+            "mount right after umount, cycle {i}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(m.join(format!("f{i}")).exists());
+    }
+    // A volume still mounted is refused at once, not waited for.
+    let other = h.p("f");
+    let t = std::time::Instant::now();
+    let o = run(Command::new("mount")
+        .args(["-t", &h.fstype])
+        .arg(h.p("b"))
+        .arg(&other)
+        .arg("-o")
+        .arg(format!("state_dir={}", h.p("state").display())));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("is in use by another coherent-mount"), "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "waited for a live volume"
+    );
+}
+
+/// `mount -o remount,...` changes the flags of the mounted volume (xfstests 294, 306,
+/// 452), and the kernel's own flags mount(8) passes are taken (003).
+#[test]
+fn remount_and_the_kernels_flags_through_mount_8() {
+    let h = Helper::new();
+    let m = h.p("m");
+    let o = mount_t(
+        &h,
+        ",nodiratime,strictatime,nosymfollow,lazytime,iversion,silent",
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let opts = mount_options_of(&m);
+    for want in ["nodiratime", "nosymfollow", "lazytime"] {
+        assert!(opts.iter().any(|o| o == want), "{want} in {opts:?}");
+    }
+    assert!(
+        !opts.iter().any(|o| o == "relatime"),
+        "strictatime: {opts:?}"
+    );
+    fs::write(m.join("f"), b"x").unwrap();
+    let remount = |o: &str| {
+        run(Command::new("mount")
+            .args(["-t", &h.fstype, "-o", o])
+            .arg(h.p("b"))
+            .arg(&m))
+    };
+    let o = remount("remount,ro");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        fs::write(m.join("f"), b"y").unwrap_err().raw_os_error(),
+        Some(libc::EROFS)
+    );
+    let o = remount("remount,rw");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fs::write(m.join("f"), b"y").unwrap();
+    assert_eq!(fs::read(h.p("b").join("f")).unwrap(), b"y");
+    // The same daemon serves it all along.
+    assert_eq!(daemons_of(&m).len(), 1);
+}
+
+/// As root through mount(8), `-o nodev,nosuid` are honoured and dev,suid are the
+/// default: a device node made in the volume opens (xfstests 184).
+#[test]
+fn dev_and_suid_as_root_through_mount_8() {
+    let h = Helper::new();
+    let m = h.p("m");
+    let o = mount_t(&h, "");
+    assert!(o.status.success(), "{o:?}");
+    let opts = mount_options_of(&m);
+    assert!(
+        !opts.iter().any(|o| o == "nodev" || o == "nosuid"),
+        "{opts:?}"
+    );
+    // /dev/null's numbers (1, 3).
+    let o = run(Command::new("mknod")
+        .arg(m.join("null"))
+        .args(["c", "1", "3"]));
+    assert!(o.status.success(), "{o:?}");
+    fs::write(m.join("null"), b"gone").expect("write to a device node in a dev mount");
+    let o = run(Command::new("umount").arg(&m));
+    assert!(o.status.success(), "{o:?}");
+    let o = mount_t(&h, ",nodev,nosuid");
+    assert!(o.status.success(), "{o:?}");
+    let opts = mount_options_of(&m);
+    assert!(
+        opts.iter().any(|o| o == "nodev") && opts.iter().any(|o| o == "nosuid"),
+        "{opts:?}"
+    );
+    assert_eq!(
+        fs::write(m.join("null"), b"x").unwrap_err().raw_os_error(),
+        Some(libc::EACCES)
+    );
+}
+
 /// `mount -t`, then a handoff through the mounted volume, then `umount` ends the daemon.
 #[test]
 fn mount_t_mounts_an_enforcing_volume_and_umount_stops_it() {
@@ -145,6 +292,8 @@ fn mount_t_mounts_an_enforcing_volume_and_umount_stops_it() {
     );
     // mount(8) returned: the volume answers now (readiness).
     assert_eq!(mount_fstype(&m).as_deref(), Some("fuse"));
+    // The source names the backing directory (`coherent run` finds it there).
+    assert_eq!(mount_source(&m), Some(format!("coherent:{}", b.display())));
     assert!(m.join(".coherent/ctl").exists());
     let daemons = daemons_of(&m);
     assert_eq!(daemons.len(), 1, "one detached daemon: {daemons:?}");
@@ -421,11 +570,12 @@ fn mount_t_without_the_helper_link_returns_mounted_instead_of_hanging() {
     let who = fs::read_to_string(m.join(".coherent/whoami")).expect("the volume answers");
     assert!(who.contains("\"session\""), "{who}");
     assert_eq!(daemons_of(&m).len(), 1, "one detached daemon");
-    // mount.fuse3 appended dev,suid; the volume is nodev,nosuid all the same.
+    // Mounted by root through mount(8): dev,suid, as any filesystem (mount.fuse3 asks
+    // for them too).
     let flags = nix::sys::statvfs::statvfs(&m).unwrap().flags();
     use nix::sys::statvfs::FsFlags;
     assert!(
-        flags.contains(FsFlags::ST_NOSUID) && flags.contains(FsFlags::ST_NODEV),
+        !flags.contains(FsFlags::ST_NOSUID) && !flags.contains(FsFlags::ST_NODEV),
         "{flags:?}"
     );
     let text = fs::read_to_string(&log).unwrap();

@@ -4,6 +4,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod daemon;
+mod kernel_flags;
 mod mount_opts;
 
 use std::os::unix::fs::FileTypeExt;
@@ -219,6 +220,8 @@ fn given_options(opts: &[String]) -> (Vec<MountOption>, SessionACL) {
         match mount_opts::fuse_option(&o) {
             Some(mount_opts::Fuse::Acl(a)) => acl = a,
             Some(mount_opts::Fuse::Opt(m)) => out.push(m),
+            // Applied once mounted (kernel_flags).
+            None if kernel_flags::is_extra(&o) || o == "remount" => {}
             // Refused before this (rewrite); kept out rather than passed on unchecked.
             None => tracing::warn!("ignoring unknown mount option {o}"),
         }
@@ -405,8 +408,55 @@ fn make_policy(
     cfg.sole_path = plan.in_place;
     cfg.bypassers = bypassers;
     // The volume works on the store's backing directory: one owner of the descriptor.
-    let volume = Volume::open(cfg, store.backing()).map_err(|e| Fail(e.to_string()))?;
+    let volume = open_volume(cfg, store, &plan.backing)?;
     Ok((volume.policy(), Some(volume)))
+}
+
+/// How long a mount waits for the daemon of an unmounted volume to let go of the state
+/// directory (`umount` returns before that daemon has saved its state and exited).
+const LET_GO: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// [`Volume::open`], waiting (bounded) while the state directory is held by a daemon
+/// whose volume is no longer mounted: `umount; mount` must work, as natively.
+fn open_volume(cfg: VolumeConfig, store: &Store, backing: &Path) -> Result<Arc<Volume>, Fail> {
+    let start = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        match Volume::open(cfg.clone(), store.backing()) {
+            Ok(v) => return Ok(v),
+            Err(coherent::journal::JournalError::Locked { pid, .. })
+                if start.elapsed() < LET_GO && !backing_mounted(backing) =>
+            {
+                if !said {
+                    tracing::info!(
+                        "the state directory is still held by pid {} (an unmounted volume \
+                         saving its state): waiting up to {} s",
+                        pid.map_or("?".into(), |p| p.to_string()),
+                        LET_GO.as_secs()
+                    );
+                    said = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(Fail(e.to_string())),
+        }
+    }
+}
+
+/// Is a volume of this backing directory mounted (its default source, `coherent:DIR`)?
+fn backing_mounted(backing: &Path) -> bool {
+    let want = format!("coherent:{}", backing.display())
+        .replace('\\', "\\134")
+        .replace(' ', "\\040")
+        .replace('\t', "\\011")
+        .replace('\n', "\\012");
+    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines().any(|l| {
+            let mut tail = l.split_once(" - ").map_or("", |(_, t)| t).split(' ');
+            let (fstype, src) = (tail.next().unwrap_or(""), tail.next().unwrap_or(""));
+            fstype.starts_with("fuse") && src == want
+        })
+    })
 }
 
 /// Opens the log file before anything is mounted: one that cannot be used (a path another
@@ -554,6 +604,15 @@ fn run(args: Args) -> Result<(), Fail> {
         ))
     })?;
     inval.set(session.notifier());
+    // The kernel's flags fuser has no option for (nodiratime, strictatime, ...).
+    let opts: Vec<String> = args
+        .options
+        .iter()
+        .flat_map(|l| mount_opts::split_options(l))
+        .collect();
+    if opts.iter().any(|o| kernel_flags::is_extra(o)) {
+        kernel_flags::remount(&plan.mountpoint, &opts).map_err(Fail)?;
+    }
     let mut unmounter = session.unmount_callable();
     let conn = connection_of(&plan.mountpoint);
     tracing::info!(mountpoint = %plan.mountpoint.display(), "mounted");
@@ -611,6 +670,15 @@ fn run(args: Args) -> Result<(), Fail> {
     }
 }
 
+/// The `-o` options in order when they ask for a remount.
+fn remount_of(options: &[String]) -> Option<Vec<String>> {
+    let all: Vec<String> = options
+        .iter()
+        .flat_map(|l| mount_opts::split_options(l))
+        .collect();
+    all.iter().any(|o| o == "remount").then_some(all)
+}
+
 /// Started by mount(8) through mount.fuse3 rather than the helper link (said in the log).
 static VIA_MOUNT_FUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -638,6 +706,27 @@ fn parse_args() -> Result<Option<(Args, bool)>, Fail> {
     args.daemon |= inv.helper;
     if inv.via_mount_fuse {
         VIA_MOUNT_FUSE.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let as_root = nix::unistd::geteuid().is_root();
+    if inv.helper && as_root {
+        // mount(8) mounts every filesystem dev,suid for root unless told nodev/nosuid,
+        // and passes neither `dev` nor `suid` on (they are the default).
+        let given: Vec<String> = args
+            .options
+            .iter()
+            .flat_map(|l| mount_opts::split_options(l))
+            .collect();
+        for (on, off) in [("dev", "nodev"), ("suid", "nosuid")] {
+            if !given.iter().any(|x| x == on || x == off) {
+                args.options.push(on.into());
+            }
+        }
+    }
+    if let Some(opts) = remount_of(&args.options) {
+        // A remount changes the flags of the volume mounted there; nothing else starts.
+        let mnt = args.mountpoint.as_ref().unwrap_or(&args.backing);
+        kernel_flags::remount(mnt, &opts).map_err(Fail)?;
+        return Ok(None);
     }
     if inv.fake {
         validate(&args)?;

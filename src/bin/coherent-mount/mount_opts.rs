@@ -75,7 +75,9 @@ pub fn fuse_option(o: &str) -> Option<Fuse> {
         "dirsync" => M::DirSync,
         x => match x.split_once('=') {
             Some(("fsname", v)) => M::FSName(v.into()),
-            Some(("subtype", v)) => M::Subtype(v.into()),
+            // Given to the kernel, so the mount table names the type (`fuse.SUBTYPE`) that
+            // a later `mount -o remount DIR` runs the helper of.
+            Some(("subtype", v)) => M::CUSTOM(format!("subtype={v}")),
             _ => return None,
         },
     }))
@@ -95,8 +97,6 @@ fn ignored(opt: &str) -> bool {
             | "group"
             | "nofail"
             | "_netdev"
-            | "relatime"
-            | "norelatime"
     ) || opt.starts_with("x-")
         || opt.starts_with("comment=")
 }
@@ -331,6 +331,11 @@ pub fn rewrite<C: CommandFactory>(
             *last = without_mount_fuse_additions(last);
         }
     }
+    // A remount changes the kernel's flags only; mount(8) passes the options the mount
+    // table shows too (the kernel's `user_id=0,group_id=0`, ...): not ours to refuse.
+    let remount = lists
+        .iter()
+        .any(|l| split_options(l).iter().any(|o| o == "remount"));
     for list in lists {
         for opt in split_options(&list) {
             let (name, value) = match opt.split_once('=') {
@@ -349,18 +354,23 @@ pub fn rewrite<C: CommandFactory>(
                         return Err(format!("option {name} takes no value (write just {name})"))
                     }
                 }
-            } else if fuse_option(&opt).is_some() {
+            } else if fuse_option(&opt).is_some()
+                || crate::kernel_flags::is_extra(&opt)
+                || opt == "remount"
+            {
                 fuse.push(opt);
-            } else if ignored(&opt) {
+            } else if ignored(&opt) || remount {
                 continue;
             } else if sloppy {
                 eprintln!("coherent-mount: ignoring unknown mount option {opt} (mount -s)");
             } else {
                 let ours: Vec<&str> = flags.iter().map(|(o, _, _)| o.as_str()).collect();
                 return Err(format!(
-                    "unknown mount option {opt:?}: accepted are the FUSE options {} and \
-                     coherent-mount's own {} (see coherent-mount --help)",
+                    "unknown mount option {opt:?}: accepted are the FUSE options {}, the \
+                     kernel's {},remount and coherent-mount's own {} (see coherent-mount \
+                     --help)",
                     FUSE_OPTIONS.join(","),
+                    crate::kernel_flags::EXTRA.join(","),
                     ours.join(",")
                 ));
             }
