@@ -25,6 +25,7 @@ use parking_lot::{Mutex, RwLock};
 mod backing;
 mod creds;
 mod handles;
+mod named;
 mod print;
 mod sys;
 mod types;

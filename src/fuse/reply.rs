@@ -3,7 +3,7 @@
 
 use fuser::{
     BackingId, FopenFlags, Generation, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr,
 };
 
@@ -34,6 +34,7 @@ error_reply!(
     ReplyEmpty,
     ReplyEntry,
     ReplyIoctl,
+    ReplyLock,
     ReplyLseek,
     ReplyOpen,
     ReplyStatfs,
