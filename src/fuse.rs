@@ -23,10 +23,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, Filesystem, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use backing::Backings;
@@ -73,6 +73,16 @@ impl CoherentFs {
         self.counters.count(op);
         crate::request_timeout::begin();
         caller(req)
+    }
+
+    /// The open flags of a file whose data goes through the daemon: a SQLite WAL index
+    /// is not mapped shared (fs/locks.rs).
+    fn through_daemon(&self, ino: u64, fopen: FopenFlags) -> FopenFlags {
+        if self.fs.is_wal_index(ino) {
+            fopen | FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            fopen
+        }
     }
 
     /// The backing id for an opened backing file, when passthrough is in use.
@@ -315,7 +325,7 @@ impl Filesystem for CoherentFs {
                 let (fh, fopen) = (FileHandle(o.fh), fopen_flags(o.fopen));
                 match self.passthrough_of(&o, &reply) {
                     Some(id) => reply.opened_passthrough(fh, fopen, &id),
-                    None => reply.opened(fh, fopen),
+                    None => reply.opened(fh, self.through_daemon(ino.0, fopen)),
                 }
             },
         )
@@ -342,7 +352,10 @@ impl Filesystem for CoherentFs {
             let (fh, fopen) = (FileHandle(o.fh), fopen_flags(o.fopen));
             match self.passthrough_of(&o, &reply) {
                 Some(id) => reply.created_passthrough(&ttl, &fa, Generation(0), fh, fopen, &id),
-                None => reply.created(&ttl, &fa, Generation(0), fh, fopen),
+                None => {
+                    let fopen = self.through_daemon(fa.ino.0, fopen);
+                    reply.created(&ttl, &fa, Generation(0), fh, fopen)
+                }
             }
         })
     }

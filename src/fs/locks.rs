@@ -277,4 +277,19 @@ impl Fs {
             Node::Backing(_) => self.store.handle(fh),
         }
     }
+
+    /// Whether `ino` is a SQLite WAL index (`*-shm`). Opened through the daemon (not
+    /// passthrough), its shared mapping would live in this mount's page cache, which no
+    /// other mount, host or process on the backing directory sees: WAL's readers and
+    /// writers would disagree and acknowledged commits be lost. The FUSE glue opens it so
+    /// that the mapping fails (ENODEV: SQLite says "disk I/O error") instead.
+    pub fn is_wal_index(&self, ino: u64) -> bool {
+        self.store
+            .path_of(ino)
+            .and_then(|p| {
+                p.file_name()
+                    .map(|n| n.as_encoded_bytes().ends_with(b"-shm"))
+            })
+            .unwrap_or(false)
+    }
 }

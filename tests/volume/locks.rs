@@ -113,9 +113,16 @@ fn locks_hold_against_the_backing_directory(m: &Mount) {
     // A classic lock through the mount is on the backing file.
     assert_eq!(inside.ask("lock 0 4"), "ok");
     let a = outside.ask("lock 2 1");
-    assert!(refused(&a), "a lock on the backing file ignored the mount's: {a}");
+    assert!(
+        refused(&a),
+        "a lock on the backing file ignored the mount's: {a}"
+    );
     assert_eq!(outside.ask("getlk 0 0"), "write 0 4");
-    assert_eq!(outside.ask("lock 4 6"), "ok", "bytes past the lock are free");
+    assert_eq!(
+        outside.ask("lock 4 6"),
+        "ok",
+        "bytes past the lock are free"
+    );
     // ... and the backing directory's locks are seen through the mount.
     assert!(refused(&inside.ask("lock 5 1")));
     assert_eq!(inside.ask("getlk 4 1"), "write 4 6");
@@ -123,7 +130,9 @@ fn locks_hold_against_the_backing_directory(m: &Mount) {
     // A close through the mount ends the process's locks (POSIX), on the backing file too.
     // (The kernel may tell the daemon after close returns: wait for it.)
     assert_eq!(inside.ask("close"), "ok");
-    assert!(common::wait_until(common::TIMEOUT, || outside.ask("lock 0 4") == "ok"));
+    assert!(common::wait_until(common::TIMEOUT, || outside
+        .ask("lock 0 4")
+        == "ok"));
     assert_eq!(outside.ask("unlock 4 6"), "ok");
 
     // A waiting lock (F_SETLKW) through the mount waits for the backing file's lock and is
@@ -143,7 +152,9 @@ fn locks_hold_against_the_backing_directory(m: &Mount) {
     assert!(refused(&inside.ask("ofd 0 1")));
     drop(inside);
     // The killed process's open file went, and its lock with it.
-    assert!(common::wait_until(common::TIMEOUT, || outside.ask("lock 8 2") == "ok"));
+    assert!(common::wait_until(common::TIMEOUT, || outside
+        .ask("lock 8 2")
+        == "ok"));
 }
 
 both_modes!(locks_hold_against_the_backing_directory);
@@ -272,4 +283,55 @@ fn sqlite_rollback_journal_daemon() {
 #[test]
 fn sqlite_wal_passthrough() {
     sqlite_through_two_mounts_and_the_backing_directory(true, "WAL");
+}
+
+/// WAL's shared-memory index cannot be shared through the daemon's page cache (docs/locks.md):
+/// through a mount whose data goes through the daemon, SQLite's WAL fails loudly at the
+/// first transaction ("disk I/O error", nothing acknowledged), and the database can go
+/// back to a rollback journal, which works.
+#[test]
+fn sqlite_wal_through_the_daemon_is_refused() {
+    let m = Mount::new(false);
+    let made = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('CREATE TABLE t(tag TEXT, i INT)'); c.commit()")
+        .arg(m.path("t.db"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(WRITER)
+        .arg(m.path("t.db"))
+        .args(["w", "5", "WAL"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "WAL through the daemon worked: {said}"
+    );
+    assert_eq!(said.trim(), "0 disk I/O error");
+    // What was refused lost nothing; one exclusive connection (its WAL index in its own
+    // memory) can take the database back to a rollback journal, which then works.
+    let back = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); \
+             c.execute('PRAGMA locking_mode=EXCLUSIVE'); \
+             print(c.execute('SELECT COUNT(*) FROM t').fetchone()[0], \
+                   c.execute('PRAGMA journal_mode=DELETE').fetchone()[0])",
+        )
+        .arg(m.path("t.db"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&back.stdout).trim(), "0 delete");
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(WRITER)
+        .arg(m.path("t.db"))
+        .args(["w", "5", "DELETE"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "5");
 }
