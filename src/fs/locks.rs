@@ -270,11 +270,15 @@ fn ofd_fcntl(fd: RawFd, cmd: i32, fl: &mut libc::flock) -> FsResult<()> {
 
 impl Fs {
     /// The open backing file a lock request of `fh` on `ino` acts on. Files of the
-    /// `.coherent/` tree take no locks (ENOLCK).
+    /// `.coherent/` tree take no locks (ENOLCK), nor does anything but an open file of
+    /// `ino` (the kernel keeps directories' locks itself).
     pub fn lock_target(&self, ino: u64, fh: u64) -> FsResult<Arc<Handle>> {
         match self.router.node(ino) {
             Node::Pseudo(_) => Err(FsError(libc::ENOLCK)),
-            Node::Backing(_) => self.store.handle(fh),
+            Node::Backing(ino) => match self.store.handle(fh) {
+                Ok(h) if h.ino == ino => Ok(h),
+                _ => Err(FsError(libc::ENOLCK)),
+            },
         }
     }
 
