@@ -58,6 +58,8 @@ usage() {
 }
 say() { echo "etcd.sh: $*" >&2; }
 
+# This script's own settings are read before the clean-up below removes them.
+SH_STATE=${ETCD_SH_STATE:-}
 # Our members must not pick up settings meant for another etcd or etcdctl.
 for v in "${!ETCD_@}"; do unset "$v"; done
 for v in "${!ETCDCTL_@}"; do unset "$v"; done
@@ -75,7 +77,7 @@ need_tools() {
 # root, say) truncate a file through a symlink, or point `stop` at another cluster. So a
 # directory of the caller's alone, checked before anything in it is used.
 use_state() {
-    local d=${ETCD_SH_STATE:-}
+    local d=$SH_STATE
     if [[ -z $d ]]; then
         if [[ -n ${XDG_RUNTIME_DIR:-} && -d $XDG_RUNTIME_DIR && -O $XDG_RUNTIME_DIR && ! -L $XDG_RUNTIME_DIR ]]; then
             d=$XDG_RUNTIME_DIR/coherent-etcd

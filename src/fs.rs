@@ -15,6 +15,7 @@
 mod counters;
 mod killpriv;
 use killpriv::KillRule;
+mod locks;
 mod policy;
 mod pseudo;
 mod router;
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 pub use crate::store::HandleState;
 pub use counters::{Counters, Op};
+pub use locks::{LockDone, LockSpan, Locks};
 pub use policy::{open_writes, HandleInfo, NoPolicy, OpenInfo, Permit, Policy, WriteRoute};
 pub use pseudo::{PseudoFs, ReadDone};
 use router::{Node, Router};
@@ -594,6 +596,9 @@ impl Fs {
             }
             Node::Backing(ino) => ino,
         };
+        // A name replaced in the backing directory (a sync's rename) is opened as what it
+        // denotes now, never as the orphan the kernel's cached entry still points to.
+        self.store.still_named(ino)?;
         if !open_writes(flags) {
             return self.opened(caller, None, None, self.store.open(ino, flags), false);
         }

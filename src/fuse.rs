@@ -6,9 +6,10 @@
 //! Regular files are opened in FUSE passthrough mode when the kernel allows it (reads and
 //! writes never reach the daemon, and the kernel updates the size and drops the cached
 //! times itself); otherwise data goes through the daemon in requests of up to 1 MiB.
-//! POSIX (`fcntl`) and BSD (`flock`) locks are left to the kernel (we do not ask for
-//! `FUSE_POSIX_LOCKS`/`FUSE_FLOCK_LOCKS`), so they behave as on a local filesystem
-//! between the processes of this host. Cache policy: docs/cache.md.
+//! Record (`fcntl`) locks are taken on the backing file (`FUSE_POSIX_LOCKS`, [`Locks`]),
+//! so they hold against processes outside the mount and other mounts or hosts of the same
+//! directory; BSD (`flock`) locks stay the kernel's, between the processes of this host
+//! (docs/locks.md). Cache policy: docs/cache.md.
 
 mod backing;
 mod convert;
@@ -22,10 +23,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, Filesystem, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BackingId, CopyFileRangeFlags, FileHandle, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use backing::Backings;
@@ -34,7 +35,7 @@ pub use inval::Inval;
 use reply::{answer, attr, empty, empty_dir, entry, fopen_flags, xattr, OpenBacking};
 
 pub use crate::fs::{Counters, FsOptions, Op, IN_PLACE_TTL, TTL};
-use crate::fs::{Fs, Opened};
+use crate::fs::{Fs, LockDone, LockSpan, Locks, Opened};
 use crate::store::{Caller, FsError, FsResult, SetAttr};
 
 /// Largest read/write request through the daemon.
@@ -44,6 +45,8 @@ pub const MAX_IO: u32 = 1 << 20;
 pub struct CoherentFs {
     fs: Fs,
     backings: Backings,
+    /// Record locks, held on the backing files.
+    locks: Arc<Locks>,
     pub counters: Arc<Counters>,
     /// Set by the mount once the session exists.
     pub inval: Arc<Inval>,
@@ -55,6 +58,7 @@ impl CoherentFs {
             counters: fs.counters().clone(),
             fs,
             backings: Backings::default(),
+            locks: Arc::default(),
             inval: Arc::default(),
         }
     }
@@ -69,6 +73,16 @@ impl CoherentFs {
         self.counters.count(op);
         crate::request_timeout::begin();
         caller(req)
+    }
+
+    /// The open flags of a file whose data goes through the daemon: a SQLite WAL index
+    /// is not mapped shared (fs/locks.rs).
+    fn through_daemon(&self, ino: u64, fopen: FopenFlags) -> FopenFlags {
+        if self.fs.is_wal_index(ino) {
+            fopen | FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            fopen
+        }
     }
 
     /// The backing id for an opened backing file, when passthrough is in use.
@@ -107,6 +121,17 @@ impl Filesystem for CoherentFs {
             .is_err()
         {
             tracing::debug!("the kernel does not offer FUSE_NO_EXPORT_SUPPORT");
+        }
+        // Record locks on the backing file (fs/locks.rs). Without it the kernel would keep
+        // them to this host's processes, silently: say so.
+        if config
+            .add_capabilities(InitFlags::FUSE_POSIX_LOCKS)
+            .is_err()
+        {
+            tracing::warn!(
+                "the kernel does not offer FUSE_POSIX_LOCKS: fcntl locks hold between the \
+                 processes of this mount only, not against the backing directory"
+            );
         }
         // POSIX ACLs (docs/permissions.md): the kernel's permission check (on always with
         // them, as `default_permissions`) then reads `system.posix_acl_access` through
@@ -310,7 +335,7 @@ impl Filesystem for CoherentFs {
                 let (fh, fopen) = (FileHandle(o.fh), fopen_flags(o.fopen));
                 match self.passthrough_of(&o, &reply) {
                     Some(id) => reply.opened_passthrough(fh, fopen, &id),
-                    None => reply.opened(fh, fopen),
+                    None => reply.opened(fh, self.through_daemon(ino.0, fopen)),
                 }
             },
         )
@@ -337,7 +362,10 @@ impl Filesystem for CoherentFs {
             let (fh, fopen) = (FileHandle(o.fh), fopen_flags(o.fopen));
             match self.passthrough_of(&o, &reply) {
                 Some(id) => reply.created_passthrough(&ttl, &fa, Generation(0), fh, fopen, &id),
-                None => reply.created(&ttl, &fa, Generation(0), fh, fopen),
+                None => {
+                    let fopen = self.through_daemon(fa.ino.0, fopen);
+                    reply.created(&ttl, &fa, Generation(0), fh, fopen)
+                }
             }
         })
     }
@@ -391,10 +419,12 @@ impl Filesystem for CoherentFs {
         req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         let c = self.begin(Op::Flush, req);
+        // A close by the owner's process ends its record locks on the file (POSIX).
+        self.locks.unlock_owner(ino.0, lock_owner.0);
         answer(Op::Flush, self.fs.flush(&c, ino.0, fh.0), reply, empty)
     }
 
@@ -409,8 +439,71 @@ impl Filesystem for CoherentFs {
         reply: ReplyEmpty,
     ) {
         let c = self.begin(Op::Release, req);
-        self.fs.release(&c, ino.0, fh.0);
+        if self.fs.release(&c, ino.0, fh.0) {
+            self.locks.release(fh.0);
+        }
         reply.ok()
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        self.begin(Op::Getlk, req);
+        let want = LockSpan {
+            start,
+            end,
+            typ,
+            pid,
+        };
+        let r = (self.fs.lock_target(ino.0, fh.0))
+            .and_then(|h| self.locks.get(&h, fh.0, lock_owner.0, want));
+        answer(Op::Getlk, r, reply, |reply, l| {
+            reply.locked(l.start, l.end, l.typ, l.pid)
+        })
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.begin(Op::Setlk, req);
+        let span = LockSpan {
+            start,
+            end,
+            typ,
+            pid,
+        };
+        // Answered later from a thread of its own when the lock must be waited for. A lock
+        // taken drops the cached pages first: reads under it must see the holder's writes.
+        let inval = self.inval.clone();
+        let done: LockDone = Box::new(move |r: FsResult<()>| {
+            if r.is_ok() && typ != libc::F_UNLCK {
+                inval.data(ino.0);
+            }
+            answer(Op::Setlk, r, reply, empty)
+        });
+        match self.fs.lock_target(ino.0, fh.0) {
+            Ok(h) => self.locks.set(&h, fh.0, lock_owner.0, span, sleep, done),
+            Err(e) => done(Err(e)),
+        }
     }
 
     fn fsync(

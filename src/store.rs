@@ -28,6 +28,7 @@ mod backing;
 mod creds;
 mod handles;
 mod inos;
+mod named;
 mod print;
 mod sys;
 mod types;

@@ -51,10 +51,12 @@ pub enum Op {
     Lseek,
     CopyFileRange,
     Ioctl,
+    Getlk,
+    Setlk,
 }
 
 impl Op {
-    pub const ALL: [Op; 34] = [
+    pub const ALL: [Op; 36] = [
         Op::Lookup,
         Op::Forget,
         Op::Getattr,
@@ -89,6 +91,8 @@ impl Op {
         Op::Lseek,
         Op::CopyFileRange,
         Op::Ioctl,
+        Op::Getlk,
+        Op::Setlk,
     ];
 
     pub fn name(self) -> String {

@@ -25,4 +25,18 @@ impl Inval {
             }
         }
     }
+
+    /// Drop the kernel's cached attributes and pages of `ino`: a lock was just taken on it,
+    /// and whoever held the lock before (a process on the backing directory, another mount
+    /// or host) may have changed the file, which this mount's cache cannot know.
+    pub(super) fn data(&self, ino: u64) {
+        if let Some(n) = self.0.get() {
+            match n.inval_inode(INodeNo(ino), 0, 0) {
+                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                    tracing::warn!("cannot drop the cached pages of inode {ino}: {e}")
+                }
+                _ => {}
+            }
+        }
+    }
 }

@@ -3,8 +3,8 @@
 
 use fuser::{
     BackingId, FopenFlags, Generation, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 
 use super::convert::{fail, file_attr, negative_attr};
@@ -34,6 +34,7 @@ error_reply!(
     ReplyEmpty,
     ReplyEntry,
     ReplyIoctl,
+    ReplyLock,
     ReplyLseek,
     ReplyOpen,
     ReplyStatfs,

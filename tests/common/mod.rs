@@ -21,6 +21,8 @@ pub mod inproc;
 pub mod netns;
 /// The seedable RNG of the randomized tests.
 pub mod rng;
+/// SQLite writers through several paths at once (the lock tests).
+pub mod sqlite;
 /// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
 pub mod users;
 

@@ -287,6 +287,11 @@ rm -rf /tmp/coherent-etcd-0
 runuser -u {user} -- mkdir -m 0777 /tmp/coherent-etcd-0
 bash $S start --insecure >/dev/null 2>/tmp/err
 echo "refused=$? $(cat /tmp/err)"
+# ... and the way out the error names works.
+mkdir -m 0700 /tmp/mine
+ETCD_SH_STATE=/tmp/mine bash $S start --insecure >/dev/null 2>/tmp/err
+echo "override=$? $(test -s /tmp/mine/last && echo used) $(cat /tmp/err)"
+ETCD_SH_STATE=/tmp/mine bash $S stop >/dev/null 2>&1
 "#,
         script = script.display(),
         user = u1.name,
@@ -329,6 +334,11 @@ echo "refused=$? $(cat /tmp/err)"
             && refused.contains("belongs to another user")
             && refused.contains("ETCD_SH_STATE"),
         "a state directory made by another user: {refused}"
+    );
+    assert!(
+        line("override").starts_with("0 used"),
+        "ETCD_SH_STATE as the error says: {}",
+        line("override")
     );
 }
 

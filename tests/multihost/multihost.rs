@@ -819,3 +819,20 @@ fn another_name_of_a_handed_file_is_fenced_on_the_other_host() {
         "plan.md\n"
     );
 }
+
+/// SQLite across two hosts of one shared directory (docs/locks.md): a writer through each
+/// host's mount (one of them a session, one unattributed) and one on the directory itself,
+/// at once, rollback journal: every acknowledged row is there, the database intact. Locks
+/// through a mount are the backing file's; without that each host's writers ignored the
+/// other's and acknowledged rows were lost.
+#[test]
+fn sqlite_writers_on_two_hosts_of_one_directory_lose_nothing() {
+    let p = Pair::new(1, "5s");
+    let paths = [
+        p.a.mnt.join("t.db"),
+        p.b.mnt.join("t.db"),
+        p.a.backing.join("t.db"),
+    ];
+    let alice: &[(&str, &str)] = &[("COHERENT_SESSION", "alice")];
+    common::sqlite::sqlite_writers(&paths, &[alice, &[], &[]], "DELETE");
+}

@@ -892,6 +892,20 @@ fn check(history: &[Op], landed: &BTreeMap<String, String>) -> Vec<String> {
             if !admitted || w.path != *p || w.session != *g || w.start <= x.end {
                 continue;
             }
+            // A later transfer by the giver of the same path supersedes this one: the
+            // record is then the later one's, and a decline by its receiver ends it
+            // (conservatively: attempts count whatever they answered).
+            let superseded_to = |who: &str, before: f64| {
+                history.iter().any(|y| {
+                    y.kind == "transfer"
+                        && y.path == *p
+                        && y.session == *g
+                        && y.arg == who
+                        && y.i != x.i
+                        && y.start > x.start
+                        && y.start < before
+                })
+            };
             // Anything on the path that may have ended or moved the record, started after
             // the transfer started and before the write ended (conservatively: attempts
             // count whatever they answered).
@@ -902,7 +916,7 @@ fn check(history: &[Op], landed: &BTreeMap<String, String>) -> Vec<String> {
                     && o.i != x.i
                     && match o.kind.as_str() {
                         "withdraw" => o.session == *g,
-                        "decline" => o.session == *s,
+                        "decline" => o.session == *s || superseded_to(&o.session, o.start),
                         "transfer" => o.session != *g,
                         "write" => {
                             o.session != *g && (o.ok || !o.refused || landed.contains_key(&o.arg))
@@ -1161,5 +1175,36 @@ fn the_checker_flags_a_giver_write_after_the_acknowledgement() {
     assert!(
         check(&bad[..1], &BTreeMap::new()).is_empty(),
         "a transfer alone"
+    );
+    // The giver hands the file on again, to s2 (superseding the record to s1), and s2
+    // declines: the record ends, the giver may write (seed 5151 in copy mode).
+    let superseded = vec![
+        op(0, "transfer", "s0", "s1", 0.0),
+        op(1, "transfer", "s0", "s2", 2.0),
+        op(2, "decline", "s2", "", 3.0),
+        op(3, "write", "s0", "w1-A-s0", 5.0),
+    ];
+    assert!(
+        check(&superseded, &landed).is_empty(),
+        "{:?}",
+        check(&superseded, &landed)
+    );
+    // ... but a decline by someone no transfer of the giver named lifts nothing (the
+    // write is then after each of the two acknowledgements).
+    let mut stranger = superseded.clone();
+    stranger[2].session = "s3".into();
+    assert_eq!(check(&stranger, &landed).len(), 2);
+    // ... nor one made before the superseding transfer.
+    let early = vec![
+        op(0, "transfer", "s0", "s1", 0.0),
+        op(1, "decline", "s2", "", 1.5),
+        op(2, "transfer", "s0", "s2", 2.0),
+        op(3, "write", "s0", "w1-A-s0", 5.0),
+    ];
+    assert_eq!(
+        check(&early, &landed).len(),
+        2,
+        "{:?}",
+        check(&early, &landed)
     );
 }
