@@ -2,7 +2,11 @@
 # xfstests' generic group against coherent-mount, through mount(8) and the mount helper
 # (docs/posix.md#xfstests).
 #
-#   scripts/xfstests.sh [GROUP] [-- TEST...]      GROUP: quick (default) or auto
+#   scripts/xfstests.sh [GROUP] [--fast] [-- TEST...]   GROUP: quick (default) or auto
+#
+# --fast also leaves out the tests in scripts/xfstests-slow (CI runs `quick --fast`).
+# Tests in scripts/xfstests-known run and count as failed, each with its cause there; the
+# exit status is 1 only for a failure not listed, and a listed test that passes is named.
 #
 # Builds kdave/xfstests at a pinned commit: from the tarball XFSTESTS_TARBALL (a `git
 # archive` of that commit) when set, else by cloning it (needs a network). Its build and
@@ -24,6 +28,8 @@ REPO=https://git.kernel.org/pub/scm/fs/xfs/xfstests-dev.git
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 GROUP=${1:-quick}
 shift || true
+FAST=0
+[ "${1:-}" = "--fast" ] && FAST=1 && shift
 [ "${1:-}" = "--" ] && shift
 WORK=${XFSTESTS_WORK:-$ROOT/target/xfstests}
 SRC=$WORK/xfstests-${COMMIT:0:8}
@@ -113,8 +119,13 @@ EOF
 
 # Exclusions: "generic/NNN  # reason" lines; the reason is required.
 EXCLUDE=$ROOT/scripts/xfstests-exclude
-awk '!/^[[:space:]]*(#|$)/ && !/#[[:space:]]*[^[:space:]]/ { print "xfstests-exclude line " NR " has no reason: " $0; bad=1 } END { exit bad }' "$EXCLUDE" >&2
-grep -oE "^generic/[0-9]+" "$EXCLUDE" >"$WORK/exclude.list" || true
+lists=("$EXCLUDE")
+((FAST)) && lists+=("$ROOT/scripts/xfstests-slow")
+for f in "${lists[@]}" "$ROOT/scripts/xfstests-known"; do
+    awk -v f="${f##*/}" '!/^[[:space:]]*(#|$)/ && !/#[[:space:]]*[^[:space:]]/ { print f " line " NR " has no reason: " $0; bad=1 } END { exit bad }' "$f" >&2
+done
+cat "${lists[@]}" | grep -oE "^generic/[0-9]+" >"$WORK/exclude.list" || true
+grep -oE "^generic/[0-9]+" "$ROOT/scripts/xfstests-known" >"$WORK/known.list" || true
 
 rm -rf "$WORK/results"
 start=$(date +%s)
@@ -125,10 +136,19 @@ took=$(($(date +%s) - start))
 
 # Counts from check's summary: "Ran: ...", "Not run: ...", "Failures: ...".
 list() { { grep -E "^$1:" "$WORK/check.log" || true; } | tail -1 | cut -d: -f2- | wc -w; }
+names() { { grep -E "^$1:" "$WORK/check.log" || true; } | tail -1 | cut -d: -f2- | tr ' ' '\n' | grep . || true; }
 ran=$(list Ran)
 notrun=$(list "Not run")
 failed=$(list Failures)
 excluded=$(wc -l <"$WORK/exclude.list")
 if [ -n "${*:-}" ]; then excluded=0; fi
-echo "xfstests $GROUP in ${took} s: ran $ran passed $((ran - notrun - failed)) failed $failed not-run $notrun excluded $excluded"
-[ "$failed" = 0 ]
+unexpected=$(names Failures | grep -vxF -f "$WORK/known.list" || true)
+for t in $(names Ran); do
+    if grep -qxF "$t" "$WORK/known.list" && ! names Failures | grep -qxF "$t" && ! names "Not run" | grep -qxF "$t"; then
+        echo "xfstests: $t passes now: take it off scripts/xfstests-known"
+    fi
+done
+[ -z "$unexpected" ] || echo "xfstests: failed, not known: $(echo $unexpected)"
+known=$((failed - $(echo "$unexpected" | grep -c . || true)))
+echo "xfstests $GROUP$( ((FAST)) && echo ' --fast') in ${took} s: ran $ran passed $((ran - notrun - failed)) failed $failed (known $known) not-run $notrun excluded $excluded"
+[ -z "$unexpected" ]
