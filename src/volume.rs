@@ -15,6 +15,7 @@ mod changes;
 mod control;
 mod handle;
 mod handles;
+mod judge;
 mod liveness;
 mod policy;
 mod prune;
@@ -215,6 +216,7 @@ impl Volume {
         // network filesystem write behind the volume's back.
         let sole_path =
             cfg.sole_path && cfg.coordinator.is_none() && changes::local_fs(backing.fd());
+        let judge = workspace::judge(&backing, &opened.engine, &opened.journal);
         let ws = Arc::new(Workspace {
             engine: opened.engine,
             journal: opened.journal,
@@ -225,6 +227,7 @@ impl Volume {
             tracking,
             changes: changes::Changes::new(sole_path, bypass),
             linked: Mutex::new(Default::default()),
+            judge,
         });
         let handles = Arc::new(Handles::default());
         let policy = Arc::new(WritePolicy::new(ws.clone(), handles.clone()));
