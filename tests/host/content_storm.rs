@@ -159,6 +159,17 @@ fn a_touch_storm_on_a_large_handed_file_slows_nobody_else() {
         quantile(&mut appends, 1.0),
         quantile(&mut stats, 0.5),
     );
+    // Nobody else waited on the hash: the agent went on all along (one append and one
+    // stat per 50 ms: hundreds; with the hash on the request threads, 1 in 36 s), and no
+    // stat came near the kernel's timeout (the daemon's budget: half of it).
+    assert!(
+        n >= 30,
+        "the unrelated agent made {n} appends in {STORM:?}: it waited on the hash"
+    );
+    assert!(
+        smax < 7500.0,
+        "a stat took {smax} ms, near the kernel's 15 s request timeout"
+    );
     assert_alive(&m);
 
     // The successor's write was held back (not admitted on an unjudged change).
