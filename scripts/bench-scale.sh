@@ -104,7 +104,8 @@ phase() {
     shift
     [[ -n $PID ]] && c0=$(daemon_ticks "$PID")
     t0=$(date +%s.%N)
-    run_bounded "$TIMEOUT" "$@"
+    # In a shell of its own: the workloads are the functions below (exported).
+    run_bounded "$TIMEOUT" bash -c '"$@"' phase "$@"
     rc=$?
     t1=$(date +%s.%N)
     [[ -n $PID ]] && c1=$(daemon_ticks "$PID")
@@ -122,10 +123,11 @@ git_status3() { for _ in 1 2 3; do git -C "$1" status --porcelain >/dev/null || 
 find_stat() { find "$1" -type f -print0 | xargs -0 stat --format=%s >/dev/null; }
 agent_edit() {
     # A second agent (its own session) appends to 1,000 tracked files.
-    cd "$1" && git ls-files | head -1000 |
+    cd "$1" && git ls-files | sed -n 1,1000p |
         COHERENT_SESSION=agent2 xargs -d '\n' sh -c 'for f; do echo "/* agent2 */" >>"$f" || exit 1; done' sh
 }
 rg_l() { rg -l --no-ignore -e 'coherent_needle_never_there|COHERENT_NEEDLE|module_init' "$1" >/dev/null; }
+export -f git_commit git_status3 find_stat agent_edit rg_l
 
 printf 'mode\tround\tphase\tsecs\tdaemon_ticks\n' >"$RAW"
 declare -A RSS=()
@@ -152,6 +154,9 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
         drop_caches
         phase find_stat find_stat "$T"
         top=$(find "$T" -mindepth 1 -maxdepth 1 -type d | head -1)
+        # Debian's source tarball ignores everything at its top (its packaging's rule):
+        # the repository an agent works in tracks the tree.
+        [[ -f $top/.gitignore ]] && sed -i '/^# Debian packaging/,$d' "$top/.gitignore"
         phase git_commit git_commit "$top"
         [[ -n $PID ]] && RSS[$MODE]+="$(awk '/VmRSS/ {print $2}' "/proc/$PID/status") "
         phase git_status git_status3 "$top"

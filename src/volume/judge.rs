@@ -36,20 +36,23 @@ pub(super) const QUEUE: usize = 256;
 /// forgotten is judged again at its next changed stamp).
 const KEPT: usize = 4096;
 
+/// What a reading of a file found: its fingerprint and the stamp it was read at (None: it
+/// could not be read still, e.g. its stamp moved under every try).
+pub(super) type Reading = Option<(Stamp, Print)>;
+
 /// What an ask answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Verdict {
-    /// Judged: the fingerprint and the stamp it was read at (None: the file could not be
-    /// read still, e.g. its stamp moved under every try).
-    Ready(Option<(Stamp, Print)>),
+    /// Judged: what the reading found.
+    Ready(Reading),
     /// Not judged yet (queued, running, or over a bound).
     Pending,
 }
 
 /// Reads a file's fingerprint: (the stamp it was read at, its print).
-pub(super) type Reader = dyn Fn(&str) -> Option<(Stamp, Print)> + Send + Sync;
+pub(super) type Reader = dyn Fn(&str) -> Reading + Send + Sync;
 /// Applies a finished judgement: (path, stamp asked, fingerprint).
-pub(super) type Apply = dyn Fn(&str, Stamp, Option<(Stamp, Print)>) + Send + Sync;
+pub(super) type Apply = dyn Fn(&str, Stamp, Reading) + Send + Sync;
 
 struct Job {
     /// The newest stamp asked while queued (the reading takes the file as it is then).
@@ -65,7 +68,7 @@ struct State {
     per_uid: HashMap<u32, usize>,
     workers: usize,
     /// Each path's last judgement: the stamp asked, and what the reading found.
-    judged: HashMap<String, (Stamp, Option<(Stamp, Print)>, u64)>,
+    judged: HashMap<String, (Stamp, Reading, u64)>,
     /// Judgements finished (orders `judged` by age; also what a waiter watches).
     finished: u64,
 }
@@ -223,8 +226,11 @@ mod tests {
         }
     }
 
+    /// A gate a reading waits at until it opens.
+    type Gate = Arc<(Mutex<bool>, Condvar)>;
+
     /// A judge whose reading blocks until `gate` opens, counting the readings.
-    fn gated() -> (Judge, Arc<(Mutex<bool>, Condvar)>, Arc<AtomicUsize>) {
+    fn gated() -> (Judge, Gate, Arc<AtomicUsize>) {
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let reads = Arc::new(AtomicUsize::new(0));
         let (g, r) = (gate.clone(), reads.clone());
