@@ -315,7 +315,12 @@ impl Workspace {
             None => self.judge.ask(p, st, uid),
         };
         match v {
-            Verdict::Ready(Some((now, print))) => (now, Some(print)),
+            Verdict::Ready(Some((now, print))) => {
+                // What the content check finds when it counts nothing (a copy behind stays
+                // behind at every open: said at each, as the judge said it the first time).
+                log_content(p, e.content(p, now, Some(print)));
+                (now, Some(print))
+            }
             Verdict::Ready(None) | Verdict::Pending => (st, None),
         }
     }
