@@ -262,6 +262,7 @@ mod tests {
             assert_eq!(j.ask("a", st(c), Some(1)), Verdict::Pending);
         }
         assert_eq!(j.pending(), 1);
+        assert!(j.0.state.lock().queue.len() <= 1, "a path queued twice");
         open(&gate);
         let far = Instant::now() + Duration::from_secs(60);
         assert_eq!(
@@ -276,6 +277,13 @@ mod tests {
             );
         }
         assert_eq!(reads.load(Ordering::SeqCst), 1);
+        // Once the workers are idle, every judgement counted against the caller was
+        // given back (else its bound would fill for good).
+        let idle = Instant::now() + Duration::from_secs(60);
+        while j.0.state.lock().workers > 0 && Instant::now() < idle {
+            std::thread::yield_now();
+        }
+        assert!(j.0.state.lock().per_uid.is_empty());
     }
 
     #[test]
