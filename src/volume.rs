@@ -17,6 +17,7 @@ mod handle;
 mod handles;
 mod history;
 mod history_verbs;
+mod judge;
 mod liveness;
 mod policy;
 mod prune;
@@ -233,6 +234,7 @@ impl Volume {
                 })?,
             )),
         };
+        let judge = workspace::judge(&backing, &opened.engine, &opened.journal);
         let ws = Arc::new(Workspace {
             engine: opened.engine,
             journal: opened.journal,
@@ -244,6 +246,7 @@ impl Volume {
             changes: changes::Changes::new(sole_path, bypass),
             linked: Mutex::new(Default::default()),
             history,
+            judge,
         });
         let handles = Arc::new(Handles::default());
         let policy = Arc::new(WritePolicy::new(ws.clone(), handles.clone()));

@@ -165,7 +165,7 @@ impl<'a> Write<'a> {
     }
 
     /// Every path the decision looks at (one or two).
-    fn paths(&self) -> [Option<At<'a>>; 2] {
+    pub fn paths(&self) -> [Option<At<'a>>; 2] {
         match *self {
             Write::Link { from, to } => [from, Some(to)],
             Write::Rename { from, to, .. } => [Some(from), Some(to)],

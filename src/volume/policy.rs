@@ -83,6 +83,16 @@ impl WritePolicy {
             );
             return Err(FsError(libc::EACCES));
         }
+        if let Some(p) = self.unjudged(&w, &who) {
+            // A change behind the volume's back not judged yet (its content is being
+            // read, `judge.rs`): a record on the path may be overtaken by it, so a write
+            // there waits for the judgement, not on it. The caller tries again.
+            tracing::info!(
+                "write to {p} held back: it changed behind the volume's back and its \
+                 content is still being compared (EAGAIN: try again)"
+            );
+            return Err(FsError(libc::EAGAIN));
+        }
         let decide = |e: &Engine| match &who {
             Ok(s) => e.decide(s, w, now).map_err(|r| (s.clone(), r)),
             Err(anyone) => e
@@ -179,6 +189,25 @@ impl WritePolicy {
             )
             .at(p),
         )
+    }
+
+    /// A name of `w` with a live record whose changed stamp is not judged yet.
+    /// (A session fenced there is refused by the fence as ever.)
+    fn unjudged<'a>(&self, w: &Write<'a>, who: &Result<Session, Session>) -> Option<&'a str> {
+        let (Ok(s) | Err(s)) = who;
+        w.paths()
+            .into_iter()
+            .flatten()
+            .find_map(|at| match at.found {
+                Found::File(st)
+                    if self.ws.unjudged(at.path, &st, at.print.is_some())
+                        && self.ws.engine.has_live_record(at.path)
+                        && !self.ws.engine.is_fenced(s, at.path) =>
+                {
+                    Some(at.path)
+                }
+                _ => None,
+            })
     }
 
     /// A write handle changed its file's ctime but not its content (`touch -a` is an open
@@ -480,7 +509,7 @@ impl WritePolicy {
         {
             return match rel(path).filter(|p| self.ws.is_tracked(p, false)) {
                 Some(p) => {
-                    let at = self.ws.at(p);
+                    let at = self.ws.at_by(p, Some(caller.uid));
                     let w = match reach(flags) {
                         Reach::Append => Write::Append(at),
                         Reach::Overwrite => Write::Open(at),
@@ -653,8 +682,8 @@ impl Policy for WritePolicy {
                 }
                 let s = self.ws.session(caller);
                 let before = self.ws.engine.last_seq();
-                self.ws
-                    .observe_file(&self.ws.engine, p, stamp(&open.stamp), now);
+                let (st, uid) = (stamp(&open.stamp), Some(caller.uid));
+                self.ws.observe_file_by(&self.ws.engine, p, st, uid, now);
                 self.ws.engine.open_read(&s, p, now);
                 // A successor's first open logs `handoff_seen`: in the log when it returns.
                 if self.ws.engine.last_seq() != before {

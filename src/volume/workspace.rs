@@ -11,6 +11,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::changes::Changes;
+use super::judge::{Judge, Verdict};
 use crate::coherence::{self, At, Engine, Found, Timestamp};
 use crate::coordinator::etcd::Etcd;
 use crate::coordinator::Coordinator;
@@ -36,6 +37,10 @@ pub(super) fn stamp(s: &Stamp) -> coherence::Stamp {
         mtime_ns: ns(s.mtime),
     }
 }
+
+/// How long a write decision waits for the content judgement of a changed stamp (then,
+/// on a path with a live record, the write fails `EAGAIN`: docs/versions-and-holds.md).
+pub(super) const JUDGE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The daemon's line for a content check that counted nothing (a changed one is in the
 /// state log as `external_change`).
@@ -80,6 +85,38 @@ pub(super) struct Workspace {
     pub(super) linked: Mutex<HashSet<u64>>,
     /// The content history (docs/history.md); None when it is off.
     pub(super) history: Option<Arc<crate::history::Store>>,
+    /// The content judgement of changed stamps, off the request threads (`judge.rs`).
+    pub(super) judge: Judge,
+}
+
+/// The judge of a volume: it reads fingerprints beneath `backing` and counts what it
+/// finds in `engine` (its events written out to `journal`).
+pub(super) fn judge(backing: &Backing, engine: &Arc<Engine>, journal: &Arc<Journal>) -> Judge {
+    let b = backing.clone();
+    let (e, j) = (engine.clone(), journal.clone());
+    Judge::new(
+        Box::new(move |p| {
+            let fp = b.fingerprint(p)?;
+            let print = coherence::Print {
+                size: fp.size,
+                digest: fp.digest,
+            };
+            Some((stamp(&fp.stamp), print))
+        }),
+        Box::new(move |p, asked, got| {
+            let before = e.last_seq();
+            let c = match got {
+                Some((st, print)) => e.observe_content(p, st, Some(print), Timestamp::now()),
+                None => e.content(p, asked, None),
+            };
+            log_content(p, c);
+            if e.last_seq() != before {
+                if let Err(err) = j.write_out() {
+                    tracing::warn!("writing the state log: {err}");
+                }
+            }
+        }),
+    )
 }
 
 impl Workspace {
@@ -235,8 +272,22 @@ impl Workspace {
 
     /// Shows `e` the file at `p` with stamp `st`, with its fingerprint when only the
     /// content can tell what a changed stamp means (docs/versions-and-holds.md#content).
+    /// The judgement is never waited for: while it is pending the stamp counts nothing
+    /// (the content check's `Unknown`: any record on the path stays live).
     pub(super) fn observe_file(&self, e: &Engine, p: &str, st: coherence::Stamp, now: Timestamp) {
-        match self.print_if_wanted(e, p, st) {
+        self.observe_file_by(e, p, st, None, now)
+    }
+
+    /// [`Workspace::observe_file`] for a request of `uid` (whose judgements are bounded).
+    pub(super) fn observe_file_by(
+        &self,
+        e: &Engine,
+        p: &str,
+        st: coherence::Stamp,
+        uid: Option<u32>,
+        now: Timestamp,
+    ) {
+        match self.print_if_judged(e, p, st, uid, None) {
             (st, Some(print)) => {
                 e.observe_content(p, st, Some(print), now);
             }
@@ -247,23 +298,39 @@ impl Workspace {
     }
 
     /// The fingerprint of the file at `p` (seen with stamp `st`) if `e` needs it to judge
-    /// the stamp ([`Engine::wants_print`]), with the stamp it was taken at (maybe newer
-    /// than `st`). Logs what the content check will find when it counts nothing.
-    pub(super) fn print_if_wanted(
+    /// the stamp ([`Engine::wants_print`]) and the judge has it, with the stamp it was
+    /// taken at (maybe newer than `st`). Waits for the judgement until `until` at most
+    /// (None: not at all; a request thread never hashes: `judge.rs`).
+    pub(super) fn print_if_judged(
         &self,
         e: &Engine,
         p: &str,
         st: coherence::Stamp,
+        uid: Option<u32>,
+        until: Option<std::time::Instant>,
     ) -> (coherence::Stamp, Option<coherence::Print>) {
         if !e.wants_print(p, &st) {
             return (st, None);
         }
-        let (st, print) = match self.print_of(p) {
-            Some((now, print)) => (now, Some(print)),
-            None => (st, None),
+        let v = match until {
+            Some(t) => self.judge.wait(p, st, uid, t),
+            None => self.judge.ask(p, st, uid),
         };
-        log_content(p, e.content(p, st, print));
-        (st, print)
+        match v {
+            Verdict::Ready(Some((now, print))) => {
+                // What the content check finds when it counts nothing (a copy behind stays
+                // behind at every open: said at each, as the judge said it the first time).
+                log_content(p, e.content(p, now, Some(print)));
+                (now, Some(print))
+            }
+            Verdict::Ready(None) | Verdict::Pending => (st, None),
+        }
+    }
+
+    /// Is the stamp `st` of `p` a change the content judgement has not decided yet (a
+    /// write decision on it fails closed where a record is live)?
+    pub(super) fn unjudged(&self, p: &str, st: &coherence::Stamp, print: bool) -> bool {
+        !print && self.engine.wants_print(p, st)
     }
 
     /// The fingerprint of the file at `p` now, with the stamp it had while it was read.
@@ -305,7 +372,13 @@ impl Workspace {
     /// What the backing directory holds at `p` now, for the write decision (a file with
     /// several names is marked: the fence follows the inode), with the fingerprint the
     /// decision needs to judge a changed stamp.
+    /// The judgement is waited for up to [`JUDGE_WAIT`] (and the request's budget).
     pub(super) fn at<'a>(&self, p: &'a str) -> At<'a> {
+        self.at_by(p, None)
+    }
+
+    /// [`Workspace::at`] for a request of `uid`.
+    pub(super) fn at_by<'a>(&self, p: &'a str, uid: Option<u32>) -> At<'a> {
         match self.stat_links(p) {
             None => At::new(p, Found::Absent),
             Some((_, true, _)) => At::new(p, Found::Dir),
@@ -313,7 +386,8 @@ impl Workspace {
                 if n > 1 {
                     self.stamp_handed();
                 }
-                let (s, print) = self.print_if_wanted(&self.engine, p, s);
+                let until = crate::request_timeout::deadline(JUDGE_WAIT);
+                let (s, print) = self.print_if_judged(&self.engine, p, s, uid, Some(until));
                 At::new(p, Found::File(s)).linked(n > 1).print(print)
             }
         }

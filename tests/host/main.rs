@@ -9,5 +9,6 @@ mod common;
 #[path = "../common/coherent.rs"]
 mod coherent;
 
+mod content_storm;
 mod doctor;
 mod request_timeout;

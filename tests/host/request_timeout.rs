@@ -61,7 +61,7 @@ impl Drop for Sysctl {
 /// `b` mounted with a FUSE connection that got a `secs` request timeout: the sysctl is
 /// set around the mount and put back once the mount has answered a request (so
 /// `FUSE_INIT`, which fixes the connection's timeout, is done).
-fn mount_under_timeout(secs: u32, b: Builder) -> Vol {
+pub(crate) fn mount_under_timeout(secs: u32, b: Builder) -> Vol {
     let m = {
         let _set = Sysctl::set(DEFAULT_SYSCTL, secs);
         let m = mount_with(b);
@@ -79,7 +79,7 @@ fn mount_under_timeout(secs: u32, b: Builder) -> Vol {
 
 /// The daemon runs (not exited, not a zombie) and the mount answers a stat and an
 /// unattributed write.
-fn assert_alive(m: &Vol) {
+pub(crate) fn assert_alive(m: &Vol) {
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", m.pid())).unwrap_or_default();
     let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
     assert!(
