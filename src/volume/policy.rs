@@ -417,6 +417,7 @@ impl WritePolicy {
                             e.commit(s, p, CommitOp::Truncate, Some(after), now)
                         });
                         self.ws.print_commit(e, p, after);
+                        self.ws.restamp_other_names(after.ino, &[p]);
                     }
                     Some(after) => {
                         e.restamp(p, after);
@@ -784,6 +785,10 @@ impl Policy for WritePolicy {
                     });
                 self.ws.print_commit(e, p, stamp(&h.now));
             });
+            // The file's other names (hard links) hold this session's bytes too: they are
+            // not changed behind the volume's back, so a later open of them is not an
+            // `external_change` (and no stale view of this session's own write).
+            self.ws.restamp_other_names(stamp(&h.now).ino, &[p]);
             // The handle's own commit moved the path's epoch: still known good (under
             // the same lease), so a later lease compares with the epoch it made.
             if let Some(t) = w.ticket.lock().as_mut() {
@@ -820,6 +825,10 @@ impl Policy for WritePolicy {
                     });
                 self.ws.print_commit(e, p, stamp(&h.now));
             });
+            // The file's other names (hard links) hold this session's bytes too: they are
+            // not changed behind the volume's back, so a later open of them is not an
+            // `external_change` (and no stale view of this session's own write).
+            self.ws.restamp_other_names(stamp(&h.now).ino, &[p]);
             true
         });
         // On a shared path, also the hold's end is one step: a step undone meanwhile on

@@ -1693,23 +1693,31 @@ fn fuzz(mode: &str, m: &Mount, session: Option<&str>) {
     eprintln!("{}", report.join("\n"));
 }
 
+/// The fuzzer holds the data path and the attribute rules to native, so its mounts run
+/// with `--stale off`: root and coh-u1 are two sessions, and the stale guard refusing one's
+/// overwrite of the other's newer version is the volume's rule, not a divergence
+/// (tests/nomount/inproc_decisions.rs and tests/mounted/enforce_stale.rs own it).
+fn fuzz_mount() -> common::Builder {
+    Mount::builder().args(["--stale", "off"])
+}
+
 #[test]
 fn fuzz_passthrough() {
-    fuzz("passthrough", &Mount::new(true), Some("fuzz"));
+    fuzz("passthrough", &fuzz_mount().start(), Some("fuzz"));
 }
 
 #[test]
 fn fuzz_daemon() {
-    fuzz("daemon", &Mount::new(false), Some("fuzz"));
+    fuzz(
+        "daemon",
+        &fuzz_mount().passthrough(false).start(),
+        Some("fuzz"),
+    );
 }
 
 #[test]
 fn fuzz_in_place() {
-    fuzz(
-        "in-place",
-        &Mount::builder().in_place().start(),
-        Some("fuzz"),
-    );
+    fuzz("in-place", &fuzz_mount().in_place().start(), Some("fuzz"));
 }
 
 /// An unattributed caller while an agent session writes files of its own beside it.
@@ -1723,7 +1731,7 @@ fn fuzz_unattributed_beside_an_agent() {
             let _ = self.0.wait();
         }
     }
-    let m = Mount::new(false);
+    let m = fuzz_mount().passthrough(false).start();
     let _agent = Agent(
         Command::new("sh")
             .args([
