@@ -144,7 +144,7 @@ fn healthy_install_is_all_ok_and_exits_0() {
     let t = line(&out, "fuse request timeout");
     assert!(level(t) == "ok" || t.contains("fix: sysctl -w"), "{t}");
     assert!(!out.contains("FAIL"), "{out}");
-    assert!(line(&out, "mcp server").contains("lists 8 tools"), "{out}");
+    assert!(line(&out, "mcp server").contains("lists 12 tools"), "{out}");
     assert!(line(&out, "data mode").contains("passthrough"), "{out}");
 
     // --json: the same checks, as data.

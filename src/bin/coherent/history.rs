@@ -175,6 +175,11 @@ fn apply(root: &Path, f: &Value) -> Result<String, (String, String)> {
     let rel = f["path"].as_str().unwrap_or("");
     let p = root.join(rel);
     let current = f["current"].as_u64();
+    // An open for read gives this session its view of the file before the version check,
+    // so the write below overwrites no one's newer version unseen: without it the stale
+    // guard refuses an undoer that never read the file, and a commit after the check is
+    // still refused as stale.
+    let _view = std::fs::File::open(&p);
     let now = version_now(&p);
     if now.is_some() && now != current {
         return Err((
