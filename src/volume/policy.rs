@@ -684,7 +684,8 @@ impl Policy for WritePolicy {
                 let s = self.ws.session(caller);
                 let before = self.ws.engine.last_seq();
                 let (st, uid) = (stamp(&open.stamp), Some(caller.uid));
-                self.ws.observe_file_by(&self.ws.engine, p, st, uid, now);
+                self.ws
+                    .observe_file_by(&self.ws.engine, p, st, uid, None, now);
                 self.ws.engine.open_read(&s, p, now);
                 // A successor's first open logs `handoff_seen`: in the log when it returns.
                 if self.ws.engine.last_seq() != before {

@@ -275,19 +275,21 @@ impl Workspace {
     /// The judgement is never waited for: while it is pending the stamp counts nothing
     /// (the content check's `Unknown`: any record on the path stays live).
     pub(super) fn observe_file(&self, e: &Engine, p: &str, st: coherence::Stamp, now: Timestamp) {
-        self.observe_file_by(e, p, st, None, now)
+        self.observe_file_by(e, p, st, None, None, now)
     }
 
-    /// [`Workspace::observe_file`] for a request of `uid` (whose judgements are bounded).
+    /// [`Workspace::observe_file`] for a request of `uid` (whose judgements are bounded),
+    /// waiting for the judgement until `until` (None: not at all).
     pub(super) fn observe_file_by(
         &self,
         e: &Engine,
         p: &str,
         st: coherence::Stamp,
         uid: Option<u32>,
+        until: Option<std::time::Instant>,
         now: Timestamp,
     ) {
-        match self.print_if_judged(e, p, st, uid, None) {
+        match self.print_if_judged(e, p, st, uid, until) {
             (st, Some(print)) => {
                 e.observe_content(p, st, Some(print), now);
             }
@@ -362,9 +364,12 @@ impl Workspace {
             return;
         }
         let now = Timestamp::now();
+        // A write decision waits (bounded) for these judgements: until a handed path has
+        // this host's stamp, another name of its file is not known to be fenced.
+        let until = crate::request_timeout::deadline(JUDGE_WAIT);
         for q in self.engine.unstamped_live_paths() {
             if let Some(st) = self.stamp_now(&q) {
-                self.observe_file(&self.engine, &q, st, now);
+                self.observe_file_by(&self.engine, &q, st, None, Some(until), now);
             }
         }
     }
