@@ -15,7 +15,6 @@ use serde_json::{json, Map, Value};
 use super::verbs::Verbs;
 use super::workspace::Workspace;
 use crate::access::{may_read, Who};
-use crate::beneath::{self, Resolved};
 use crate::coherence::Timestamp;
 use crate::control::history::{ok, refused, HistoryRequest};
 use crate::error::{Reason, Refusal};
@@ -66,20 +65,7 @@ impl Reader<'_> {
     /// The path as placed beneath the root (a symlinked directory resolved), if the caller
     /// may read it.
     fn place(&mut self, p: &str) -> Result<String, Refusal> {
-        let real = match beneath::resolve(self.ws.backing.fd(), p) {
-            Ok(Resolved::Outside) => {
-                return Err(Refusal::new(
-                    Reason::BadRequest,
-                    format!(
-                        "bad request: {} is outside the volume (it leaves the mount root \
-                         through a symlink)",
-                        crate::names::quote_for_message(p)
-                    ),
-                ))
-            }
-            Ok(Resolved::Inside { real: Some(r), .. }) if !r.is_empty() => r,
-            _ => p.to_string(),
-        };
+        let real = super::verbs::placed(self.ws, p)?;
         if !self.may_read(&real) {
             return Err(not_there(&real));
         }

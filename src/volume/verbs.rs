@@ -753,22 +753,26 @@ fn who(caller: &Caller) -> Who {
 /// engine never sees it); a path through a symlink to a directory inside becomes the real
 /// path; a path the caller may not see is refused as a path that does not exist
 /// (`status PATH` answers for it as for a path never seen, in [`seen_status`]).
+/// `p` placed beneath the backing root: the real path through a symlinked directory inside,
+/// `bad_request` for a path that leaves the root (whether the host path exists or not).
+pub(super) fn placed(vol: &Workspace, p: &str) -> Result<String, Refusal> {
+    match beneath::resolve(vol.backing.fd(), p) {
+        Ok(Resolved::Outside) => Err(Refusal::new(
+            Reason::BadRequest,
+            format!(
+                "bad request: {} is outside the volume (it leaves the mount root through a \
+                 symlink)",
+                crate::names::quote_for_message(p)
+            ),
+        )),
+        Ok(Resolved::Inside { real: Some(r), .. }) if !r.is_empty() => Ok(r),
+        _ => Ok(p.to_string()),
+    }
+}
+
 fn place_request(vol: &Workspace, sight: &mut Sight, req: &Request) -> Result<Request, Refusal> {
     let place = |sight: &mut Sight, p: &String, hide: bool| -> Result<String, Refusal> {
-        let real = match beneath::resolve(vol.backing.fd(), p) {
-            Ok(Resolved::Outside) => {
-                return Err(Refusal::new(
-                    Reason::BadRequest,
-                    format!(
-                        "bad request: {} is outside the volume (it leaves the mount root \
-                         through a symlink)",
-                        crate::names::quote_for_message(p)
-                    ),
-                ))
-            }
-            Ok(Resolved::Inside { real: Some(r), .. }) if !r.is_empty() => r,
-            _ => p.clone(),
-        };
+        let real = placed(vol, p)?;
         if hide && !sight.sees(vol.backing.fd(), &real) {
             return Err(not_there(&real));
         }
