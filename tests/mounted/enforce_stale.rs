@@ -225,8 +225,9 @@ fn off_lets_a_late_giver_write() {
 /// False refusals of the default `guard` on real tools (issue 42): two sessions take turns
 /// on the same files, each working normally (its tool reads the file, or the agent reads it,
 /// before writing), right after the other one changed it. Every step must go on: an editor's
-/// save (vi: vim), python's write-temp-and-rename, `sed -i`, `perl -pi`, `ed`, a `>` after a
-/// read, `>>` from an old view, `cp` after a read, `rustfmt`, `cargo fmt`, `cargo build`,
+/// save (`vi`: vim-tiny from deps.sh, or vim), python's write-temp-and-rename, `sed -i`,
+/// `perl -pi`, `ed`, a `>` after a read, `>>` from an old view, `cp` after a read,
+/// `rustfmt`, `cargo fmt`, `cargo build`,
 /// and git's `checkout`/`rebase` over files the other session committed. No `denied` event.
 #[test]
 fn real_tools_working_normally_are_never_refused() {
@@ -243,7 +244,7 @@ fn real_tools_working_normally_are_never_refused() {
         ("bob", "echo bob1 >> notes.md"),
         (
             "alice",
-            "vim -u NONE -i NONE -es -c '%s/old/new/' -c wq notes.md",
+            "vi -u NONE -i NONE -es -c '%s/old/new/' -c wq notes.md",
         ),
         ("bob", "echo bob2 >> notes.md"),
         (
