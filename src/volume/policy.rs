@@ -217,10 +217,26 @@ impl WritePolicy {
         if !h.changed() || h.content_changed() {
             return;
         }
-        let Some(p) = rel(h.path) else { return };
-        let st = stamp(&h.now);
+        let Some((p, st)) = self.handle_path(h) else {
+            return;
+        };
         self.ws.engine.restamp(p, st);
         self.ws.restamp_other_names(st.ino, &[p]);
+    }
+
+    /// The path a handle's commit (or restamp) counts for, with the file's stamp now: its
+    /// name, while that name still denotes the handle's file. A file unlinked or replaced
+    /// while open keeps its old name in the store; its late FLUSH or RELEASE changed
+    /// nobody's file at that path, and counted there it would stamp the new file with the
+    /// old inode's stamp. The stamp is read now, not taken from the handle's `fstat`:
+    /// another handle's write between the two (a RELEASE arrives on its own thread, late)
+    /// would otherwise be recorded under an older stamp, and the next open would see a
+    /// change behind the volume's back.
+    fn handle_path<'p>(&self, h: &HandleInfo<'p>) -> Option<(&'p str, coherence::Stamp)> {
+        let p = rel(h.path)?;
+        let ino = stamp(&h.now).ino;
+        let now = self.ws.stamp_now(p).filter(|st| st.ino == ino)?;
+        Some((p, now))
     }
 
     /// `RENAME_EXCHANGE` of `f` and `t` (after it succeeded): two files each take the
@@ -777,19 +793,21 @@ impl Policy for WritePolicy {
         self.restamp_handle(h);
         let unsettled = w.flush(h.content_changed(), || {
             // No path: the file was removed while open; its changes have no name to count.
-            let Some(p) = rel(h.path) else { return false };
+            let Some((p, st)) = self.handle_path(h) else {
+                return false;
+            };
             let now = Timestamp::now();
             self.counted(&[(p, false)], |e| {
                 self.ws
                     .with_history(p, &w.session, CommitOp::Write, now, || {
-                        e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now)
+                        e.commit(&w.session, p, CommitOp::Write, Some(st), now)
                     });
-                self.ws.print_commit(e, p, stamp(&h.now));
+                self.ws.print_commit(e, p, st);
             });
             // The file's other names (hard links) hold this session's bytes too: they are
             // not changed behind the volume's back, so a later open of them is not an
             // `external_change` (and no stale view of this session's own write).
-            self.ws.restamp_other_names(stamp(&h.now).ino, &[p]);
+            self.ws.restamp_other_names(st.ino, &[p]);
             // The handle's own commit moved the path's epoch: still known good (under
             // the same lease), so a later lease compares with the epoch it made.
             if let Some(t) = w.ticket.lock().as_mut() {
@@ -818,18 +836,20 @@ impl Policy for WritePolicy {
         let now = Timestamp::now();
         self.restamp_handle(h);
         let end = w.release(h.content_changed(), || {
-            let Some(p) = rel(h.path) else { return false };
+            let Some((p, st)) = self.handle_path(h) else {
+                return false;
+            };
             self.counted(&[(p, false)], |e| {
                 self.ws
                     .with_history(p, &w.session, CommitOp::Write, now, || {
-                        e.commit(&w.session, p, CommitOp::Write, Some(stamp(&h.now)), now)
+                        e.commit(&w.session, p, CommitOp::Write, Some(st), now)
                     });
-                self.ws.print_commit(e, p, stamp(&h.now));
+                self.ws.print_commit(e, p, st);
             });
             // The file's other names (hard links) hold this session's bytes too: they are
             // not changed behind the volume's back, so a later open of them is not an
             // `external_change` (and no stale view of this session's own write).
-            self.ws.restamp_other_names(stamp(&h.now).ino, &[p]);
+            self.ws.restamp_other_names(st.ino, &[p]);
             true
         });
         // On a shared path, also the hold's end is one step: a step undone meanwhile on
