@@ -43,6 +43,15 @@ impl Engine {
         now: Timestamp,
     ) -> Content {
         let mut sh = self.lock_one(path);
+        // A judgement of bytes read before a newer stamp was counted (the judge's worker,
+        // late): the file no longer holds them, so it says nothing. The next open asks again.
+        if sh
+            .get(path)
+            .and_then(|e| e.stamp)
+            .is_some_and(|cur| cur.ctime_ns > stamp.ctime_ns)
+        {
+            return Content::Unchanged;
+        }
         let verdict = sh.get(path).map_or(Content::Unchanged, |e| {
             judge(e, stamp, print, self.copies())
         });
@@ -532,6 +541,13 @@ impl Engine {
         ev.version = Some(version);
         ev.op = Some(op);
         ev.removed = matches!(op, CommitOp::Unlink | CommitOp::RenameAway);
+        // A commit decided before a newer change of the path was counted, and applied after
+        // it (a RELEASE on its own thread, late), carries the older stamp: the newer one
+        // stays, or the next open would take the volume's own change for one behind its back.
+        let stamp = match (stamp, e.stamp) {
+            (Some(st), Some(cur)) if cur.ctime_ns > st.ctime_ns => Some(cur),
+            (st, _) => st,
+        };
         ev.stamp = if ev.removed { None } else { stamp };
         ev.from = from.map(str::to_string);
         self.emit(e, ev);

@@ -224,19 +224,9 @@ impl WritePolicy {
         self.ws.restamp_other_names(st.ino, &[p]);
     }
 
-    /// The path a handle's commit (or restamp) counts for, with the file's stamp now: its
-    /// name, while that name still denotes the handle's file. A file unlinked or replaced
-    /// while open keeps its old name in the store; its late FLUSH or RELEASE changed
-    /// nobody's file at that path, and counted there it would stamp the new file with the
-    /// old inode's stamp. The stamp is read now, not taken from the handle's `fstat`:
-    /// another handle's write between the two (a RELEASE arrives on its own thread, late)
-    /// would otherwise be recorded under an older stamp, and the next open would see a
-    /// change behind the volume's back.
+    /// The path a handle's commit (or restamp) counts for, with the handle's stamp.
     fn handle_path<'p>(&self, h: &HandleInfo<'p>) -> Option<(&'p str, coherence::Stamp)> {
-        let p = rel(h.path)?;
-        let ino = stamp(&h.now).ino;
-        let now = self.ws.stamp_now(p).filter(|st| st.ino == ino)?;
-        Some((p, now))
+        Some((rel(h.path)?, stamp(&h.now)))
     }
 
     /// `RENAME_EXCHANGE` of `f` and `t` (after it succeeded): two files each take the

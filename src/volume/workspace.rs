@@ -92,7 +92,7 @@ pub(super) struct Workspace {
 /// The judge of a volume: it reads fingerprints beneath `backing` and counts what it
 /// finds in `engine` (its events written out to `journal`).
 pub(super) fn judge(backing: &Backing, engine: &Arc<Engine>, journal: &Arc<Journal>) -> Judge {
-    let (b, b2) = (backing.clone(), backing.clone());
+    let b = backing.clone();
     let (e, j) = (engine.clone(), journal.clone());
     Judge::new(
         Box::new(move |p| {
@@ -104,15 +104,6 @@ pub(super) fn judge(backing: &Backing, engine: &Arc<Engine>, journal: &Arc<Journ
             Some((stamp(&fp.stamp), print))
         }),
         Box::new(move |p, asked, got| {
-            // A verdict on bytes the file no longer holds (the volume committed it, or it
-            // changed again, while the worker read) is dropped: applied late it would count
-            // the volume's own commit as a change behind its back. The next open asks again.
-            if let Some((st, _)) = got {
-                if b2.lstat(p).map(|now| stamp(&now.stamp)) != Some(st) {
-                    tracing::debug!(path = %crate::names::display_name(p), "judgement outdated: dropped");
-                    return;
-                }
-            }
             let before = e.last_seq();
             let c = match got {
                 Some((st, print)) => e.observe_content(p, st, Some(print), Timestamp::now()),

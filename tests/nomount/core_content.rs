@@ -154,3 +154,51 @@ fn on_several_hosts_a_copy_with_an_older_versions_bytes_is_behind() {
     );
     assert!(h.e.is_fenced(&b, P));
 }
+
+/// A commit decided before a newer change of the path was counted and applied after it (a
+/// RELEASE on its own thread, late) keeps the newer stamp: the file as it is now is not a
+/// change behind the volume's back, so nothing is counted `external` at the next open.
+#[test]
+fn a_late_commit_with_an_older_stamp_keeps_the_newer_one() {
+    let mut h = H::with(Config::default());
+    let a = sess("alice");
+    let t = h.t();
+    h.e.session_seen(&a, t);
+    let newer = st(8, 20, 3, 20); // the file that is at the path now
+    let older = st(7, 10, 8, 10); // the file an old handle wrote, stamped before it
+    let t = h.t();
+    h.e.commit(&a, P, CommitOp::Write, Some(newer), t);
+    let t = h.t();
+    h.e.commit(&a, P, CommitOp::Write, Some(older), t);
+    assert_eq!(h.e.stamp(P), Some(newer));
+    let t = h.t();
+    assert_eq!(h.e.observe(P, Some(newer), t), Some(2));
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    // A later stamp still replaces it.
+    let later = st(8, 30, 4, 30);
+    let t = h.t();
+    h.e.commit(&a, P, CommitOp::Write, Some(later), t);
+    assert_eq!(h.e.stamp(P), Some(later));
+    h.assert_replay_equal();
+}
+
+/// A judgement of bytes read before a newer stamp was counted (the judge's worker, late)
+/// says nothing: the file no longer holds them, so it is no change behind the volume's back.
+#[test]
+fn a_late_judgement_of_an_older_stamp_counts_nothing() {
+    let mut h = H::with(Config::default());
+    let a = sess("alice");
+    let t = h.t();
+    h.e.session_seen(&a, t);
+    let t = h.t();
+    h.e.commit(&a, P, CommitOp::Write, Some(st(7, 20, 5, 20)), t);
+    // Read at ctime 10 (before the commit), other bytes: applied late, nothing counted.
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(7, 10, 5, 10), Some(print(5, 0xb)), t),
+        Content::Unchanged
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    assert_eq!(h.e.stamp(P), Some(st(7, 20, 5, 20)));
+    h.assert_replay_equal();
+}
