@@ -48,9 +48,12 @@ if [ "$(id -u)" != 0 ]; then
 fi
 [ -x "$BIN" ] || (cd "$ROOT" && cargo build --release --bin coherent-mount)
 
-DEPS=(xfslibs-dev uuid-dev libtool-bin e2fsprogs automake gcc libuuid1 quota attr make
-    libacl1-dev libaio-dev xfsprogs libgdbm-dev gawk fio dbench uuid-runtime python3 sqlite3
-    liburing-dev libcap-dev)
+# xfstests' README list for Debian (less lvm2 and the kernel headers: no block devices
+# here), and pkg-config, without which its configure script fails on a minimal root.
+DEPS=(xfslibs-dev uuid-dev libtool libtool-bin e2fsprogs automake gcc libuuid1 quota attr acl
+    make libacl1-dev libaio-dev xfsprogs libgdbm-dev libgdbm-compat-dev gawk fio dbench
+    uuid-runtime python3 sqlite3 liburing-dev libcap-dev pkg-config bc indent psmisc dump
+    file sed)
 missing=()
 for p in "${DEPS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
