@@ -133,14 +133,22 @@ grep -oE "^generic/[0-9]+" "$ROOT/scripts/xfstests-known" >"$WORK/known.list" ||
 rm -rf "$WORK/results"
 start=$(date +%s)
 set +e
-(cd "$SRC" && ./check -E "$WORK/exclude.list" ${*:-"-g" "$GROUP"}) 2>&1 | tee "$WORK/check.log"
+# The run's output is kept outside $WORK, where no test's cleanup can reach it.
+out=$(mktemp /tmp/xfstests-run.XXXXXX)
+(cd "$SRC" && ./check -E "$WORK/exclude.list" ${*:-"-g" "$GROUP"}) 2>&1 | tee "$out"
+cp "$out" "$WORK/check.log" 2>/dev/null || true
 set -e
 took=$(($(date +%s) - start))
 
 # Counts from check's summary: "Ran: ...", "Not run: ...", "Failures: ...".
-list() { { grep -E "^$1:" "$WORK/check.log" || true; } | tail -1 | cut -d: -f2- | wc -w; }
-names() { { grep -E "^$1:" "$WORK/check.log" || true; } | tail -1 | cut -d: -f2- | tr ' ' '\n' | grep . || true; }
+list() { { grep -E "^$1:" "$out" || true; } | tail -1 | cut -d: -f2- | wc -w; }
+names() { { grep -E "^$1:" "$out" || true; } | tail -1 | cut -d: -f2- | tr ' ' '\n' | grep . || true; }
 ran=$(list Ran)
+# No summary means the counts below would say nothing: fail, never pass silently.
+if [ "$ran" = 0 ]; then
+    echo "xfstests: check printed no 'Ran:' line (output: $out)" >&2
+    exit 1
+fi
 notrun=$(list "Not run")
 failed=$(list Failures)
 excluded=$(wc -l <"$WORK/exclude.list")

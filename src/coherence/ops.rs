@@ -392,7 +392,10 @@ impl Engine {
         let refuse = match self.config.stale {
             StaleMode::Off => return Ok(false),
             StaleMode::Warn => false,
-            StaleMode::Guard => reach == Reach::Overwrite,
+            // For agent sessions: an unattributed process (a person at a terminal, a tool of
+            // another uid, a POSIX test suite) writes as on any filesystem, its stale
+            // overwrite counted (`stale_write`), not refused. `strict` refuses everyone.
+            StaleMode::Guard => reach == Reach::Overwrite && s.is_attributed(),
             StaleMode::Strict => true,
         };
         let by = e.last_by.clone();

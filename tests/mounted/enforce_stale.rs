@@ -385,3 +385,36 @@ fn the_lost_work_bench_loses_nothing_to_late_or_stale_writes() {
         assert!(handoffs > 0, "the schedule has handoffs: {run}");
     }
 }
+
+/// The default guard is for agent sessions: an unattributed process (a person at a
+/// terminal, a tool of another uid, a POSIX test suite) overwrites from an old view as on
+/// any filesystem, and the volume counts it (`stale_write`) rather than refuse it. `strict`
+/// refuses it too.
+#[test]
+fn guard_counts_an_unattributed_stale_overwrite_and_strict_refuses_it() {
+    for (stale, refused) in [(None, false), (Some("strict"), true)] {
+        let mut b = Mount::builder();
+        if let Some(s) = stale {
+            b = b.args(["--stale", s]);
+        }
+        let m = mount_with(b);
+        std::fs::write(m.backing_path("f"), "v1\n").unwrap();
+        sh_ok(&m, None, "cat f >/dev/null");
+        sh_ok(&m, Some("bob"), "echo bob >> f");
+        let r = sh(&m, None, "echo mine > f");
+        assert_eq!(!r.ok(), refused, "{stale:?}: {}", r.show());
+        let counted = events_of(&m, "stale_write", "f", Some("uid:0"));
+        let denied = events_of(&m, "denied", "f", Some("uid:0"));
+        if refused {
+            assert_eq!(denied.len(), 1, "{denied:?}");
+            assert_eq!(denied[0]["reason"], "stale_view");
+        } else {
+            assert_eq!(
+                (counted.len(), denied.len()),
+                (1, 0),
+                "{counted:?} {denied:?}"
+            );
+            assert_eq!(std::fs::read_to_string(m.path("f")).unwrap(), "mine\n");
+        }
+    }
+}

@@ -287,7 +287,7 @@ impl Model {
     fn stale_overwrite(&self, s: usize, p: usize) -> bool {
         let e = &self.paths[p];
         let view = e.holders.get(&s).and_then(|h| h.view);
-        matches!(self.stale, StaleMode::Guard | StaleMode::Strict)
+        (self.stale == StaleMode::Strict || (self.stale == StaleMode::Guard && s != UNATTRIBUTED))
             && e.exists
             && view.is_some_and(|w| w < e.version)
     }
