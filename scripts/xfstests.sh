@@ -129,6 +129,13 @@ for f in "${lists[@]}" "$ROOT/scripts/xfstests-known"; do
 done
 cat "${lists[@]}" | grep -oE "^generic/[0-9]+" >"$WORK/exclude.list" || true
 grep -oE "^generic/[0-9]+" "$ROOT/scripts/xfstests-known" >"$WORK/known.list" || true
+# generic/504 reads a dead flock owner's lock in /proc/locks, which the kernel shows only in
+# the initial pid namespace (4026531836 is its fixed inode): in one of its own (the clean
+# room) the lock is hidden on any filesystem. Excluded there, and said so.
+if [ "$(stat -L -c %i /proc/self/ns/pid)" != 4026531836 ]; then
+    echo "xfstests: generic/504 excluded: this pid namespace is not the initial one, whose /proc/locks alone shows a dead owner's lock"
+    echo generic/504 >>"$WORK/exclude.list"
+fi
 
 rm -rf "$WORK/results"
 start=$(date +%s)

@@ -12,7 +12,7 @@ use crate::common;
 use coherent::*;
 use common::{users, Mount, Remount};
 use serde_json::Value;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 /// Runs `cmd` as `who`, then notes the version `rel` is at and its bytes.
@@ -330,4 +330,21 @@ fn the_size_bound_holds_under_a_write_storm() {
 
 fn coherent_b64(s: &str) -> Vec<u8> {
     ::coherent::history::b64::decode(s).unwrap()
+}
+
+#[test]
+fn keeping_a_version_leaves_the_files_atime_alone() {
+    // A read of the backing file to keep a version would move an atime the tool just set
+    // (relatime updates one older than the mtime): `touch -d` before the epoch, then the
+    // RELEASE that keeps the version (xfstests generic/258 saw it after a remount).
+    let m = mount(true);
+    sh_ok(&m, Some("alice"), "echo a > f && touch -d @-315619140 f");
+    let v = version(&m, "f").expect("f has a version");
+    assert_eq!(
+        show_bytes(&m, &format!("f@v{v}")),
+        b"a\n",
+        "the version is kept"
+    );
+    let md = std::fs::metadata(m.backing.join("f")).unwrap();
+    assert_eq!((md.atime(), md.mtime()), (-315619140, -315619140));
 }
