@@ -119,6 +119,11 @@ pub(super) struct Entry {
     /// The session whose commit (or `external`) made the current version, when known:
     /// who wrote since, in a stale writer's refusal.
     pub(super) last_by: Option<String>,
+    /// The newest version this host's backing file was seen holding (committed through
+    /// this mount, or judged by content to be it). An older version's bytes there after it
+    /// are a revert, not a copy that lags (docs/multi-host.md#copies). Memory only: after
+    /// a restart an older version's bytes are taken as behind again.
+    pub(super) held_here: u64,
 }
 
 impl Entry {
@@ -367,6 +372,12 @@ impl Engine {
                 records: Vec::new(),
                 // A snapshot does not say who made a version (the log after it does).
                 last_by: None,
+                // A stamp is this host's copy's: it held that version.
+                held_here: if p.exists && p.stamp.is_some() {
+                    p.version
+                } else {
+                    0
+                },
             };
             e.shards[shard_of(&path)]
                 .lock()
@@ -562,6 +573,9 @@ impl Engine {
                 e.print = ev.print;
                 e.logged = true;
                 e.last_by = ev.session.clone();
+                if !ev.removed {
+                    e.held_here = e.held_here.max(v);
+                }
                 for h in &mut e.holders {
                     if ev.event == EventKind::Commit && h.session.name == who {
                         h.hold = if h.writers > 0 { Hold::E } else { Hold::M };

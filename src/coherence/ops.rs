@@ -136,6 +136,7 @@ impl Engine {
                     if print.is_some() && e.current_print().is_none() {
                         e.print = print;
                     }
+                    e.held_here = e.held_here.max(e.version);
                     return Some(e.version);
                 }
                 // Behind: this host's copy has not caught up yet; Unknown: the content
@@ -810,7 +811,7 @@ pub enum Content {
     /// owner, an xattr), or a copy that caught up with the version. Restamped, no event.
     Same,
     /// This host's copy holds the content of an older version (its sync has not arrived):
-    /// behind, not a change.
+    /// behind, not a change. A copy that held a newer version is never behind.
     Behind(u64),
     /// Only the content can tell, and no fingerprint was given: nothing is counted now.
     Unknown,
@@ -829,7 +830,7 @@ fn needs_print(e: &Entry, st: &Stamp, copies: bool) -> bool {
 
 /// The content check. With a fingerprint of the current version: the content decides
 /// (size first, then the digest); with `copies`, an older version's fingerprint means
-/// behind. Without one (a path never handed on): a stamp first seen here is taken as it
+/// behind, if this copy never held a newer version. Without one (a path never handed on): a stamp first seen here is taken as it
 /// is, and another one with the same size and mtime is a metadata-only change (the check
 /// `make` and rsync rely on; a rewrite that puts the mtime back is only caught where a
 /// fingerprint is kept).
@@ -845,8 +846,13 @@ fn judge(e: &Entry, st: Stamp, print: Option<Print>, copies: bool) -> Content {
         if current == Some(got) {
             return Content::Same;
         }
+        // An older version's bytes are a copy behind, unless this copy already held a
+        // newer one: then they were put back (a revert, or a sync from a lagging copy over
+        // this one), a change that erased the newer version.
         if let Some((v, _)) = e.older_prints().find(|(_, p)| copies && *p == got) {
-            return Content::Behind(v);
+            if v >= e.held_here {
+                return Content::Behind(v);
+            }
         }
     }
     if current.is_some() {

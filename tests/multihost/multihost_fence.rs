@@ -698,6 +698,44 @@ fn a_copy_that_lags_behind_is_behind_and_a_real_change_on_a_copy_ends_the_record
     }
 }
 
+#[test]
+fn a_copy_put_back_to_a_handed_versions_bytes_is_a_change_not_a_lag() {
+    let p = Pair::new(true);
+    sync(&p.a, &p.b);
+    touch_session(&p.b, "bob");
+    sh_ok(&p.a, Some("alice"), &format!("cat {FILE} >/dev/null"));
+    transfer(&p.a, "alice", "bob", &[FILE]);
+    sh_ok(
+        &p.a,
+        Some("bob"),
+        &format!("cat {FILE} >/dev/null; echo bob >> {FILE}"),
+    );
+    transfer(&p.a, "bob", "alice", &[FILE]);
+    // B's copy catches up with v2 and says so.
+    sync(&p.a, &p.b);
+    sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+    assert!(
+        wait_until(TIMEOUT, || p.b.log().contains("its content is the same")),
+        "B did not judge its copy caught up:\n{}",
+        p.b.log()
+    );
+    fenced_on(&p.b, "B", "bob", "alice", 2);
+    // v1's bytes put back on B (a revert, or a sync from a copy that lags): bob's v2 is
+    // erased there, which is a change, not a copy behind.
+    std::fs::write(p.b.backing.join(FILE), ORIGINAL).unwrap();
+    sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+    let ev = await_events(&p.b, "external_change", FILE, None, 1);
+    assert!(!ev.is_empty(), "B did not count the revert:\n{}", p.b.log());
+    assert!(!p.b.log().contains("behind, not a change"), "{}", p.b.log());
+    for (name, h) in [("B", &p.b), ("A", &p.a)] {
+        let ended = wait_until(TIMEOUT, || {
+            record(h, FILE).is_some_and(|r| r["status"] == "overtaken" && r["live"] == false)
+        });
+        assert!(ended, "{name}: {:?}", record(h, FILE));
+        assert_eq!(record(h, FILE).unwrap()["counterparty"], "external");
+    }
+}
+
 /// Where an `O_APPEND` file's data lands on a multi-host volume, where the daemon serves
 /// every read and write: an agent's appends through its direct-I/O write handles (no
 /// shared mapping there: see above), and an unattributed process's mapped page of an

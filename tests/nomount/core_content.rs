@@ -119,15 +119,67 @@ fn without_a_fingerprint_size_and_mtime_decide() {
     }
 }
 
-#[test]
-fn on_several_hosts_a_copy_with_an_older_versions_bytes_is_behind() {
+/// Host B of `handed`, which then learns from the other host that v2 (5 bytes, print C)
+/// was committed there: this copy still holds v1's bytes (A).
+fn v2_committed_elsewhere() -> (H, Session) {
     let config = Config {
         host: Some("B".into()),
         ..Config::default()
     };
-    let (mut h, _) = handed(config);
-    // The successor commits v2 (5 bytes, print C) and hands it back: that record carries
-    // C; this copy still holds A (v1).
+    let (h, a) = handed(config);
+    let mut s = h.e.shared_state(P).expect("shared");
+    s.version = 2;
+    s.print = Some(print(5, 0xc));
+    h.e.adopt(P, Some(s));
+    (h, a)
+}
+
+#[test]
+fn on_several_hosts_a_copy_with_an_older_versions_bytes_is_behind() {
+    let (mut h, _) = v2_committed_elsewhere();
+    // A copy replaced by the sync (another inode) still holding v1's bytes: behind.
+    let old = st(9, 6, 5, 1);
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, old, Some(print(5, 0xa)), t),
+        Content::Behind(1)
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    assert_eq!(h.e.version(P), Some(2));
+    // The sync arrives: caught up.
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 7, 5, 5), Some(print(5, 0xc)), t),
+        Content::Same
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+}
+
+#[test]
+fn on_several_hosts_a_copy_that_held_a_newer_version_and_goes_back_is_a_change() {
+    // Caught up with v2, then v1's bytes put back (a revert, or a sync from a copy that
+    // lags over this one): v2 is erased, which is counted, not taken for a lag.
+    let (mut h, _) = v2_committed_elsewhere();
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 7, 5, 5), Some(print(5, 0xc)), t),
+        Content::Same
+    );
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 8, 5, 1), Some(print(5, 0xa)), t),
+        Content::Changed
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 1);
+    assert_eq!(h.e.version(P), Some(3));
+
+    // The same after a commit through this host's own mount: the successor's v2 is this
+    // copy's, and the handed v1's bytes coming back end the record.
+    let config = Config {
+        host: Some("B".into()),
+        ..Config::default()
+    };
+    let (mut h, a) = handed(config);
     let b = sess("bob");
     let t = h.t();
     h.e.acquire(&b, P, t).unwrap();
@@ -137,22 +189,15 @@ fn on_several_hosts_a_copy_with_an_older_versions_bytes_is_behind() {
     let t = h.t();
     h.e.close_write(&b, P, true, t);
     h.transfer(&b, &[P], "alice").unwrap();
-    // A copy replaced by the sync (another inode) still holding v1's bytes: behind.
-    let old = st(9, 6, 5, 1);
-    let t = h.t();
-    assert_eq!(
-        h.e.observe_content(P, old, Some(print(5, 0xa)), t),
-        Content::Behind(1)
-    );
-    assert_eq!(h.count(EventKind::ExternalChange), 0);
-    assert!(h.e.is_fenced(&b, P), "the record at v2 is live");
-    // The sync arrives: caught up.
-    let t = h.t();
-    assert_eq!(
-        h.e.observe_content(P, st(9, 7, 5, 5), Some(print(5, 0xc)), t),
-        Content::Same
-    );
     assert!(h.e.is_fenced(&b, P));
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 6, 5, 1), Some(print(5, 0xa)), t),
+        Content::Changed
+    );
+    assert!(!h.e.is_fenced(&b, P), "the record ended");
+    assert!(!h.e.is_fenced(&a, P));
+    h.assert_replay_equal();
 }
 
 /// A commit decided before a newer change of the path was counted and applied after it (a
