@@ -718,34 +718,40 @@ impl Fs {
     }
 
     /// At each `close(2)` of a descriptor of the handle.
-    pub fn flush(&self, caller: &Caller, ino: u64, fh: u64) -> FsResult<()> {
+    /// True when the backing file's content changed since the handle's open or last
+    /// flush: the kernel's cached attributes may not know it (a shared mapping's writes
+    /// go to the backing file directly under passthrough), so the caller drops them.
+    pub fn flush(&self, caller: &Caller, ino: u64, fh: u64) -> FsResult<bool> {
         if let Node::Pseudo(_) = self.router.node(ino) {
-            return Ok(());
+            return Ok(false);
         }
         let h = self.store.handle(fh)?;
         let path = self.store.path_of(h.ino);
         let info = self.handle_info(&h, path.as_deref());
         self.policy.on_flush(caller, &info);
-        Ok(())
+        Ok(info.content_changed())
     }
 
-    /// When the last reference to the handle goes away. True when it was a backing
-    /// file's (whatever it kept, its passthrough registration too, goes with it).
-    pub fn release(&self, caller: &Caller, ino: u64, fh: u64) -> bool {
+    /// When the last reference to the handle goes away. Some when it was a backing
+    /// file's (whatever it kept, its passthrough registration too, goes with it), with
+    /// whether its content changed since the last flush, as [`Fs::flush`] says.
+    pub fn release(&self, caller: &Caller, ino: u64, fh: u64) -> Option<bool> {
         match self.router.node(ino) {
             Node::Pseudo(_) => {
                 if let Some(p) = &self.pseudo {
                     p.release(fh);
                 }
-                false
+                None
             }
             Node::Backing(_) => {
+                let mut changed = false;
                 if let Some(h) = self.store.release(fh) {
                     let path = self.store.path_of(h.ino);
                     let info = self.handle_info(&h, path.as_deref());
+                    changed = info.content_changed();
                     self.policy.on_release(caller, &info);
                 }
-                true
+                Some(changed)
             }
         }
     }

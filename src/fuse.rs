@@ -425,7 +425,17 @@ impl Filesystem for CoherentFs {
         let c = self.begin(Op::Flush, req);
         // A close by the owner's process ends its record locks on the file (POSIX).
         self.locks.unlock_owner(ino.0, lock_owner.0);
-        answer(Op::Flush, self.fs.flush(&c, ino.0, fh.0), reply, empty)
+        answer(
+            Op::Flush,
+            self.fs.flush(&c, ino.0, fh.0),
+            reply,
+            |reply, changed| {
+                if changed {
+                    self.inval.attrs(ino.0);
+                }
+                reply.ok()
+            },
+        )
     }
 
     fn release(
@@ -439,8 +449,11 @@ impl Filesystem for CoherentFs {
         reply: ReplyEmpty,
     ) {
         let c = self.begin(Op::Release, req);
-        if self.fs.release(&c, ino.0, fh.0) {
+        if let Some(changed) = self.fs.release(&c, ino.0, fh.0) {
             self.locks.release(fh.0);
+            if changed {
+                self.inval.attrs(ino.0);
+            }
         }
         reply.ok()
     }

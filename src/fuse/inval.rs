@@ -20,8 +20,12 @@ impl Inval {
     /// Drop the kernel's cached attributes of `ino` (not its page cache: offset < 0).
     pub(super) fn attrs(&self, ino: u64) {
         if let Some(n) = self.0.get() {
-            if let Err(e) = n.inval_inode(INodeNo(ino), -1, 0) {
-                tracing::warn!("cannot drop the cached attributes of inode {ino}: {e}");
+            match n.inval_inode(INodeNo(ino), -1, 0) {
+                // The kernel forgot the inode already: nothing cached to drop.
+                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                    tracing::warn!("cannot drop the cached attributes of inode {ino}: {e}")
+                }
+                _ => {}
             }
         }
     }

@@ -243,7 +243,7 @@ impl InProc {
             }
             None => Ok(()),
         };
-        let flushed = self.fs.flush(c, ino, fh);
+        let flushed = self.fs.flush(c, ino, fh).map(drop);
         self.fs.release(c, ino, fh);
         wrote.and(flushed).map_err(|e| e.errno())
     }

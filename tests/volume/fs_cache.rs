@@ -217,3 +217,45 @@ fn closes_of_control_files_cost_no_flush() {
     assert_eq!(flushes("cat .coherent/status > /dev/null"), 0);
     assert_eq!(flushes("cat .coherent/status .coherent/why > /dev/null"), 0);
 }
+
+/// A write through a shared mapping reaches the backing file without the kernel's cache
+/// of the mount's inode knowing (passthrough maps the backing file itself): the close
+/// drops the cached attributes, so a `stat` right after shows the new mtime, as natively
+/// (xfstests generic/080 and 215), in every mode. The TTL is long so that only the
+/// close can make the kernel ask again; `stat(1)` asks for the basic fields only (Rust's
+/// `metadata` asks for the birth time too, which FUSE always fetches afresh).
+#[test]
+fn a_mapped_write_shows_its_mtime_at_once_after_the_close() {
+    const PROBE: &str = "head -c 4096 /dev/zero > mapped; stat -c %y mapped; \
+        python3 -S -c \"import mmap, os\n\
+fd = os.open('mapped', os.O_RDWR)\n\
+m = mmap.mmap(fd, 4096)\n\
+m[0:5] = b'hello'\n\
+m.close()\n\
+os.close(fd)\"; stat -c %y mapped";
+    let ttl = |b: common::Builder| b.arg("--cache-ttl").arg("10m").start();
+    for (name, m, separate) in [
+        ("passthrough", ttl(Mount::builder().passthrough(true)), true),
+        (
+            "through the daemon",
+            ttl(Mount::builder().passthrough(false)),
+            true,
+        ),
+        ("in place", Mount::builder().in_place().start(), false),
+    ] {
+        let out = m.sh_ok(PROBE);
+        let seen: Vec<&str> = out.lines().collect();
+        assert_eq!(seen.len(), 2, "{name}: {out}");
+        assert_ne!(
+            seen[0], seen[1],
+            "{name}: the mount shows the mtime before the write"
+        );
+        if separate {
+            let backing = m.sh_ok(&format!(
+                "stat -c %y {}",
+                m.backing_path("mapped").display()
+            ));
+            assert_eq!(seen[1], backing.trim(), "{name}");
+        }
+    }
+}

@@ -528,7 +528,7 @@ fn the_filesystem_sequences_decide_operate_open_and_release_without_a_mount() {
     );
     assert_eq!(fs_.write(&c, ino, fh, 0, b"hello").unwrap(), 5);
     fs_.flush(&c, ino, fh).unwrap();
-    assert!(fs_.release(&c, ino, fh));
+    assert!(fs_.release(&c, ino, fh).is_some());
     assert_eq!(
         rec.take(),
         [
@@ -655,7 +655,7 @@ fn the_pseudo_tree_is_routed_by_inode_without_a_mount() {
     );
     assert_eq!(rx.recv().unwrap().unwrap(), b"hello pid 4242\n");
     assert_eq!(fs_.write(&c, VFILE, o.fh, 0, b"ping").unwrap(), 4);
-    assert!(!fs_.release(&c, VFILE, o.fh));
+    assert!(fs_.release(&c, VFILE, o.fh).is_none());
     assert_eq!(rec.take(), ["vwrite ping", "vrelease 4242"]);
     // No write route reaches the tree or its name, and the policy never hears of one.
     let err = |r: Result<(), FsError>| r.unwrap_err().errno();
