@@ -328,10 +328,12 @@ impl Filesystem for CoherentFs {
             Op::Open,
             self.fs.open(&c, ino.0, flags.0),
             reply,
-            |reply, o| {
+            |reply, mut o| {
                 if o.fopen.attrs_changed {
                     self.inval.attrs(ino.0);
                 }
+                // Record locks end at a close, which only a FLUSH tells.
+                o.fopen.noflush &= !self.locks.wants_flush(ino.0);
                 let (fh, fopen) = (FileHandle(o.fh), fopen_flags(o.fopen));
                 match self.passthrough_of(&o, &reply) {
                     Some(id) => reply.opened_passthrough(fh, fopen, &id),
@@ -449,11 +451,13 @@ impl Filesystem for CoherentFs {
         reply: ReplyEmpty,
     ) {
         let c = self.begin(Op::Release, req);
-        if let Some(changed) = self.fs.release(&c, ino.0, fh.0) {
+        // The locks first: another process may be asking about them right now (an open
+        // file's OFD locks end only here), and the policy's work at a release takes time.
+        if self.fs.is_backing(ino.0) {
             self.locks.release(fh.0);
-            if changed {
-                self.inval.attrs(ino.0);
-            }
+        }
+        if self.fs.release(&c, ino.0, fh.0) == Some(true) {
+            self.inval.attrs(ino.0);
         }
         reply.ok()
     }

@@ -14,7 +14,7 @@
 //! (FLUSH carries the owner), and in any case when the last open file it locked through is
 //! released: the description is closed then, and the backing kernel drops its locks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -89,6 +89,9 @@ struct Owner {
 #[derive(Default)]
 pub struct Locks {
     owners: Mutex<HashMap<(u64, u64), Owner>>,
+    /// Inodes a lock was ever asked for on through this mount. An open of one asks for a
+    /// FLUSH at every close (see [`Locks::wants_flush`]).
+    locked: Mutex<HashSet<u64>>,
 }
 
 /// Where a blocking lock's answer goes (from another thread, once the wait ends).
@@ -126,6 +129,9 @@ impl Locks {
             Ok(fd) => fd,
             Err(e) => return done(Err(e)),
         };
+        if span.typ != libc::F_UNLCK {
+            self.locked.lock().insert(h.ino);
+        }
         let mut fl = match span.to_flock() {
             Ok(fl) => fl,
             Err(e) => return done(Err(e)),
@@ -151,6 +157,15 @@ impl Locks {
         if let Err(e) = spawned {
             tracing::warn!("cannot start a thread to wait for a lock: {e}");
         }
+    }
+
+    /// Should an open of `ino` ask the kernel for a FLUSH at each close, though nothing
+    /// else needs one (a read-only open)? A process's classic locks end at its close of
+    /// any descriptor of the file, and FLUSH is the kernel's only word of that close: a
+    /// file once locked through the mount gets it (a FLUSH at every read-only close of
+    /// every file would cost a read-heavy tool 13-28 %, docs/locks.md).
+    pub fn wants_flush(&self, ino: u64) -> bool {
+        self.locked.lock().contains(&ino)
     }
 
     /// FLUSH: a process closed a descriptor of the file; its classic locks on it end.
@@ -272,6 +287,11 @@ impl Fs {
     /// The open backing file a lock request of `fh` on `ino` acts on. Files of the
     /// `.coherent/` tree take no locks (ENOLCK), nor does anything but an open file of
     /// `ino` (the kernel keeps directories' locks itself).
+    /// Is `ino` a backing file's node (whose open files may carry record locks)?
+    pub fn is_backing(&self, ino: u64) -> bool {
+        matches!(self.router.node(ino), Node::Backing(_))
+    }
+
     pub fn lock_target(&self, ino: u64, fh: u64) -> FsResult<Arc<Handle>> {
         match self.router.node(ino) {
             Node::Pseudo(_) => Err(FsError(libc::ENOLCK)),
