@@ -256,6 +256,14 @@ pub fn hex(d: &[u8; 32]) -> String {
 
 /// Reads all of `fd` from offset 0 with `pread` (its file offset untouched) into `f`.
 fn each_chunk(fd: BorrowedFd<'_>, mut f: impl FnMut(&[u8])) -> io::Result<u64> {
+    each_chunk_while(fd, |b| {
+        f(b);
+        true
+    })
+}
+
+/// As [`each_chunk`], stopping early when `f` says false; the bytes read either way.
+fn each_chunk_while(fd: BorrowedFd<'_>, mut f: impl FnMut(&[u8]) -> bool) -> io::Result<u64> {
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0u64;
     loop {
@@ -278,9 +286,38 @@ fn each_chunk(fd: BorrowedFd<'_>, mut f: impl FnMut(&[u8])) -> io::Result<u64> {
         if n == 0 {
             return Ok(off);
         }
-        f(&buf[..n as usize]);
         off += n as u64;
+        if !f(&buf[..n as usize]) {
+            return Ok(off);
+        }
     }
+}
+
+/// How much of a large file is hashed between two looks at whether it is still there.
+const RECHECK: u64 = 64 << 20;
+
+/// The digest of the large file `fd` while it stays as `stat` saw it (looked at every
+/// [`RECHECK`] bytes), None once it changed or lost its last name: the descriptor held for
+/// hashing pins the file's blocks, and an `rm` of a huge file must free them now, not
+/// after a read to its end for a digest of bytes that are gone.
+fn digest_while_unmoved(fd: BorrowedFd<'_>, stat: &libc::stat) -> Option<[u8; 32]> {
+    let unmoved = || fstat(fd).is_ok_and(|now| same(stat, &now) && now.st_nlink > 0);
+    if !unmoved() {
+        return None;
+    }
+    let mut h = blake3::Hasher::new();
+    let (mut since, mut moved) = (0u64, false);
+    let n = each_chunk_while(fd, |b| {
+        h.update(b);
+        since += b.len() as u64;
+        if since >= RECHECK {
+            since = 0;
+            moved = !unmoved();
+        }
+        !moved
+    })
+    .ok()?;
+    (!moved && n == stat.st_size as u64 && unmoved()).then(|| *h.finalize().as_bytes())
 }
 
 fn digest_of(fd: BorrowedFd<'_>) -> io::Result<([u8; 32], u64)> {
@@ -651,12 +688,9 @@ impl Store {
             stat,
             mut entry,
         } = job;
-        let got = fstat(fd_b(&fd))
-            .ok()
-            .filter(|now| same(&stat, now))
-            .and_then(|_| digest_of(fd_b(&fd)).ok())
-            .filter(|_| fstat(fd_b(&fd)).is_ok_and(|now| same(&stat, &now)));
-        entry.digest = got.map(|(d, _)| hex(&d));
+        let got = digest_while_unmoved(fd_b(&fd), &stat);
+        drop(fd);
+        entry.digest = got.map(|d| hex(&d));
         entry.kept = false;
         self.record(entry);
     }

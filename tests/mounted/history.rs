@@ -348,3 +348,46 @@ fn keeping_a_version_leaves_the_files_atime_alone() {
     let md = std::fs::metadata(m.backing.join("f")).unwrap();
     assert_eq!((md.atime(), md.mtime()), (-315619140, -315619140));
 }
+
+/// The daemon's descriptors of a removed file named `name` (`/proc/PID/fd` links that end
+/// in "(deleted)").
+fn held_removed(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter(|l| {
+                    let l = l.to_string_lossy();
+                    l.contains(name) && l.ends_with("(deleted)")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn removing_a_huge_file_frees_it_while_its_digest_is_taken() {
+    // A 1 TiB sparse file is over the history's file limit: its digest is taken on a worker
+    // thread, which holds a descriptor of it (so its blocks) and reads for minutes. An `rm`
+    // stops that read at its next look (64 MiB on), and the blocks go (xfstests 213, a
+    // fallocate that filled the disk, then 215 found it still full after the rm).
+    let m = mount(true);
+    sh_ok(&m, Some("alice"), "truncate -s 1T huge.bin");
+    let pid = m.pid();
+    assert!(
+        common::wait_until(common::TIMEOUT, || std::fs::read_dir(format!(
+            "/proc/{pid}/task"
+        ))
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|t| std::fs::read_to_string(t.path().join("comm"))
+            .is_ok_and(|c| c.trim() == "coherent-histor"))),
+        "no history worker hashing the file"
+    );
+    sh_ok(&m, Some("alice"), "rm huge.bin");
+    assert!(
+        common::wait_until(common::TIMEOUT, || held_removed(pid, "huge.bin") == 0),
+        "the daemon still holds the removed 1 TiB file: {} descriptor(s)",
+        held_removed(pid, "huge.bin")
+    );
+}
