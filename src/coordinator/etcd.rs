@@ -214,6 +214,33 @@ struct HostState {
     in_flight: Vec<(String, u64)>,
 }
 
+/// Two accounts of a path that differ in the count of its commits alone (the same
+/// records, none live in either): no fence hangs on the difference.
+fn count_only(a: &SharedPath, b: &SharedPath) -> bool {
+    a.records == b.records
+        && !a.records.iter().any(|r| r.is_live(a.version))
+        && !b.records.iter().any(|r| r.is_live(b.version))
+}
+
+/// This host's account of a path it has not published yet counted more commits than
+/// another host's that came first (on one backing directory, that host found this one's
+/// commits on its copy and counted them as one change behind the volume's back): this
+/// host's account stands, to be published over the other, which takes it in. Any other
+/// difference is the other host's step, which wins.
+fn counted_further(mine: Option<&SharedPath>, theirs: &SharedPath) -> bool {
+    mine.is_some_and(|m| m.version > theirs.version && count_only(m, theirs))
+}
+
+/// A test hook's delay from the environment (none when unset).
+fn test_delay(var: &str) -> Duration {
+    Duration::from_millis(
+        std::env::var(var)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
 /// The link to etcd as the runtime sees it.
 #[derive(Default)]
 struct Link {
@@ -233,6 +260,10 @@ struct Link {
     loaded_at: i64,
     /// The mod revision of each `p/` key as taken in here.
     revs: HashMap<String, i64>,
+    /// The value of each `p/` key this host is publishing and has no answer for yet: the
+    /// watch may bring the put before the answer does, and must not take in what this
+    /// host already has (it may have counted more commits since).
+    publishing: HashMap<String, Vec<u8>>,
     /// Paths whose `p/` key was deleted (records evicted) while this host watched: the
     /// revision of the deletion, the path's epoch from then on, so that a key deleted
     /// never reads as the same epoch as no key yet (see [`Link::epoch`]).
@@ -343,6 +374,13 @@ pub struct Etcd {
     /// Test hook (`COHERENT_APPLY_DELAY_MS`): this host takes in each watch batch this
     /// much later, as a slow or distant host would (the acknowledgement must wait for it).
     apply_delay: Duration,
+    /// Test hook (`COHERENT_ADOPT_DELAY_MS`): this host takes in another host's state of
+    /// a path this much after it decided to, as a watch thread preempted at that point
+    /// would (this host's own steps go on meanwhile).
+    adopt_delay: Duration,
+    /// Test hook (`COHERENT_PUBLISH_DELAY_MS`): the publisher thread's pause, when longer
+    /// than its own (a slow link).
+    publish_delay: Duration,
     /// The lease the `e/` keys live under (renewed by replacing it).
     events_lease: Mutex<Option<(i64, Instant)>>,
     stop: AtomicBool,
@@ -440,12 +478,9 @@ impl Etcd {
             good: std::sync::atomic::AtomicUsize::new(0),
             relink: tokio::sync::Notify::new(),
             events_lease: Mutex::new(None),
-            apply_delay: Duration::from_millis(
-                std::env::var("COHERENT_APPLY_DELAY_MS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-            ),
+            apply_delay: test_delay("COHERENT_APPLY_DELAY_MS"),
+            adopt_delay: test_delay("COHERENT_ADOPT_DELAY_MS"),
+            publish_delay: test_delay("COHERENT_PUBLISH_DELAY_MS"),
             stop: AtomicBool::new(false),
             stopped: tokio::sync::Notify::new(),
         });
@@ -651,10 +686,7 @@ impl Etcd {
         let counted_only = kind == StepKind::Commit
             && t.changed.iter().all(|(p, now)| {
                 let was = t.before.get(p).cloned().flatten();
-                matches!((was, now), (Some(w), Some(n))
-                    if w.records == n.records
-                        && !w.records.iter().any(|r| r.is_live(w.version))
-                        && !n.records.iter().any(|r| r.is_live(n.version)))
+                matches!((was, now), (Some(w), Some(n)) if count_only(&w, n))
             });
         if !t.ok || !(t.changed.is_empty() || counted_only) {
             self.undo(t.saved, &t.added);
@@ -740,11 +772,11 @@ impl Etcd {
                 then.insert(
                     i,
                     match st {
-                        Some(s) => TxnOp::put(
-                            k.clone(),
-                            serde_json::to_vec(s).expect("state serialises"),
-                            None,
-                        ),
+                        Some(s) => {
+                            let value = serde_json::to_vec(s).expect("state serialises");
+                            self.link.lock().publishing.insert(p.clone(), value.clone());
+                            TxnOp::put(k.clone(), value, None)
+                        }
                         None => TxnOp::delete(k.clone(), None),
                     },
                 );
@@ -752,15 +784,19 @@ impl Etcd {
             }
         }
         let txn = Txn::new().when(when).and_then(then).or_else(or_else);
-        let resp = self
-            .call(deadline, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .map_err(Publish::Unavailable)?;
+        let resp = self.call(deadline, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        });
+        // In the same hold of the lock as the revisions below: the watch skips this
+        // host's put until then, and from then on by its revision.
+        let mut l = self.link.lock();
+        for (p, _) in changed {
+            l.publishing.remove(p);
+        }
+        let resp = resp.map_err(Publish::Unavailable)?;
         let rev = resp.header().map_or(0, |h| h.revision());
         if resp.succeeded() {
-            let mut l = self.link.lock();
             for (p, st) in changed {
                 if st.is_some() {
                     let r = l.revs.entry(p.clone()).or_insert(0);
@@ -773,6 +809,7 @@ impl Etcd {
             self.engine.raise_record_ids(id_floor(rev));
             return Ok((rev, lease.is_some()));
         }
+        drop(l);
         let mut now = Vec::new();
         for (i, op) in resp.op_responses().into_iter().enumerate() {
             let TxnOpResponse::Get(g) = op else { continue };

@@ -57,7 +57,7 @@ impl Etcd {
 
     pub(super) fn publish_loop(self: Arc<Self>) {
         while !self.stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(self.publish_delay.max(Duration::from_millis(50)));
             if !self.link.lock().caught_up {
                 continue;
             }
@@ -122,6 +122,24 @@ impl Etcd {
             };
             match r {
                 Ok(_) => {}
+                Err(Publish::Conflict(current, _))
+                    if !current.is_empty()
+                        && current.iter().all(|(_, cur)| {
+                            cur.as_ref().is_some_and(|(theirs, _)| {
+                                counted_further(self.engine.shared_state(&p).as_ref(), theirs)
+                            })
+                        }) =>
+                {
+                    // Published again over theirs at the next round.
+                    let mut l = self.link.lock();
+                    for (p, cur) in &current {
+                        if let Some((_, mr)) = cur {
+                            l.revs.insert(p.clone(), *mr);
+                        }
+                    }
+                    drop(l);
+                    self.dirty.lock().insert(p);
+                }
                 Err(Publish::Conflict(current, rev)) => self.take_in(current, rev),
                 Err(Publish::Unavailable(_)) => {
                     self.dirty.lock().insert(p);

@@ -392,9 +392,15 @@ impl Etcd {
                 "p" => {
                     state_changed = true;
                     let mr = kv.mod_revision();
-                    if self.link.lock().revs.get(name).is_some_and(|r| *r >= mr) {
-                        continue; // this host's own change, already here
-                    }
+                    let publishing = {
+                        let l = self.link.lock();
+                        if l.revs.get(name).is_some_and(|r| *r >= mr)
+                            || l.publishing.get(name).is_some_and(|v| v == kv.value())
+                        {
+                            continue; // this host's own change, already here
+                        }
+                        l.publishing.contains_key(name)
+                    };
                     let st = if put {
                         match serde_json::from_slice::<SharedPath>(kv.value()) {
                             Ok(s) => Some(s),
@@ -403,6 +409,19 @@ impl Etcd {
                     } else {
                         None
                     };
+                    if let Some(theirs) = &st {
+                        let unpublished = publishing || self.dirty.lock().contains(name);
+                        if unpublished
+                            && counted_further(self.engine.shared_state(name).as_ref(), theirs)
+                        {
+                            // Kept, and published over theirs against this revision.
+                            self.link.lock().revs.insert(name.to_string(), mr);
+                            continue;
+                        }
+                    }
+                    if !self.adopt_delay.is_zero() {
+                        tokio::time::sleep(self.adopt_delay).await;
+                    }
                     let found = self.engine.adopt(name, st);
                     let mut l = self.link.lock();
                     if put {
