@@ -50,6 +50,11 @@ pub struct Ticket {
     pub epoch: i64,
 }
 
+/// Is a path open for writing on this host where the engine's holders do not show it (a
+/// descriptor opened under another name, or while the path was untracked, or one of a
+/// daemon that died)? `None`: the backing filesystem cannot tell.
+pub type WriterProbe = Box<dyn Fn(&str) -> Option<bool> + Send + Sync>;
+
 /// The coordinator interface.
 pub trait Coordinator: Send + Sync {
     /// This host's name in events (`None`: one host, no name).
@@ -114,6 +119,11 @@ pub trait Coordinator: Send + Sync {
 
     /// What `coherent status` shows of the coordinator (`None`: nothing to show).
     fn describe(&self) -> Option<serde_json::Value>;
+
+    /// How this host finds the writers its engine does not show: a transfer another host
+    /// makes of a file open for writing here is in flight, as one host refuses it
+    /// (`handoff_in_flight`). One host asks at the transfer itself.
+    fn watch_writers(&self, _probe: WriterProbe) {}
 }
 
 /// One host: the journal is the only state; nothing to agree with anyone.

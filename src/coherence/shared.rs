@@ -129,9 +129,10 @@ impl Engine {
 
     /// Takes in the shared part of `path` as another host published it (`None`: it has
     /// no record any more). Holds stay; a version that moved leaves every local hold
-    /// invalid. Returns the ids of records new here whose giver has `path` open for
-    /// writing on this host (the transfer's host must undo them: `handoff_in_flight`).
-    pub fn adopt(&self, path: &str, shared: Option<SharedPath>) -> Vec<u64> {
+    /// invalid. Returns the live records new here, each with whether its giver holds
+    /// `path` open for writing on this host (the transfer's host must then undo it:
+    /// `handoff_in_flight`).
+    pub fn adopt(&self, path: &str, shared: Option<SharedPath>) -> Vec<(u64, bool)> {
         let mut sh = self.lock_one(path);
         let e = entry_mut(&mut sh, path);
         let Some(s) = shared else {
@@ -157,16 +158,18 @@ impl Engine {
             e.print = s.print;
         }
         e.logged = true;
-        let inflight = s
+        let new_live = s
             .records
             .iter()
             .filter(|r| r.is_live(s.version) && !e.records.iter().any(|o| o.id == r.id))
-            .filter(|r| e.holder(&r.giver.name).is_some_and(|h| h.writers > 0))
-            .map(|r| r.id)
+            .map(|r| {
+                let writing = e.holder(&r.giver.name).is_some_and(|h| h.writers > 0);
+                (r.id, writing)
+            })
             .collect();
         e.records = s.records;
         self.changes.bump();
-        inflight
+        new_live
     }
 
     /// Takes in a session of the shared registry (no event: its host logged it).

@@ -16,7 +16,7 @@
 //! feed and paths changed while etcd could not be reached.
 
 use super::boot::BootTime;
-use super::{unavailable, Coordinator, StepKind, Stepped, Ticket};
+use super::{unavailable, Coordinator, StepKind, Stepped, Ticket, WriterProbe};
 use crate::coherence::{
     Engine, Event, EventKind, EventSink, Saved, SharedPath, SharedSession, Timestamp,
 };
@@ -381,6 +381,8 @@ pub struct Etcd {
     /// Test hook (`COHERENT_PUBLISH_DELAY_MS`): the publisher thread's pause, when longer
     /// than its own (a slow link).
     publish_delay: Duration,
+    /// The volume's [`WriterProbe`], once it has one.
+    writers: std::sync::OnceLock<WriterProbe>,
     /// The lease the `e/` keys live under (renewed by replacing it).
     events_lease: Mutex<Option<(i64, Instant)>>,
     stop: AtomicBool,
@@ -481,6 +483,7 @@ impl Etcd {
             apply_delay: test_delay("COHERENT_APPLY_DELAY_MS"),
             adopt_delay: test_delay("COHERENT_ADOPT_DELAY_MS"),
             publish_delay: test_delay("COHERENT_PUBLISH_DELAY_MS"),
+            writers: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             stopped: tokio::sync::Notify::new(),
         });
@@ -922,6 +925,10 @@ fn captured(
 impl Coordinator for Etcd {
     fn host(&self) -> Option<&str> {
         Some(&self.spec.host)
+    }
+
+    fn watch_writers(&self, probe: WriterProbe) {
+        let _ = self.writers.set(probe);
     }
 
     fn confirmed(&self) -> Result<(), Refusal> {

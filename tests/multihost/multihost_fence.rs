@@ -736,6 +736,52 @@ fn a_copy_put_back_to_a_handed_versions_bytes_is_a_change_not_a_lag() {
     }
 }
 
+/// Issue 39 item 4: alice holds a write descriptor on A of a file the engine does not
+/// know as hers (opened under an untracked name, then moved to the handed name; or a
+/// tracked file renamed to it). A transfer of that file on B is in flight on A: undone and
+/// refused `handoff_in_flight`, as one host refuses it, and nothing of alice's lands after
+/// an acknowledgement. Once the descriptor is closed, the transfer is acknowledged.
+#[test]
+fn a_descriptor_held_under_another_name_keeps_a_transfer_on_the_other_host_in_flight() {
+    let p = Pair::new(true);
+    touch_session(&p.b, "bob");
+    sh_ok(&p.a, None, "mkdir ign && echo 'ign/' > .coherentignore");
+    for (opened_as, name) in [("ign/u.md", "t.md"), ("x.md", "t2.md")] {
+        let setup = format!("echo draft > {opened_as}");
+        sh_ok(&p.a, Some("alice"), &setup);
+        let mut w = HeldWriter::open(&p.a, "alice", opened_as).expect("alice opens for writing");
+        sh_ok(&p.a, Some("alice"), &format!("mv {opened_as} {name}"));
+        std::fs::copy(p.a.backing.join(name), p.b.backing.join(name)).unwrap();
+        sh_ok(&p.b, Some("alice"), &format!("cat {name} >/dev/null"));
+        let (code, r) = cli_json(&p.b, Some("alice"), &["transfer", "--to", "bob", name]);
+        assert_ne!(
+            code,
+            Some(0),
+            "{opened_as}: the transfer was acknowledged: {r}"
+        );
+        assert_eq!(r["reason"], "handoff_in_flight", "{opened_as}: {r}");
+        assert!(
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("open for writing on another host")),
+            "{r}"
+        );
+        for h in [&p.a, &p.b] {
+            assert!(
+                wait_until(TIMEOUT, || live_record(h, name).is_none()),
+                "{opened_as}: a live record of {name}: {:?}",
+                live_record(h, name)
+            );
+        }
+        // The descriptor was never fenced: no handoff happened.
+        assert!(w.write("alice's line").is_ok());
+        drop(w);
+        sh_ok(&p.b, Some("alice"), &format!("cat {name} >/dev/null"));
+        let r = transfer(&p.b, "alice", "bob", &[name]);
+        assert_eq!(r["records"][0]["status"], "pending", "{opened_as}: {r}");
+    }
+}
+
 /// Where an `O_APPEND` file's data lands on a multi-host volume, where the daemon serves
 /// every read and write: an agent's appends through its direct-I/O write handles (no
 /// shared mapping there: see above), and an unattributed process's mapped page of an

@@ -423,6 +423,14 @@ impl Etcd {
                         tokio::time::sleep(self.adopt_delay).await;
                     }
                     let found = self.engine.adopt(name, st);
+                    // A new record whose giver's handle the engine does not show is in
+                    // flight all the same if the file is open for writing here where the
+                    // engine cannot see it (under another name, since before it was
+                    // tracked): the same rule as a transfer on this host.
+                    let unseen = found.iter().any(|(_, writing)| !writing)
+                        && self.writers.get().is_some_and(|probe| {
+                            tokio::task::block_in_place(|| probe(name)).unwrap_or(false)
+                        });
                     let mut l = self.link.lock();
                     if put {
                         l.revs.insert(name.to_string(), mr);
@@ -431,8 +439,10 @@ impl Etcd {
                         let at = if mr > 0 { mr } else { rev };
                         l.forget(name, at);
                     }
-                    for id in found {
-                        l.in_flight.push((name.to_string(), id));
+                    for (id, writing) in found {
+                        if writing || unseen {
+                            l.in_flight.push((name.to_string(), id));
+                        }
                     }
                     let n = l.in_flight.len();
                     if n > 64 {
