@@ -50,10 +50,10 @@ pub struct Ticket {
     pub epoch: i64,
 }
 
-/// Is a path open for writing on this host where the engine's holders do not show it (a
-/// descriptor opened under another name, or while the path was untracked, or one of a
-/// daemon that died)? `None`: the backing filesystem cannot tell.
-pub type WriterProbe = Box<dyn Fn(&str) -> Option<bool> + Send + Sync>;
+/// Has session `giver` (the second argument) the file at a path (the first) open for
+/// writing on this host, under any name, where the engine's holders may not show it (a
+/// descriptor opened under another name, or while the path was untracked)?
+pub type WriterProbe = Box<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
 /// The coordinator interface.
 pub trait Coordinator: Send + Sync {
@@ -120,9 +120,9 @@ pub trait Coordinator: Send + Sync {
     /// What `coherent status` shows of the coordinator (`None`: nothing to show).
     fn describe(&self) -> Option<serde_json::Value>;
 
-    /// How this host finds the writers its engine does not show: a transfer another host
-    /// makes of a file open for writing here is in flight, as one host refuses it
-    /// (`handoff_in_flight`). One host asks at the transfer itself.
+    /// How this host finds a giver's write handles its engine does not show: another
+    /// host's transfer of a file its giver has open for writing here is in flight, as one
+    /// host refuses it (`handoff_in_flight`).
     fn watch_writers(&self, _probe: WriterProbe) {}
 }
 

@@ -297,7 +297,7 @@ impl Fs {
                 return Err(e);
             }
         };
-        let stateless = state.is_none();
+        let stateless = state.as_ref().is_none_or(|st| !self.policy.flushes(st));
         let direct_io = state.as_ref().is_some_and(|st| self.policy.direct_io(st));
         if let Some(st) = state {
             let _ = h.state.set(st);

@@ -249,17 +249,16 @@ impl Volume {
             judge,
         });
         let handles = Arc::new(Handles::default());
-        // Another host's transfer of a file open for writing here where the engine cannot
-        // see it is in flight. Weak: the coordinator outlives neither.
+        // Another host's transfer of a file its giver has open for writing here, under
+        // any name, is in flight. Weak: the coordinator outlives neither.
         let (w, h) = (Arc::downgrade(&ws), Arc::downgrade(&handles));
-        ws.coord.watch_writers(Box::new(move |p| {
-            let (ws, handles) = (w.upgrade()?, h.upgrade()?);
-            let ino = ws.backing.lstat(p).map(|st| st.stamp.ino);
-            let r = handles.unseen_writer(&ws.backing, &ws.engine, p, ino);
-            if r.is_none() {
-                verbs::warn_no_leases(p);
-            }
-            r
+        ws.coord.watch_writers(Box::new(move |p, giver| {
+            let (Some(ws), Some(handles)) = (w.upgrade(), h.upgrade()) else {
+                return false;
+            };
+            ws.backing
+                .lstat(p)
+                .is_some_and(|st| handles.writes_inode(giver, st.stamp.ino))
         }));
         let policy = Arc::new(WritePolicy::new(ws.clone(), handles.clone()));
         let verbs = Arc::new(Verbs::new(

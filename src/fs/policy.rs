@@ -166,6 +166,11 @@ pub trait Policy: Send + Sync + 'static {
     fn direct_io(&self, state: &HandleState) -> bool {
         false
     }
+    /// Has [`Policy::on_flush`] anything to do for the handle `on_open` kept `state` for?
+    /// When false it is opened with `FOPEN_NOFLUSH`, as a handle with no state is.
+    fn flushes(&self, state: &HandleState) -> bool {
+        true
+    }
     /// At each `close(2)` of a descriptor of the handle (there may be several).
     fn on_flush(&self, caller: &Caller, handle: &HandleInfo<'_>) {}
     /// Must [`Policy::on_flush`] be called? When false, files are opened with

@@ -39,6 +39,8 @@ pub(super) struct WriteHandle {
     pub session: Session,
     /// The path at open: where the `E` hold was taken, so where it is given back.
     pub path: String,
+    /// The backing file's inode at open: the handle writes that file under any name.
+    pub ino: u64,
     /// The thread that opened it (for the in-flight check).
     pub pid: u32,
     /// The handle created its file: it commits at release even if nothing was written.
@@ -57,12 +59,18 @@ impl WriteHandle {
         WriteHandle {
             session,
             path,
+            ino: 0,
             pid,
             created,
             ticket: Mutex::new(None),
             refused: Mutex::new(None),
             state: Mutex::new(State::Open { dirty }),
         }
+    }
+
+    /// The backing inode the handle writes (see [`WriteHandle::ino`]).
+    pub fn on_inode(self, ino: u64) -> Self {
+        WriteHandle { ino, ..self }
     }
 
     pub fn with_ticket(self, ticket: Option<Ticket>) -> Self {

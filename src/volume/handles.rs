@@ -31,6 +31,10 @@ pub(super) struct Handles {
 #[derive(Default)]
 struct Registry {
     by_key: HashMap<u64, Arc<WriteHandle>>,
+    /// Multi-host: the write handles that took no hold (an untracked path), by key: the
+    /// file's backing inode and the session. Another host's transfer of the file once it
+    /// is tracked under some name finds them here.
+    unheld: HashMap<u64, (u64, String)>,
     next: u64,
 }
 
@@ -44,6 +48,31 @@ impl Handles {
         HandleState(key)
     }
 
+    /// Registers a write handle of `session` that took no hold, on the file of backing
+    /// inode `ino`; its key goes into the open file's handle.
+    pub(super) fn insert_unheld(&self, ino: u64, session: &str) -> HandleState {
+        let mut r = self.open.lock();
+        r.next += 1;
+        let key = r.next;
+        r.unheld.insert(key, (ino, session.to_string()));
+        HandleState(key)
+    }
+
+    /// Is `key` a handle registered by [`Handles::insert_unheld`]?
+    pub(super) fn is_unheld(&self, key: &HandleState) -> bool {
+        self.open.lock().unheld.contains_key(&key.0)
+    }
+
+    /// Has `session` a write handle open on the file of backing inode `ino`, under any
+    /// name, held or not?
+    pub(super) fn writes_inode(&self, session: &str, ino: u64) -> bool {
+        let r = self.open.lock();
+        r.by_key
+            .values()
+            .any(|w| w.ino == ino && w.session.name == session)
+            || r.unheld.values().any(|(i, s)| *i == ino && s == session)
+    }
+
     /// The write handle of an open file (None: a handle the policy keeps nothing for).
     pub(super) fn get(&self, key: Option<&HandleState>) -> Option<Arc<WriteHandle>> {
         self.open.lock().by_key.get(&key?.0).cloned()
@@ -52,7 +81,9 @@ impl Handles {
     /// The handle is released: forget it and wake a transfer waiting for it.
     pub(super) fn remove(&self, key: Option<&HandleState>) {
         if let Some(k) = key {
-            self.open.lock().by_key.remove(&k.0);
+            let mut r = self.open.lock();
+            r.by_key.remove(&k.0);
+            r.unheld.remove(&k.0);
         }
         self.released.notify_all();
     }

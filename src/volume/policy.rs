@@ -707,8 +707,18 @@ impl Policy for WritePolicy {
                 self.ws.retrack(p, false);
             }
         }
-        // No acquire (an untracked path, a directory): no state.
+        // No acquire (an untracked path, a directory): no state. Multi-host, an agent's
+        // write handle of a file is kept by its inode all the same: the file may become
+        // a tracked one that another host hands on while it is open (moved to a tracked
+        // name, or the ignore rule dropped).
         let Some(pm) = permit.filter(|pm| pm.acquired.is_some()) else {
+            if self.ws.coord.host().is_some() {
+                let s = self.ws.session(caller);
+                if s.is_attributed() {
+                    let ino = stamp(&open.stamp).ino;
+                    return Ok(Some(self.handles.insert_unheld(ino, &s.name)));
+                }
+            }
             return Ok(None);
         };
         if rel(open.path) != Some(pm.path.as_str()) {
@@ -730,6 +740,7 @@ impl Policy for WritePolicy {
         };
         let w = Arc::new(
             WriteHandle::new(pm.session, pm.path, caller.pid, open.created, dirty)
+                .on_inode(stamp(&open.stamp).ino)
                 .with_ticket(ticket),
         );
         Ok(Some(self.handles.insert(w)))
@@ -745,6 +756,10 @@ impl Policy for WritePolicy {
     /// write, past every check of the giver's own handle; with `FOPEN_DIRECT_IO` (and no
     /// `FUSE_DIRECT_IO_ALLOW_MMAP`) the kernel refuses a shared `mmap` of the handle
     /// (`ENODEV`), so such pages never exist (docs/multi-host.md, shared mappings).
+    fn flushes(&self, state: &HandleState) -> bool {
+        !self.handles.is_unheld(state)
+    }
+
     fn direct_io(&self, state: &HandleState) -> bool {
         self.handles
             .get(Some(state))
@@ -821,6 +836,8 @@ impl Policy for WritePolicy {
         self.retrack_handle(h);
         self.ws.changes.released(h);
         let Some(w) = self.handles.get(h.state) else {
+            // A handle kept by its inode alone (see `on_open`) is forgotten.
+            self.handles.remove(h.state);
             return;
         };
         let now = Timestamp::now();

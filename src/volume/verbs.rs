@@ -338,8 +338,8 @@ impl Verbs {
         Err(Refusal::new(
             Reason::HandoffInFlight,
             format!(
-                "{} is open for writing on another host, by this session or by a process \
-                 that host's volume does not see: close it there first, then transfer",
+                "this session still has {} open for writing on another host (under this or \
+                 another name): close it there first, then transfer",
                 paths.join(", ")
             ),
         )

@@ -638,7 +638,9 @@ pub fn sh_refused(m: &impl Root, who: &str, cmd: &str, path: &str, reason: &str)
 /// answer later (or never, if the host is stopped). Answers: `ok N` / `err ERRNO` for
 /// `write TEXT` (one `write(2)` of TEXT and a newline) and for `truncate N` (an
 /// `ftruncate`), `flushed` for `flush` (a close of a duplicate: a FLUSH, which commits),
-/// `closed` / `err ERRNO` for `close`.
+/// `closed` / `err ERRNO` for `close`; `ok 0` / `err ERRNO` for `map` (a shared writable
+/// mapping of the whole file, opened again by its first name), `closefd` (the descriptor
+/// closed, the mapping kept) and `unmap`.
 pub struct HeldWriter {
     child: Child,
     stdin: std::process::ChildStdin,
@@ -665,6 +667,7 @@ except OSError as e:
     print('err', e.errno, flush=True)
     sys.exit(0)
 print('ready', flush=True)
+maps = []
 for line in sys.stdin:
     cmd, _, text = line.rstrip('\n').partition(' ')
     try:
@@ -680,8 +683,20 @@ for line in sys.stdin:
             os.close(fd)
             print('closed', flush=True)
             break
-    except OSError as e:
-        print('err', e.errno, flush=True)
+        elif cmd == 'map':
+            import mmap
+            rw = os.open(sys.argv[1], os.O_RDWR)
+            maps.append(mmap.mmap(rw, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
+            os.close(rw)
+            print('ok 0', flush=True)
+        elif cmd == 'closefd':
+            os.close(fd)
+            print('ok 0', flush=True)
+        elif cmd == 'unmap':
+            maps.pop().close()
+            print('ok 0', flush=True)
+    except (OSError, ValueError) as e:
+        print('err', getattr(e, 'errno', None) or -1, flush=True)
 "#;
         let mut c = python();
         c.arg("-c")
@@ -771,7 +786,8 @@ impl HeldWriter {
         assert_eq!(self.recv(RUN_TIMEOUT).as_deref(), Some("flushed"));
     }
 
-    fn call(&mut self, line: &str) -> Result<usize, i32> {
+    /// One of the requests above (`map`, `closefd`, `unmap`, ...): `Ok(n)` or `Err(errno)`.
+    pub fn call(&mut self, line: &str) -> Result<usize, i32> {
         self.send(line);
         let a = self.recv(RUN_TIMEOUT).unwrap_or_default();
         match a.split_once(' ') {

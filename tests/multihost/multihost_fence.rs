@@ -738,18 +738,29 @@ fn a_copy_put_back_to_a_handed_versions_bytes_is_a_change_not_a_lag() {
 
 /// Issue 39 item 4: alice holds a write descriptor on A of a file the engine does not
 /// know as hers (opened under an untracked name, then moved to the handed name; or a
-/// tracked file renamed to it). A transfer of that file on B is in flight on A: undone and
-/// refused `handoff_in_flight`, as one host refuses it, and nothing of alice's lands after
-/// an acknowledgement. Once the descriptor is closed, the transfer is acknowledged.
+/// tracked file renamed to it; or mapped shared and writable while untracked). A transfer
+/// of that file on B is in flight on A: undone and refused `handoff_in_flight`, as one
+/// host refuses it, and nothing of alice's lands after an acknowledgement. Once the
+/// descriptor is closed, the transfer is acknowledged.
 #[test]
 fn a_descriptor_held_under_another_name_keeps_a_transfer_on_the_other_host_in_flight() {
     let p = Pair::new(true);
     touch_session(&p.b, "bob");
     sh_ok(&p.a, None, "mkdir ign && echo 'ign/' > .coherentignore");
-    for (opened_as, name) in [("ign/u.md", "t.md"), ("x.md", "t2.md")] {
+    // The third way in: a shared writable mapping made while the file was untracked, its
+    // descriptor closed (the mapping keeps the file open).
+    for (opened_as, name, mapped) in [
+        ("ign/u.md", "t.md", false),
+        ("x.md", "t2.md", false),
+        ("ign/m.md", "t3.md", true),
+    ] {
         let setup = format!("echo draft > {opened_as}");
         sh_ok(&p.a, Some("alice"), &setup);
         let mut w = HeldWriter::open(&p.a, "alice", opened_as).expect("alice opens for writing");
+        if mapped {
+            assert_eq!(w.call("map"), Ok(0), "alice maps {opened_as}");
+            assert_eq!(w.call("closefd"), Ok(0));
+        }
         sh_ok(&p.a, Some("alice"), &format!("mv {opened_as} {name}"));
         std::fs::copy(p.a.backing.join(name), p.b.backing.join(name)).unwrap();
         sh_ok(&p.b, Some("alice"), &format!("cat {name} >/dev/null"));
@@ -774,7 +785,11 @@ fn a_descriptor_held_under_another_name_keeps_a_transfer_on_the_other_host_in_fl
             );
         }
         // The descriptor was never fenced: no handoff happened.
-        assert!(w.write("alice's line").is_ok());
+        if mapped {
+            assert_eq!(w.call("unmap"), Ok(0));
+        } else {
+            assert!(w.write("alice's line").is_ok());
+        }
         drop(w);
         sh_ok(&p.b, Some("alice"), &format!("cat {name} >/dev/null"));
         let r = transfer(&p.b, "alice", "bob", &[name]);

@@ -422,15 +422,25 @@ impl Etcd {
                     if !self.adopt_delay.is_zero() {
                         tokio::time::sleep(self.adopt_delay).await;
                     }
+                    let givers: HashMap<u64, String> = st
+                        .iter()
+                        .flat_map(|s| s.records.iter())
+                        .map(|r| (r.id, r.giver.name.clone()))
+                        .collect();
                     let found = self.engine.adopt(name, st);
-                    // A new record whose giver's handle the engine does not show is in
-                    // flight all the same if the file is open for writing here where the
-                    // engine cannot see it (under another name, since before it was
-                    // tracked): the same rule as a transfer on this host.
-                    let unseen = found.iter().any(|(_, writing)| !writing)
-                        && self.writers.get().is_some_and(|probe| {
-                            tokio::task::block_in_place(|| probe(name)).unwrap_or(false)
-                        });
+                    // A new record whose giver has the file open for writing here under
+                    // another name (or since before it was tracked) is in flight all the
+                    // same: the engine knows the giver's handles by name only.
+                    let found: Vec<u64> = found
+                        .into_iter()
+                        .filter(|(id, writing)| {
+                            *writing
+                                || self.writers.get().is_some_and(|probe| {
+                                    givers.get(id).is_some_and(|g| probe(name, g))
+                                })
+                        })
+                        .map(|(id, _)| id)
+                        .collect();
                     let mut l = self.link.lock();
                     if put {
                         l.revs.insert(name.to_string(), mr);
@@ -439,10 +449,8 @@ impl Etcd {
                         let at = if mr > 0 { mr } else { rev };
                         l.forget(name, at);
                     }
-                    for (id, writing) in found {
-                        if writing || unseen {
-                            l.in_flight.push((name.to_string(), id));
-                        }
+                    for id in found {
+                        l.in_flight.push((name.to_string(), id));
                     }
                     let n = l.in_flight.len();
                     if n > 64 {
