@@ -6,19 +6,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
 use super::handle::WriteHandle;
 use super::liveness::holds_open;
-use crate::coherence::Engine;
 use crate::identity::Session;
-use crate::store::{Backing, HandleState};
-
-/// How long a transfer asks again whether a file is still open for writing where the
-/// volume does not see it, before refusing (see [`Handles::unseen_writer`]).
-const UNSEEN_WRITER_SETTLE: Duration = Duration::from_millis(100);
+use crate::store::HandleState;
 
 /// The write handles open now, from their open to their release.
 #[derive(Default)]
@@ -133,43 +128,5 @@ impl Handles {
             }
         }
         true
-    }
-
-    /// Is `p` open for writing by something other than this volume's own write handles
-    /// (a descriptor opened under an untracked name, or before a restart, or in the
-    /// backing directory)? `Some(false)` also when the volume has a write handle on any
-    /// name of the file (`ino`: its inode, to find them): the kernel's answer covers that
-    /// handle too and cannot be split. `None`: the backing filesystem cannot tell.
-    pub(super) fn unseen_writer(
-        &self,
-        backing: &Backing,
-        engine: &Engine,
-        p: &str,
-        ino: Option<u64>,
-    ) -> Option<bool> {
-        if !backing.open_for_writing(p)? {
-            return Some(false);
-        }
-        // Only now: the names of the file (a scan of the engine's paths).
-        let mut names = vec![p.to_string()];
-        if let Some(ino) = ino {
-            names.extend(engine.paths_of_inode(ino));
-        }
-        // A write handle the volume has just released closes its backing file (and the
-        // kernel drops its passthrough reference, a deferred close) a moment after the
-        // volume hears of it: ask again for a short while before calling a writer unseen.
-        let settle = Instant::now() + UNSEEN_WRITER_SETTLE;
-        loop {
-            if !backing.open_for_writing(p)? {
-                return Some(false);
-            }
-            if self.open_on(&names) {
-                return Some(false);
-            }
-            if Instant::now() >= settle {
-                return Some(true);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 }

@@ -837,7 +837,9 @@ impl Policy for WritePolicy {
         self.ws.changes.released(h);
         let Some(w) = self.handles.get(h.state) else {
             // A handle kept by its inode alone (see `on_open`) is forgotten.
-            self.handles.remove(h.state);
+            if h.state.is_some() {
+                self.handles.remove(h.state);
+            }
             return;
         };
         let now = Timestamp::now();

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -32,6 +32,10 @@ use crate::error::{Reason, Refusal};
 use crate::identity::{Session, Via};
 use crate::store::{Caller, FsError};
 use crate::visibility::{LogView, Sight};
+
+/// How long a transfer asks again whether a file is still open for writing where the
+/// volume does not see it, before refusing (see [`Verbs::unseen_writer`]).
+const UNSEEN_WRITER_SETTLE: Duration = Duration::from_millis(100);
 
 /// The verbs server of one volume.
 pub struct Verbs {
@@ -515,20 +519,41 @@ impl Verbs {
         Ok(())
     }
 
-    /// See [`Handles::unseen_writer`].
+    /// Is `p` open for writing by something other than this volume's own write handles?
+    /// `Some(false)` also when the volume has a write handle on any name of the file
+    /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
+    /// filesystem cannot tell.
     fn unseen_writer(&self, p: &str, st: Option<(crate::coherence::Stamp, bool)>) -> Option<bool> {
-        self.handles.unseen_writer(
-            &self.ws.backing,
-            &self.ws.engine,
-            p,
-            st.map(|(st, _)| st.ino),
-        )
+        if !self.ws.backing.open_for_writing(p)? {
+            return Some(false);
+        }
+        // Only now: the names of the file (a scan of the engine's paths).
+        let mut names = vec![p.to_string()];
+        if let Some((st, _)) = st {
+            names.extend(self.ws.engine.paths_of_inode(st.ino));
+        }
+        // A write handle the volume has just released closes its backing file (and the
+        // kernel drops its passthrough reference, a deferred close) a moment after the
+        // volume hears of it: ask again for a short while before calling a writer unseen.
+        let settle = Instant::now() + UNSEEN_WRITER_SETTLE;
+        loop {
+            if !self.ws.backing.open_for_writing(p)? {
+                return Some(false);
+            }
+            if self.handles.open_on(&names) {
+                return Some(false);
+            }
+            if Instant::now() >= settle {
+                return Some(true);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
 /// Says once per daemon that writers outside the volume cannot be seen on this backing
 /// filesystem, so a transfer cannot check for them.
-pub(super) fn warn_no_leases(p: &str) {
+fn warn_no_leases(p: &str) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         tracing::warn!(

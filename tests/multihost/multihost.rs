@@ -743,18 +743,33 @@ fn a_host_away_past_etcds_history_names_the_gap_in_its_log() {
     );
 }
 
+/// alice hands `plan.md` on through A and bob's first write through B completes the
+/// record: the version it made.
+fn completed_by_bob(p: &Pair) -> u64 {
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "plan.md");
+    assert!(write(&p.b, Some("bob"), "plan.md").ok());
+    version(&p.b, "plan.md").unwrap()
+}
+
+/// Waits until A shows `plan.md` at `v`; fails naming both hosts' versions.
+fn a_reaches(p: &Pair, v: u64) {
+    assert!(
+        wait_until(Duration::from_secs(10), || version(&p.a, "plan.md")
+            == Some(v)),
+        "A at {:?}, B at {:?}, {v} expected",
+        version(&p.a, "plan.md"),
+        version(&p.b, "plan.md")
+    );
+}
+
 #[test]
 fn commits_counted_on_one_host_and_seen_first_on_the_others_copy_keep_their_count() {
     // B publishes what it counted alone a second late; A looks at the one backing
     // directory meanwhile and finds bob's appends there as a change behind its back.
     let p = Pair::with_b_env(1, "60s", &[("COHERENT_PUBLISH_DELAY_MS", "1000")]);
-    touch_session(&p.b, "bob");
-    hand_on(&p.a, "plan.md");
-    assert!(write(&p.b, Some("bob"), "plan.md").ok());
-    let done = version(&p.b, "plan.md").unwrap();
-    assert!(wait_until(Duration::from_secs(10), || version(
-        &p.a, "plan.md"
-    ) == Some(done)));
+    let done = completed_by_bob(&p);
+    a_reaches(&p, done);
     sh_ok(
         &p.b,
         Some("bob"),
@@ -773,13 +788,7 @@ fn commits_counted_on_one_host_and_seen_first_on_the_others_copy_keep_their_coun
         events(&p.a)
     );
     // B's count of five stands on both hosts, and bob's view of it is still whole.
-    assert!(
-        wait_until(Duration::from_secs(10), || version(&p.a, "plan.md")
-            == Some(done + 5)),
-        "A at {:?}, B at {:?}",
-        version(&p.a, "plan.md"),
-        version(&p.b, "plan.md")
-    );
+    a_reaches(&p, done + 5);
     assert_eq!(version(&p.b, "plan.md"), Some(done + 5));
     assert!(write(&p.b, Some("bob"), "plan.md").ok());
     assert_eq!(version(&p.b, "plan.md"), Some(done + 6));
@@ -790,23 +799,14 @@ fn a_host_slow_to_take_in_watched_state_never_goes_back_on_its_own_commits() {
     // B's watch thread takes each state in 50 ms after deciding to: its own publications
     // of bob's commits (every 50 ms) come back through it while bob commits on.
     let p = Pair::with_b_env(1, "60s", &[("COHERENT_ADOPT_DELAY_MS", "50")]);
-    touch_session(&p.b, "bob");
-    hand_on(&p.a, "plan.md");
-    assert!(write(&p.b, Some("bob"), "plan.md").ok());
-    let done = version(&p.b, "plan.md").unwrap();
+    let done = completed_by_bob(&p);
     sh_ok(
         &p.b,
         Some("bob"),
         "for i in $(seq 40); do echo $i >> plan.md; sleep 0.01; done",
     );
     assert_eq!(version(&p.b, "plan.md"), Some(done + 40));
-    assert!(
-        wait_until(Duration::from_secs(10), || version(&p.a, "plan.md")
-            == Some(done + 40)),
-        "A took in bob's commits: A at {:?}, B at {:?}",
-        version(&p.a, "plan.md"),
-        version(&p.b, "plan.md")
-    );
+    a_reaches(&p, done + 40);
     assert_eq!(version(&p.b, "plan.md"), Some(done + 40));
 }
 
@@ -843,13 +843,7 @@ fn the_successors_commits_after_completing_are_counted_on_its_host_and_published
         "each open and commit decided on B: {before} -> {after}"
     );
     // Host A gets the version all the same, and the fence of the next transfer is exact.
-    assert!(
-        wait_until(Duration::from_secs(10), || version(&p.a, "plan.md")
-            == Some(done + 20)),
-        "A took in bob's commits: A at {:?}, B at {:?}",
-        version(&p.a, "plan.md"),
-        version(&p.b, "plan.md")
-    );
+    a_reaches(&p, done + 20);
     assert_eq!(version(&p.b, "plan.md"), Some(done + 20));
     touch_session(&p.a, "carol");
     sh_ok(&p.a, Some("bob"), "cat plan.md >/dev/null");
