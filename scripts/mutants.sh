@@ -73,8 +73,10 @@ if [ -n "$shard" ]; then
 fi
 mkdir -p "$out"
 
-# As cargo args, not test args: the build phase then builds only these test binaries.
-test_args=()
+# As cargo args, not test args: the build phase then builds only these test binaries. The
+# daemon and the CLI are other packages of the workspace: the binaries' own `usage` tests
+# make cargo build them in the scratch tree too (the mount tests refuse stale binaries).
+test_args=(--cargo-arg=--test=usage)
 for a in "${tests[@]}"; do
     test_args+=("--cargo-arg=$a")
 done
@@ -91,6 +93,7 @@ env -u CARGO_TARGET_DIR cargo mutants \
     --build-timeout 900 \
     --no-shuffle \
     --copy-target=true \
+    --test-workspace=true \
     --output "$out" \
     "$@" \
     -- -- "${filters[@]}"

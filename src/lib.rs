@@ -19,8 +19,6 @@
 //! [`sys`] (`/proc` readers), [`bypass`] (processes inside an in-place mount),
 //! [`request_timeout`] (how long the kernel lets a request be held).
 
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 // 1. The kernel's side.
 pub mod fs;
 pub mod fuse;

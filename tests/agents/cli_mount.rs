@@ -412,7 +412,7 @@ impl Drop for Mounted {
 }
 
 fn cli(cwd: &Path, session: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_coherent"))
+    Command::new(crate::common::CLI)
         .args(args)
         .current_dir(cwd)
         .env("COHERENT_SESSION", session)
@@ -634,7 +634,7 @@ fn next_line(rx: &std::sync::mpsc::Receiver<String>) -> String {
 }
 
 fn spawn_watch(root: &Path, args: &[&str]) -> (KillOnDrop, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_coherent"))
+    let mut child = Command::new(crate::common::CLI)
         .arg("watch")
         .args(args)
         .current_dir(root)

@@ -19,7 +19,7 @@ use std::process::{Command, Output};
 use common::rng::Rng;
 use common::{spawn_mounted, Mount, BIN};
 
-const COHERENT: &str = env!("CARGO_BIN_EXE_coherent");
+use crate::common::CLI as COHERENT;
 
 fn git(dir: &Path, args: &[&str]) -> Output {
     Command::new("git")

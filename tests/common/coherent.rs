@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// The `coherent` CLI binary.
-pub const CLI: &str = env!("CARGO_BIN_EXE_coherent");
+pub use crate::common::CLI;
 
 /// The variables that tag a session by default (docs/design.md#sessions): cleared from every child
 /// so the test runner's own environment never leaks a session into a test.
@@ -117,6 +117,7 @@ pub fn cli(m: &impl Root, who: Who, args: &[&str]) -> Run {
 
 /// The `coherent` CLI in the mount root with the tags cleared and `env` set.
 pub fn cli_env(m: &impl Root, env: &[(&str, &str)], args: &[&str]) -> Run {
+    crate::common::binaries_are_fresh();
     let mut c = Command::new(CLI);
     c.args(args);
     run_in(m.root(), env, &mut c)

@@ -31,7 +31,43 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_coherent-mount");
+/// The daemon and the CLI this build made (build.rs says where: they are other packages'
+/// binaries, so cargo gives these tests no CARGO_BIN_EXE_ for them).
+pub const BIN: &str = concat!(env!("COHERENT_BIN_DIR"), "/coherent-mount");
+pub const CLI: &str = concat!(env!("COHERENT_BIN_DIR"), "/coherent");
+
+/// Refuse to test a stale binary. `cargo test` builds both (each binary's package has tests
+/// of its own), but `cargo test --test volume` alone builds neither, and a test run against
+/// yesterday's daemon passes or fails for the wrong reason. Checked once per test binary,
+/// where the harness starts the daemon or the CLI.
+pub fn binaries_are_fresh() {
+    static CHECK: std::sync::Once = std::sync::Once::new();
+    CHECK.call_once(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut newest = std::time::SystemTime::UNIX_EPOCH;
+        let mut stack = vec![root.join("src"), root.join("crates")];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let (p, Ok(md)) = (e.path(), e.metadata()) else {
+                    continue;
+                };
+                if md.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs" || x == "toml") {
+                    newest = newest.max(md.modified().unwrap_or(newest));
+                }
+            }
+        }
+        for bin in [BIN, CLI] {
+            let built = std::fs::metadata(bin).and_then(|m| m.modified());
+            assert!(
+                built.as_ref().is_ok_and(|t| *t >= newest),
+                "{bin} is missing or older than the sources: run `cargo build --bins` \
+                 (or the whole `cargo test`) first"
+            );
+        }
+    });
+}
 
 /// How long to wait for a mount to appear or a daemon to exit.
 pub const TIMEOUT: Duration = Duration::from_secs(20);
@@ -208,6 +244,7 @@ impl Builder {
             m
         };
         let log = base.join("daemon.log");
+        binaries_are_fresh();
         let mut cmd = Command::new(BIN);
         cmd.arg(&backing);
         if !self.in_place {
@@ -456,6 +493,7 @@ impl Remount {
             std::fs::create_dir_all(d).unwrap();
         }
         let log = base.join(format!("daemon-{}.log", std::process::id()));
+        binaries_are_fresh();
         let mut cmd = Command::new(BIN);
         cmd.arg(&backing)
             .arg(&mnt)

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-const CLI: &str = env!("CARGO_BIN_EXE_coherent");
+use crate::common::CLI;
 
 /// A PATH with `coherent` and `coherent-mount` (links to the built binaries) and a HOME of
 /// its own, as after an install.

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Output};
 
-const CLI: &str = env!("CARGO_BIN_EXE_coherent");
+use crate::common::CLI;
 
 /// A PATH with `coherent` on it (a link to the built binary), and a HOME of its own.
 struct Env {

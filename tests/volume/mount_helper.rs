@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-const CLI: &str = env!("CARGO_BIN_EXE_coherent");
+use crate::common::CLI;
 use common::{is_mounted, lazy_umount, mount_fstype, run_timeout, wait_until, BIN, TIMEOUT};
 
 /// A helper name of this test's own in /sbin, removed on drop, with scratch directories.

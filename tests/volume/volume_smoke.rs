@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::{mount_fstype, run_timeout, wait_child, wait_until, Mount, Remount, BIN, TIMEOUT};
 
-const CLI: &str = env!("CARGO_BIN_EXE_coherent");
+use crate::common::CLI;
 
 fn path_with_cli() -> String {
     let dir = Path::new(CLI).parent().unwrap();

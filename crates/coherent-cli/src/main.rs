@@ -5,8 +5,6 @@
 //! in one `write(2)`, reads the reply back from the same descriptor and prints one line.
 //! Exit codes: 0 done, 1 usage, 2 refused, 4 no coherent volume here.
 
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
 mod codex_trust;
