@@ -10,8 +10,8 @@ use std::sync::Arc;
 use super::dir::{open_private, private_file};
 use super::error::{io_err, JournalError};
 use super::file::StateIo;
-use super::format::{read_log_header, SnapHeader, LOG, SNAPSHOT};
-use super::replay::{read_snapshot, replay_log, Damage};
+use super::format::{SnapHeader, LOG, SNAPSHOT};
+use super::replay::{read_log_header, read_snapshot, replay_log, Damage};
 use crate::coherence::{Config, DurableState, Engine, EventSink};
 
 /// The engine recovered, and where the log goes on.

@@ -1,5 +1,5 @@
-//! Recovery: the snapshot read and checked, and the log replayed from an offset (parsed in
-//! parallel, applied in order), stopping at the first damaged line.
+//! Recovery: the snapshot and the log's header read and checked, and the log replayed from
+//! an offset (parsed in parallel, applied in order), stopping at the first damaged line.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::format::{fnv64, SnapHeader, SNAPSHOT};
+use super::format::{fnv64, LogHeader, SnapHeader, SNAPSHOT};
 use crate::coherence::{DurableState, Event};
 
 /// Reads and checks `snapshot.json`. Err: why it cannot be used.
@@ -38,6 +38,33 @@ pub(super) fn read_snapshot(dir: &Path) -> Result<Option<(SnapHeader, DurableSta
         return Err("seq mismatch".into());
     }
     Ok(Some((h, st)))
+}
+
+/// The header of the log at `path`, with its length in bytes (None: a log from offset 0).
+pub(super) fn read_log_header(path: &Path) -> io::Result<Option<(LogHeader, u64)>> {
+    let mut f = match super::dir::open_private(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut head = vec![0u8; 256];
+    let mut n = 0;
+    while n < head.len() {
+        let k = f.read(&mut head[n..])?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    head.truncate(n);
+    if !head.starts_with(b"{\"log_base\"") {
+        return Ok(None);
+    }
+    let Some(nl) = head.iter().position(|&b| b == b'\n') else {
+        return Err(io::Error::other("log header line cut short"));
+    };
+    let h: LogHeader = serde_json::from_slice(&head[..nl]).map_err(io::Error::other)?;
+    Ok(Some((h, nl as u64 + 1)))
 }
 
 /// Damage found by [`replay_log`].
