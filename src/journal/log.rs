@@ -19,8 +19,6 @@ use crate::coherence::Event;
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// Buffered bytes during an outage past which a warning is logged (once).
 pub const BUFFER_WARN: usize = 64 << 20;
-/// Default of [`JournalOptions::buffer_limit`].
-pub const BUFFER_LIMIT: usize = 64 << 20;
 
 /// How the journal keeps events (docs/design.md#state-log).
 pub(super) const NORMAL: u8 = 0;

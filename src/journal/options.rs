@@ -4,7 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::file::{DiskIo, StateIo};
-use super::log::BUFFER_LIMIT;
+
+/// Default of [`JournalOptions::buffer_limit`]. Here, not in `log.rs`: the log reads the
+/// options, so the options take nothing from the log.
+pub const BUFFER_LIMIT: usize = 64 << 20;
 
 /// Tuning.
 #[derive(Debug, Clone)]
