@@ -2,21 +2,12 @@
 //! volume's back, sessions gone, eviction; and the fence decision of every write route (§6).
 
 use super::engine::*;
-use super::route::{At, Found, Reach, Write};
+use super::route::{Against, At, Found, Reach, Write};
 use super::time::Timestamp;
 use super::types::*;
 use crate::error::{Reason, Refusal};
 use crate::identity::{Session, SessionInfo};
 use std::sync::atomic::Ordering;
-
-/// Whom a live record refuses (see [`Engine::refuse_live`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Against {
-    /// The record's giver: it is fenced.
-    Giver,
-    /// Any caller whose session could not be resolved (fail closed).
-    Unresolved,
-}
 
 impl Engine {
     // ----- file operations (the mount) ----------------------------------------------

@@ -7,7 +7,6 @@
 use parking_lot::MutexGuard;
 
 use super::engine::*;
-use super::ops::Against;
 use super::time::Timestamp;
 use super::types::*;
 use crate::error::{Reason, Refusal};
@@ -29,6 +28,16 @@ pub fn computed_xattr(name: &[u8]) -> Option<Refusal> {
             ),
         )
     })
+}
+
+/// Whom a live record refuses (see [`Engine::refuse_live`]). Here, with the write routes
+/// that pick it: `ops.rs` takes it from this file, and this file takes nothing from `ops.rs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Against {
+    /// The record's giver: it is fenced.
+    Giver,
+    /// Any caller whose session could not be resolved (fail closed).
+    Unresolved,
 }
 
 /// What the backing directory holds at a path right now (the mount's `fstatat`).
