@@ -55,8 +55,7 @@ pub use verbs::Verbs;
 /// The computed xattrs (docs/design.md#control-surface); every other name passes through to the
 /// backing file.
 pub use crate::coherence::XATTR_PREFIX;
-pub const XATTR_VERSION: &str = "user.coherent.version";
-pub const XATTR_HANDOFF: &str = "user.coherent.handoff";
+pub use policy::{XATTR_HANDOFF, XATTR_VERSION};
 
 /// How long a mount with a coordinator waits for it at start.
 const COORDINATOR_WAIT: Duration = Duration::from_secs(10);

@@ -22,15 +22,22 @@ use super::handles::Handles;
 use super::liveness::{closer_runs, session_running, FLUSH_PROC_WAIT};
 use super::tell::{Denied, Told};
 use super::workspace::{rel, stamp, Workspace};
-use super::{XATTR_HANDOFF, XATTR_PREFIX, XATTR_VERSION};
 use crate::access::Who;
-use crate::coherence::{self, At, CommitOp, Engine, Found, Permit, Reach, Route, Timestamp, Write};
+use crate::coherence::{
+    self, At, CommitOp, Engine, Found, Permit, Reach, Route, Timestamp, Write, XATTR_PREFIX,
+};
 use crate::coordinator::{StepKind, Ticket};
 use crate::error::{Reason, Refusal};
 use crate::fs::{open_writes, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
 use crate::identity::Session;
 use crate::store::{Caller, FsError, FsResult};
 use crate::visibility::Sight;
+
+/// The computed xattrs this policy serves under [`XATTR_PREFIX`]
+/// (docs/design.md#control-surface). Defined here, where they are served, so the policy
+/// takes nothing from its parent module (which names them too).
+pub const XATTR_VERSION: &str = "user.coherent.version";
+pub const XATTR_HANDOFF: &str = "user.coherent.handoff";
 
 /// `renameat2` flag: swap the two names.
 const RENAME_EXCHANGE: u32 = 2;
