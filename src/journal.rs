@@ -37,6 +37,8 @@ use dir::{lock_dir, prepare_dir};
 use error::io_err;
 pub use error::JournalError;
 pub use file::{DiskIo, LogFile, NewFile, StateIo};
+// For the volume's own state file, written the journal's way.
+pub(crate) use file::replace_durably;
 pub use format::{LOCK, LOG, SNAPSHOT};
 use log::{flusher, Shared};
 pub use log::{BUFFER_WARN, RETRY_EVERY};

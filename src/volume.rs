@@ -179,6 +179,8 @@ impl Volume {
                 err,
             })?;
         state_dir::check_trusted_path(&cfg.state_dir).map_err(unsafe_path)?;
+        // The standing waits' file is written through the journal's file I/O too.
+        let state_io = jopts.io.clone();
         let opened = Journal::open(&cfg.state_dir, cfg.engine.clone(), jopts)?;
         for w in &opened.warnings {
             tracing::warn!("state recovery: {w}");
@@ -265,7 +267,7 @@ impl Volume {
             handles,
             cfg.mountpoint.clone(),
             cfg.in_flight_wait,
-            standing::Standing::open(&cfg.state_dir),
+            standing::Standing::open(&cfg.state_dir, state_io),
         ));
         let v = Arc::new(Volume {
             ws,

@@ -1,8 +1,9 @@
 //! The state directory's file I/O behind small traits, so a test can make any step fail
 //! (`ENOSPC`, `EIO`, a failed fsync, a torn write, a failed rename or directory fsync)
 //! and check what the journal does: the log ([`LogFile`]) and the files that replace
-//! another whole (snapshots, a compacted log: [`NewFile`], then a rename and a directory
-//! fsync). [`DiskIo`] is the real one.
+//! another whole (snapshots, a compacted log, and the volume's standing waits too:
+//! [`NewFile`], then a rename and a directory fsync, in [`replace_durably`]). [`DiskIo`]
+//! is the real one.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -109,7 +110,10 @@ impl NewFile for File {
 /// The error says how far it got: [`Replaced::NotRenamed`] (`name` is as before) or
 /// [`Replaced::DirNotSynced`] (`name` is the new file, but a crash may bring back the
 /// old one).
-pub(super) fn replace_durably(
+///
+/// The one recipe for every file of the state directory that replaces another whole: the
+/// journal's snapshots and compacted log, and the volume's `standing-waits.json`.
+pub(crate) fn replace_durably(
     io: &dyn StateIo,
     dir: &Path,
     name: &str,
@@ -131,7 +135,7 @@ pub(super) fn replace_durably(
 
 /// How a [`replace_durably`] failed.
 #[derive(Debug)]
-pub(super) enum Replaced {
+pub(crate) enum Replaced {
     NotRenamed(io::Error),
     DirNotSynced(io::Error),
 }

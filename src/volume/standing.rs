@@ -10,13 +10,12 @@
 //!
 //! The registry is this volume's, not the journal's: one JSON file in the state directory
 //! (`standing-waits.json`, 0600), replaced whole (write, fsync, rename, fsync the
-//! directory) on every change, before the change is answered. It is small: a session has
-//! at most [`MAX_PER_SESSION`] waits.
+//! directory) on every change, before the change is answered: through the journal's
+//! [`replace_durably`] and [`StateIo`], the one owner of such writes. It is small: a
+//! session has at most [`MAX_PER_SESSION`] waits.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -25,6 +24,7 @@ use serde_json::{Map, Value};
 use crate::coherence::{Engine, RecordJson, Timestamp, Until, WaitState};
 use crate::control::{Reply, Verb};
 use crate::error::{Reason, Refusal, Status};
+use crate::journal::{replace_durably, StateIo};
 use crate::names::display_name;
 
 /// The registry's file in the state directory.
@@ -72,8 +72,11 @@ struct OnDisk {
 
 /// The volume's standing waits.
 pub(crate) struct Standing {
-    /// None: kept in memory only (a volume without a state directory of its own).
-    file: Option<PathBuf>,
+    /// The state directory holding [`FILE`] (None: kept in memory only, a volume without
+    /// a state directory of its own).
+    dir: Option<PathBuf>,
+    /// How the file is written: the journal's, so tests can make it fail.
+    io: Arc<dyn StateIo>,
     entries: Mutex<Vec<Entry>>,
 }
 
@@ -162,8 +165,8 @@ fn look(engine: &Engine, path: &str, id: u64, until: Until) -> (State, Option<Re
 impl Standing {
     /// The registry kept in `state_dir`, as it was left (a file that cannot be read is set
     /// aside as `standing-waits.json.bad` and said so: the waits in it are lost, the volume
-    /// mounts).
-    pub(super) fn open(state_dir: &Path) -> Standing {
+    /// mounts). Changes are written through `io`.
+    pub(super) fn open(state_dir: &Path, io: Arc<dyn StateIo>) -> Standing {
         let file = state_dir.join(FILE);
         let entries = match std::fs::read(&file) {
             Ok(bytes) => match serde_json::from_slice::<OnDisk>(&bytes) {
@@ -187,14 +190,15 @@ impl Standing {
             }
         };
         Standing {
-            file: Some(file),
+            dir: Some(state_dir.to_path_buf()),
+            io,
             entries: Mutex::new(entries),
         }
     }
 
     /// Write `entries` durably (called with the lock held, so writes do not cross).
     fn save(&self, entries: &[Entry]) -> std::io::Result<()> {
-        let Some(file) = &self.file else {
+        let Some(dir) = &self.dir else {
             return Ok(());
         };
         let bytes = serde_json::to_vec(&OnDisk {
@@ -202,22 +206,9 @@ impl Standing {
             waits: entries.to_vec(),
         })
         .map_err(std::io::Error::other)?;
-        let tmp = file.with_extension("json.tmp");
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, file)?;
-        if let Some(dir) = file.parent() {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        // Any failure, the directory fsync's too, answers an error and the change is
+        // undone in memory.
+        replace_durably(&*self.io, dir, FILE, &[&bytes]).map_err(std::io::Error::from)
     }
 
     /// Apply `change` to the entries and make it durable; undone when it cannot be.
@@ -427,6 +418,9 @@ pub(super) fn listing(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::{DiskIo, LogFile, NewFile};
+    use std::io;
+    use std::os::unix::fs::PermissionsExt;
 
     fn entry(state: State) -> Entry {
         Entry {
@@ -444,20 +438,20 @@ mod tests {
     #[test]
     fn the_registry_survives_a_reopen_and_a_report_takes_once() {
         let dir = tempfile::tempdir().unwrap();
-        let s = Standing::open(dir.path());
+        let s = Standing::open(dir.path(), Arc::new(DiskIo));
         s.change(|e| {
             e.push(entry(State::Reached));
             e.push(entry(State::Waiting));
         })
         .unwrap();
-        let again = Standing::open(dir.path());
+        let again = Standing::open(dir.path(), Arc::new(DiskIo));
         assert_eq!(again.of_session("alice", |_| true).len(), 2);
         let r = again.report("alice", |_| true);
         assert_eq!(r.body()["waits"].as_array().unwrap().len(), 1);
-        let r = Standing::open(dir.path()).report("alice", |_| true);
+        let r = Standing::open(dir.path(), Arc::new(DiskIo)).report("alice", |_| true);
         assert_eq!(r.body()["waits"].as_array().unwrap().len(), 0);
         assert_eq!(
-            Standing::open(dir.path())
+            Standing::open(dir.path(), Arc::new(DiskIo))
                 .of_session("alice", |_| true)
                 .len(),
             1
@@ -468,8 +462,112 @@ mod tests {
     fn a_broken_file_is_set_aside() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(FILE), b"{not json").unwrap();
-        let s = Standing::open(dir.path());
+        let s = Standing::open(dir.path(), Arc::new(DiskIo));
         assert!(s.of_session("alice", |_| true).is_empty());
         assert!(dir.path().join(format!("{FILE}.bad")).exists());
+    }
+
+    /// What the next file written whole meets (the faults of a replacing file in
+    /// tests/nomount/core_journal_faults.rs).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Fault {
+        None,
+        /// Its write fails with `ENOSPC` after half its bytes.
+        Write,
+        /// Its fsync fails with `EIO`.
+        Fsync,
+    }
+
+    /// The state directory on disk, with the fault of the moment.
+    #[derive(Debug)]
+    struct Faulty(Mutex<Fault>);
+
+    struct FaultyNew {
+        file: Box<dyn NewFile>,
+        fault: Fault,
+    }
+
+    impl StateIo for Faulty {
+        fn open_log(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+            DiskIo.open_log(path)
+        }
+        fn create(&self, path: &Path) -> io::Result<Box<dyn NewFile>> {
+            Ok(Box::new(FaultyNew {
+                file: DiskIo.create(path)?,
+                fault: *self.0.lock(),
+            }))
+        }
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            DiskIo.rename(from, to)
+        }
+        fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+            DiskIo.sync_dir(dir)
+        }
+    }
+
+    impl NewFile for FaultyNew {
+        fn write_part(&mut self, bytes: &[u8]) -> io::Result<()> {
+            match self.fault {
+                Fault::Write => {
+                    self.file.write_part(&bytes[..bytes.len() / 2])?;
+                    Err(io::Error::from_raw_os_error(libc::ENOSPC))
+                }
+                _ => self.file.write_part(bytes),
+            }
+        }
+        fn sync_all(&mut self) -> io::Result<()> {
+            match self.fault {
+                Fault::Fsync => Err(io::Error::from_raw_os_error(libc::EIO)),
+                _ => self.file.sync_all(),
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_write_or_fsync_keeps_the_previous_registry_and_says_so() {
+        for fault in [Fault::Write, Fault::Fsync] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(FILE);
+            let io = Arc::new(Faulty(Mutex::new(Fault::None)));
+            let s = Standing::open(dir.path(), io.clone());
+            s.change(|e| {
+                e.push(entry(State::Reached));
+                e.push(entry(State::Waiting));
+            })
+            .unwrap();
+            let before = std::fs::read_to_string(&path).unwrap();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{fault:?}");
+
+            // The report takes the resolved wait out: a change to save, which fails.
+            *io.0.lock() = fault;
+            let r = s.report("alice", |_| true);
+            assert_eq!(r.reason(), Some(Reason::IoError), "{fault:?}: {r:?}");
+            assert!(
+                r.message().contains("could not be marked reported"),
+                "{fault:?}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(&path).unwrap(),
+                before,
+                "{fault:?}: the previous standing-waits.json is intact"
+            );
+            assert!(
+                !dir.path().join(format!("{FILE}.tmp")).exists(),
+                "{fault:?}: no partial temporary is left"
+            );
+            // Undone in memory too, and a reopen (a crash now) finds both waits.
+            assert_eq!(s.of_session("alice", |_| true).len(), 2, "{fault:?}");
+            let reopened = Standing::open(dir.path(), Arc::new(DiskIo));
+            assert_eq!(reopened.of_session("alice", |_| true).len(), 2, "{fault:?}");
+            drop(reopened);
+
+            // Once the fault clears, the same report goes through, once.
+            *io.0.lock() = Fault::None;
+            let r = s.report("alice", |_| true);
+            assert_eq!(r.body()["waits"].as_array().unwrap().len(), 1, "{fault:?}");
+            let again = Standing::open(dir.path(), Arc::new(DiskIo));
+            assert_eq!(again.of_session("alice", |_| true).len(), 1, "{fault:?}");
+        }
     }
 }
