@@ -21,6 +21,7 @@
 //! The volume enforces either way, so the hook must never get in the way: on any error
 //! (bad input, no volume, a panic) it prints nothing and exits 0.
 
+use crate::relay::own_live_transfers;
 use crate::{call, locate_cwd, shellwrites};
 use coherent::coherence::deny_text;
 use coherent::control::{shell_word, Request};
@@ -604,27 +605,6 @@ fn relay_offer(why: &str) -> Option<String> {
         return None;
     }
     crate::relay::offer(&root, &me, why)
-}
-
-/// The paths of the live records `me` gave.
-pub(crate) fn own_live_paths(root: &Path, me: &str) -> Vec<String> {
-    own_live_transfers(root, me)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|r| r.get("path").and_then(Value::as_str).map(String::from))
-        .collect()
-}
-
-/// The live records `me` gave, from `status`.
-fn own_live_transfers(root: &Path, me: &str) -> Option<Vec<Value>> {
-    let reply = call(root, &Request::Status { path: None }).ok()?;
-    let live = reply.body().get("status")?.get("live")?.as_array()?;
-    Some(
-        live.iter()
-            .filter(|r| r.get("giver").and_then(Value::as_str) == Some(me))
-            .cloned()
-            .collect(),
-    )
 }
 
 /// What the agent should know at the start of a session and before each prompt. None

@@ -124,7 +124,7 @@ pub(crate) fn offer(root: &Path, me: &str, why: &str) -> Option<String> {
     // only files that exist: an editor's temporary file (`notes.md.tmp.PID.HEX`, renamed
     // over the file) was committed under its own name, and is gone
     work.changed.retain(|(p, _)| root.join(p).is_file());
-    let handed = crate::hook::own_live_paths(root, me);
+    let handed = own_live_paths(root, me);
     let files: Vec<String> = work
         .changed
         .iter()
@@ -376,6 +376,27 @@ fn high_entropy(t: &str) -> bool {
         })
         .sum();
     bits >= 4.0
+}
+
+/// The paths of the live records `me` gave.
+fn own_live_paths(root: &Path, me: &str) -> Vec<String> {
+    own_live_transfers(root, me)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r.get("path").and_then(Value::as_str).map(String::from))
+        .collect()
+}
+
+/// The live records `me` gave, from `status`.
+pub(crate) fn own_live_transfers(root: &Path, me: &str) -> Option<Vec<Value>> {
+    let reply = call(root, &Request::Status { path: None }).ok()?;
+    let live = reply.body().get("status")?.get("live")?.as_array()?;
+    Some(
+        live.iter()
+            .filter(|r| r.get("giver").and_then(Value::as_str) == Some(me))
+            .cloned()
+            .collect(),
+    )
 }
 
 #[cfg(test)]
