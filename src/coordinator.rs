@@ -60,6 +60,16 @@ pub trait Coordinator: Send + Sync {
     /// This host's name in events (`None`: one host, no name).
     fn host(&self) -> Option<&str>;
 
+    /// Do other hosts share this workspace? The one question every part asks before
+    /// doing what only a shared workspace needs (fingerprints for other copies, stamps of
+    /// paths taken in, untracked write handles kept by inode).
+    fn is_shared(&self) -> bool {
+        self.host().is_some()
+    }
+
+    /// At unmount, before the last snapshot: stop talking to the other hosts.
+    fn shutdown(&self) {}
+
     /// `Ok` while this host is sure it has applied every transfer another host may have
     /// acknowledged. Otherwise writes by agent sessions to tracked files are refused
     /// (`coordinator_unavailable`): a giver's write could be one.

@@ -213,8 +213,8 @@ impl Volume {
                 .map_err(JournalError::Coordinator)?,
             ),
         };
-        let coord: Arc<dyn Coordinator> = match &etcd {
-            Some(e) => e.clone(),
+        let coord: Arc<dyn Coordinator> = match etcd {
+            Some(e) => e,
             None => Arc::new(Embedded),
         };
         let bypass = changes::Bypass::new(cfg.mountpoint.clone(), backing.fd(), &cfg.bypassers);
@@ -240,7 +240,6 @@ impl Volume {
             engine: opened.engine,
             journal: opened.journal,
             coord,
-            etcd,
             resolver,
             backing,
             tracking,
@@ -376,9 +375,7 @@ impl Volume {
 
     /// At unmount: stop the maintenance thread, write out the log and take a snapshot.
     pub fn shutdown(&self) {
-        if let Some(e) = &self.ws.etcd {
-            e.shutdown();
-        }
+        self.ws.coord.shutdown();
         *self.stop.lock() = true;
         self.stop_cv.notify_all();
         if let Some(h) = self.maintenance.lock().take() {

@@ -923,6 +923,10 @@ fn captured(
 }
 
 impl Coordinator for Etcd {
+    fn shutdown(&self) {
+        Etcd::shutdown(self)
+    }
+
     fn host(&self) -> Option<&str> {
         Some(&self.spec.host)
     }

@@ -279,7 +279,7 @@ impl WritePolicy {
     /// Is a name shared, or a directory with shared paths under it? (One host: never,
     /// at no cost.)
     fn involves_shared(&self, names: &[(&str, bool)]) -> bool {
-        self.ws.coord.host().is_some()
+        self.ws.coord.is_shared()
             && names.iter().any(|(p, dir)| {
                 self.ws.coord.shared(&self.ws.engine, p)
                     || (*dir && !self.ws.engine.paths_with_records(p).is_empty())
@@ -719,7 +719,7 @@ impl Policy for WritePolicy {
         // a tracked one that another host hands on while it is open (moved to a tracked
         // name, or the ignore rule dropped).
         let Some(pm) = permit.filter(|pm| pm.acquired.is_some()) else {
-            if self.ws.coord.host().is_some() {
+            if self.ws.coord.is_shared() {
                 let s = self.ws.session(caller);
                 if s.is_attributed() {
                     let ino = stamp(&open.stamp).ino;
@@ -754,7 +754,7 @@ impl Policy for WritePolicy {
     }
 
     fn sees_every_write(&self) -> bool {
-        self.ws.coord.host().is_some()
+        self.ws.coord.is_shared()
     }
 
     /// Multi-host: an agent's write handle (one with a ticket) gets no page cache. The

@@ -292,7 +292,7 @@ impl Verbs {
     ) -> Result<Reply, Refusal> {
         let vol = &*self.ws;
         let verb = req.verb();
-        if vol.coord.host().is_none() {
+        if !vol.coord.is_shared() {
             let attempt = || self.serve_verb(&vol.engine, s, sight, req);
             let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
             return self.once_more_after_releases(s, req, attempt, refused);

@@ -13,7 +13,6 @@ use parking_lot::Mutex;
 use super::changes::Changes;
 use super::judge::{Judge, Verdict};
 use crate::coherence::{self, At, Engine, Found, Timestamp};
-use crate::coordinator::etcd::Etcd;
 use crate::coordinator::Coordinator;
 use crate::identity::{Resolver, Session, SessionInfo, Via};
 use crate::journal::Journal;
@@ -68,10 +67,9 @@ fn log_content(p: &str, c: coherence::Content) {
 pub(super) struct Workspace {
     pub(super) engine: Arc<Engine>,
     pub(super) journal: Arc<Journal>,
-    /// Where shared state is agreed: [`crate::coordinator::Embedded`] on one host, [`Etcd`]
-    /// across hosts.
+    /// Where shared state is agreed: [`crate::coordinator::Embedded`] on one host,
+    /// [`crate::coordinator::etcd::Etcd`] across hosts (ask it [`Coordinator::is_shared`]).
     pub(super) coord: Arc<dyn Coordinator>,
-    pub(super) etcd: Option<Arc<Etcd>>,
     pub(super) resolver: Arc<Resolver>,
     /// The backing directory: the store's root descriptor.
     pub(super) backing: Backing,
@@ -348,7 +346,7 @@ impl Workspace {
     /// With a coordinator: the fingerprint of what a commit of `p` (a path with records,
     /// which hosts share) made, for the other hosts to compare their copies with.
     pub(super) fn print_commit(&self, e: &Engine, p: &str, st: coherence::Stamp) {
-        if self.etcd.is_none() || !e.has_records(p) {
+        if !self.coord.is_shared() || !e.has_records(p) {
             return;
         }
         if let Some((now, print)) = self.print_of(p).filter(|(now, _)| *now == st) {
@@ -360,7 +358,7 @@ impl Workspace {
     /// the handed paths taken in from another host and not looked at here yet are looked
     /// at now, so this host knows their inode on its own copy (hosts share no stamps).
     pub(super) fn stamp_handed(&self) {
-        if self.etcd.is_none() {
+        if !self.coord.is_shared() {
             return;
         }
         let now = Timestamp::now();
