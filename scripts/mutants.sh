@@ -11,7 +11,7 @@
 #   PART  coherence  src/coherence/ minus time.rs (the engine, verbs, ops, queries, lookup)
 #         time       src/coherence/time.rs (timestamps, durations)
 #         volume     the route mapping and commit logic of src/volume.rs
-#         control    src/control.rs and src/control/ (request parsing, replies)
+#         control    crates/coherent-wire/src/control/ (request parsing, replies)
 #   K/N   run shard K of N (0-based), e.g. 0/4; each shard ~20-30 min here
 #
 # Examples:
@@ -55,7 +55,7 @@ volume)
     filters=(volume_policy:: inproc_decisions:: enforce_mutants:: enforce_routes:: enforce_versions:: enforce_handoff::)
     ;;
 control)
-    files=(-f src/control.rs -f 'src/control/*.rs')
+    files=(-f 'crates/coherent-wire/src/control/*.rs')
     tests=(--lib --test mounted --test agents)
     filters=(tests:: enforce_surface:: cli_mount::)
     ;;

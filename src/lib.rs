@@ -35,15 +35,15 @@ pub mod coordinator;
 pub mod history;
 pub mod journal;
 
-// 4. The control surface and what a reader may see.
+// 4. The control surface (its wire format is the coherent-wire crate) and what a reader
+// may see.
+pub use coherent_wire::control;
 pub mod access;
 pub mod beneath;
-pub mod control;
 pub mod visibility;
 
 // Underneath everything.
+pub use coherent_wire::{error, names};
 pub mod bypass;
-pub mod error;
-pub mod names;
 pub mod request_timeout;
 pub mod sys;

@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 const SHARDS: usize = 64;
 
-/// Largest note a transfer accepts (docs/design.md#handoff).
-pub const MAX_NOTE: usize = 64 * 1024;
+/// Largest note a transfer accepts: a wire limit, checked early by the request parser.
+pub use crate::control::MAX_NOTE;
 
 /// The name commits found behind the volume's back are attributed to (docs/design.md#versions).
 pub const EXTERNAL: &str = "external";

@@ -9,7 +9,7 @@
 
 use crate::install::probe;
 use crate::{call, find_root, Fail};
-use coherent::control::Request;
+use coherent_wire::control::Request;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};

@@ -9,9 +9,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use coherent::control::Reply;
 use coherent::history::b64;
-use coherent::names::{display_name, one_line};
+use coherent_wire::control::Reply;
+use coherent_wire::names::{display_name, one_line};
 use serde_json::{json, Value};
 
 use super::{call_bytes, locate, locate_cwd, Fail, EXIT_REFUSED};
@@ -84,7 +84,7 @@ pub(super) fn log(path: &Path, json: bool) -> Result<(), Fail> {
 }
 
 pub(super) fn show(spec: &str, json: bool) -> Result<(), Fail> {
-    let Some((p, n)) = coherent::control::history::split_at_version(spec) else {
+    let Some((p, n)) = coherent_wire::control::history::split_at_version(spec) else {
         return Err(Fail::usage(format!(
             "{} names no version: write PATH@vN (coherent log PATH lists them)",
             display_name(spec)

@@ -24,9 +24,9 @@
 use crate::relay::own_live_transfers;
 use crate::{call, locate_cwd, shellwrites};
 use coherent::coherence::deny_text;
-use coherent::control::{shell_word, Request};
 use coherent::identity::{SessionInfo, Via};
-use coherent::names::{display_name, one_line};
+use coherent_wire::control::{shell_word, Request};
+use coherent_wire::names::{display_name, one_line};
 use serde_json::{json, Value};
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -84,12 +84,12 @@ fn run(agent: Agent) {
 /// or message in them can start a line that reads like the hook's own.
 fn keep_lines(out: &mut Value) {
     if let Some(Value::String(t)) = out.get_mut("systemMessage") {
-        *t = coherent::names::lines_only(t);
+        *t = coherent_wire::names::lines_only(t);
     }
     if let Some(h) = out.get_mut("hookSpecificOutput") {
         for key in ["additionalContext", "permissionDecisionReason"] {
             if let Some(Value::String(t)) = h.get_mut(key) {
-                *t = coherent::names::lines_only(t);
+                *t = coherent_wire::names::lines_only(t);
             }
         }
     }
@@ -412,7 +412,7 @@ fn refusal_text(output: &str) -> bool {
 /// within [`WHY_FRESH`]: the refusal the tool that just failed met.
 fn fresh_why(root: &Path) -> Option<String> {
     let text = std::fs::read_to_string(root.join(".coherent/why")).ok()?;
-    if text.starts_with(coherent::control::NO_REFUSAL) {
+    if text.starts_with(coherent_wire::control::NO_REFUSAL) {
         return None;
     }
     let (why, at) = text.trim_end().rsplit_once("\n(at ")?;
@@ -710,7 +710,7 @@ fn session_context(start: bool, agent: Agent, client: Option<&str>) -> Option<St
         if mine.iter().any(|r| {
             r.get("successor")
                 .and_then(Value::as_str)
-                .is_none_or(|s| s == coherent::names::ANY)
+                .is_none_or(|s| s == coherent_wire::names::ANY)
         }) {
             out.push(
                 "An offer to any session that nobody has claimed yet is a relay you made \

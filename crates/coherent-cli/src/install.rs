@@ -783,7 +783,7 @@ fn in_build_dir(exe: &Path) -> bool {
 }
 
 fn quoted(s: &str) -> String {
-    coherent::control::shell_word(s)
+    coherent_wire::control::shell_word(s)
 }
 
 /// The program of a hook command line `PROG hook AGENT` as install writes it: PROG one

@@ -21,10 +21,11 @@ mod sandbox;
 mod shellwrites;
 mod top;
 mod whoami;
-use coherent::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
-use coherent::error::Reason;
-use coherent::names::{display_name, one_line};
-use coherent::{identity, names, sys};
+use coherent::{identity, sys};
+use coherent_wire::control::{self, describe_record, describe_record_from, Reply, Request, Verb};
+use coherent_wire::error::Reason;
+use coherent_wire::names;
+use coherent_wire::names::{display_name, one_line};
 use serde_json::Value;
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -411,7 +412,7 @@ fn main() -> ExitCode {
         Err(f) => {
             if !f.message.is_empty() {
                 // a name in a message never starts a line of its own
-                eprintln!("{}", coherent::names::lines_only(&f.message));
+                eprintln!("{}", coherent_wire::names::lines_only(&f.message));
             }
             ExitCode::from(f.code)
         }

@@ -14,7 +14,7 @@
 #![allow(clippy::result_large_err)]
 
 use crate::{absolute, call, call_bytes, locate, locate_cwd, locate_paths, Fail};
-use coherent::control::{shell_word, Reply, Request, MAX_NOTE};
+use coherent_wire::control::{shell_word, Reply, Request, MAX_NOTE};
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, CancelTaskParams, CancelTaskResult, ContentBlock,
     CreateTaskResult, ErrorCode, GetTaskParams, GetTaskPayloadParams, GetTaskPayloadResult,
@@ -439,14 +439,14 @@ fn from_reply(reply: &Reply) -> CallToolResult {
     let body = reply.body().clone();
     if reply.is_ok() {
         let mut r = CallToolResult::structured(body.clone());
-        r.content = vec![ContentBlock::text(coherent::names::json_text(&body))];
+        r.content = vec![ContentBlock::text(coherent_wire::names::json_text(&body))];
         r
     } else {
         let reason = body["reason"].as_str().unwrap_or("refused").to_string();
         let mut r = CallToolResult::structured_error(body);
         r.content = vec![ContentBlock::text(format!(
             "{reason}: {}",
-            coherent::names::one_line(reply.message())
+            coherent_wire::names::one_line(reply.message())
         ))];
         r
     }
@@ -454,14 +454,15 @@ fn from_reply(reply: &Reply) -> CallToolResult {
 
 /// A failure before or instead of a reply (no volume here, a bad argument, ...).
 fn from_fail(f: Fail) -> CallToolResult {
-    let text = coherent::names::one_line(f.message.trim_start_matches("coherent: ")).into_owned();
+    let text =
+        coherent_wire::names::one_line(f.message.trim_start_matches("coherent: ")).into_owned();
     CallToolResult::error(vec![ContentBlock::text(text)])
 }
 
 fn usage(text: &str) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(format!(
         "bad_request: {}",
-        coherent::names::one_line(text)
+        coherent_wire::names::one_line(text)
     ))])
 }
 
@@ -601,7 +602,8 @@ fn run_tool(name: &str, args: &JsonObject) -> CallToolResult {
                         Err(reply) => Ok(reply),
                         Ok(v) => {
                             let mut r = CallToolResult::structured(v.clone());
-                            r.content = vec![ContentBlock::text(coherent::names::json_text(&v))];
+                            r.content =
+                                vec![ContentBlock::text(coherent_wire::names::json_text(&v))];
                             return Ok(r);
                         }
                     }
@@ -742,16 +744,16 @@ async fn wait_tool(
                     .to_string(),
                 Ok(r) => format!(
                     " No standing wait was left: {}",
-                    coherent::names::one_line(r.message())
+                    coherent_wire::names::one_line(r.message())
                 ),
                 Err(_) => " No standing wait was left.".to_string(),
             };
             return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
                 "timeout: {} did not become {} within {} s; {}{standing}",
-                coherent::names::display_name(&w.rel),
+                coherent_wire::names::display_name(&w.rel),
                 w.until,
                 w.secs,
-                coherent::names::one_line(reply.message())
+                coherent_wire::names::one_line(reply.message())
             ))]));
         }
         if let Some(token) = &token {
@@ -760,7 +762,7 @@ async fn wait_tool(
             p.total = Some(w.secs);
             p.message = Some(format!(
                 "waiting for {} to become {} ({:.0} s of {} s)",
-                coherent::names::display_name(&w.rel),
+                coherent_wire::names::display_name(&w.rel),
                 w.until,
                 start.elapsed().as_secs_f64(),
                 w.secs

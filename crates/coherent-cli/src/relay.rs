@@ -8,8 +8,8 @@
 //! that looks like a credential is left out of it, and the user is told.
 
 use crate::call;
-use coherent::control::Request;
-use coherent::names::display_name;
+use coherent_wire::control::Request;
+use coherent_wire::names::display_name;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;

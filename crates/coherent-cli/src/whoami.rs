@@ -34,6 +34,6 @@ pub fn parent_mismatch() -> Option<String> {
          {me}, start a new one in the session: coherent run --session {word}",
         parent = parent.name,
         me = me.name,
-        word = coherent::control::shell_word(&me.name),
+        word = coherent_wire::control::shell_word(&me.name),
     ))
 }

@@ -527,7 +527,7 @@ fn run(args: Args) -> Result<(), Fail> {
     let hidden = plan
         .state_dir
         .as_ref()
-        .map(|_| coherent::control::CONTROL_DIR.into());
+        .map(|_| coherent_wire::control::CONTROL_DIR.into());
     let store = daemon::with_progress("opening the backing directory", || Store::new(root, hidden))
         .map_err(|e| Fail(format!("backing directory {}: {e}", plan.backing.display())))?;
     let (policy, volume) = daemon::with_progress("loading the state", || {

@@ -120,7 +120,7 @@ pub fn content(root: &Path, res: Res) -> Result<Content, String> {
         .filter_map(|r| r["path"].as_str().map(String::from))
         .collect();
     Ok(Content {
-        text: coherent::names::json_text(&records),
+        text: coherent_wire::names::json_text(&records),
         paths,
     })
 }

@@ -36,7 +36,7 @@ impl Rec {
         matches!(self.status.as_str(), "pending" | "completed" | "overtaken")
     }
     pub(crate) fn unclaimed(&self) -> bool {
-        self.offer && self.successor == coherent::names::ANY
+        self.offer && self.successor == coherent_wire::names::ANY
     }
     /// The note's first line (the rest is for `coherent status --json` or the inbox).
     pub(crate) fn note_head(&self) -> Option<&str> {
@@ -78,7 +78,7 @@ fn stale_facts(ev: &Value) -> String {
         .or(ev["successor"].as_str())
         .unwrap_or("another session");
     let v = |k: &str| ev[k].as_u64().map_or("?".to_string(), |n| n.to_string());
-    let by = coherent::names::display_name(by);
+    let by = coherent_wire::names::display_name(by);
     format!("{by} wrote v{}, saw v{}", v("version"), v("view"))
 }
 
@@ -312,7 +312,7 @@ impl Board {
                 f.live = Some(Rec {
                     id: record.or(ev["seq"].as_u64()),
                     giver: who.to_string(),
-                    offer: successor == coherent::names::ANY,
+                    offer: successor == coherent_wire::names::ANY,
                     successor,
                     status: "pending".into(),
                     counterparty: None,

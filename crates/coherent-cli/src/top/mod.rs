@@ -15,7 +15,7 @@ mod view;
 use crate::follow::{Follower, Step};
 use crate::{call, human_lines, Fail};
 use board::Board;
-use coherent::control::{Reply, Request, Verb};
+use coherent_wire::control::{Reply, Request, Verb};
 use crossterm::event::{self, Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use crossterm::{execute, terminal};
 use ratatui::backend::CrosstermBackend;

@@ -16,17 +16,17 @@ const WIDE: u16 = 160;
 /// A file or session name as the board shows it: the volume's one rule for names in text
 /// (as it is when plain, else quoted with whatever could forge a line escaped).
 pub(crate) fn q(name: &str) -> String {
-    coherent::names::display_name(name)
+    coherent_wire::names::display_name(name)
 }
 
 /// Free text from the volume (a reply's message), kept to its line.
 pub(crate) fn plain(text: &str) -> String {
-    coherent::names::one_line(text).into_owned()
+    coherent_wire::names::one_line(text).into_owned()
 }
 
 /// A successor as shown: `any` for an unclaimed offer is a keyword, not a name.
 fn who(name: &str) -> String {
-    if name == coherent::names::ANY {
+    if name == coherent_wire::names::ANY {
         name.to_string()
     } else {
         q(name)
@@ -218,7 +218,7 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
             let id = b.sessions[*s]
                 .agent
                 .as_deref()
-                .map(|a| format!(" {}", coherent::control::short_id(a)))
+                .map(|a| format!(" {}", coherent_wire::control::short_id(a)))
                 .unwrap_or_default();
             match n {
                 0 => format!("{}{id}", q(s)),
@@ -349,7 +349,7 @@ mod tests {
         let evil = "a\nb\u{1b}[2J\u{2028}\u{202e}c";
         for shown in [q(evil), plain(evil)] {
             assert!(
-                !shown.chars().any(coherent::names::is_unsafe_char),
+                !shown.chars().any(coherent_wire::names::is_unsafe_char),
                 "{shown:?}"
             );
         }

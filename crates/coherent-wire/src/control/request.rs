@@ -35,7 +35,7 @@
 //! Unknown fields are refused so a misspelt field never silently changes a request.
 
 use super::{CONTROL_DIR, MAX_NAME, MAX_NOTE, MAX_PATH, MAX_REQUEST, USAGE};
-use crate::coherence::Until;
+use crate::control::Until;
 use crate::error::{Reason, Refusal};
 use crate::names::quote_for_message;
 use serde_json::{json, Map, Value};

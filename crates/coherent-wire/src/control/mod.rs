@@ -13,6 +13,7 @@ mod describe;
 pub mod history;
 mod reply;
 mod request;
+mod until;
 
 pub use describe::{
     describe_record, describe_record_from, describe_records, relative_from, shell_word, short_id,
@@ -22,12 +23,13 @@ pub use reply::{session_json, CtlHandle, Reply};
 pub use request::{
     normalize_path, parse_request, tokenize, Request, RequestError, Verb, MAX_WAIT_SECS,
 };
+pub use until::Until;
 
 /// The largest request accepted in one write (bytes).
 pub const MAX_REQUEST: usize = 1 << 20;
-/// The largest note of a transfer (bytes, docs/design.md#handoff): the engine's limit, checked
-/// early.
-pub use crate::coherence::MAX_NOTE;
+/// The largest note of a transfer (bytes, docs/design.md#handoff): checked by the request
+/// parser, and by the engine for transfers that come another way.
+pub const MAX_NOTE: usize = 64 * 1024;
 /// The longest path accepted (bytes, after normalisation), as PATH_MAX.
 pub const MAX_PATH: usize = 4096;
 /// The longest session name accepted in `--to` or `register NAME` (bytes).

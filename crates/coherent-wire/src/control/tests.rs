@@ -1,6 +1,6 @@
 use super::*;
 use crate::error::{Reason, Refusal};
-use crate::identity::{SessionInfo, Via};
+use crate::session::{SessionInfo, Via};
 use serde_json::{json, Map, Value};
 
 fn ok(s: &str) -> Request {
@@ -443,17 +443,17 @@ fn to_json_round_trips() {
         },
         Request::Wait {
             path: "p".into(),
-            until: crate::coherence::Until::Accepted,
+            until: crate::control::Until::Accepted,
             timeout_ms: Some(1500),
         },
         Request::Wait {
             path: "p".into(),
-            until: crate::coherence::Until::Ended,
+            until: crate::control::Until::Ended,
             timeout_ms: None,
         },
         Request::WaitStanding {
             path: "p".into(),
-            until: crate::coherence::Until::Completed,
+            until: crate::control::Until::Completed,
         },
         Request::WaitReport,
     ] {
@@ -466,7 +466,7 @@ fn to_json_round_trips() {
 
 #[test]
 fn standing_wait_requests() {
-    use crate::coherence::Until;
+    use crate::control::Until;
     let s = |path: &str, until| Request::WaitStanding {
         path: path.into(),
         until,
@@ -507,7 +507,7 @@ fn standing_wait_requests() {
 
 #[test]
 fn wait_requests() {
-    use crate::coherence::Until;
+    use crate::control::Until;
     let w = |path: &str, until, timeout_ms| Request::Wait {
         path: path.into(),
         until,

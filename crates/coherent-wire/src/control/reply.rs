@@ -4,7 +4,7 @@
 use super::describe::{describe_records, whoami_text};
 use super::request::{parse_request, Request, RequestError, Verb};
 use crate::error::{Reason, Refusal};
-use crate::identity::SessionInfo;
+use crate::session::SessionInfo;
 use serde_json::{json, Map, Value};
 
 impl RequestError {
