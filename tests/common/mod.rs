@@ -21,6 +21,8 @@ pub mod inproc;
 pub mod netns;
 /// The seedable RNG of the randomized tests.
 pub mod rng;
+/// The oracle of the write-route tables (in process and on a mount).
+pub mod routes;
 /// SQLite writers through several paths at once (the lock tests).
 pub mod sqlite;
 /// The real users of the multi-user tests (`coh-u1`, `coh-u2`).
@@ -38,31 +40,39 @@ pub const CLI: &str = concat!(env!("COHERENT_BIN_DIR"), "/coherent");
 
 /// Refuse to test a stale binary. `cargo test` builds both (each binary's package has tests
 /// of its own), but `cargo test --test volume` alone builds neither, and a test run against
-/// yesterday's daemon passes or fails for the wrong reason. Checked once per test binary,
-/// where the harness starts the daemon or the CLI.
+/// yesterday's daemon passes or fails for the wrong reason. Each binary is checked against
+/// the sources it is built from (the core, the wire and its own crate's `src/`), once per
+/// test binary, where the harness starts the daemon or the CLI.
 pub fn binaries_are_fresh() {
     static CHECK: std::sync::Once = std::sync::Once::new();
     CHECK.call_once(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut newest = std::time::SystemTime::UNIX_EPOCH;
-        let mut stack = vec![root.join("src"), root.join("crates")];
-        while let Some(dir) = stack.pop() {
-            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let (p, Ok(md)) = (e.path(), e.metadata()) else {
-                    continue;
-                };
-                if md.is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_some_and(|x| x == "rs" || x == "toml") {
-                    newest = newest.max(md.modified().unwrap_or(newest));
+        let newest = |dirs: &[&str]| {
+            let mut newest = std::time::SystemTime::UNIX_EPOCH;
+            let mut stack: Vec<PathBuf> = dirs.iter().map(|d| root.join(d)).collect();
+            while let Some(dir) = stack.pop() {
+                for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let (p, Ok(md)) = (e.path(), e.metadata()) else {
+                        continue;
+                    };
+                    if md.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|x| x == "rs") {
+                        newest = newest.max(md.modified().unwrap_or(newest));
+                    }
                 }
             }
-        }
-        for bin in [BIN, CLI] {
+            newest
+        };
+        for (bin, own) in [
+            (BIN, "crates/coherent-mount/src"),
+            (CLI, "crates/coherent-cli/src"),
+        ] {
+            let sources = newest(&["src", "crates/coherent-wire/src", own]);
             let built = std::fs::metadata(bin).and_then(|m| m.modified());
             assert!(
-                built.as_ref().is_ok_and(|t| *t >= newest),
-                "{bin} is missing or older than the sources: run `cargo build --bins` \
+                built.as_ref().is_ok_and(|t| *t >= sources),
+                "{bin} is missing or older than its sources: run `cargo build --bins` \
                  (or the whole `cargo test`) first"
             );
         }

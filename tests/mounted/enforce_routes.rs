@@ -9,16 +9,7 @@ use crate::coherent;
 
 use coherent::*;
 
-/// What a route leaves at the target path when it is allowed.
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum After {
-    /// A regular file with these bytes.
-    Bytes(&'static str),
-    /// A symlink to the helper file `oN.txt`.
-    Symlink,
-    /// Nothing: the path was removed or renamed away.
-    Gone,
-}
+use crate::common::routes::{check_after, check_record, After};
 
 struct Row {
     name: &'static str,
@@ -298,23 +289,7 @@ fn others_may_write(who: &str) {
         if !run.ok() {
             bad.push(format!("refused: {}", run.show()));
         }
-        let md = std::fs::symlink_metadata(m.path(&t));
-        match (r.after, &md) {
-            (Bytes(b), Ok(md)) if md.file_type().is_file() => {
-                let got = std::fs::read_to_string(m.path(&t)).unwrap_or_default();
-                if got != b {
-                    bad.push(format!("bytes {got:?}, want {b:?}"));
-                }
-            }
-            (Symlink, Ok(md)) if md.file_type().is_symlink() => {
-                let to = std::fs::read_link(m.path(&t)).unwrap();
-                if to != std::path::Path::new(&helper(i)) {
-                    bad.push(format!("symlink to {to:?}"));
-                }
-            }
-            (Gone, Err(_)) => {}
-            (want, got) => bad.push(format!("target is {got:?}, want {want:?}")),
-        }
+        bad.extend(check_after(r.after, &m.path(&t), &helper(i)));
         let want_v = 1 + r.commits;
         let got_v = match r.after {
             Bytes(_) => version(&m, &t),
@@ -323,25 +298,12 @@ fn others_may_write(who: &str) {
         if got_v != Some(want_v) {
             bad.push(format!("version {got_v:?}, want {want_v}"));
         }
-        let rec = record(&m, &t);
-        let (want_status, want_live) = match (who, r.commits > 0, r.acquires) {
-            ("bob", true, _) => ("completed", false),
-            // The successor's acquire completes the record (§5); the fence stays.
-            ("bob", false, true) => ("completed", true),
-            ("bob", false, false) => ("pending", true),
-            (_, true, _) => ("overtaken", false),
-            (_, false, true) => ("overtaken", true),
-            (_, false, false) => ("pending", true),
-        };
-        match &rec {
-            Some(rec)
-                if rec["status"] == want_status
-                    && rec["live"] == want_live
-                    && (want_status != "overtaken" || rec["counterparty"] == who) => {}
-            other => bad.push(format!(
-                "record {other:?}, want status {want_status} live {want_live}"
-            )),
-        }
+        bad.extend(check_record(
+            record(&m, &t).as_ref(),
+            who,
+            r.commits,
+            r.acquires,
+        ));
         if !bad.is_empty() {
             failures.push(format!("  {} (`{cmd}`): {}", r.name, bad.join("; ")));
         }

@@ -20,16 +20,7 @@ use ::coherent::store::SetAttr;
 use coherent::check_deny_text;
 use common::inproc::{errno, Agent, InProc, Setup};
 
-/// What a route leaves at the target path when it is allowed.
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum After {
-    /// A regular file with these bytes.
-    Bytes(&'static str),
-    /// A symlink to the helper file `oN.txt`.
-    Symlink,
-    /// Nothing: the path was removed or renamed away.
-    Gone,
-}
+use common::routes::{check_after, check_record, After};
 use After::*;
 
 /// The setting of one row: a handed file `t` (content `orig\n`, xattr `user.keep`), a
@@ -431,22 +422,7 @@ fn others_may_write(who: &str) {
         if got.is_err() {
             bad.push(format!("refused: {got:?}"));
         }
-        let md = std::fs::symlink_metadata(f.backing.join(&t));
-        match (r.after, &md) {
-            (Bytes(b), Ok(md)) if md.file_type().is_file() => {
-                if f.content(&t).as_deref() != Some(b) {
-                    bad.push(format!("bytes {:?}, want {b:?}", f.content(&t)));
-                }
-            }
-            (Symlink, Ok(md)) if md.file_type().is_symlink() => {
-                let to = std::fs::read_link(f.backing.join(&t)).unwrap();
-                if to != Path::new(&o) {
-                    bad.push(format!("symlink to {to:?}"));
-                }
-            }
-            (Gone, Err(_)) => {}
-            (want, got) => bad.push(format!("target is {got:?}, want {want:?}")),
-        }
+        bad.extend(check_after(r.after, &f.backing.join(&t), &o));
         let want_v = 1 + r.commits;
         let got_v = match r.after {
             Bytes(_) => f.version(a, &t),
@@ -461,24 +437,12 @@ fn others_may_write(who: &str) {
         if got_v != Some(want_v) {
             bad.push(format!("version {got_v:?}, want {want_v}"));
         }
-        let (want_status, want_live) = match (who, r.commits > 0, r.acquires) {
-            ("bob", true, _) => ("completed", false),
-            // The successor's acquire completes the record; the fence stays.
-            ("bob", false, true) => ("completed", true),
-            ("bob", false, false) => ("pending", true),
-            (_, true, _) => ("overtaken", false),
-            (_, false, true) => ("overtaken", true),
-            (_, false, false) => ("pending", true),
-        };
-        match f.record(a, &t) {
-            Some(rec)
-                if rec["status"] == want_status
-                    && rec["live"] == want_live
-                    && (want_status != "overtaken" || rec["counterparty"] == who) => {}
-            other => bad.push(format!(
-                "record {other:?}, want status {want_status} live {want_live}"
-            )),
-        }
+        bad.extend(check_record(
+            f.record(a, &t).as_ref(),
+            who,
+            r.commits,
+            r.acquires,
+        ));
         if !bad.is_empty() {
             failures.push(format!("  {}: {}", r.name, bad.join("; ")));
         }
