@@ -72,9 +72,7 @@ impl CoherentFs {
     /// on is bounded from then: [`crate::request_timeout`]).
     fn begin(&self, op: Op, req: &Request) -> Caller {
         self.counters.count(op);
-        let started = Started::now();
-        crate::request_timeout::begin();
-        caller(req, started)
+        caller(req, Started::now())
     }
 
     /// The open flags of a file whose data goes through the daemon: a SQLite WAL index

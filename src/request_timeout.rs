@@ -17,9 +17,10 @@
 //!
 //! A held request gets half the timeout ([`budget_of`]): the other half covers the time a
 //! request waits in the kernel's queue for a free request thread (the kernel counts from
-//! when it queued the request) and the time the reply takes to go out.
+//! when it queued the request) and the time the reply takes to go out. It counts from when
+//! the daemon took the request ([`Started`], which the request carries down to wherever
+//! it waits).
 
-use std::cell::Cell;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -113,9 +114,9 @@ pub fn cap(want: Duration) -> Duration {
 
 /// When a FUSE request began: the `fuse` adapter takes it first thing and hands it down
 /// with the request (`Caller::started`), so whatever the request blocks on, however deep,
-/// is bounded from then. Work that serves no request (a background thread, start-up)
-/// takes [`Started::now`] where it begins: what it holds, e.g. a lock, may hold up a
-/// request that does.
+/// is bounded from then. Work that serves no request (the etcd publisher thread) takes
+/// [`Started::now`] where it begins: what it holds, e.g. a lock, may hold up a request
+/// that does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Started(Instant);
 
@@ -143,31 +144,6 @@ fn deadline_within(
     match budget {
         None => wanted,
         Some(b) => wanted.min(start + b),
-    }
-}
-
-thread_local! {
-    /// When the FUSE request this thread serves began.
-    static BEGUN: Cell<Option<Instant>> = const { Cell::new(None) };
-}
-
-/// Marks the start of a FUSE request on this thread (the `fuse` adapter calls it first).
-pub fn begin() {
-    BEGUN.with(|b| b.set(Some(Instant::now())));
-}
-
-/// The deadline of a blocking step that wants `want`: no later than `want` from now,
-/// nor than the budget from when this thread's request began (from now on a thread that
-/// serves no request: what it holds, e.g. a lock, may hold up one that does).
-pub fn deadline(want: Duration) -> Instant {
-    let now = Instant::now();
-    let wanted = now + want;
-    match budget() {
-        None => wanted,
-        Some(b) => {
-            let start = BEGUN.with(Cell::get).unwrap_or(now);
-            wanted.min(start + b)
-        }
     }
 }
 
