@@ -14,6 +14,7 @@ pub mod etcd;
 use crate::coherence::{Engine, Timestamp};
 use crate::error::{Reason, Refusal};
 use crate::identity::Session;
+use crate::request_timeout::Started;
 
 /// What kind of step: it decides what happens when the coordinator cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,28 +105,31 @@ pub trait Coordinator: Send + Sync {
     /// Runs `op` (engine calls changing `paths`, or paths under them when a name is a
     /// directory) as one agreed step of `kind`. `op` makes its changes through the engine
     /// it is handed: `engine` itself on one host, a view of it whose events the step keeps
-    /// (as values) until the hosts agree on them.
+    /// (as values) until the hosts agree on them. Whatever the step waits for ends within
+    /// the budget of the request that `started` it (src/request_timeout.rs).
     fn step(
         &self,
         engine: &Engine,
         paths: &[(&str, bool)],
         kind: StepKind,
+        started: Started,
         op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Result<Stepped, Refusal>;
 
     /// Claims session `s` for `uid` on every host (docs/design.md#sessions: the first uid that
-    /// shows a name owns it). `Ok(Err(owner))`: another uid owns it.
+    /// shows a name owns it). `Ok(Err(owner))`: another uid owns it. Bounded as a step.
     fn claim(
         &self,
         engine: &Engine,
         s: &Session,
         uid: u32,
         now: Timestamp,
+        started: Started,
     ) -> Result<Result<(), u32>, Refusal>;
 
-    /// Best effort, bounded: take in what the other hosts changed up to now (before a
-    /// read of the shared state: `status`, the inbox).
-    fn catch_up(&self);
+    /// Best effort, bounded (as a step): take in what the other hosts changed up to now
+    /// (before a read of the shared state: `status`, the inbox).
+    fn catch_up(&self, started: Started);
 
     /// What `coherent status` shows of the coordinator (`None`: nothing to show).
     fn describe(&self) -> Option<serde_json::Value>;
@@ -157,6 +161,7 @@ impl Coordinator for Embedded {
         engine: &Engine,
         _paths: &[(&str, bool)],
         _kind: StepKind,
+        _started: Started,
         op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Result<Stepped, Refusal> {
         Ok(Stepped {
@@ -171,11 +176,12 @@ impl Coordinator for Embedded {
         s: &Session,
         uid: u32,
         now: Timestamp,
+        _started: Started,
     ) -> Result<Result<(), u32>, Refusal> {
         Ok(engine.claim(s, uid, now))
     }
 
-    fn catch_up(&self) {}
+    fn catch_up(&self, _started: Started) {}
 
     fn describe(&self) -> Option<serde_json::Value> {
         None

@@ -36,6 +36,7 @@ use reply::{answer, attr, empty, empty_dir, entry, fopen_flags, xattr, OpenBacki
 
 pub use crate::fs::{Counters, FsOptions, Op, IN_PLACE_TTL, TTL};
 use crate::fs::{Fs, LockDone, LockSpan, Locks, Opened};
+use crate::request_timeout::Started;
 use crate::store::{Caller, FsError, FsResult, SetAttr};
 
 /// Largest read/write request through the daemon.
@@ -67,12 +68,11 @@ impl CoherentFs {
         &self.fs
     }
 
-    /// Every request: count it, note when it began (what it may block on is bounded from
-    /// then: [`crate::request_timeout`]), and who sent it.
+    /// Every request: count it, and note who sent it and when it began (what it may block
+    /// on is bounded from then: [`crate::request_timeout`]).
     fn begin(&self, op: Op, req: &Request) -> Caller {
         self.counters.count(op);
-        crate::request_timeout::begin();
-        caller(req)
+        caller(req, Started::now())
     }
 
     /// The open flags of a file whose data goes through the daemon: a SQLite WAL index

@@ -17,9 +17,10 @@
 //!
 //! A held request gets half the timeout ([`budget_of`]): the other half covers the time a
 //! request waits in the kernel's queue for a free request thread (the kernel counts from
-//! when it queued the request) and the time the reply takes to go out.
+//! when it queued the request) and the time the reply takes to go out. It counts from when
+//! the daemon took the request ([`Started`], which the request carries down to wherever
+//! it waits).
 
-use std::cell::Cell;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -111,28 +112,38 @@ pub fn cap(want: Duration) -> Duration {
     budget().map_or(want, |b| want.min(b))
 }
 
-thread_local! {
-    /// When the FUSE request this thread serves began.
-    static BEGUN: Cell<Option<Instant>> = const { Cell::new(None) };
+/// When a FUSE request began: the `fuse` adapter takes it first thing and hands it down
+/// with the request (`Caller::started`), so whatever the request blocks on, however deep,
+/// is bounded from then. Work that serves no request (the etcd publisher thread) takes
+/// [`Started::now`] where it begins: what it holds, e.g. a lock, may hold up a request
+/// that does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Started(Instant);
+
+impl Started {
+    /// Begins now.
+    pub fn now() -> Started {
+        Started(Instant::now())
+    }
+
+    /// The deadline of a blocking step that wants `want`: no later than `want` from now,
+    /// nor than the budget from when this began.
+    pub fn deadline(self, want: Duration) -> Instant {
+        deadline_within(self.0, Instant::now(), want, budget())
+    }
 }
 
-/// Marks the start of a FUSE request on this thread (the `fuse` adapter calls it first).
-pub fn begin() {
-    BEGUN.with(|b| b.set(Some(Instant::now())));
-}
-
-/// The deadline of a blocking step that wants `want`: no later than `want` from now,
-/// nor than the budget from when this thread's request began (from now on a thread that
-/// serves no request: what it holds, e.g. a lock, may hold up one that does).
-pub fn deadline(want: Duration) -> Instant {
-    let now = Instant::now();
+/// [`Started::deadline`] with the clock and the budget given.
+fn deadline_within(
+    start: Instant,
+    now: Instant,
+    want: Duration,
+    budget: Option<Duration>,
+) -> Instant {
     let wanted = now + want;
-    match budget() {
+    match budget {
         None => wanted,
-        Some(b) => {
-            let start = BEGUN.with(Cell::get).unwrap_or(now);
-            wanted.min(start + b)
-        }
+        Some(b) => wanted.min(start + b),
     }
 }
 
@@ -179,6 +190,21 @@ mod tests {
         assert_eq!(tighter(Some(s(2)), None), Some(s(2)));
         assert_eq!(tighter(None, Some(s(3))), Some(s(3)));
         assert_eq!(tighter(Some(s(4)), Some(s(3))), Some(s(3)));
+    }
+
+    #[test]
+    fn a_deadline_is_cut_to_the_budget_from_the_start() {
+        let s = Duration::from_secs;
+        let start = Instant::now();
+        let now = start + s(2);
+        // No budget: what the step wants, from now.
+        assert_eq!(deadline_within(start, now, s(10), None), now + s(10));
+        // The budget counts from the start, not from now.
+        assert_eq!(deadline_within(start, now, s(10), Some(s(5))), start + s(5));
+        // A step that wants less than is left keeps its own.
+        assert_eq!(deadline_within(start, now, s(1), Some(s(5))), now + s(1));
+        // Begun now: the budget from now.
+        assert_eq!(deadline_within(now, now, s(10), Some(s(5))), now + s(5));
     }
 
     #[test]

@@ -1497,11 +1497,15 @@ mod tests {
         (d, Store::new(fd, Some(".coherent".into())).unwrap())
     }
 
-    const ROOT: Caller = Caller {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
+    /// A request of root beginning now.
+    fn root() -> Caller {
+        Caller {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+            started: crate::request_timeout::Started::now(),
+        }
+    }
 
     #[test]
     fn lookup_counts_and_paths_follow_renames() {
@@ -1569,13 +1573,20 @@ mod tests {
         let (d, s) = small_store(handles);
         assert_eq!(s.mount.is_some(), handles);
         let sub = s
-            .mkdir(&ROOT, ROOT_INO, OsStr::new("sub"), 0o755, 0)
+            .mkdir(&root(), ROOT_INO, OsStr::new("sub"), 0o755, 0)
             .unwrap();
         let mut inos = Vec::new();
         for i in 0..300 {
             let name = format!("f{i}");
             let (a, fh, _) = s
-                .create(&ROOT, sub.ino, OsStr::new(&name), 0o644, 0, libc::O_WRONLY)
+                .create(
+                    &root(),
+                    sub.ino,
+                    OsStr::new(&name),
+                    0o644,
+                    0,
+                    libc::O_WRONLY,
+                )
                 .unwrap();
             s.write(fh, 0, name.as_bytes(), false).unwrap();
             s.release(fh);
@@ -1699,7 +1710,7 @@ mod tests {
             .collect();
         assert_eq!(names, vec![OsString::from("."), OsString::from("..")]);
         assert_eq!(
-            s.mkdir(&ROOT, ROOT_INO, OsStr::new(".coherent"), 0o755, 0),
+            s.mkdir(&root(), ROOT_INO, OsStr::new(".coherent"), 0o755, 0),
             Err(FsError(libc::EEXIST))
         );
     }

@@ -12,8 +12,8 @@
 //!
 //! Threads: a tokio runtime runs the link (connect, lease, watch); FUSE threads call etcd
 //! with `block_on` and bounded timeouts, each deadline also cut to what the kernel lets a
-//! FUSE request be held ([`request_timeout::deadline`]); one thread publishes the event
-//! feed and paths changed while etcd could not be reached.
+//! FUSE request be held, counted from when the request began ([`Started::deadline`]); one
+//! thread publishes the event feed and paths changed while etcd could not be reached.
 
 use super::boot::BootTime;
 use super::{unavailable, Coordinator, StepKind, Stepped, Ticket, WriterProbe};
@@ -23,7 +23,7 @@ use crate::coherence::{
 use crate::error::Refusal;
 use crate::identity::Session;
 use crate::journal::{Journal, Tap};
-use crate::request_timeout;
+use crate::request_timeout::Started;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
     TxnOpResponse, WatchOptions,
@@ -856,9 +856,15 @@ impl Etcd {
     }
 
     /// Waits until every other live host applied revision `rev` (or left: its lease
-    /// ended). Returns the records some host found in flight.
-    fn wait_acks(&self, rev: i64, made: &[(String, u64)]) -> Result<Vec<(String, u64)>, Refusal> {
-        let deadline = request_timeout::deadline(self.spec.ttl + STEP_TIMEOUT);
+    /// ended), within the budget of the request that `started` the step. Returns the
+    /// records some host found in flight.
+    fn wait_acks(
+        &self,
+        rev: i64,
+        made: &[(String, u64)],
+        started: Started,
+    ) -> Result<Vec<(String, u64)>, Refusal> {
+        let deadline = started.deadline(self.spec.ttl + STEP_TIMEOUT);
         let mut l = self.link.lock();
         loop {
             let found: Vec<(String, u64)> = l
@@ -1023,9 +1029,10 @@ impl Coordinator for Etcd {
         _engine: &Engine,
         paths: &[(&str, bool)],
         kind: StepKind,
+        started: Started,
         op: &mut dyn FnMut(&Engine) -> bool,
     ) -> Result<Stepped, Refusal> {
-        let deadline = request_timeout::deadline(STEP_TIMEOUT);
+        let deadline = started.deadline(STEP_TIMEOUT);
         // A commit already happened and must be counted: it waits its turn (each step
         // ahead of it ends by its own deadline). A decision gives up at its deadline.
         let guard = match kind {
@@ -1080,7 +1087,7 @@ impl Coordinator for Etcd {
                 let rev = revs.values().copied().max().unwrap_or(0);
                 if ok && kind == StepKind::Verb && rev > 0 {
                     drop(guard);
-                    self.wait_acks(rev, &[])?;
+                    self.wait_acks(rev, &[], started)?;
                 }
                 return Ok(Stepped {
                     ok,
@@ -1115,7 +1122,7 @@ impl Coordinator for Etcd {
                     let in_flight = if made.is_empty() {
                         Vec::new()
                     } else {
-                        self.wait_acks(rev, &made)?
+                        self.wait_acks(rev, &made, started)?
                     };
                     return Ok(Stepped { ok, in_flight });
                 }
@@ -1165,11 +1172,12 @@ impl Coordinator for Etcd {
         s: &Session,
         uid: u32,
         now: Timestamp,
+        started: Started,
     ) -> Result<Result<(), u32>, Refusal> {
         if !s.is_attributed() || engine.owner(&s.name).is_some() {
             return Ok(engine.claim(s, uid, now));
         }
-        let deadline = request_timeout::deadline(STEP_TIMEOUT);
+        let deadline = started.deadline(STEP_TIMEOUT);
         let key = self.key("s", &s.name);
         let mine = SharedSession {
             info: s.as_ref().clone(),
@@ -1202,8 +1210,8 @@ impl Coordinator for Etcd {
         Ok(engine.claim(s, uid, now))
     }
 
-    fn catch_up(&self) {
-        if let Err(r) = self.sync(request_timeout::deadline(CALL_TIMEOUT)) {
+    fn catch_up(&self, started: Started) {
+        if let Err(r) = self.sync(started.deadline(CALL_TIMEOUT)) {
             tracing::debug!("not caught up: {}", r.message);
         }
     }

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{Errno, FileAttr, FileType, INodeNo, Request, TimeOrNow};
 
+use crate::request_timeout::Started;
 use crate::store::{Attr, Caller, FsError, Kind, SetTime, Time};
 
 /// The one place an [`FsError`] becomes a FUSE errno.
@@ -31,11 +32,12 @@ pub(super) fn fail(op: &str, e: FsError) -> Errno {
     errno(e)
 }
 
-pub(super) fn caller(req: &Request) -> Caller {
+pub(super) fn caller(req: &Request, started: Started) -> Caller {
     Caller {
         pid: req.pid(),
         uid: req.uid(),
         gid: req.gid(),
+        started,
     }
 }
 

@@ -3,6 +3,8 @@
 use std::ffi::OsString;
 use std::io;
 
+use crate::request_timeout::Started;
+
 /// The one error type of the filesystem layer: an errno.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FsError(pub i32);
@@ -40,12 +42,15 @@ pub type FsResult<T> = Result<T, FsError>;
 
 /// Who made a request: the calling thread's id (FUSE reports the thread, not the
 /// process: map it to its process through `/proc/PID/status` `Tgid:` when needed; 0 when
-/// the kernel sends no caller, e.g. on some releases) and its fs uid/gid.
+/// the kernel sends no caller, e.g. on some releases) and its fs uid/gid; and when the
+/// request began, which bounds what it may wait for. One per request: a `Caller` kept for
+/// a later request would cut that one's waits short.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caller {
     pub pid: u32,
     pub uid: u32,
     pub gid: u32,
+    pub started: Started,
 }
 
 /// A file's kind.

@@ -13,6 +13,7 @@ use super::tell::Denied;
 use super::workspace::{rel, stamp};
 use crate::coherence::{self, Permit, Route, Timestamp};
 use crate::fs::WriteRoute;
+use crate::request_timeout::Started;
 use crate::store::{Caller, FsError};
 
 impl WritePolicy {
@@ -21,7 +22,7 @@ impl WritePolicy {
     /// was seen; else one `fstatat`, and a scan of the engine's paths only for a file with
     /// several names while there are records (a fence to find) or when a tracked name of
     /// it was seen (names to restamp).
-    fn alias_of(&self, p: &str) -> Option<coherence::Stamp> {
+    fn alias_of(&self, p: &str, started: Started) -> Option<coherence::Stamp> {
         let records = self.ws().engine.any_records();
         if !records && self.ws().linked.lock().is_empty() {
             return None;
@@ -34,7 +35,7 @@ impl WritePolicy {
             return None;
         }
         if records {
-            self.ws().stamp_handed();
+            self.ws().stamp_handed(started);
         }
         (!self.ws().engine.paths_of_inode(st.ino).is_empty()).then_some(st)
     }
@@ -69,7 +70,7 @@ impl WritePolicy {
         let mut checks: Vec<(String, Route, coherence::Stamp)> = Vec::new();
         let mut check = |p: Option<String>, r: Route| {
             if let Some(p) = p {
-                if let Some(st) = self.alias_of(&p) {
+                if let Some(st) = self.alias_of(&p, caller.started) {
                     checks.push((p, r, st));
                 }
             }

@@ -13,6 +13,7 @@ use parking_lot::{Condvar, Mutex};
 use super::handle::WriteHandle;
 use super::liveness::holds_open;
 use crate::identity::Session;
+use crate::request_timeout::Started;
 use crate::store::HandleState;
 
 /// The write handles open now, from their open to their release.
@@ -94,14 +95,16 @@ impl Handles {
 
     /// A transfer was refused because write handles of `s` on `paths` are open. If each
     /// of them is about to be released (flushed, and its opener no longer has the file
-    /// open under `mountpoint`), wait until they are, at most `wait`. True: there was
-    /// something to wait for and it is gone (try again).
+    /// open under `mountpoint`), wait until they are, at most `wait` (and within the budget
+    /// of the request that `started` then). True: there was something to wait for and it
+    /// is gone (try again).
     pub(super) fn wait_for_releases(
         &self,
         s: &Session,
         paths: &[String],
         mountpoint: &Path,
         wait: Duration,
+        started: Started,
     ) -> bool {
         let mine = |w: &WriteHandle| w.session.name == s.name && paths.contains(&w.path);
         let pending: Vec<Arc<WriteHandle>> = self
@@ -120,7 +123,7 @@ impl Handles {
                 return false;
             }
         }
-        let deadline = crate::request_timeout::deadline(wait);
+        let deadline = started.deadline(wait);
         let mut open = self.open.lock();
         while open.by_key.values().any(|w| mine(w)) {
             if self.released.wait_until(&mut open, deadline).timed_out() {

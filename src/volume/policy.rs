@@ -30,6 +30,7 @@ use crate::coordinator::{StepKind, Ticket};
 use crate::error::{Reason, Refusal};
 use crate::fs::{open_writes, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
 use crate::identity::Session;
+use crate::request_timeout::Started;
 use crate::store::{Caller, FsError, FsResult};
 use crate::visibility::Sight;
 
@@ -109,7 +110,7 @@ impl WritePolicy {
         let decided = match (self.unconfirmed(&who, &w), self.coordinated(&w)) {
             (Some(refused), _) => Err(refused),
             (None, None) => decide(&self.ws.engine),
-            (None, Some(names)) => self.admit(&who, &names, w, decide),
+            (None, Some(names)) => self.admit(&who, &names, w, caller.started, decide),
         };
         match decided {
             Ok(permit) => {
@@ -286,24 +287,26 @@ impl WritePolicy {
             })
     }
 
-    /// Decides a write route touching shared paths as one agreed step.
+    /// Decides a write route touching shared paths as one agreed step (of the request
+    /// that `started` then).
     fn admit(
         &self,
         who: &Result<Session, Session>,
         names: &[(&str, bool)],
         w: Write<'_>,
+        started: Started,
         decide: impl Fn(&Engine) -> Result<Permit, (Session, Refusal)>,
     ) -> Result<Permit, (Session, Refusal)> {
         let mut out = None;
-        let stepped = self
-            .ws
-            .coord
-            .step(&self.ws.engine, names, StepKind::Admit, &mut |e| {
-                let d = decide(e);
-                let ok = d.is_ok();
-                out = Some(d);
-                ok
-            });
+        let stepped =
+            self.ws
+                .coord
+                .step(&self.ws.engine, names, StepKind::Admit, started, &mut |e| {
+                    let d = decide(e);
+                    let ok = d.is_ok();
+                    out = Some(d);
+                    ok
+                });
         let s = match who {
             Ok(s) | Err(s) => s.clone(),
         };
@@ -323,20 +326,24 @@ impl WritePolicy {
     }
 
     /// Runs `f` (engine calls counting what a write route or handle did to `names`, made
-    /// through the engine it is given) as an agreed step when a name is shared.
-    fn counted(&self, names: &[(&str, bool)], f: impl Fn(&Engine)) {
+    /// through the engine it is given) as an agreed step when a name is shared, for the
+    /// request that `started` then.
+    fn counted(&self, names: &[(&str, bool)], started: Started, f: impl Fn(&Engine)) {
         if !self.involves_shared(names) {
             f(&self.ws.engine);
             return;
         }
         // A conflict undoes `f` and runs it again on the newer state.
-        let r = self
-            .ws
-            .coord
-            .step(&self.ws.engine, names, StepKind::Commit, &mut |e| {
+        let r = self.ws.coord.step(
+            &self.ws.engine,
+            names,
+            StepKind::Commit,
+            started,
+            &mut |e| {
                 f(e);
                 true
-            });
+            },
+        );
         if let Err(r) = r {
             tracing::warn!("a change of {:?} was not agreed: {}", names[0].0, r.message);
         }
@@ -523,7 +530,7 @@ impl WritePolicy {
         {
             return match rel(path).filter(|p| self.ws.is_tracked(p, false)) {
                 Some(p) => {
-                    let at = self.ws.at_by(p, Some(caller.uid));
+                    let at = self.ws.at_by(p, Some(caller.uid), caller.started);
                     let w = match reach(flags) {
                         Reach::Append => Write::Append(at),
                         Reach::Overwrite => Write::Open(at),
@@ -540,7 +547,7 @@ impl WritePolicy {
         let w = match *route {
             WriteRoute::Open { .. } | WriteRoute::Create { .. } => unreachable!("decided above"),
             WriteRoute::Setattr { path, set, .. } => {
-                let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p)) else {
+                let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p, caller.started)) else {
                     return Ok(None);
                 };
                 // A change of size can drop bytes: the stale guard applies.
@@ -553,7 +560,10 @@ impl WritePolicy {
                 let (Some(f), Some(t)) = (rel(from), rel(to)) else {
                     return Ok(None);
                 };
-                let ((from, ft), (to, tt)) = (self.ws.tracked(f), self.ws.tracked(t));
+                let ((from, ft), (to, tt)) = (
+                    self.ws.tracked(f, caller.started),
+                    self.ws.tracked(t, caller.started),
+                );
                 // A move across the boundary is decided on both names (a fenced file may
                 // not leave by a rename); the after-part counts only the tracked side.
                 if !ft && !tt {
@@ -577,14 +587,16 @@ impl WritePolicy {
                 }
             }
             WriteRoute::Unlink { path } => {
-                let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p)) else {
+                let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p, caller.started)) else {
                     return Ok(None);
                 };
                 Write::Unlink(a)
             }
             WriteRoute::Link { from, to } => {
-                let from = rel(from).map(|p| self.ws.tracked(p)).filter(|x| x.1);
-                let to = rel(to).map(|p| self.ws.tracked(p));
+                let from = rel(from)
+                    .map(|p| self.ws.tracked(p, caller.started))
+                    .filter(|x| x.1);
+                let to = rel(to).map(|p| self.ws.tracked(p, caller.started));
                 // The giver cannot give a fenced file another name, tracked or not.
                 let to = match (to, from) {
                     (Some((a, true)), _) | (Some((a, false)), Some(_)) => a,
@@ -596,20 +608,20 @@ impl WritePolicy {
                 }
             }
             WriteRoute::Symlink { path, .. } => {
-                let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p)) else {
+                let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p, caller.started)) else {
                     return Ok(None);
                 };
                 Write::Symlink(a)
             }
             WriteRoute::Mknod { path, .. } => {
-                let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p)) else {
+                let Some((a, true)) = rel(path).map(|p| self.ws.tracked(p, caller.started)) else {
                     return Ok(None);
                 };
                 Write::Mknod(a)
             }
             WriteRoute::Setxattr { path, name } | WriteRoute::Removexattr { path, name } => {
                 let name = name.as_encoded_bytes();
-                let Some((at, true)) = rel(path).map(|p| self.ws.tracked(p)) else {
+                let Some((at, true)) = rel(path).map(|p| self.ws.tracked(p, caller.started)) else {
                     // Untracked (the root too): only the computed-name rule applies.
                     return match coherence::computed_xattr(name) {
                         Some(r) => Err(FsError(r.write_errno())),
@@ -644,7 +656,7 @@ impl Policy for WritePolicy {
 
     fn after_write(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         route: &WriteRoute<'_>,
         permit: Option<Permit>,
         outcome: Result<(), FsError>,
@@ -669,7 +681,9 @@ impl Policy for WritePolicy {
         ];
         let names = &names[..if pm.to.is_some() { 2 } else { 1 }];
         let failed = outcome.is_err();
-        self.counted(names, |e| self.count_write(e, route, &pm, failed, now));
+        self.counted(names, caller.started, |e| {
+            self.count_write(e, route, &pm, failed, now)
+        });
     }
 
     fn on_open(
@@ -692,7 +706,7 @@ impl Policy for WritePolicy {
                 // A handed file is read at the version the hosts agree on (its view then
                 // lets this session hand it on); any other read never waits on etcd.
                 if self.ws.coord.shared(&self.ws.engine, p) {
-                    self.ws.coord.catch_up();
+                    self.ws.coord.catch_up(caller.started);
                 }
                 let s = self.ws.session(caller);
                 let before = self.ws.engine.last_seq();
@@ -809,7 +823,7 @@ impl Policy for WritePolicy {
                 return false;
             };
             let now = Timestamp::now();
-            self.counted(&[(p, false)], |e| {
+            self.counted(&[(p, false)], caller.started, |e| {
                 self.ws
                     .with_history(p, &w.session, CommitOp::Write, now, || {
                         e.commit(&w.session, p, CommitOp::Write, Some(st), now)
@@ -839,7 +853,7 @@ impl Policy for WritePolicy {
         }
     }
 
-    fn on_release(&self, _caller: &Caller, h: &HandleInfo<'_>) {
+    fn on_release(&self, caller: &Caller, h: &HandleInfo<'_>) {
         self.retrack_handle(h);
         self.ws.changes.released(h);
         let Some(w) = self.handles.get(h.state) else {
@@ -855,7 +869,7 @@ impl Policy for WritePolicy {
             let Some((p, st)) = self.handle_path(h) else {
                 return false;
             };
-            self.counted(&[(p, false)], |e| {
+            self.counted(&[(p, false)], caller.started, |e| {
                 self.ws
                     .with_history(p, &w.session, CommitOp::Write, now, || {
                         e.commit(&w.session, p, CommitOp::Write, Some(st), now)
@@ -871,7 +885,7 @@ impl Policy for WritePolicy {
         // On a shared path, also the hold's end is one step: a step undone meanwhile on
         // this host cannot put back a write handle that is gone.
         let close = |changed: bool| {
-            self.counted(&[(w.path.as_str(), false)], |e| {
+            self.counted(&[(w.path.as_str(), false)], caller.started, |e| {
                 e.close_write(&w.session, &w.path, changed, now);
             })
         };

@@ -30,6 +30,7 @@ use crate::control::{session_json, Reply, Request, Verb, NO_REFUSAL};
 use crate::coordinator::StepKind;
 use crate::error::{Reason, Refusal};
 use crate::identity::{Session, Via};
+use crate::request_timeout::Started;
 use crate::store::{Caller, FsError};
 use crate::visibility::{LogView, Sight};
 
@@ -119,7 +120,7 @@ impl Verbs {
 
     /// `.coherent/status` for `caller`: after catching up with the other hosts.
     pub(super) fn status_file(&self, caller: &Caller) -> Vec<u8> {
-        self.ws.coord.catch_up();
+        self.ws.coord.catch_up(caller.started);
         let mut sight = Sight::new(who(caller));
         json_line(&seen_status(&self.ws, &mut sight, None))
     }
@@ -142,7 +143,7 @@ impl Verbs {
 
     /// `.coherent/inbox` for `caller`.
     pub(super) fn inbox_file(&self, caller: &Caller) -> Vec<u8> {
-        self.ws.coord.catch_up();
+        self.ws.coord.catch_up(caller.started);
         let mut sight = Sight::new(who(caller));
         let inbox = self.ws.engine.inbox(&self.ws.session(caller));
         json_line(&seen_records(&self.ws, &mut sight, inbox))
@@ -263,7 +264,7 @@ impl Verbs {
         let verb = req.verb();
         let mut sight = Sight::new(who(caller));
         let r = match not_yours(s, verb).map_or_else(|| place_request(vol, &mut sight, req), Err) {
-            Ok(req) => self.serve_agreed(s, &mut sight, &req),
+            Ok(req) => self.serve_agreed(s, &mut sight, &req, caller.started),
             Err(f) => Err(f),
         };
         if vol.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
@@ -283,26 +284,28 @@ impl Verbs {
     }
 
     /// With a coordinator, a verb is one agreed step (refused `coordinator_unavailable`
-    /// when etcd cannot be reached), and `status` first catches up with the other hosts.
+    /// when etcd cannot be reached), and `status` first catches up with the other hosts;
+    /// all within the budget of the request that `started` then.
     fn serve_agreed(
         &self,
         s: &Session,
         sight: &mut Sight,
         req: &Request,
+        started: Started,
     ) -> Result<Reply, Refusal> {
         let vol = &*self.ws;
         let verb = req.verb();
         if !vol.coord.is_shared() {
             let attempt = || self.serve_verb(&vol.engine, s, sight, req);
             let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
-            return self.once_more_after_releases(s, req, attempt, refused);
+            return self.once_more_after_releases(s, req, started, attempt, refused);
         }
         if matches!(verb, Verb::Whoami | Verb::Wait) {
             return self.serve_verb(&vol.engine, s, sight, req);
         }
         if verb == Verb::Status {
             // Best effort: a host cut off answers with what it has (and says so).
-            vol.coord.catch_up();
+            vol.coord.catch_up(started);
             return self.serve_verb(&vol.engine, s, sight, req);
         }
         let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
@@ -311,7 +314,7 @@ impl Verbs {
             let mut out = None;
             let stepped = vol
                 .coord
-                .step(&vol.engine, &names, StepKind::Verb, &mut |e| {
+                .step(&vol.engine, &names, StepKind::Verb, started, &mut |e| {
                     let r = self.serve_verb(e, s, sight, req);
                     let ok = r.is_ok();
                     out = Some(r);
@@ -320,7 +323,7 @@ impl Verbs {
             stepped.map(|st| (st, out))
         };
         let refused = |r: &Result<_, Refusal>| matches!(r, Ok((_, Some(Err(f)))) if in_flight(f));
-        let (stepped, out) = self.once_more_after_releases(s, req, attempt, refused)?;
+        let (stepped, out) = self.once_more_after_releases(s, req, started, attempt, refused)?;
         if stepped.in_flight.is_empty() {
             return out.expect("the step ran the verb");
         }
@@ -329,7 +332,7 @@ impl Verbs {
         let paths: Vec<String> = stepped.in_flight.iter().map(|x| x.0.clone()).collect();
         let undo = vol
             .coord
-            .step(&vol.engine, &names, StepKind::Verb, &mut |e| {
+            .step(&vol.engine, &names, StepKind::Verb, started, &mut |e| {
                 let now = Timestamp::now();
                 for (p, id) in &stepped.in_flight {
                     e.undo_transfer(p, *id, now);
@@ -464,18 +467,19 @@ impl Verbs {
     /// The in-flight rule, in one place: FUSE sends RELEASE after `close(2)` returned, so a
     /// transfer `refused` in flight (see [`in_flight`]) by write handles of `s` that are
     /// being released waits for them (see [`Handles::wait_for_releases`]), then is `attempt`ed
-    /// once more.
+    /// once more; the wait ends within the budget of the request that `started` then.
     fn once_more_after_releases<T>(
         &self,
         s: &Session,
         req: &Request,
+        started: Started,
         mut attempt: impl FnMut() -> T,
         refused: impl Fn(&T) -> bool,
     ) -> T {
         let first = attempt();
         match req {
             Request::Transfer { paths, .. }
-                if refused(&first) && self.wait_for_releases(s, paths) =>
+                if refused(&first) && self.wait_for_releases(s, paths, started) =>
             {
                 attempt()
             }
@@ -484,9 +488,9 @@ impl Verbs {
     }
 
     /// See [`Handles::wait_for_releases`].
-    fn wait_for_releases(&self, s: &Session, paths: &[String]) -> bool {
+    fn wait_for_releases(&self, s: &Session, paths: &[String], started: Started) -> bool {
         self.handles
-            .wait_for_releases(s, paths, &self.mountpoint, self.in_flight_wait)
+            .wait_for_releases(s, paths, &self.mountpoint, self.in_flight_wait, started)
     }
 
     /// A transfer is not acknowledged while a process holds the file open for writing where

@@ -16,6 +16,7 @@ use crate::coherence::{self, At, Engine, Found, Timestamp};
 use crate::coordinator::Coordinator;
 use crate::identity::{Resolver, Session, SessionInfo, Via};
 use crate::journal::Journal;
+use crate::request_timeout::Started;
 use crate::store::{Backing, Caller, Stamp};
 use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
 
@@ -138,7 +139,7 @@ impl Workspace {
     /// (docs/design.md#sessions).
     pub(super) fn claimed(&self, s: Session, c: &Caller) -> Result<Session, Session> {
         let now = Timestamp::now();
-        let claim = match self.coord.claim(&self.engine, &s, c.uid, now) {
+        let claim = match self.coord.claim(&self.engine, &s, c.uid, now, c.started) {
             Ok(r) => r,
             Err(r) => {
                 tracing::debug!("session {} not claimed: {}", s.name, r.message);
@@ -192,9 +193,10 @@ impl Workspace {
         }
     }
 
-    /// `p` with what the backing directory holds there, if `p` is tracked.
-    pub(super) fn tracked<'p>(&self, p: &'p str) -> (At<'p>, bool) {
-        let at = self.at(p);
+    /// `p` with what the backing directory holds there, if `p` is tracked (for a request
+    /// that `started` then: [`Workspace::at`]).
+    pub(super) fn tracked<'p>(&self, p: &'p str, started: Started) -> (At<'p>, bool) {
+        let at = self.at(p, started);
         let dir = at.found == Found::Dir;
         (at, self.is_tracked(p, dir))
     }
@@ -357,14 +359,15 @@ impl Workspace {
     /// Before a write through a file with several names (the fence follows the inode):
     /// the handed paths taken in from another host and not looked at here yet are looked
     /// at now, so this host knows their inode on its own copy (hosts share no stamps).
-    pub(super) fn stamp_handed(&self) {
+    pub(super) fn stamp_handed(&self, started: Started) {
         if !self.coord.is_shared() {
             return;
         }
         let now = Timestamp::now();
-        // A write decision waits (bounded) for these judgements: until a handed path has
-        // this host's stamp, another name of its file is not known to be fenced.
-        let until = crate::request_timeout::deadline(JUDGE_WAIT);
+        // A write decision waits (bounded, by the request's budget too) for these
+        // judgements: until a handed path has this host's stamp, another name of its file
+        // is not known to be fenced.
+        let until = started.deadline(JUDGE_WAIT);
         for q in self.engine.unstamped_live_paths() {
             if let Some(st) = self.stamp_now(&q) {
                 self.observe_file_by(&self.engine, &q, st, None, Some(until), now);
@@ -375,21 +378,22 @@ impl Workspace {
     /// What the backing directory holds at `p` now, for the write decision (a file with
     /// several names is marked: the fence follows the inode), with the fingerprint the
     /// decision needs to judge a changed stamp.
-    /// The judgement is waited for up to [`JUDGE_WAIT`] (and the request's budget).
-    pub(super) fn at<'a>(&self, p: &'a str) -> At<'a> {
-        self.at_by(p, None)
+    /// The judgement is waited for up to [`JUDGE_WAIT`] (and the budget of the request
+    /// that `started` then).
+    pub(super) fn at<'a>(&self, p: &'a str, started: Started) -> At<'a> {
+        self.at_by(p, None, started)
     }
 
     /// [`Workspace::at`] for a request of `uid`.
-    pub(super) fn at_by<'a>(&self, p: &'a str, uid: Option<u32>) -> At<'a> {
+    pub(super) fn at_by<'a>(&self, p: &'a str, uid: Option<u32>, started: Started) -> At<'a> {
         match self.stat_links(p) {
             None => At::new(p, Found::Absent),
             Some((_, true, _)) => At::new(p, Found::Dir),
             Some((s, false, n)) => {
                 if n > 1 {
-                    self.stamp_handed();
+                    self.stamp_handed(started);
                 }
-                let until = crate::request_timeout::deadline(JUDGE_WAIT);
+                let until = started.deadline(JUDGE_WAIT);
                 let (s, print) = self.print_if_judged(&self.engine, p, s, uid, Some(until));
                 At::new(p, Found::File(s)).linked(n > 1).print(print)
             }

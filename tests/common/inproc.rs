@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use coherent::coherence::StaleMode;
 use coherent::fs::{Fs, FsOptions, Policy};
+use coherent::request_timeout::Started;
 use coherent::store::{Caller, FsError, SetAttr, Stamp, Store, Time, XattrReply, ROOT_INO};
 use coherent::volume::{Volume, VolumeConfig};
 use serde_json::Value;
@@ -27,7 +28,7 @@ use serde_json::Value;
 /// request of it would carry.
 pub struct Agent {
     child: Child,
-    pub caller: Caller,
+    who: Caller,
 }
 
 impl Agent {
@@ -47,12 +48,13 @@ impl Agent {
             assert!(Instant::now() < deadline, "sleep never exec'd");
             std::thread::yield_now();
         }
-        let caller = Caller {
+        let who = Caller {
             pid: child.id(),
             uid: 0,
             gid: 0,
+            started: Started::now(),
         };
-        Agent { child, caller }
+        Agent { child, who }
     }
 
     /// A process with no session tag at all (an empty environment but `PATH`): the volume
@@ -71,12 +73,22 @@ impl Agent {
             assert!(Instant::now() < deadline, "sleep never exec'd");
             std::thread::yield_now();
         }
-        let caller = Caller {
+        let who = Caller {
             pid: child.id(),
             uid: 0,
             gid: 0,
+            started: Started::now(),
         };
-        Agent { child, caller }
+        Agent { child, who }
+    }
+
+    /// The caller of a request of this process beginning now (a FUSE request's waits are
+    /// bounded from its start: src/request_timeout.rs).
+    pub fn caller(&self) -> Caller {
+        Caller {
+            started: Started::now(),
+            ..self.who
+        }
     }
 
     /// Kill the process and reap it (its /proc entry is gone afterwards).
@@ -188,7 +200,7 @@ impl InProc {
         for name in Path::new(p).iter() {
             let e = self
                 .fs
-                .lookup(&a.caller, ino, name)
+                .lookup(&a.caller(), ino, name)
                 .map_err(|e| e.errno())?;
             ino = e.attr.ok_or(libc::ENOENT)?.ino;
         }
@@ -210,16 +222,16 @@ impl InProc {
         let ino = self.ino(a, p)?;
         let o = self
             .fs
-            .open(&a.caller, ino, libc::O_RDONLY)
+            .open(&a.caller(), ino, libc::O_RDONLY)
             .map_err(|e| e.errno())?;
-        self.fs.release(&a.caller, ino, o.fh);
+        self.fs.release(&a.caller(), ino, o.fh);
         Ok(())
     }
 
     /// `a` opens `p` with `flags` (creating it if `O_CREAT` and missing), writes `data`
     /// at `offset` if any, and closes it (FLUSH, RELEASE): one write as a tool does it.
     pub fn write(&self, a: &Agent, p: &str, flags: i32, data: Option<&[u8]>) -> Result<(), i32> {
-        let c = &a.caller;
+        let c = &a.caller();
         let (ino, fh) = match self.ino(a, p) {
             Ok(ino) => (ino, self.fs.open(c, ino, flags).map_err(|e| e.errno())?.fh),
             Err(libc::ENOENT) if flags & libc::O_CREAT != 0 => {
@@ -252,7 +264,7 @@ impl InProc {
     pub fn setattr(&self, a: &Agent, p: &str, set: &SetAttr) -> Result<(), i32> {
         let ino = self.ino(a, p)?;
         self.fs
-            .setattr(&a.caller, ino, set, None)
+            .setattr(&a.caller(), ino, set, None)
             .map(drop)
             .map_err(|e| e.errno())
     }
@@ -261,7 +273,7 @@ impl InProc {
     pub fn rename(&self, a: &Agent, from: &str, to: &str, flags: u32) -> Result<(), i32> {
         let ((fp, fname), (tp, tname)) = (self.at(a, from), self.at(a, to));
         self.fs
-            .rename(&a.caller, fp, fname, tp, tname, flags)
+            .rename(&a.caller(), fp, fname, tp, tname, flags)
             .map_err(|e| e.errno())
     }
 
@@ -279,10 +291,10 @@ impl InProc {
     /// descriptor (JSON; Null if there is none).
     pub fn ctl_reply(&self, a: &Agent, req: &str) -> (Result<(), i32>, Value) {
         let ctl = self.surface_file(a, "ctl");
-        let o = self.fs.open(&a.caller, ctl, libc::O_RDWR).unwrap();
-        let r = self.fs.write(&a.caller, ctl, o.fh, 0, req.as_bytes());
+        let o = self.fs.open(&a.caller(), ctl, libc::O_RDWR).unwrap();
+        let r = self.fs.write(&a.caller(), ctl, o.fh, 0, req.as_bytes());
         let reply = self.read_fh(a, ctl, o.fh);
-        self.fs.release(&a.caller, ctl, o.fh);
+        self.fs.release(&a.caller(), ctl, o.fh);
         let reply = serde_json::from_str(&reply).unwrap_or(Value::Null);
         (r.map(drop).map_err(|e| e.errno()), reply)
     }
@@ -290,17 +302,17 @@ impl InProc {
     fn read_fh(&self, a: &Agent, ino: u64, fh: u64) -> String {
         let (tx, rx) = std::sync::mpsc::channel();
         let done = Box::new(move |r| tx.send(r).unwrap());
-        self.fs.read(&a.caller, ino, fh, 0, 1 << 20, done);
+        self.fs.read(&a.caller(), ino, fh, 0, 1 << 20, done);
         String::from_utf8(rx.recv().unwrap().unwrap_or_default()).unwrap()
     }
 
     /// The content of `.coherent/NAME` as `a` reads it.
     pub fn read_surface(&self, a: &Agent, name: &str) -> String {
         let ino = self.surface_file(a, name);
-        let o = self.fs.open(&a.caller, ino, libc::O_RDONLY).unwrap();
+        let o = self.fs.open(&a.caller(), ino, libc::O_RDONLY).unwrap();
         assert!(o.fopen.direct_io);
         let data = self.read_fh(a, ino, o.fh);
-        self.fs.release(&a.caller, ino, o.fh);
+        self.fs.release(&a.caller(), ino, o.fh);
         data
     }
 
@@ -330,7 +342,7 @@ impl InProc {
     pub fn version(&self, a: &Agent, p: &str) -> Option<u64> {
         let ino = self.ino(a, p).ok()?;
         let name = OsStr::new("user.coherent.version");
-        match self.fs.getxattr(&a.caller, ino, name, 64).ok()? {
+        match self.fs.getxattr(&a.caller(), ino, name, 64).ok()? {
             XattrReply::Data(d) => String::from_utf8(d).ok()?.trim().parse().ok(),
             XattrReply::Size(_) => None,
         }

@@ -38,18 +38,18 @@ impl Try<'_> {
     }
     fn link(&self, from: &str, to: &str) -> Result<(), i32> {
         let (dir, name) = self.f.at(self.a, to);
-        errno(self.f.fs.link(&self.a.caller, self.ino(from), dir, name)).map(drop)
+        errno(self.f.fs.link(&self.a.caller(), self.ino(from), dir, name)).map(drop)
     }
     fn unlink(&self, p: &str) -> Result<(), i32> {
         let (dir, name) = self.f.at(self.a, p);
-        errno(self.f.fs.unlink(&self.a.caller, dir, name))
+        errno(self.f.fs.unlink(&self.a.caller(), dir, name))
     }
     fn symlink(&self, p: &str, target: &str) -> Result<(), i32> {
         let (dir, name) = self.f.at(self.a, p);
         let made = self
             .f
             .fs
-            .symlink(&self.a.caller, dir, name, Path::new(target));
+            .symlink(&self.a.caller(), dir, name, Path::new(target));
         errno(made).map(drop)
     }
     fn setattr(&self, set: SetAttr) -> Result<(), i32> {
@@ -95,10 +95,10 @@ const ROWS: &[Row] = &[
         run: |t| {
             let (dir, name) = t.f.at(t.a, t.t);
             let flags = W | libc::O_CREAT | libc::O_TRUNC;
-            let made = errno(t.f.fs.create(&t.a.caller, dir, name, 0o644, 0, flags))?;
+            let made = errno(t.f.fs.create(&t.a.caller(), dir, name, 0o644, 0, flags))?;
             let ino = made.entry.attr.unwrap().ino;
-            t.f.fs.flush(&t.a.caller, ino, made.opened.fh).unwrap();
-            t.f.fs.release(&t.a.caller, ino, made.opened.fh);
+            t.f.fs.flush(&t.a.caller(), ino, made.opened.fh).unwrap();
+            t.f.fs.release(&t.a.caller(), ino, made.opened.fh);
             Ok(())
         },
         route: "open_write",
@@ -246,7 +246,7 @@ const ROWS: &[Row] = &[
         run: |t| {
             let ino = t.ino(t.t);
             let name = OsStr::new("user.test");
-            errno(t.f.fs.setxattr(&t.a.caller, ino, name, b"1", 0))
+            errno(t.f.fs.setxattr(&t.a.caller(), ino, name, b"1", 0))
         },
         route: "setxattr",
         after: Bytes("orig\n"),
@@ -259,7 +259,7 @@ const ROWS: &[Row] = &[
             let ino = t.ino(t.t);
             errno(
                 t.f.fs
-                    .removexattr(&t.a.caller, ino, OsStr::new("user.keep")),
+                    .removexattr(&t.a.caller(), ino, OsStr::new("user.keep")),
             )
         },
         route: "removexattr",
@@ -726,7 +726,7 @@ fn a_commit_over_a_version_made_while_the_handle_was_open_is_counted() {
         f.write_file("f", "v1\n");
         f.read(&alice, "f").unwrap();
         let ino = f.ino(&alice, "f").unwrap();
-        let o = f.fs.open(&alice.caller, ino, APPEND).unwrap();
+        let o = f.fs.open(&alice.caller(), ino, APPEND).unwrap();
         f.write(&bob, "f", APPEND, Some(b"bob\n")).unwrap();
         assert_eq!(f.version(&bob, "f"), Some(2));
         let set = SetAttr {
@@ -739,9 +739,10 @@ fn a_commit_over_a_version_made_while_the_handle_was_open_is_counted() {
             _ => Err(libc::EACCES),
         };
         assert_eq!(f.setattr(&alice, "f", &set), want, "{mode:?}");
-        f.fs.write(&alice.caller, ino, o.fh, 7, b"alice\n").unwrap();
-        f.fs.flush(&alice.caller, ino, o.fh).unwrap();
-        f.fs.release(&alice.caller, ino, o.fh);
+        f.fs.write(&alice.caller(), ino, o.fh, 7, b"alice\n")
+            .unwrap();
+        f.fs.flush(&alice.caller(), ino, o.fh).unwrap();
+        f.fs.release(&alice.caller(), ino, o.fh);
         assert_eq!(f.version(&alice, "f"), Some(3));
         let sw: Vec<_> = f
             .events_of("stale_write", "alice")
@@ -930,7 +931,7 @@ fn every_refusal_has_its_reason_and_errno() {
     f.write(&alice, "busy.md", W | libc::O_CREAT, Some(b"busy\n"))
         .unwrap();
     let busy = f.ino(&alice, "busy.md").unwrap();
-    let held = f.fs.open(&alice.caller, busy, W).unwrap();
+    let held = f.fs.open(&alice.caller(), busy, W).unwrap();
     refused(
         &f,
         &alice,
@@ -938,7 +939,7 @@ fn every_refusal_has_its_reason_and_errno() {
         "handoff_in_flight",
         libc::EBUSY,
     );
-    f.fs.release(&alice.caller, busy, held.fh);
+    f.fs.release(&alice.caller(), busy, held.fh);
 
     // A live record alice -> bob on plan.md.
     verb_ok(&f, &alice, &t("plan.md", "bob"));

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use coherent::fs::{HandleInfo, HandleState, OpenInfo, WriteRoute};
+use coherent::request_timeout::Started;
 use coherent::store::{Caller, FsError, SetAttr, Stamp, XattrReply, ROOT_INO};
 use common::inproc::{Agent, InProc as Fixture};
 
@@ -30,7 +31,7 @@ impl Hooks for Fixture {
             path: Some(Path::new(p)),
             flags: libc::O_WRONLY,
         };
-        let permit = self.pol.before_write(&a.caller, &route).unwrap();
+        let permit = self.pol.before_write(&a.caller(), &route).unwrap();
         let info = OpenInfo {
             ino: 1,
             path: Some(Path::new(p)),
@@ -38,7 +39,7 @@ impl Hooks for Fixture {
             created: false,
             stamp: self.stamp(p),
         };
-        let state = self.pol.on_open(&a.caller, &info, permit).unwrap();
+        let state = self.pol.on_open(&a.caller(), &info, permit).unwrap();
         state.expect("a write handle keeps state")
     }
 
@@ -51,6 +52,16 @@ impl Hooks for Fixture {
             before,
             now: self.stamp(p),
         }
+    }
+}
+
+/// A request of uid 0 from `pid` (0: none the kernel could name), beginning now.
+fn root_caller(pid: u32) -> Caller {
+    Caller {
+        pid,
+        uid: 0,
+        gid: 0,
+        started: Started::now(),
     }
 }
 
@@ -162,7 +173,7 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
         ),
     ];
     for (i, (route, name)) in routes.iter().enumerate() {
-        let err = f.pol.before_write(&alice.caller, route).unwrap_err();
+        let err = f.pol.before_write(&alice.caller(), route).unwrap_err();
         assert_eq!(err.errno(), libc::EACCES, "{route:?}");
         let denied = f.events_written("denied", "alice");
         assert_eq!(
@@ -178,19 +189,23 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
     let why = f
         .vol
         .engine()
-        .why(&f.vol.resolver().resolve_request(alice.caller.pid, 0));
+        .why(&f.vol.resolver().resolve_request(alice.caller().pid, 0));
     assert!(why.unwrap().contains("you handed plan.md"));
     // A bystander and the successor are not fenced; mkdir/rmdir are no write routes.
     let carol = Agent::new("carol");
     for a in [&bob, &carol] {
-        let permit = f.pol.before_write(&a.caller, &routes[2].0).unwrap();
+        let permit = f.pol.before_write(&a.caller(), &routes[2].0).unwrap();
         assert_eq!(permit.unwrap().path, "plan.md");
     }
     let mkdir = WriteRoute::Mkdir {
         path: p("plan.md"),
         mode: 0o755,
     };
-    assert!(f.pol.before_write(&alice.caller, &mkdir).unwrap().is_none());
+    assert!(f
+        .pol
+        .before_write(&alice.caller(), &mkdir)
+        .unwrap()
+        .is_none());
     // A computed xattr is refused to anyone, with no event.
     let computed = WriteRoute::Setxattr {
         path: p("other.md"),
@@ -198,7 +213,7 @@ fn a_fenced_giver_is_refused_on_every_route_with_eacces_and_a_denied_event() {
     };
     assert_eq!(
         f.pol
-            .before_write(&carol.caller, &computed)
+            .before_write(&carol.caller(), &computed)
             .unwrap_err()
             .errno(),
         libc::EACCES
@@ -215,13 +230,9 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let st = f.stamp("a.md");
     // A deliberate close(2) by a running task, then its process exits before the
     // RELEASE arrives: still a `release`.
-    f.pol.on_flush(&bob.caller, &f.handle("a.md", &t, st));
+    f.pol.on_flush(&bob.caller(), &f.handle("a.md", &t, st));
     bob.kill();
-    let nobody = Caller {
-        pid: 0,
-        ..bob.caller
-    };
-    f.pol.on_release(&nobody, &f.handle("a.md", &t, st));
+    f.pol.on_release(&root_caller(0), &f.handle("a.md", &t, st));
     assert_eq!(f.events_of("release", "bob").len(), 1);
     assert!(f.events_of("reclaim", "bob").is_empty());
 
@@ -229,7 +240,7 @@ fn an_unchanged_handle_closed_by_a_running_task_is_released_by_a_dead_session_re
     let mut carol = Agent::new("carol");
     let t = f.open_write(&carol, "a.md");
     carol.kill();
-    f.pol.on_release(&nobody, &f.handle("a.md", &t, st));
+    f.pol.on_release(&root_caller(0), &f.handle("a.md", &t, st));
     let reclaimed = f.await_event("reclaim", "carol", 1);
     assert_eq!(reclaimed.len(), 1, "{:#?}", f.events());
     assert_eq!(reclaimed[0]["path"], "a.md");
@@ -250,7 +261,8 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
     assert_eq!(f.ctl(&alice, "transfer --to bob plan.md"), Err(libc::EBUSY));
     assert!(started.elapsed() < Duration::from_secs(4), "did not wait");
     // Closed (FLUSH) but the RELEASE is still on its way: the transfer waits for it.
-    f.pol.on_flush(&alice.caller, &f.handle("plan.md", &t, st));
+    f.pol
+        .on_flush(&alice.caller(), &f.handle("plan.md", &t, st));
     std::thread::scope(|sc| {
         let vol = &f.pol;
         let h = f.handle("plan.md", &t, st);
@@ -258,14 +270,7 @@ fn a_transfer_waits_for_a_flushed_handle_and_refuses_one_held_open() {
             // Release once the transfer is waiting (it logs nothing while waiting; its
             // refusal would already be back, so give it a moment to start).
             std::thread::sleep(Duration::from_millis(200));
-            vol.on_release(
-                &Caller {
-                    pid: 0,
-                    uid: 0,
-                    gid: 0,
-                },
-                &h,
-            );
+            vol.on_release(&root_caller(0), &h);
         });
         assert_eq!(f.ctl(&alice, "transfer --to bob plan.md"), Ok(()));
         releaser.join().unwrap();
@@ -288,18 +293,14 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
     let dead = gone.id();
     assert!(!Path::new(&format!("/proc/{dead}")).exists());
     for pid in [dead, 0] {
-        let c = Caller {
-            pid,
-            uid: 0,
-            gid: 0,
-        };
+        let c = || root_caller(pid);
         let denied_before = f.events_of("denied", "uid:0").len();
         let route = WriteRoute::Open {
             ino: 1,
             path: Some(Path::new("plan.md")),
             flags: libc::O_WRONLY | libc::O_APPEND,
         };
-        let e = f.pol.before_write(&c, &route).unwrap_err();
+        let e = f.pol.before_write(&c(), &route).unwrap_err();
         assert_eq!(e.errno(), libc::EACCES, "pid {pid}");
         let denied = f.events_written("denied", "uid:0");
         assert_eq!(denied.len(), denied_before + 1, "pid {pid}: {denied:?}");
@@ -314,7 +315,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             flags: 0,
         };
         assert_eq!(
-            f.pol.before_write(&c, &onto).unwrap_err().errno(),
+            f.pol.before_write(&c(), &onto).unwrap_err().errno(),
             libc::EACCES
         );
         // Other paths: written as the request's uid, as before.
@@ -323,10 +324,10 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             path: Some(Path::new("other.md")),
             flags: libc::O_WRONLY,
         };
-        let permit = f.pol.before_write(&c, &other).unwrap().expect("a permit");
+        let permit = f.pol.before_write(&c(), &other).unwrap().expect("a permit");
         assert_eq!(permit.session.name, "uid:0");
         f.pol
-            .after_write(&c, &other, Some(permit), Err(FsError(libc::EIO)));
+            .after_write(&c(), &other, Some(permit), Err(FsError(libc::EIO)));
         // Reads go on.
         let info = OpenInfo {
             ino: 1,
@@ -335,7 +336,7 @@ fn an_unresolved_caller_is_refused_on_a_handed_path_and_nowhere_else() {
             created: false,
             stamp: f.stamp("plan.md"),
         };
-        assert!(f.pol.on_open(&c, &info, None).unwrap().is_none());
+        assert!(f.pol.on_open(&c(), &info, None).unwrap().is_none());
     }
     // Nothing overtook the handoff: the record is pending and alice is still fenced.
     let st = f.vol.engine().status(Some("plan.md"));
@@ -362,11 +363,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
     f.write_file("d/x.md", "x\n");
     f.read(&alice, "d/x.md").unwrap();
     f.ctl(&alice, "transfer --to bob d/x.md").unwrap();
-    let c = Caller {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
+    let c = || root_caller(0);
     let p = |s: &'static str| Some(Path::new(s));
     let last_denied = || f.events_written("denied", "uid:0").last().cloned().unwrap();
     let onto = WriteRoute::Rename {
@@ -374,7 +371,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("plan.md"),
         flags: 0,
     };
-    let e = f.pol.before_write(&c, &onto).unwrap_err();
+    let e = f.pol.before_write(&c(), &onto).unwrap_err();
     assert_eq!(e.errno(), libc::EACCES);
     let d = last_denied();
     assert_eq!(
@@ -388,7 +385,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("elsewhere.md"),
         flags: 0,
     };
-    f.pol.before_write(&c, &away).unwrap_err();
+    f.pol.before_write(&c(), &away).unwrap_err();
     let d = last_denied();
     assert_eq!(
         (&d["path"], &d["route"]),
@@ -401,7 +398,7 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         flags: 0,
     };
     assert_eq!(
-        f.pol.before_write(&c, &dir).unwrap_err().errno(),
+        f.pol.before_write(&c(), &dir).unwrap_err().errno(),
         libc::EACCES
     );
     let d = last_denied();
@@ -416,9 +413,9 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("ee"),
         flags: 0,
     };
-    let permit = f.pol.before_write(&c, &neighbour).unwrap();
+    let permit = f.pol.before_write(&c(), &neighbour).unwrap();
     f.pol
-        .after_write(&c, &neighbour, permit, Err(FsError(libc::EIO)));
+        .after_write(&c(), &neighbour, permit, Err(FsError(libc::EIO)));
     // A one-letter directory: `d/x.md` has its `/` right after one letter, yet is not in `z/`.
     std::fs::create_dir(f.backing.join("z")).unwrap();
     let short = WriteRoute::Rename {
@@ -426,9 +423,9 @@ fn an_unresolved_rename_is_denied_with_its_side_and_only_over_its_own_subtree() 
         to: p("y"),
         flags: 0,
     };
-    let permit = f.pol.before_write(&c, &short).unwrap();
+    let permit = f.pol.before_write(&c(), &short).unwrap();
     f.pol
-        .after_write(&c, &short, permit, Err(FsError(libc::EIO)));
+        .after_write(&c(), &short, permit, Err(FsError(libc::EIO)));
     assert_eq!(f.events_written("denied", "uid:0").len(), n);
 }
 
@@ -455,7 +452,7 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
     let f = Fixture::new();
     let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
     handed(&f, &alice, &bob);
-    let c = &alice.caller;
+    let c = &alice.caller();
     let name = OsStr::new;
     let ino = |p: &str| f.fs.lookup(c, ROOT_INO, name(p)).unwrap().attr.unwrap().ino;
     let (plan, other) = (ino("plan.md"), ino("other.md"));
@@ -535,7 +532,7 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
     // handle), and its release commits the next version.
     let version = |a: &Agent| {
         let v =
-            f.fs.getxattr(&a.caller, plan, name("user.coherent.version"), 64);
+            f.fs.getxattr(&a.caller(), plan, name("user.coherent.version"), 64);
         match v.unwrap() {
             XattrReply::Data(d) => String::from_utf8(d).unwrap(),
             XattrReply::Size(_) => unreachable!(),
@@ -543,12 +540,15 @@ fn every_write_route_through_the_filesystem_is_decided_before_it_operates() {
     };
     assert_eq!(version(&bob), "1");
     let o =
-        f.fs.open(&bob.caller, plan, libc::O_WRONLY | libc::O_TRUNC)
+        f.fs.open(&bob.caller(), plan, libc::O_WRONLY | libc::O_TRUNC)
             .unwrap();
     assert!(!o.fopen.noflush && !o.fopen.direct_io);
-    assert_eq!(f.fs.write(&bob.caller, plan, o.fh, 0, b"v2\n").unwrap(), 3);
-    f.fs.flush(&bob.caller, plan, o.fh).unwrap();
-    assert!(f.fs.release(&bob.caller, plan, o.fh).is_some());
+    assert_eq!(
+        f.fs.write(&bob.caller(), plan, o.fh, 0, b"v2\n").unwrap(),
+        3
+    );
+    f.fs.flush(&bob.caller(), plan, o.fh).unwrap();
+    assert!(f.fs.release(&bob.caller(), plan, o.fh).is_some());
     assert_eq!(version(&bob), "2");
     assert_eq!(
         f.read_surface(&bob, "why").split(':').next(),
@@ -564,15 +564,16 @@ fn a_stale_write_goes_on_and_the_writer_is_told_at_why() {
     let f = Fixture::new();
     let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
     f.write_file("plan.md", "v1\n");
-    let plan = f.fs.lookup(&alice.caller, ROOT_INO, OsStr::new("plan.md"));
+    let plan =
+        f.fs.lookup(&alice.caller(), ROOT_INO, OsStr::new("plan.md"));
     let plan = plan.unwrap().attr.unwrap().ino;
     let append = |a: &Agent| {
         let o =
-            f.fs.open(&a.caller, plan, libc::O_WRONLY | libc::O_APPEND)
+            f.fs.open(&a.caller(), plan, libc::O_WRONLY | libc::O_APPEND)
                 .unwrap();
-        f.fs.write(&a.caller, plan, o.fh, 0, b"more\n").unwrap();
-        f.fs.flush(&a.caller, plan, o.fh).unwrap();
-        f.fs.release(&a.caller, plan, o.fh);
+        f.fs.write(&a.caller(), plan, o.fh, 0, b"more\n").unwrap();
+        f.fs.flush(&a.caller(), plan, o.fh).unwrap();
+        f.fs.release(&a.caller(), plan, o.fh);
     };
     f.read(&alice, "plan.md").unwrap();
     append(&bob);
@@ -599,7 +600,7 @@ fn a_refusal_is_logged_before_it_returns_and_told_only_to_a_known_session() {
         path: Some(Path::new("plan.md")),
         flags: libc::O_WRONLY,
     };
-    let e = f.pol.before_write(&alice.caller, &open).unwrap_err();
+    let e = f.pol.before_write(&alice.caller(), &open).unwrap_err();
     assert_eq!(e.errno(), libc::EACCES);
     let denied = f.events_written("denied", "alice");
     assert_eq!(denied.len(), 1, "{denied:?}");
@@ -609,12 +610,7 @@ fn a_refusal_is_logged_before_it_returns_and_told_only_to_a_known_session() {
     assert!(why.contains("\n(at "), "the volume says when: {why}");
 
     // pid 0: no session to resolve, so it is decided as uid:0 and refused `unresolved`.
-    let nobody = Caller {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let e = f.pol.before_write(&nobody, &open).unwrap_err();
+    let e = f.pol.before_write(&root_caller(0), &open).unwrap_err();
     assert_eq!(e.errno(), libc::EACCES);
     let denied = f.events_written("denied", "uid:0");
     assert_eq!(denied.len(), 1, "{denied:?}");
@@ -649,7 +645,7 @@ fn a_giver_opening_an_untracked_name_of_the_handed_file_is_fenced() {
             path: Some(Path::new(path)),
             flags: libc::O_WRONLY | libc::O_APPEND,
         };
-        let e = f.pol.before_write(&alice.caller, &open).unwrap_err();
+        let e = f.pol.before_write(&alice.caller(), &open).unwrap_err();
         assert_eq!(e.errno(), libc::EACCES, "{path}");
     }
     let denied = f.events_written("denied", "alice");
@@ -663,6 +659,6 @@ fn a_giver_opening_an_untracked_name_of_the_handed_file_is_fenced() {
             path: Some(Path::new(path)),
             flags: libc::O_WRONLY | libc::O_APPEND,
         };
-        assert!(f.pol.before_write(&carol.caller, &open).is_ok(), "{path}");
+        assert!(f.pol.before_write(&carol.caller(), &open).is_ok(), "{path}");
     }
 }

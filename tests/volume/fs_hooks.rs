@@ -14,6 +14,7 @@ use coherent::fs::{
     WriteRoute,
 };
 use coherent::fuse::CoherentFs;
+use coherent::request_timeout::Started;
 use coherent::store::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, SetAttr, Store, Time, ROOT_INO,
     VIRTUAL_INO_BIT,
@@ -513,6 +514,7 @@ fn the_filesystem_sequences_decide_operate_open_and_release_without_a_mount() {
         pid: unsafe { libc::gettid() } as u32,
         uid: 0,
         gid: 0,
+        started: Started::now(),
     };
     let name = OsStr::new;
     let wr = libc::O_WRONLY | libc::O_CREAT;
@@ -608,6 +610,7 @@ fn the_pseudo_tree_is_routed_by_inode_without_a_mount() {
         pid: 4242,
         uid: 0,
         gid: 0,
+        started: Started::now(),
     };
     let name = OsStr::new;
     let dir = fs_.lookup(&c, ROOT_INO, name(".coherent")).unwrap();

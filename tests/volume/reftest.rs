@@ -21,6 +21,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use coherent::fs::{Entry, Fs, FsOptions, NoPolicy};
+use coherent::request_timeout::Started;
 use coherent::store::{Caller, FsError, FsResult, Kind, SetAttr, Store, ROOT_INO};
 use common::inproc::{Agent, InProc};
 use common::rng::Rng;
@@ -263,15 +264,24 @@ const MAX_LINKS: u32 = 40;
 struct Direct<'a> {
     fs: &'a Fs,
     top: u64,
-    caller: Caller,
+    /// Who sends the requests (each request gets its own start: [`Direct::caller`]).
+    who: Caller,
     looked: std::cell::RefCell<Vec<u64>>,
 }
 
 impl Direct<'_> {
+    /// The caller of a request beginning now.
+    fn caller(&self) -> Caller {
+        Caller {
+            started: Started::now(),
+            ..self.who
+        }
+    }
+
     fn lookup(&self, dir: u64, name: &OsStr) -> Result<(u64, Kind), i32> {
         let e = self
             .fs
-            .lookup(&self.caller, dir, name)
+            .lookup(&self.caller(), dir, name)
             .map_err(FsError::errno)?;
         let a = e.attr.ok_or(libc::ENOENT)?;
         self.looked.borrow_mut().push(a.ino);
@@ -286,7 +296,7 @@ impl Direct<'_> {
             at = self.follow(at, part, links)?;
             if self
                 .fs
-                .getattr(&self.caller, at)
+                .getattr(&self.caller(), at)
                 .map_err(FsError::errno)?
                 .attr
                 .kind
@@ -336,7 +346,7 @@ impl Direct<'_> {
         mode: u32,
         f: impl FnOnce(u64, u64) -> Result<T, i32>,
     ) -> Result<T, i32> {
-        let c = &self.caller;
+        let c = &self.caller();
         let (mut dir, mut name) = self.at(p).map(|(d, n)| (d, n.to_string()))?;
         let mut links = 0;
         let ino = loop {
@@ -384,8 +394,8 @@ impl Direct<'_> {
         f: impl FnOnce(u64, u64) -> Result<T, i32>,
     ) -> Result<T, i32> {
         let r = f(ino, fh);
-        self.fs.flush(&self.caller, ino, fh).unwrap();
-        self.fs.release(&self.caller, ino, fh);
+        self.fs.flush(&self.caller(), ino, fh).unwrap();
+        self.fs.release(&self.caller(), ino, fh);
         r
     }
 
@@ -395,7 +405,7 @@ impl Direct<'_> {
             let (tx, rx) = std::sync::mpsc::channel();
             let done = Box::new(move |r| tx.send(r).unwrap());
             self.fs
-                .read(&self.caller, ino, fh, out.len() as u64, 1 << 16, done);
+                .read(&self.caller(), ino, fh, out.len() as u64, 1 << 16, done);
             let chunk = rx.recv().unwrap().map_err(FsError::errno)?;
             if chunk.is_empty() {
                 return Ok(out);
@@ -422,12 +432,12 @@ impl Direct<'_> {
     /// A setattr of the node `p` names (symlinks followed).
     fn setattr(&self, p: &str, set: SetAttr) -> Result<Vec<u8>, i32> {
         let ino = self.node(p)?;
-        let r = self.fs.setattr(&self.caller, ino, &set, None);
+        let r = self.fs.setattr(&self.caller(), ino, &set, None);
         r.map(|_| vec![]).map_err(FsError::errno)
     }
 
     fn apply_op(&self, op: &Op) -> Result<Vec<u8>, i32> {
-        let (fs, c) = (self.fs, &self.caller);
+        let (fs, c) = (self.fs, &self.caller());
         let name = |n: &str| OsStr::new(n).to_owned();
         let errno = FsError::errno;
         match op {
@@ -626,6 +636,7 @@ fn run(sut: Sut) {
         pid: std::process::id(),
         uid: 0,
         gid: 0,
+        started: Started::now(),
     };
     // With the volume policy the caller is an agent's process, so every write is decided,
     // tracked and counted for a session.
@@ -635,7 +646,7 @@ fn run(sut: Sut) {
     };
     let (fs, direct_root) = match (&volume, &agent) {
         (Some(v), Some(a)) => {
-            caller = a.caller;
+            caller = a.caller();
             (&v.fs, v.backing.clone())
         }
         _ => (&plain, direct_dir.path().to_path_buf()),
@@ -662,12 +673,21 @@ fn run(sut: Sut) {
             fs,
             top: match sut {
                 Sut::Direct { .. } => {
-                    let e = fs.lookup(&caller, ROOT_INO, OsStr::new(&sub)).unwrap();
+                    let e = fs
+                        .lookup(
+                            &Caller {
+                                started: Started::now(),
+                                ..caller
+                            },
+                            ROOT_INO,
+                            OsStr::new(&sub),
+                        )
+                        .unwrap();
                     e.attr.unwrap().ino
                 }
                 Sut::Mount { .. } => ROOT_INO, // unused
             },
-            caller,
+            who: caller,
             looked: Default::default(),
         };
         let mut rng = Rng(seed);

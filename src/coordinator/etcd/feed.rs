@@ -109,8 +109,9 @@ impl Etcd {
             .collect();
         for p in paths {
             let _g = self.steps.lock();
-            // Bounded like a request's: a FUSE step may be waiting for this lock.
-            let deadline = request_timeout::deadline(STEP_TIMEOUT);
+            // No request began this, but a FUSE step may be waiting for this lock: bounded
+            // as a request that begins now.
+            let deadline = Started::now().deadline(STEP_TIMEOUT);
             let st = self.engine.shared_state(&p);
             let revs = HashMap::from([(
                 p.clone(),
