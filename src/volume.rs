@@ -1,8 +1,10 @@
 //! The coherent volume: the parts that make a [`crate::fs::Fs`] coherent, over the
 //! store's backing directory, and their wiring (docs/design.md#volume-parts).
 //!
-//! - [`Workspace`](workspace): what every part reads (engine, journal, coordinator,
-//!   sessions, tracking, the backing directory) and who-and-what, resolved once.
+//! - `Sessions`: who is calling (a request's process to its session, the name's owner).
+//! - [`Workspace`](workspace): what is on disk at a path (tracked, its stamp, its other
+//!   names, its content judged).
+//! - `History`: what a write is about to replace, kept.
 //! - [`WritePolicy`]: the filesystem's [`Policy`](crate::fs::Policy): decides, counts,
 //!   keeps write handles in the [`handles`] registry.
 //! - [`Verbs`]: the verbs server (`ctl` requests and the answers of the `.coherent/`
@@ -10,17 +12,15 @@
 //! - [`ControlFs`]: `.coherent/` as a pseudo filesystem that calls the verbs server.
 //! - `tell.rs`: refuse and tell, the one recipe for what a refused caller hears.
 
-mod alias;
 mod changes;
 mod control;
 mod handle;
 mod handles;
 mod history;
-mod history_verbs;
 mod judge;
 mod liveness;
 mod policy;
-mod prune;
+mod sessions;
 mod standing;
 pub mod state_dir;
 mod tell;
@@ -44,6 +44,9 @@ use crate::journal::{Journal, JournalError, JournalOptions};
 use crate::store::{Backing, Store};
 use crate::tracking::Tracking;
 use handles::Handles;
+use history::History;
+use sessions::Sessions;
+use tell::Tell;
 use workspace::Workspace;
 
 pub use control::ControlFs;
@@ -138,8 +141,33 @@ pub fn raise_nofile_limit() -> u64 {
 
 /// The volume's parts, wired: the write policy and `.coherent/` for [`Fs`], and the
 /// threads that keep the state (maintenance, the answers of waiting `ctl` handles).
-pub struct Volume {
+/// The owners the parts are built from, each the one owner of its job; a part keeps
+/// only the ones it uses.
+struct Owners {
+    engine: Arc<Engine>,
+    journal: Arc<Journal>,
+    /// Where shared state is agreed: [`Embedded`] on one host, [`Etcd`] across hosts
+    /// (asked [`Coordinator::is_shared`]).
+    coord: Arc<dyn Coordinator>,
+    backing: Backing,
+    /// Who is calling.
+    sessions: Arc<Sessions>,
+    /// What is on disk at a path.
     ws: Arc<Workspace>,
+    /// The paths changed through the volume, for git's fsmonitor.
+    changes: Arc<changes::Changes>,
+    /// What a refused caller hears.
+    tell: Arc<Tell>,
+    /// What a write is about to replace, kept.
+    history: Arc<History>,
+}
+
+pub struct Volume {
+    engine: Arc<Engine>,
+    journal: Arc<Journal>,
+    coord: Arc<dyn Coordinator>,
+    sessions: Arc<Sessions>,
+    history: Arc<History>,
     policy: Arc<WritePolicy>,
     control: Arc<ControlFs>,
     state_dir: PathBuf,
@@ -236,40 +264,49 @@ impl Volume {
             )),
         };
         let judge = workspace::judge(&backing, &opened.engine, &opened.journal);
-        let ws = Arc::new(Workspace {
-            engine: opened.engine,
-            journal: opened.journal,
+        let (engine, journal) = (opened.engine, opened.journal);
+        let o = Owners {
+            sessions: Arc::new(Sessions::new(resolver, engine.clone(), coord.clone())),
+            ws: Arc::new(Workspace::new(
+                engine.clone(),
+                coord.clone(),
+                backing.clone(),
+                tracking,
+                judge,
+            )),
+            changes: Arc::new(changes::Changes::new(sole_path, bypass)),
+            tell: Arc::new(Tell::new(engine.clone(), journal.clone())),
+            history: Arc::new(History::new(backing.clone(), engine.clone(), history)),
+            engine,
+            journal,
             coord,
-            resolver,
             backing,
-            tracking,
-            changes: changes::Changes::new(sole_path, bypass),
-            linked: Mutex::new(Default::default()),
-            history,
-            judge,
-        });
+        };
         let handles = Arc::new(Handles::default());
         // Another host's transfer of a file its giver has open for writing here, under
-        // any name, is in flight. Weak: the coordinator outlives neither.
-        let (w, h) = (Arc::downgrade(&ws), Arc::downgrade(&handles));
-        ws.coord.watch_writers(Box::new(move |p, giver| {
-            let (Some(ws), Some(handles)) = (w.upgrade(), h.upgrade()) else {
+        // any name, is in flight. Weak: the coordinator outlives the handles.
+        let (b, h) = (o.backing.clone(), Arc::downgrade(&handles));
+        o.coord.watch_writers(Box::new(move |p, giver| {
+            let Some(handles) = h.upgrade() else {
                 return false;
             };
-            ws.backing
-                .lstat(p)
+            b.lstat(p)
                 .is_some_and(|st| handles.writes_inode(giver, st.stamp.ino))
         }));
-        let policy = Arc::new(WritePolicy::new(ws.clone(), handles.clone()));
+        let policy = Arc::new(WritePolicy::new(&o, handles.clone()));
         let verbs = Arc::new(Verbs::new(
-            ws.clone(),
+            &o,
             handles,
             cfg.mountpoint.clone(),
             cfg.in_flight_wait,
             standing::Standing::open(&cfg.state_dir, state_io),
         ));
         let v = Arc::new(Volume {
-            ws,
+            engine: o.engine,
+            journal: o.journal,
+            coord: o.coord,
+            sessions: o.sessions,
+            history: o.history,
             policy,
             control: Arc::new(ControlFs::new(verbs)),
             state_dir: cfg.state_dir,
@@ -327,19 +364,19 @@ impl Volume {
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
-        &self.ws.engine
+        &self.engine
     }
 
     pub fn journal(&self) -> &Arc<Journal> {
-        &self.ws.journal
+        &self.journal
     }
 
     pub fn resolver(&self) -> &Resolver {
-        &self.ws.resolver
+        self.sessions.resolver()
     }
 
     pub fn coordinator(&self) -> &Arc<dyn Coordinator> {
-        &self.ws.coord
+        &self.coord
     }
 
     /// Every few seconds: evict ended records past `--evict-after`, snapshot when due.
@@ -355,8 +392,8 @@ impl Volume {
                     return;
                 }
             }
-            let may_evict = |p: &str| self.ws.coord.may_evict(p);
-            let (engine, journal) = (&self.ws.engine, &self.ws.journal);
+            let may_evict = |p: &str| self.coord.may_evict(p);
+            let (engine, journal) = (&self.engine, &self.journal);
             match journal.maintain_with(engine, Timestamp::now(), &may_evict) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!("evicted {n} ended handoff record(s)"),
@@ -365,8 +402,8 @@ impl Volume {
             // About once a minute: the views of sessions gone.
             rounds += 1;
             if rounds % 12 == 0 {
-                self.ws.forget_gone_readers();
-                if let Some(h) = &self.ws.history {
+                self.sessions.forget_gone_readers();
+                if let Some(h) = self.history.store() {
                     h.prune(Timestamp::now(), true);
                 }
             }
@@ -375,24 +412,24 @@ impl Volume {
 
     /// At unmount: stop the maintenance thread, write out the log and take a snapshot.
     pub fn shutdown(&self) {
-        self.ws.coord.shutdown();
+        self.coord.shutdown();
         *self.stop.lock() = true;
         self.stop_cv.notify_all();
         if let Some(h) = self.maintenance.lock().take() {
             let _ = h.join();
         }
-        self.ws.engine.poke();
+        self.engine.poke();
         if let Some(h) = self.waiter.lock().take() {
             let _ = h.join();
         }
-        if let Err(e) = self.ws.journal.flush() {
+        if let Err(e) = self.journal.flush() {
             tracing::warn!("writing the state log at exit failed: {e}");
         }
-        match self.ws.journal.checkpoint(&self.ws.engine) {
+        match self.journal.checkpoint(&self.engine) {
             Ok(()) => tracing::info!(
                 "state saved in {} (seq {})",
                 self.state_dir.display(),
-                self.ws.engine.last_seq()
+                self.engine.last_seq()
             ),
             Err(e) => tracing::warn!("snapshot at exit failed: {e}"),
         }

@@ -7,12 +7,15 @@
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use crate::coherence::{CommitOp, Timestamp};
+use std::sync::Arc;
+
+use crate::coherence::{CommitOp, Engine, Timestamp};
 use crate::fs::WriteRoute;
 use crate::history::{Entry, Kept};
 use crate::identity::Session;
+use crate::store::Backing;
 
-use super::workspace::{rel, Workspace};
+use super::workspace::rel;
 
 fn op_name(op: CommitOp) -> String {
     serde_json::to_value(op)
@@ -21,7 +24,32 @@ fn op_name(op: CommitOp) -> String {
         .unwrap_or_else(|| "write".into())
 }
 
-impl Workspace {
+/// The content history of the volume's writes (docs/history.md): what a write is about to
+/// replace is kept before it goes. None of it when the history is off.
+pub(super) struct History {
+    backing: Backing,
+    engine: Arc<Engine>,
+    store: Option<Arc<crate::history::Store>>,
+}
+
+impl History {
+    pub(super) fn new(
+        backing: Backing,
+        engine: Arc<Engine>,
+        store: Option<Arc<crate::history::Store>>,
+    ) -> Self {
+        History {
+            backing,
+            engine,
+            store,
+        }
+    }
+
+    /// The history's store (None: off), for the `history` verbs and the upkeep.
+    pub(super) fn store(&self) -> Option<&Arc<crate::history::Store>> {
+        self.store.as_ref()
+    }
+
     /// The backing file `p` open for reading, with its stat, if it is a regular file.
     fn open_backing(&self, p: &str) -> Option<(std::os::fd::OwnedFd, libc::stat)> {
         // O_NOATIME: keeping a version is not a use of the file (a read would move an atime
@@ -44,7 +72,7 @@ impl Workspace {
 
     /// The content of `fd` (the backing file `p`) taken into the store.
     fn keep(&self, p: &str, fd: std::os::fd::OwnedFd) -> Option<Kept> {
-        match self.history.as_ref()?.keep_fd(fd.as_fd()) {
+        match self.store.as_ref()?.keep_fd(fd.as_fd()) {
             Ok(k) => k,
             Err(e) => {
                 tracing::warn!(path = %crate::names::display_name(p), "history: cannot keep a version: {e}");
@@ -62,7 +90,7 @@ impl Workspace {
         kept: Option<Kept>,
         now: Timestamp,
     ) {
-        let Some(h) = self.history.as_ref() else {
+        let Some(h) = self.store.as_ref() else {
             return;
         };
         h.record(Entry {
@@ -89,11 +117,11 @@ impl Workspace {
         now: Timestamp,
         commit: impl FnOnce() -> u64,
     ) -> u64 {
-        if self.history.is_none() {
+        if self.store.is_none() {
             return commit();
         }
         let removes = matches!(op, CommitOp::Unlink | CommitOp::RenameAway);
-        let h = self.history.as_ref().expect("checked");
+        let h = self.store.as_ref().expect("checked");
         let opened = if removes { None } else { self.open_backing(p) };
         let kept = match opened {
             Some((fd, st)) if st.st_size as u64 > h.limits().max_file => {
@@ -127,7 +155,7 @@ impl Workspace {
     /// Before a write route the volume permitted: the current content of each existing
     /// tracked file it may change, if the store does not have that version yet.
     pub(super) fn history_before(&self, route: &WriteRoute<'_>) {
-        let Some(h) = self.history.as_ref() else {
+        let Some(h) = self.store.as_ref() else {
             return;
         };
         let base = |path: Option<&Path>| {
@@ -162,7 +190,7 @@ impl Workspace {
 
     /// A directory renamed through the volume: its history moves with it.
     pub(super) fn history_moved_dir(&self, from: &str, to: &str, now: Timestamp) {
-        if let Some(h) = &self.history {
+        if let Some(h) = &self.store {
             h.rename_dir(from, to, now.0);
         }
     }
@@ -170,7 +198,7 @@ impl Workspace {
     /// The source of a file rename through the volume: a removal at the version the engine
     /// counts for it (the current one plus one), recorded before the rename counts it.
     pub(super) fn history_moved(&self, p: &str, s: &Session, now: Timestamp) {
-        if self.history.is_none() {
+        if self.store.is_none() {
             return;
         }
         if let Some(v) = self.engine.version(p) {

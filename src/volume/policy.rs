@@ -13,25 +13,32 @@
 //!   [`WriteHandle`] is then registered in [`Handles`] until its release, which commits,
 //!   releases or reclaims (docs/design.md#handoff).
 
+mod alias;
+
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::changes::Changes;
 use super::handle::{End, WriteHandle};
 use super::handles::Handles;
+use super::history::History;
 use super::liveness::{closer_runs, session_running, FLUSH_PROC_WAIT};
-use super::tell::{Denied, Told};
+use super::sessions::Sessions;
+use super::tell::{Denied, Tell, Told};
 use super::workspace::{rel, stamp, Workspace};
+use super::Owners;
 use crate::access::Who;
 use crate::coherence::{
     self, At, CommitOp, Engine, Found, Permit, Reach, Route, Timestamp, Write, XATTR_PREFIX,
 };
-use crate::coordinator::{StepKind, Ticket};
+use crate::coordinator::{Coordinator, StepKind, Ticket};
 use crate::error::{Reason, Refusal};
 use crate::fs::{open_writes, HandleInfo, HandleState, OpenInfo, Policy, WriteRoute};
 use crate::identity::Session;
+use crate::journal::Journal;
 use crate::request_timeout::Started;
-use crate::store::{Caller, FsError, FsResult};
+use crate::store::{Backing, Caller, FsError, FsResult};
 use crate::visibility::Sight;
 
 /// The computed xattrs this policy serves under [`XATTR_PREFIX`]
@@ -55,17 +62,33 @@ fn reach(flags: i32) -> Reach {
 
 /// The volume's write policy: decides and counts write routes, keeps write handles.
 pub struct WritePolicy {
+    engine: Arc<Engine>,
+    journal: Arc<Journal>,
+    coord: Arc<dyn Coordinator>,
+    backing: Backing,
+    sessions: Arc<Sessions>,
+    /// What is on disk at a path.
     ws: Arc<Workspace>,
+    changes: Arc<Changes>,
+    tell: Arc<Tell>,
+    history: Arc<History>,
     handles: Arc<Handles>,
 }
 
 impl WritePolicy {
-    pub(super) fn new(ws: Arc<Workspace>, handles: Arc<Handles>) -> Self {
-        WritePolicy { ws, handles }
-    }
-
-    pub(super) fn ws(&self) -> &Workspace {
-        &self.ws
+    pub(super) fn new(o: &Owners, handles: Arc<Handles>) -> Self {
+        WritePolicy {
+            engine: o.engine.clone(),
+            journal: o.journal.clone(),
+            coord: o.coord.clone(),
+            backing: o.backing.clone(),
+            sessions: o.sessions.clone(),
+            ws: o.ws.clone(),
+            changes: o.changes.clone(),
+            tell: o.tell.clone(),
+            history: o.history.clone(),
+            handles,
+        }
     }
 
     /// The decision of write `w` by the caller (who it is resolved here, once): fail
@@ -73,13 +96,13 @@ impl WritePolicy {
     /// name is shared across hosts, the engine's answer otherwise.
     fn decide(&self, caller: &Caller, w: Write<'_>) -> Result<Option<Permit>, FsError> {
         let now = Timestamp::now();
-        let who = self.ws.writer(caller);
+        let who = self.sessions.writer(caller);
         if let Some(r) = self.shedding_refusal(&w) {
             // Past the journal's bound nothing about a handed file can be recorded: fail
             // closed on it (`EACCES`, as a fence); other writes go on.
             let (Ok(session) | Err(session)) = &who;
             let (caller, tell, log) = (Some(caller), who.is_ok(), None);
-            self.ws.refuse_write(
+            self.tell.refuse_write(
                 Denied {
                     caller,
                     session,
@@ -109,7 +132,7 @@ impl WritePolicy {
         };
         let decided = match (self.unconfirmed(&who, &w), self.coordinated(&w)) {
             (Some(refused), _) => Err(refused),
-            (None, None) => decide(&self.ws.engine),
+            (None, None) => decide(&self.engine),
             (None, Some(names)) => self.admit(&who, &names, w, caller.started, decide),
         };
         match decided {
@@ -119,7 +142,7 @@ impl WritePolicy {
                     // the writer is told.
                     let seen = a.view.unwrap_or(0);
                     let stale = Told::Stale(&permit.path, a.version, seen);
-                    self.ws.tell(&permit.session, stale, now);
+                    self.tell.tell(&permit.session, stale, now);
                 }
                 Ok(Some(permit))
             }
@@ -133,7 +156,7 @@ impl WritePolicy {
                     tell: true,
                     log,
                 };
-                Err(self.ws.refuse_write(d, &r, now))
+                Err(self.tell.refuse_write(d, &r, now))
             }
         }
     }
@@ -177,14 +200,14 @@ impl WritePolicy {
     /// While the journal sheds (its memory bound reached during a disk outage): the
     /// refusal of a write route touching a path with a live record.
     fn shedding_refusal(&self, w: &Write<'_>) -> Option<Refusal> {
-        if !self.ws.journal.is_shedding() {
+        if !self.journal.is_shedding() {
             return None;
         }
         let p = w
             .names()
             .into_iter()
             .map(|x| x.0)
-            .find(|p| self.ws.engine.has_live_record(p))?;
+            .find(|p| self.engine.has_live_record(p))?;
         Some(
             Refusal::new(
                 Reason::IoError,
@@ -209,8 +232,8 @@ impl WritePolicy {
             .find_map(|at| match at.found {
                 Found::File(st)
                     if self.ws.unjudged(at.path, &st, at.print.is_some())
-                        && self.ws.engine.has_live_record(at.path)
-                        && !self.ws.engine.is_fenced(s, at.path) =>
+                        && self.engine.has_live_record(at.path)
+                        && !self.engine.is_fenced(s, at.path) =>
                 {
                     Some(at.path)
                 }
@@ -228,7 +251,7 @@ impl WritePolicy {
         let Some((p, st)) = self.handle_path(h) else {
             return;
         };
-        self.ws.engine.restamp(p, st);
+        self.engine.restamp(p, st);
         self.ws.restamp_other_names(st.ino, &[p]);
     }
 
@@ -246,7 +269,7 @@ impl WritePolicy {
         if !f_dir && !t_dir {
             // An untracked side of the swap is not counted (docs/design.md#versions).
             for p in [f, t].into_iter().filter(|p| self.ws.is_tracked(p, false)) {
-                self.ws.with_history(p, s, CommitOp::Rename, now, || {
+                self.history.with_history(p, s, CommitOp::Rename, now, || {
                     e.commit(s, p, CommitOp::Rename, self.ws.stamp_now(p), now)
                 });
             }
@@ -272,7 +295,7 @@ impl WritePolicy {
     /// The names of `w` when it needs the coordinator (a shared path, or a directory
     /// with shared paths under it); `None` on one host or when nothing is shared.
     fn coordinated<'a>(&self, w: &Write<'a>) -> Option<Vec<(&'a str, bool)>> {
-        self.ws.coord.host()?;
+        self.coord.host()?;
         let names = w.names();
         self.involves_shared(&names).then_some(names)
     }
@@ -280,10 +303,10 @@ impl WritePolicy {
     /// Is a name shared, or a directory with shared paths under it? (One host: never,
     /// at no cost.)
     fn involves_shared(&self, names: &[(&str, bool)]) -> bool {
-        self.ws.coord.is_shared()
+        self.coord.is_shared()
             && names.iter().any(|(p, dir)| {
-                self.ws.coord.shared(&self.ws.engine, p)
-                    || (*dir && !self.ws.engine.paths_with_records(p).is_empty())
+                self.coord.shared(&self.engine, p)
+                    || (*dir && !self.engine.paths_with_records(p).is_empty())
             })
     }
 
@@ -298,15 +321,14 @@ impl WritePolicy {
         decide: impl Fn(&Engine) -> Result<Permit, (Session, Refusal)>,
     ) -> Result<Permit, (Session, Refusal)> {
         let mut out = None;
-        let stepped =
-            self.ws
-                .coord
-                .step(&self.ws.engine, names, StepKind::Admit, started, &mut |e| {
-                    let d = decide(e);
-                    let ok = d.is_ok();
-                    out = Some(d);
-                    ok
-                });
+        let stepped = self
+            .coord
+            .step(&self.engine, names, StepKind::Admit, started, &mut |e| {
+                let d = decide(e);
+                let ok = d.is_ok();
+                out = Some(d);
+                ok
+            });
         let s = match who {
             Ok(s) | Err(s) => s.clone(),
         };
@@ -330,20 +352,16 @@ impl WritePolicy {
     /// request that `started` then.
     fn counted(&self, names: &[(&str, bool)], started: Started, f: impl Fn(&Engine)) {
         if !self.involves_shared(names) {
-            f(&self.ws.engine);
+            f(&self.engine);
             return;
         }
         // A conflict undoes `f` and runs it again on the newer state.
-        let r = self.ws.coord.step(
-            &self.ws.engine,
-            names,
-            StepKind::Commit,
-            started,
-            &mut |e| {
+        let r = self
+            .coord
+            .step(&self.engine, names, StepKind::Commit, started, &mut |e| {
                 f(e);
                 true
-            },
-        );
+            });
         if let Err(r) = r {
             tracing::warn!("a change of {:?} was not agreed: {}", names[0].0, r.message);
         }
@@ -352,16 +370,14 @@ impl WritePolicy {
     /// May write handle `w` (admitted under `ticket`) write now? This host's lease and the
     /// path's epoch ([`Coordinator::admits`]), then the fence as this host knows it now.
     fn handle_write(&self, w: &WriteHandle, ticket: &mut Ticket) -> Result<(), Refusal> {
-        self.ws
-            .coord
+        self.coord
             .admits(ticket, &w.path)
             .map_err(|r| r.at(w.path.clone()))?;
-        if !self.ws.engine.is_fenced(&w.session, &w.path) {
+        if !self.engine.is_fenced(&w.session, &w.path) {
             return Ok(());
         }
         // The deny text of the contract, from the record that fences this session.
         let text = self
-            .ws
             .engine
             .shared_state(&w.path)
             .and_then(|st| {
@@ -384,7 +400,7 @@ impl WritePolicy {
         who: &Result<Session, Session>,
         w: &Write<'_>,
     ) -> Option<(Session, Refusal)> {
-        let r = self.ws.coord.confirmed().err()?;
+        let r = self.coord.confirmed().err()?;
         let s = match who {
             // Unattributed processes are never givers: they keep writing.
             Ok(s) if !s.is_attributed() => return None,
@@ -392,10 +408,7 @@ impl WritePolicy {
         };
         // A giver fenced on the path hears `fenced` (the deny text and its ways out): the
         // engine refuses it on what this host knows, which a lost lease cannot make laxer.
-        if w.names()
-            .iter()
-            .any(|(p, _)| self.ws.engine.is_fenced(&s, p))
-        {
+        if w.names().iter().any(|(p, _)| self.engine.is_fenced(&s, p)) {
             return None;
         }
         let p = w.names().first().map_or("", |x| x.0).to_string();
@@ -433,9 +446,10 @@ impl WritePolicy {
                     // `truncate` is open + ftruncate + close) is part of that handle's
                     // commit; any other change of size is a commit of its own.
                     Some(after) if set.size.is_some() && !holds_e => {
-                        self.ws.with_history(p, s, CommitOp::Truncate, now, || {
-                            e.commit(s, p, CommitOp::Truncate, Some(after), now)
-                        });
+                        self.history
+                            .with_history(p, s, CommitOp::Truncate, now, || {
+                                e.commit(s, p, CommitOp::Truncate, Some(after), now)
+                            });
                         self.ws.print_commit(e, p, after);
                         self.ws.restamp_other_names(after.ino, &[p]);
                     }
@@ -452,9 +466,10 @@ impl WritePolicy {
                     self.exchange(e, s, p, t, now);
                 } else if !pm.is_dir && !self.ws.is_tracked(t, false) {
                     // Moved out of what the volume tracks: the source is removed.
-                    self.ws.with_history(p, s, CommitOp::RenameAway, now, || {
-                        e.commit(s, p, CommitOp::RenameAway, None, now)
-                    });
+                    self.history
+                        .with_history(p, s, CommitOp::RenameAway, now, || {
+                            e.commit(s, p, CommitOp::RenameAway, None, now)
+                        });
                 } else {
                     let after = if pm.is_dir {
                         None
@@ -463,11 +478,11 @@ impl WritePolicy {
                     };
                     if pm.is_dir {
                         e.rename(s, p, t, true, None, now);
-                        self.ws.history_moved_dir(p, t, now);
+                        self.history.history_moved_dir(p, t, now);
                     } else {
                         // The source records a removal, the target the moved content.
-                        self.ws.history_moved(p, s, now);
-                        self.ws.with_history(t, s, CommitOp::Rename, now, || {
+                        self.history.history_moved(p, s, now);
+                        self.history.with_history(t, s, CommitOp::Rename, now, || {
                             e.rename(s, p, t, false, after, now).unwrap_or(0)
                         });
                     }
@@ -477,7 +492,7 @@ impl WritePolicy {
                 }
             }
             WriteRoute::Unlink { .. } => {
-                self.ws.with_history(p, s, CommitOp::Unlink, now, || {
+                self.history.with_history(p, s, CommitOp::Unlink, now, || {
                     e.commit(s, p, CommitOp::Unlink, None, now)
                 });
                 if let Some(pre) = pm.pre {
@@ -498,7 +513,7 @@ impl WritePolicy {
                     _ => CommitOp::Mknod,
                 };
                 let after = self.ws.stamp_now(p);
-                self.ws
+                self.history
                     .with_history(p, s, op, now, || e.commit(s, p, op, after, now));
                 if let (WriteRoute::Link { .. }, Some(after)) = (route, after) {
                     self.ws.restamp_other_names(after.ino, &[p]);
@@ -649,7 +664,7 @@ impl Policy for WritePolicy {
     ) -> Result<Option<Permit>, FsError> {
         let r = self.decide_write(caller, route);
         if matches!(r, Ok(Some(_))) {
-            self.ws.history_before(route);
+            self.history.history_before(route);
         }
         r
     }
@@ -663,15 +678,12 @@ impl Policy for WritePolicy {
     ) {
         if outcome.is_ok() {
             self.retrack_after(route);
-            self.ws
-                .changes
-                .after_write(self.ws.backing.fd(), route, |dir| {
-                    // git's own rules: `.coherentignore` is the volume's, not git's.
-                    self.ws
-                        .tracking
-                        .why_untracked(dir, true)
-                        .is_some_and(|u| !u.by_coherentignore())
-                });
+            self.changes.after_write(self.backing.fd(), route, |dir| {
+                // git's own rules: `.coherentignore` is the volume's, not git's.
+                self.ws
+                    .why_untracked(dir, true)
+                    .is_some_and(|u| !u.by_coherentignore())
+            });
         }
         let Some(pm) = permit else { return };
         let now = Timestamp::now();
@@ -695,7 +707,7 @@ impl Policy for WritePolicy {
         let now = Timestamp::now();
         // A file just made has no other name; another may have some (one fstatat, only
         // when the ring of changes records).
-        self.ws.changes.opened(open, || match open.created {
+        self.changes.opened(open, || match open.created {
             true => Some(1),
             false => rel(open.path)
                 .and_then(|p| self.ws.stat_links(p))
@@ -705,18 +717,17 @@ impl Policy for WritePolicy {
             if let Some(p) = rel(open.path).filter(|p| self.ws.is_tracked(p, false)) {
                 // A handed file is read at the version the hosts agree on (its view then
                 // lets this session hand it on); any other read never waits on etcd.
-                if self.ws.coord.shared(&self.ws.engine, p) {
-                    self.ws.coord.catch_up(caller.started);
+                if self.coord.shared(&self.engine, p) {
+                    self.coord.catch_up(caller.started);
                 }
-                let s = self.ws.session(caller);
-                let before = self.ws.engine.last_seq();
+                let s = self.sessions.session(caller);
+                let before = self.engine.last_seq();
                 let (st, uid) = (stamp(&open.stamp), Some(caller.uid));
-                self.ws
-                    .observe_file_by(&self.ws.engine, p, st, uid, None, now);
-                self.ws.engine.open_read(&s, p, now);
+                self.ws.observe_file_by(&self.engine, p, st, uid, None, now);
+                self.engine.open_read(&s, p, now);
                 // A successor's first open logs `handoff_seen`: in the log when it returns.
-                if self.ws.engine.last_seq() != before {
-                    if let Err(e) = self.ws.journal.write_out() {
+                if self.engine.last_seq() != before {
+                    if let Err(e) = self.journal.write_out() {
                         tracing::warn!("writing the state log: {e}");
                     }
                 }
@@ -733,8 +744,8 @@ impl Policy for WritePolicy {
         // a tracked one that another host hands on while it is open (moved to a tracked
         // name, or the ignore rule dropped).
         let Some(pm) = permit.filter(|pm| pm.acquired.is_some()) else {
-            if self.ws.coord.is_shared() {
-                let s = self.ws.session(caller);
+            if self.coord.is_shared() {
+                let s = self.sessions.session(caller);
                 if s.is_attributed() {
                     let ino = stamp(&open.stamp).ino;
                     return Ok(Some(self.handles.insert_unheld(ino, &s.name)));
@@ -744,9 +755,7 @@ impl Policy for WritePolicy {
         };
         if rel(open.path) != Some(pm.path.as_str()) {
             // Not the file the permit was made for (renamed in between): give the hold back.
-            self.ws
-                .engine
-                .close_write(&pm.session, &pm.path, false, now);
+            self.engine.close_write(&pm.session, &pm.path, false, now);
             return Ok(None);
         }
         // An O_TRUNC open that emptied the file changed it before the handle's first stamp.
@@ -755,7 +764,7 @@ impl Policy for WritePolicy {
         // Multi-host: an agent's handle is checked at each write against what it was
         // admitted under (unattributed processes are never givers).
         let ticket = if pm.session.is_attributed() {
-            self.ws.coord.ticket(&pm.path)
+            self.coord.ticket(&pm.path)
         } else {
             None
         };
@@ -768,7 +777,7 @@ impl Policy for WritePolicy {
     }
 
     fn sees_every_write(&self) -> bool {
-        self.ws.coord.is_shared()
+        self.coord.is_shared()
     }
 
     /// Multi-host: an agent's write handle (one with a ticket) gets no page cache. The
@@ -807,7 +816,7 @@ impl Policy for WritePolicy {
                 tell: true,
                 log,
             };
-            self.ws.refuse_write(d, &r, Timestamp::now())
+            self.tell.refuse_write(d, &r, Timestamp::now())
         })
     }
 
@@ -824,7 +833,7 @@ impl Policy for WritePolicy {
             };
             let now = Timestamp::now();
             self.counted(&[(p, false)], caller.started, |e| {
-                self.ws
+                self.history
                     .with_history(p, &w.session, CommitOp::Write, now, || {
                         e.commit(&w.session, p, CommitOp::Write, Some(st), now)
                     });
@@ -837,7 +846,7 @@ impl Policy for WritePolicy {
             // The handle's own commit moved the path's epoch: still known good (under
             // the same lease), so a later lease compares with the epoch it made.
             if let Some(t) = w.ticket.lock().as_mut() {
-                let _ = self.ws.coord.admits(t, &w.path);
+                let _ = self.coord.admits(t, &w.path);
             }
             true
         });
@@ -855,7 +864,7 @@ impl Policy for WritePolicy {
 
     fn on_release(&self, caller: &Caller, h: &HandleInfo<'_>) {
         self.retrack_handle(h);
-        self.ws.changes.released(h);
+        self.changes.released(h);
         let Some(w) = self.handles.get(h.state) else {
             // A handle kept by its inode alone (see `on_open`) is forgotten.
             if h.state.is_some() {
@@ -870,7 +879,7 @@ impl Policy for WritePolicy {
                 return false;
             };
             self.counted(&[(p, false)], caller.started, |e| {
-                self.ws
+                self.history
                     .with_history(p, &w.session, CommitOp::Write, now, || {
                         e.commit(&w.session, p, CommitOp::Write, Some(st), now)
                     });
@@ -895,15 +904,15 @@ impl Policy for WritePolicy {
                 // Whether any process of the session is left may need a scan of /proc,
                 // which can block on a stuck task anywhere on the host: not on a FUSE
                 // thread.
-                let (engine, resolver, session, path) = (
-                    self.ws.engine.clone(),
-                    self.ws.resolver.clone(),
+                let (engine, sessions, session, path) = (
+                    self.engine.clone(),
+                    self.sessions.clone(),
                     w.session.clone(),
                     w.path.clone(),
                 );
                 std::thread::spawn(move || {
                     let now = Timestamp::now();
-                    if session_running(&resolver, &session.name) {
+                    if session_running(sessions.resolver(), &session.name) {
                         engine.close_write(&session, &path, false, now);
                     } else {
                         let n = engine.session_gone(&session, now);
@@ -941,21 +950,21 @@ impl Policy for WritePolicy {
                 if self.ws.observe(p, Timestamp::now()).is_some_and(|x| x.1) {
                     return nodata;
                 }
-                match self.ws.engine.version(p) {
+                match self.engine.version(p) {
                     Some(v) => Some(Ok(v.to_string().into_bytes())),
                     None => nodata,
                 }
             }
             XATTR_HANDOFF => {
-                let s = self.ws.session(caller);
+                let s = self.sessions.session(caller);
                 // The kernel checked the path's search permission only with
                 // default_permissions; the volume checks it in any case
                 // (docs/design.md#control-surface).
                 let who = Who::of_task(caller.pid, caller.uid, caller.gid);
-                if !Sight::new(who).sees(self.ws.backing.fd(), p) {
+                if !Sight::new(who).sees(self.backing.fd(), p) {
                     return nodata;
                 }
-                match self.ws.engine.handoff(&s, p) {
+                match self.engine.handoff(&s, p) {
                     Some(h) => Some(Ok(serde_json::to_vec(&h).expect("records serialise"))),
                     None => nodata,
                 }

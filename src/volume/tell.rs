@@ -5,10 +5,12 @@
 //! write let through (`--stale warn`, or an append under the default `guard`) is told the
 //! same way.
 
-use super::workspace::Workspace;
-use crate::coherence::{Route, Timestamp};
+use std::sync::Arc;
+
+use crate::coherence::{Engine, Route, Timestamp};
 use crate::error::{Reason, Refusal};
 use crate::identity::Session;
+use crate::journal::Journal;
 use crate::store::{Caller, FsError};
 
 /// What a writer or a verb's caller is told at `.coherent/why`.
@@ -33,7 +35,18 @@ pub(super) struct Denied<'a> {
     pub log: Option<Route>,
 }
 
-impl Workspace {
+/// The one owner of what a refused caller hears: the `why` text, the `denied` event and
+/// the errno.
+pub(super) struct Tell {
+    engine: Arc<Engine>,
+    journal: Arc<Journal>,
+}
+
+impl Tell {
+    pub(super) fn new(engine: Arc<Engine>, journal: Arc<Journal>) -> Self {
+        Tell { engine, journal }
+    }
+
     /// What `.coherent/why` shows `s` from now on, with the time it happened: the one place
     /// the volume says it (a refusal the engine made is kept there already, without a
     /// time, and said again here when it reaches the caller).

@@ -11,6 +11,8 @@
 //! `bad_request` "outside the volume", whether or not the host path exists, and the
 //! engine never hears of it.
 
+mod history;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,20 +20,25 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::Value;
 
+use super::changes::Changes;
 use super::handles::Handles;
+use super::history::History;
+use super::sessions::Sessions;
 use super::standing::{self, Standing};
-use super::tell::Told;
+use super::tell::{Tell, Told};
 use super::waits::{self, Check};
 use super::workspace::Workspace;
+use super::Owners;
 use crate::access::{may_write, Who};
 use crate::beneath::{self, Resolved};
 use crate::coherence::{Engine, RecordJson, Role, StatusReport, Timestamp, Until};
 use crate::control::{session_json, Reply, Request, Verb, NO_REFUSAL};
-use crate::coordinator::StepKind;
+use crate::coordinator::{Coordinator, StepKind};
 use crate::error::{Reason, Refusal};
 use crate::identity::{Session, Via};
+use crate::journal::Journal;
 use crate::request_timeout::Started;
-use crate::store::{Caller, FsError};
+use crate::store::{Backing, Caller, FsError};
 use crate::visibility::{LogView, Sight};
 
 /// How long a transfer asks again whether a file is still open for writing where the
@@ -40,7 +47,16 @@ const UNSEEN_WRITER_SETTLE: Duration = Duration::from_millis(100);
 
 /// The verbs server of one volume.
 pub struct Verbs {
+    engine: Arc<Engine>,
+    journal: Arc<Journal>,
+    coord: Arc<dyn Coordinator>,
+    backing: Backing,
+    sessions: Arc<Sessions>,
+    /// What is on disk at a path.
     ws: Arc<Workspace>,
+    changes: Arc<Changes>,
+    tell: Arc<Tell>,
+    history: Arc<History>,
     /// The open write handles, for the in-flight rule of a transfer.
     handles: Arc<Handles>,
     /// Where the volume is mounted (to recognise its files in `/proc/PID/fd`).
@@ -78,25 +94,33 @@ fn json_line(v: &impl serde::Serialize) -> Vec<u8> {
 
 /// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
 /// tags that were ignored because their value is not a valid session name.
-fn whoami_json(vol: &Workspace, caller: &Caller) -> Value {
-    let mut v = session_json(&vol.session(caller));
-    let ignored = vol.resolver.ignored_tags(caller.pid);
+fn whoami_json(v: &Verbs, caller: &Caller) -> Value {
+    let mut j = session_json(&v.sessions.session(caller));
+    let ignored = v.sessions.resolver().ignored_tags(caller.pid);
     if !ignored.is_empty() {
-        v["ignored"] = serde_json::to_value(&ignored).unwrap_or(Value::Null);
+        j["ignored"] = serde_json::to_value(&ignored).unwrap_or(Value::Null);
     }
-    v
+    j
 }
 
 impl Verbs {
     pub(super) fn new(
-        ws: Arc<Workspace>,
+        o: &Owners,
         handles: Arc<Handles>,
         mountpoint: PathBuf,
         in_flight_wait: Duration,
         standing: Standing,
     ) -> Self {
         Verbs {
-            ws,
+            engine: o.engine.clone(),
+            journal: o.journal.clone(),
+            coord: o.coord.clone(),
+            backing: o.backing.clone(),
+            sessions: o.sessions.clone(),
+            ws: o.ws.clone(),
+            changes: o.changes.clone(),
+            tell: o.tell.clone(),
+            history: o.history.clone(),
             handles,
             mountpoint,
             in_flight_wait,
@@ -106,12 +130,8 @@ impl Verbs {
     }
 
     /// The engine, whose changes the waits follow.
-    pub(super) fn workspace(&self) -> &Workspace {
-        &self.ws
-    }
-
     pub(super) fn engine(&self) -> &Engine {
-        &self.ws.engine
+        &self.engine
     }
 
     pub(super) fn set_data_mode(&self, mode: &str) {
@@ -120,47 +140,44 @@ impl Verbs {
 
     /// `.coherent/status` for `caller`: after catching up with the other hosts.
     pub(super) fn status_file(&self, caller: &Caller) -> Vec<u8> {
-        self.ws.coord.catch_up(caller.started);
+        self.coord.catch_up(caller.started);
         let mut sight = Sight::new(who(caller));
-        json_line(&seen_status(&self.ws, &mut sight, None))
+        json_line(&seen_status(self, &mut sight, None))
     }
 
     /// `.coherent/whoami` for `caller`.
     pub(super) fn whoami_file(&self, caller: &Caller) -> Vec<u8> {
-        json_line(&whoami_json(&self.ws, caller))
+        json_line(&whoami_json(self, caller))
     }
 
     /// `.coherent/why` for `caller`: a path the reader can no longer look up is not
     /// shown, even its own.
     pub(super) fn why_file(&self, caller: &Caller) -> Vec<u8> {
         let mut sight = Sight::new(who(caller));
-        let why = self.ws.engine.why_about(&self.ws.session(caller));
+        let why = self.engine.why_about(&self.sessions.session(caller));
         why_text(why.and_then(|(p, t, at)| match p {
-            Some(p) if !sight.sees(self.ws.backing.fd(), &p) => None,
+            Some(p) if !sight.sees(self.backing.fd(), &p) => None,
             _ => Some((t, at)),
         }))
     }
 
     /// `.coherent/inbox` for `caller`.
     pub(super) fn inbox_file(&self, caller: &Caller) -> Vec<u8> {
-        self.ws.coord.catch_up(caller.started);
+        self.coord.catch_up(caller.started);
         let mut sight = Sight::new(who(caller));
-        let inbox = self.ws.engine.inbox(&self.ws.session(caller));
-        json_line(&seen_records(&self.ws, &mut sight, inbox))
+        let inbox = self.engine.inbox(&self.sessions.session(caller));
+        json_line(&seen_records(self, &mut sight, inbox))
     }
 
     /// The state log's length (the size of `events`).
     pub(super) fn log_len(&self) -> u64 {
-        self.ws.journal.log_len()
+        self.journal.log_len()
     }
 
     /// The state log from `from` (or from its base, if compacted past it): where it
     /// starts and up to `n` bytes.
     pub(super) fn read_log(&self, from: u64, n: usize) -> Result<(u64, Vec<u8>), FsError> {
-        self.ws
-            .journal
-            .read_log_from(from, n)
-            .map_err(FsError::from)
+        self.journal.read_log_from(from, n).map_err(FsError::from)
     }
 
     /// The state log as `view`'s reader may see it.
@@ -170,20 +187,20 @@ impl Verbs {
         offset: u64,
         size: usize,
     ) -> Result<Vec<u8>, FsError> {
-        view.read(self.ws.backing.fd(), offset, size, |o, n| {
-            self.ws.journal.read_log_from(o, n)
+        view.read(self.backing.fd(), offset, size, |o, n| {
+            self.journal.read_log_from(o, n)
         })
         .map_err(FsError::from)
     }
 
     /// A `wait` request on `ctl`: answered now (refused, or reached) or later.
     pub(super) fn wait_check(&self, caller: &Caller, req: &Request) -> Check {
-        wait_check(&self.ws, caller, req)
+        wait_check(self, caller, req)
     }
 
     /// The name of `caller`'s session.
     pub(super) fn session_name(&self, caller: &Caller) -> String {
-        self.ws.session(caller).name.to_string()
+        self.sessions.session(caller).name.to_string()
     }
 
     /// `.coherent/waits` for `caller`: its session's waits in flight (`flying`, those the
@@ -194,9 +211,9 @@ impl Verbs {
         me: &str,
         mut flying: Vec<(String, Until, Duration)>,
     ) -> Vec<u8> {
-        self.standing.resolve(&self.ws.engine);
+        self.standing.resolve(&self.engine);
         let mut sight = Sight::new(who(caller));
-        let root = self.ws.backing.fd();
+        let root = self.backing.fd();
         flying.retain(|(p, ..)| sight.sees(root, p));
         let kept = self.standing.of_session(me, |p| sight.sees(root, p));
         json_line(&standing::listing(flying, &kept))
@@ -214,17 +231,17 @@ impl Verbs {
             unreachable!("a wait with no time to wait is answered now")
         };
         let me = self.session_name(caller);
-        let reply = self.standing.register(&self.ws.engine, &me, until, checked);
+        let reply = self.standing.register(&self.engine, &me, until, checked);
         // The wait thread now follows record changes for it.
-        self.ws.engine.poke();
+        self.engine.poke();
         reply
     }
 
     /// `wait --report`: the caller's session's resolved standing waits, told once.
     pub(super) fn standing_report(&self, caller: &Caller) -> Reply {
-        self.standing.resolve(&self.ws.engine);
+        self.standing.resolve(&self.engine);
         let mut sight = Sight::new(who(caller));
-        let root = self.ws.backing.fd();
+        let root = self.backing.fd();
         self.standing
             .report(&self.session_name(caller), |p| sight.sees(root, p))
     }
@@ -236,14 +253,14 @@ impl Verbs {
 
     /// Resolve the standing waits whose state is reached; true while any still waits.
     pub(super) fn standing_resolve(&self) -> bool {
-        self.standing.resolve(&self.ws.engine)
+        self.standing.resolve(&self.engine)
     }
 
     /// `.coherent/changes` after `offset`, the paths `who` may see.
     pub(super) fn changes_file(&self, who: &Who, offset: u64) -> Vec<u8> {
         let mut sight = Sight::new(who.clone());
-        let root = self.ws.backing.fd();
-        self.ws.changes.answer(offset, |p| {
+        let root = self.backing.fd();
+        self.changes.answer(offset, |p| {
             if sight.sees_all() {
                 return Some(true);
             }
@@ -253,21 +270,21 @@ impl Verbs {
 
     /// Serve one parsed request for `caller`.
     pub(super) fn serve(&self, caller: &Caller, req: &Request) -> Reply {
-        let vol = &*self.ws;
-        if vol.journal.is_poisoned() && !matches!(req, Request::Status { .. }) {
+        let v = self;
+        if v.journal.is_poisoned() && !matches!(req, Request::Status { .. }) {
             return journal_failed(req.verb());
         }
         if let Request::Whoami = req {
-            return Reply::whoami(whoami_json(vol, caller));
+            return Reply::whoami(whoami_json(v, caller));
         }
-        let s = &vol.session(caller);
+        let s = &v.sessions.session(caller);
         let verb = req.verb();
         let mut sight = Sight::new(who(caller));
-        let r = match not_yours(s, verb).map_or_else(|| place_request(vol, &mut sight, req), Err) {
+        let r = match not_yours(s, verb).map_or_else(|| place_request(v, &mut sight, req), Err) {
             Ok(req) => self.serve_agreed(s, &mut sight, &req, caller.started),
             Err(f) => Err(f),
         };
-        if vol.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
+        if v.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
             // The events of this verb may not be on disk: do not report success.
             return journal_failed(verb);
         }
@@ -275,7 +292,7 @@ impl Verbs {
             Ok(reply) => reply,
             Err(f) => {
                 // `why` shows the latest refusal, whichever part of the volume made it.
-                vol.tell(s, Told::Refused(&f), Timestamp::now());
+                v.tell.tell(s, Told::Refused(&f), Timestamp::now());
                 let paths = req.paths();
                 let path = (paths.len() == 1).then(|| paths[0].as_str());
                 Reply::refused(Some(verb), &f, path)
@@ -293,28 +310,28 @@ impl Verbs {
         req: &Request,
         started: Started,
     ) -> Result<Reply, Refusal> {
-        let vol = &*self.ws;
+        let v = self;
         let verb = req.verb();
-        if !vol.coord.is_shared() {
-            let attempt = || self.serve_verb(&vol.engine, s, sight, req);
+        if !v.coord.is_shared() {
+            let attempt = || self.serve_verb(&v.engine, s, sight, req);
             let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
             return self.once_more_after_releases(s, req, started, attempt, refused);
         }
         if matches!(verb, Verb::Whoami | Verb::Wait) {
-            return self.serve_verb(&vol.engine, s, sight, req);
+            return self.serve_verb(&v.engine, s, sight, req);
         }
         if verb == Verb::Status {
             // Best effort: a host cut off answers with what it has (and says so).
-            vol.coord.catch_up(started);
-            return self.serve_verb(&vol.engine, s, sight, req);
+            v.coord.catch_up(started);
+            return self.serve_verb(&v.engine, s, sight, req);
         }
         let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
         // The wait for releases happens outside the step, which their release needs.
         let attempt = || {
             let mut out = None;
-            let stepped = vol
+            let stepped = v
                 .coord
-                .step(&vol.engine, &names, StepKind::Verb, started, &mut |e| {
+                .step(&v.engine, &names, StepKind::Verb, started, &mut |e| {
                     let r = self.serve_verb(e, s, sight, req);
                     let ok = r.is_ok();
                     out = Some(r);
@@ -330,9 +347,9 @@ impl Verbs {
         // Another host has the file open for writing by this giver: the transfer is
         // undone (withdrawn), as one host refuses it (`handoff_in_flight`).
         let paths: Vec<String> = stepped.in_flight.iter().map(|x| x.0.clone()).collect();
-        let undo = vol
+        let undo = v
             .coord
-            .step(&vol.engine, &names, StepKind::Verb, started, &mut |e| {
+            .step(&v.engine, &names, StepKind::Verb, started, &mut |e| {
                 let now = Timestamp::now();
                 for (p, id) in &stepped.in_flight {
                     e.undo_transfer(p, *id, now);
@@ -361,7 +378,7 @@ impl Verbs {
         sight: &mut Sight,
         req: &Request,
     ) -> Result<Reply, Refusal> {
-        let vol = &*self.ws;
+        let v = self;
         let now = Timestamp::now();
         let records = |r: crate::coherence::VerbReply| match serde_json::to_value(&r.records) {
             Ok(Value::Array(v)) => v,
@@ -392,39 +409,39 @@ impl Verbs {
             }
             Request::Transfer { paths, to, note } => {
                 // Each path is looked at once; every check below reads that look.
-                let seen = Seen::look(vol, paths);
-                tracked_paths(vol, &seen)?;
-                observe_paths(vol, e, &seen, now)?;
-                fingerprint_paths(vol, e, paths, now)?;
-                writers_may_write(vol, sight.who(), to, paths)?;
+                let seen = Seen::look(v, paths);
+                tracked_paths(v, &seen)?;
+                observe_paths(v, e, &seen, now)?;
+                fingerprint_paths(v, e, paths, now)?;
+                writers_may_write(v, sight.who(), to, paths)?;
                 self.no_unseen_writer(&seen)?;
                 let r = e.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
             Request::Accept { paths } => {
-                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
-                owner_only(vol, s, sight.who(), Verb::Accept, paths)?;
-                successor_may_write(vol, s, sight.who(), paths)?;
+                observe_paths(v, e, &Seen::look(v, paths), now)?;
+                owner_only(v, s, sight.who(), Verb::Accept, paths)?;
+                successor_may_write(v, s, sight.who(), paths)?;
                 Reply::records(Verb::Accept, records(e.accept(s, paths, now)?))
             }
             Request::Decline { paths } => {
-                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
-                owner_only(vol, s, sight.who(), Verb::Decline, paths)?;
+                observe_paths(v, e, &Seen::look(v, paths), now)?;
+                owner_only(v, s, sight.who(), Verb::Decline, paths)?;
                 Reply::records(Verb::Decline, records(e.decline(s, paths, now)?))
             }
             Request::Withdraw { paths } => {
-                observe_paths(vol, e, &Seen::look(vol, paths), now)?;
-                owner_only(vol, s, sight.who(), Verb::Withdraw, paths)?;
+                observe_paths(v, e, &Seen::look(v, paths), now)?;
+                owner_only(v, s, sight.who(), Verb::Withdraw, paths)?;
                 Reply::records(Verb::Withdraw, records(e.withdraw(s, paths, now)?))
             }
             Request::Status { path } => {
                 if let Some(p) = path
                     .as_deref()
-                    .filter(|p| vol.is_tracked(p, false) && sight.sees(vol.backing.fd(), p))
+                    .filter(|p| v.ws.is_tracked(p, false) && sight.sees(v.backing.fd(), p))
                 {
-                    vol.observe(p, now);
+                    v.ws.observe(p, now);
                 }
-                let st = seen_status(vol, sight, path.as_deref());
+                let st = seen_status(v, sight, path.as_deref());
                 let c = st.counts;
                 let msg = match path {
                     Some(p) => format!(
@@ -442,13 +459,13 @@ impl Verbs {
                     ),
                 };
                 let mut body = serde_json::to_value(&st).unwrap_or(Value::Null);
-                if let Some(c) = vol.coord.describe() {
+                if let Some(c) = v.coord.describe() {
                     body["coordinator"] = c;
                 }
                 if let Some(m) = self.data_mode.lock().clone() {
                     body["data_mode"] = Value::String(m);
                 }
-                let msg = match journal_json(vol) {
+                let msg = match journal_json(v) {
                     Some((j, line)) => {
                         body["journal"] = j;
                         format!("{msg}; {line}")
@@ -528,20 +545,20 @@ impl Verbs {
     /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
     /// filesystem cannot tell.
     fn unseen_writer(&self, p: &str, st: Option<(crate::coherence::Stamp, bool)>) -> Option<bool> {
-        if !self.ws.backing.open_for_writing(p)? {
+        if !self.backing.open_for_writing(p)? {
             return Some(false);
         }
         // Only now: the names of the file (a scan of the engine's paths).
         let mut names = vec![p.to_string()];
         if let Some((st, _)) = st {
-            names.extend(self.ws.engine.paths_of_inode(st.ino));
+            names.extend(self.engine.paths_of_inode(st.ino));
         }
         // A write handle the volume has just released closes its backing file (and the
         // kernel drops its passthrough reference, a deferred close) a moment after the
         // volume hears of it: ask again for a short while before calling a writer unseen.
         let settle = Instant::now() + UNSEEN_WRITER_SETTLE;
         loop {
-            if !self.ws.backing.open_for_writing(p)? {
+            if !self.backing.open_for_writing(p)? {
                 return Some(false);
             }
             if self.handles.open_on(&names) {
@@ -582,8 +599,8 @@ struct Seen<'a> {
 }
 
 impl<'a> Seen<'a> {
-    fn look(vol: &Workspace, paths: &'a [String]) -> Self {
-        let stats = paths.iter().map(|p| vol.stat(p)).collect();
+    fn look(v: &Verbs, paths: &'a [String]) -> Self {
+        let stats = paths.iter().map(|p| v.ws.stat(p)).collect();
         Seen { paths, stats }
     }
 
@@ -596,13 +613,13 @@ impl<'a> Seen<'a> {
 
 /// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
 /// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
-fn tracked_paths(vol: &Workspace, seen: &Seen<'_>) -> Result<(), Refusal> {
+fn tracked_paths(v: &Verbs, seen: &Seen<'_>) -> Result<(), Refusal> {
     let paths = seen.paths;
     let refused: Vec<Refusal> = seen
         .iter()
         .filter_map(|(p, st)| {
             let is_dir = st.is_some_and(|x| x.1);
-            let why = vol.tracking.why_untracked(p, is_dir)?;
+            let why = v.ws.why_untracked(p, is_dir)?;
             Some(
                 Refusal::new(
                     Reason::NotTracked,
@@ -627,14 +644,9 @@ fn tracked_paths(vol: &Workspace, seen: &Seen<'_>) -> Result<(), Refusal> {
 
 /// Count what the backing directory holds at each path before a verb decides on it.
 /// Directories are not handed on.
-fn observe_paths(
-    vol: &Workspace,
-    e: &Engine,
-    seen: &Seen<'_>,
-    now: Timestamp,
-) -> Result<(), Refusal> {
+fn observe_paths(v: &Verbs, e: &Engine, seen: &Seen<'_>, now: Timestamp) -> Result<(), Refusal> {
     for (p, st) in seen.iter() {
-        vol.observe_seen(e, p, st, now);
+        v.ws.observe_seen(e, p, st, now);
         if st.is_some_and(|x| x.1) {
             return Err(Refusal::new(
                 Reason::BadRequest,
@@ -654,16 +666,16 @@ fn observe_paths(
 /// read to take it is not handed on (fail closed: without it, no metadata change could be
 /// told from a rewrite).
 fn fingerprint_paths(
-    vol: &Workspace,
+    v: &Verbs,
     e: &Engine,
     paths: &[String],
     now: Timestamp,
 ) -> Result<(), Refusal> {
     for p in paths {
-        if e.version(p).is_none() || !vol.backing.has_content(p) {
+        if e.version(p).is_none() || !v.backing.has_content(p) {
             continue; // the engine refuses it (`no_such_path`), or a special file
         }
-        let Some((st, print)) = vol.print_of(p) else {
+        let Some((st, print)) = v.ws.print_of(p) else {
             return Err(Refusal::new(
                 Reason::IoError,
                 format!(
@@ -681,12 +693,12 @@ fn fingerprint_paths(
 
 /// The state log's trouble, for `status` (None while it is written normally): JSON and a
 /// line.
-fn journal_json(vol: &Workspace) -> Option<(Value, String)> {
-    if !vol.journal.is_poisoned() {
+fn journal_json(v: &Verbs) -> Option<(Value, String)> {
+    if !v.journal.is_poisoned() {
         return None;
     }
-    let (kept, shed, limit) = vol.journal.backlog();
-    let shedding = vol.journal.is_shedding();
+    let (kept, shed, limit) = v.journal.backlog();
+    let shedding = v.journal.is_shedding();
     let line = if shedding {
         format!(
             "the state log cannot be written and the events kept in memory reached their \
@@ -759,8 +771,8 @@ fn who(caller: &Caller) -> Who {
 /// (`status PATH` answers for it as for a path never seen, in [`seen_status`]).
 /// `p` placed beneath the backing root: the real path through a symlinked directory inside,
 /// `bad_request` for a path that leaves the root (whether the host path exists or not).
-pub(super) fn placed(vol: &Workspace, p: &str) -> Result<String, Refusal> {
-    match beneath::resolve(vol.backing.fd(), p) {
+pub(super) fn placed(v: &Verbs, p: &str) -> Result<String, Refusal> {
+    match beneath::resolve(v.backing.fd(), p) {
         Ok(Resolved::Outside) => Err(Refusal::new(
             Reason::BadRequest,
             format!(
@@ -774,10 +786,10 @@ pub(super) fn placed(vol: &Workspace, p: &str) -> Result<String, Refusal> {
     }
 }
 
-fn place_request(vol: &Workspace, sight: &mut Sight, req: &Request) -> Result<Request, Refusal> {
+fn place_request(v: &Verbs, sight: &mut Sight, req: &Request) -> Result<Request, Refusal> {
     let place = |sight: &mut Sight, p: &String, hide: bool| -> Result<String, Refusal> {
-        let real = placed(vol, p)?;
-        if hide && !sight.sees(vol.backing.fd(), &real) {
+        let real = placed(v, p)?;
+        if hide && !sight.sees(v.backing.fd(), &real) {
             return Err(not_there(&real));
         }
         Ok(real)
@@ -818,10 +830,10 @@ fn place_request(vol: &Workspace, sight: &mut Sight, req: &Request) -> Result<Re
 
 /// A `wait` request placed and checked like any request on a path (beneath the root, a
 /// path the caller may look up, tracked), then answered now or later.
-fn wait_check(vol: &Workspace, caller: &Caller, req: &Request) -> Check {
+fn wait_check(v: &Verbs, caller: &Caller, req: &Request) -> Check {
     let mut sight = Sight::new(who(caller));
     let refused = |f: Refusal, p: &str| Check::Now(Reply::refused(Some(Verb::Wait), &f, Some(p)));
-    let placed = match place_request(vol, &mut sight, req) {
+    let placed = match place_request(v, &mut sight, req) {
         Ok(r) => r,
         Err(f) => return refused(f, &req.paths()[0]),
     };
@@ -834,14 +846,14 @@ fn wait_check(vol: &Workspace, caller: &Caller, req: &Request) -> Check {
         unreachable!("a wait stays a wait")
     };
     let paths = [path];
-    let seen = Seen::look(vol, &paths);
-    if let Err(f) = tracked_paths(vol, &seen) {
+    let seen = Seen::look(v, &paths);
+    if let Err(f) = tracked_paths(v, &seen) {
         return refused(f, &paths[0]);
     }
     let path = &paths[0];
-    vol.observe_seen(&vol.engine, path, seen.stats[0], Timestamp::now());
-    let me = vol.session(caller).name.to_string();
-    waits::check(&vol.engine, &me, path, until, timeout_ms)
+    v.ws.observe_seen(&v.engine, path, seen.stats[0], Timestamp::now());
+    let me = v.sessions.session(caller).name.to_string();
+    waits::check(&v.engine, &me, path, until, timeout_ms)
 }
 
 /// The refusal for a path that does not exist (the engine's own answer for one).
@@ -859,21 +871,16 @@ fn not_there(p: &str) -> Refusal {
 /// writing (§5): a session that cannot write a file cannot be its successor. Checked on
 /// the paths whose live record names `s` as successor or is an offer `s` would claim;
 /// the others get the engine's answer. An offer stays open for a session that can.
-fn successor_may_write(
-    vol: &Workspace,
-    s: &Session,
-    who: &Who,
-    paths: &[String],
-) -> Result<(), Refusal> {
+fn successor_may_write(v: &Verbs, s: &Session, who: &Who, paths: &[String]) -> Result<(), Refusal> {
     for p in paths {
-        let Some(h) = vol.engine.handoff(s, p) else {
+        let Some(h) = v.engine.handoff(s, p) else {
             continue;
         };
         let claim = h.record.offer && h.record.claimed_by.is_none() && h.role == Role::Bystander;
         if h.role != Role::Successor && !claim {
             continue;
         }
-        if let Ok(false) = may_write(vol.backing.fd(), Path::new(p), who) {
+        if let Ok(false) = may_write(v.backing.fd(), Path::new(p), who) {
             let way = if claim {
                 "the offer stays open for a session that can write it".to_string()
             } else {
@@ -909,13 +916,8 @@ fn successor_may_write(
 ///   does not know is not checked here (its `accept` is).
 ///
 /// Errors (a path that is gone) are the engine's to answer.
-fn writers_may_write(
-    vol: &Workspace,
-    who: &Who,
-    to: &str,
-    paths: &[String],
-) -> Result<(), Refusal> {
-    let may = |p: &String, as_who: &Who| may_write(vol.backing.fd(), Path::new(p), as_who);
+fn writers_may_write(v: &Verbs, who: &Who, to: &str, paths: &[String]) -> Result<(), Refusal> {
+    let may = |p: &String, as_who: &Who| may_write(v.backing.fd(), Path::new(p), as_who);
     for p in paths {
         if let Ok(false) = may(p, who) {
             return Err(Refusal::new(
@@ -929,10 +931,10 @@ fn writers_may_write(
             ));
         }
     }
-    let Ok(succ) = vol.engine.lookup_session(to) else {
+    let Ok(succ) = v.engine.lookup_session(to) else {
         return Ok(());
     };
-    let Some(uid) = vol
+    let Some(uid) = v
         .engine
         .owner(&succ.name)
         .filter(|u| *u != who.uid && *u != 0)
@@ -963,21 +965,21 @@ fn writers_may_write(
 /// (docs/design.md#handoff): a caller of another uid is refused `session_not_yours` (a caller of
 /// the same uid in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
 fn owner_only(
-    vol: &Workspace,
+    v: &Verbs,
     s: &Session,
     who: &Who,
     verb: Verb,
     paths: &[String],
 ) -> Result<(), Refusal> {
     for p in paths {
-        let Some(h) = vol.engine.handoff(s, p) else {
+        let Some(h) = v.engine.handoff(s, p) else {
             continue;
         };
         let (role, name) = match verb {
             Verb::Withdraw => ("giver", &h.record.giver),
             _ => ("successor", &h.record.successor),
         };
-        match vol.engine.owner(name) {
+        match v.engine.owner(name) {
             Some(owner) if *name != s.name && owner != who.uid => {
                 return Err(Refusal::new(
                     Reason::SessionNotYours,
@@ -996,32 +998,32 @@ fn owner_only(
 }
 
 /// Only the records whose paths the reader may see.
-fn seen_records(vol: &Workspace, sight: &mut Sight, recs: Vec<RecordJson>) -> Vec<RecordJson> {
+fn seen_records(v: &Verbs, sight: &mut Sight, recs: Vec<RecordJson>) -> Vec<RecordJson> {
     if sight.sees_all() {
         return recs;
     }
     recs.into_iter()
-        .filter(|r| sight.sees(vol.backing.fd(), &r.path))
+        .filter(|r| sight.sees(v.backing.fd(), &r.path))
         .collect()
 }
 
 /// `status [PATH]` as the reader may see it: records of paths it may not look up are left
 /// out (and out of the counts); `status PATH` of such a path is the answer for a path
 /// never seen.
-fn seen_status(vol: &Workspace, sight: &mut Sight, path: Option<&str>) -> StatusReport {
-    let mut st = vol.engine.status(path);
+fn seen_status(v: &Verbs, sight: &mut Sight, path: Option<&str>) -> StatusReport {
+    let mut st = v.engine.status(path);
     if sight.sees_all() {
         return st;
     }
     if let Some(p) = path {
-        if !sight.sees(vol.backing.fd(), p) {
+        if !sight.sees(v.backing.fd(), p) {
             st.version = None;
             st.live.clear();
             st.ended.clear();
         }
     }
-    st.live = seen_records(vol, sight, std::mem::take(&mut st.live));
-    st.ended = seen_records(vol, sight, std::mem::take(&mut st.ended));
+    st.live = seen_records(v, sight, std::mem::take(&mut st.live));
+    st.ended = seen_records(v, sight, std::mem::take(&mut st.ended));
     st.counts.live = st.live.len();
     st.counts.ended = st.ended.len();
     st

@@ -10,14 +10,12 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::changes::Changes;
 use super::judge::{Judge, Verdict};
 use crate::coherence::{self, At, Engine, Found, Timestamp};
 use crate::coordinator::Coordinator;
-use crate::identity::{Resolver, Session, SessionInfo, Via};
 use crate::journal::Journal;
 use crate::request_timeout::Started;
-use crate::store::{Backing, Caller, Stamp};
+use crate::store::{Backing, Stamp};
 use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
 
 /// A workspace path as the engine keys it (None: the root, a name the store lost, or a
@@ -63,29 +61,25 @@ fn log_content(p: &str, c: coherence::Content) {
     }
 }
 
-/// The state and the backing directory the parts of the volume share (each part holds
-/// an `Arc` of it; none owns another's state).
+/// What is on disk: the backing directory, which of its paths are tracked, and what the
+/// engine must be shown of a path before a decision (its stamp, its other names, a
+/// changed content judged off the request threads). The one owner of those; the parts
+/// ask it, none reads its fields.
 pub(super) struct Workspace {
-    pub(super) engine: Arc<Engine>,
-    pub(super) journal: Arc<Journal>,
-    /// Where shared state is agreed: [`crate::coordinator::Embedded`] on one host,
-    /// [`crate::coordinator::etcd::Etcd`] across hosts (ask it [`Coordinator::is_shared`]).
-    pub(super) coord: Arc<dyn Coordinator>,
-    pub(super) resolver: Arc<Resolver>,
+    engine: Arc<Engine>,
+    /// Whether other hosts share the workspace (they share no stamps: fingerprints are
+    /// taken for them, and paths taken in are stamped here).
+    coord: Arc<dyn Coordinator>,
     /// The backing directory: the store's root descriptor.
-    pub(super) backing: Backing,
+    backing: Backing,
     /// Which paths are tracked (docs/design.md#versions): the rest pass through with no
     /// version, no hold, no event and no session lookup.
-    pub(super) tracking: Tracking,
-    /// The paths changed through the volume, for git's fsmonitor (`changes.rs`).
-    pub(super) changes: Changes,
+    tracking: Tracking,
     /// Inodes seen with more than one name (their other names are restamped after a link,
     /// unlink or rename through the volume).
-    pub(super) linked: Mutex<HashSet<u64>>,
-    /// The content history (docs/history.md); None when it is off.
-    pub(super) history: Option<Arc<crate::history::Store>>,
+    linked: Mutex<HashSet<u64>>,
     /// The content judgement of changed stamps, off the request threads (`judge.rs`).
-    pub(super) judge: Judge,
+    judge: Judge,
 }
 
 /// The judge of a volume: it reads fingerprints beneath `backing` and counts what it
@@ -119,61 +113,38 @@ pub(super) fn judge(backing: &Backing, engine: &Arc<Engine>, journal: &Arc<Journ
 }
 
 impl Workspace {
-    /// The caller's session, made known to the engine (`session_seen` the first time): a
-    /// session is known once any of its processes touched the volume where it resolves.
-    /// A session name belongs to the first uid that shows it (docs/design.md#sessions): a process
-    /// of another uid carrying it is its own `uid:UID`, marked [`Via::NotYours`].
-    pub(super) fn session(&self, c: &Caller) -> Session {
-        self.owned(self.resolver.resolve_request(c.pid, c.uid), c)
+    pub(super) fn new(
+        engine: Arc<Engine>,
+        coord: Arc<dyn Coordinator>,
+        backing: Backing,
+        tracking: Tracking,
+        judge: Judge,
+    ) -> Self {
+        Workspace {
+            engine,
+            coord,
+            backing,
+            tracking,
+            linked: Mutex::new(HashSet::new()),
+            judge,
+        }
     }
 
-    /// `s` as resolved for caller `c`, if `c`'s uid owns the name (docs/design.md#sessions: the
-    /// first uid that shows a name owns it); else `c`'s own `uid:UID`, marked with whose name it
-    /// showed.
-    pub(super) fn owned(&self, s: Session, c: &Caller) -> Session {
-        self.claimed(s, c).unwrap_or_else(|anyone| anyone)
+    /// Why `p` is not tracked (None: it is, by the ignore files alone).
+    pub(super) fn why_untracked(
+        &self,
+        p: &str,
+        is_dir: bool,
+    ) -> Option<crate::tracking::Untracked> {
+        self.tracking.why_untracked(p, is_dir)
     }
 
-    /// [`Workspace::owned`], but `Err` (the caller's `uid:UID`) when the coordinator could
-    /// not be asked who owns the name: a writer is then decided as unresolved
-    /// (docs/design.md#sessions).
-    pub(super) fn claimed(&self, s: Session, c: &Caller) -> Result<Session, Session> {
-        let now = Timestamp::now();
-        let claim = match self.coord.claim(&self.engine, &s, c.uid, now, c.started) {
-            Ok(r) => r,
-            Err(r) => {
-                tracing::debug!("session {} not claimed: {}", s.name, r.message);
-                return Err(Arc::new(SessionInfo::unattributed(c.uid)));
-            }
-        };
-        Ok(match claim {
-            Ok(()) => s,
-            Err(owner) => {
-                let mine = SessionInfo::unattributed(c.uid);
-                self.engine.session_seen(&Arc::new(mine.clone()), now);
-                Arc::new(SessionInfo {
-                    via: Via::NotYours {
-                        session: s.name.clone(),
-                        owner,
-                    },
-                    ..mine
-                })
-            }
-        })
-    }
-
-    /// The session of a caller about to write (docs/design.md#sessions: fail closed). `Err` carries
-    /// the caller's `uid:UID`, under which a write to a path with no live record goes on.
-    pub(super) fn writer(&self, c: &Caller) -> Result<Session, Session> {
-        match self.resolver.resolve(c.pid) {
-            Ok(s) => self.claimed(s, c),
-            Err(e) => {
-                tracing::debug!("session of pid {}: {e}; failing closed", c.pid);
-                Err(self
-                    .resolver
-                    .directory()
-                    .record(SessionInfo::unattributed(c.uid)))
-            }
+    /// Was any file seen with several names (`Some(ino)`: was this one)?
+    pub(super) fn seen_linked(&self, ino: Option<u64>) -> bool {
+        let linked = self.linked.lock();
+        match ino {
+            None => !linked.is_empty(),
+            Some(i) => linked.contains(&i),
         }
     }
 

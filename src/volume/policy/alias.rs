@@ -8,13 +8,13 @@
 
 use std::path::Path;
 
-use super::policy::WritePolicy;
-use super::tell::Denied;
-use super::workspace::{rel, stamp};
+use super::WritePolicy;
 use crate::coherence::{self, Permit, Route, Timestamp};
 use crate::fs::WriteRoute;
 use crate::request_timeout::Started;
 use crate::store::{Caller, FsError};
+use crate::volume::tell::Denied;
+use crate::volume::workspace::{rel, stamp};
 
 impl WritePolicy {
     /// The stamp of `p` when it is a file with several names of which the engine tracks
@@ -23,29 +23,29 @@ impl WritePolicy {
     /// several names while there are records (a fence to find) or when a tracked name of
     /// it was seen (names to restamp).
     fn alias_of(&self, p: &str, started: Started) -> Option<coherence::Stamp> {
-        let records = self.ws().engine.any_records();
-        if !records && self.ws().linked.lock().is_empty() {
+        let records = self.engine.any_records();
+        if !records && !self.ws.seen_linked(None) {
             return None;
         }
         let (st, n) = self.file_links(p)?;
         if n < 2 {
             return None;
         }
-        if !records && !self.ws().linked.lock().contains(&st.ino) {
+        if !records && !self.ws.seen_linked(Some(st.ino)) {
             return None;
         }
         if records {
-            self.ws().stamp_handed(started);
+            self.ws.stamp_handed(started);
         }
-        (!self.ws().engine.paths_of_inode(st.ino).is_empty()).then_some(st)
+        (!self.engine.paths_of_inode(st.ino).is_empty()).then_some(st)
     }
 
     /// The stamp and number of names of the file (not a directory) at `p`. Unlike
-    /// [`super::workspace::Workspace::stat_links`] it does not remember the inode as linked: untracked files
+    /// [`crate::volume::workspace::Workspace::stat_links`] it does not remember the inode as linked: untracked files
     /// with several names (a build tree's hard links) must not make every change of a
     /// tracked file's names scan the engine.
     fn file_links(&self, p: &str) -> Option<(coherence::Stamp, u64)> {
-        let st = self.ws().backing.lstat(p)?;
+        let st = self.backing.lstat(p)?;
         (!st.dir).then(|| (stamp(&st.stamp), st.nlink))
     }
 
@@ -57,12 +57,12 @@ impl WritePolicy {
         caller: &Caller,
         route: &WriteRoute<'_>,
     ) -> Result<Option<Permit>, FsError> {
-        if !self.ws().engine.any_records() && self.ws().linked.lock().is_empty() {
+        if !self.engine.any_records() && !self.ws.seen_linked(None) {
             return Ok(None);
         }
         let untracked = |p: Option<&Path>| -> Option<String> {
             rel(p)
-                .filter(|p| !self.ws().is_tracked(p, false))
+                .filter(|p| !self.ws.is_tracked(p, false))
                 .map(str::to_string)
         };
         // (name, route, the file there when it is an alias) to fence; then whether the
@@ -113,17 +113,13 @@ impl WritePolicy {
             return Ok(None);
         };
         let now = Timestamp::now();
-        let who = self.ws().writer(caller);
+        let who = self.sessions.writer(caller);
         for (q, r, st) in &checks {
             let (s, resolved) = match &who {
                 Ok(s) => (s, true),
                 Err(s) => (s, false),
             };
-            if let Err(f) = self
-                .ws()
-                .engine
-                .fence_alias(s, resolved, q, st.ino, *r, now)
-            {
+            if let Err(f) = self.engine.fence_alias(s, resolved, q, st.ino, *r, now) {
                 let (caller, tell) = (Some(caller), resolved);
                 let d = Denied {
                     caller,
@@ -131,7 +127,7 @@ impl WritePolicy {
                     tell,
                     log: None,
                 };
-                return Err(self.ws().refuse_write(d, &f, now));
+                return Err(self.tell.refuse_write(d, &f, now));
             }
         }
         if !after {
@@ -151,9 +147,9 @@ impl WritePolicy {
         }
         let Some(pre) = pm.pre else { return };
         // Not gated on `linked`: `alias_of` found tracked names of this inode.
-        for q in self.ws().engine.paths_of_inode(pre.ino) {
-            if let Some(now) = self.ws().stamp_now(&q).filter(|st| st.ino == pre.ino) {
-                self.ws().engine.restamp(&q, now);
+        for q in self.engine.paths_of_inode(pre.ino) {
+            if let Some(now) = self.ws.stamp_now(&q).filter(|st| st.ino == pre.ino) {
+                self.engine.restamp(&q, now);
             }
         }
     }

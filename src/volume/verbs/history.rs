@@ -12,8 +12,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::verbs::Verbs;
-use super::workspace::Workspace;
+use super::Verbs;
 use crate::access::{may_read, Who};
 use crate::coherence::Timestamp;
 use crate::control::history::{ok, refused, HistoryRequest};
@@ -56,7 +55,7 @@ fn put_bytes(m: &mut Map<String, Value>, bytes: &[u8]) {
 }
 
 struct Reader<'a> {
-    ws: &'a Workspace,
+    v: &'a Verbs,
     sight: Sight,
     who: Who,
 }
@@ -65,7 +64,7 @@ impl Reader<'_> {
     /// The path as placed beneath the root (a symlinked directory resolved), if the caller
     /// may read it.
     fn place(&mut self, p: &str) -> Result<String, Refusal> {
-        let real = super::verbs::placed(self.ws, p)?;
+        let real = super::placed(self.v, p)?;
         if !self.may_read(&real) {
             return Err(not_there(&real));
         }
@@ -73,8 +72,8 @@ impl Reader<'_> {
     }
 
     fn may_read(&mut self, p: &str) -> bool {
-        self.sight.sees(self.ws.backing.fd(), p)
-            && may_read(self.ws.backing.fd(), Path::new(p), &self.who)
+        self.sight.sees(self.v.backing.fd(), p)
+            && may_read(self.v.backing.fd(), Path::new(p), &self.who)
     }
 }
 
@@ -104,10 +103,9 @@ fn not_kept(p: &str, v: u64) -> Value {
 
 impl Verbs {
     /// Serve one history request for `caller`.
-    pub(super) fn history(&self, caller: &Caller, req: &HistoryRequest) -> Reply {
+    pub(in crate::volume) fn history(&self, caller: &Caller, req: &HistoryRequest) -> Reply {
         let verb = req.verb();
-        let ws = self.workspace();
-        let Some(h) = ws.history.clone() else {
+        let Some(h) = self.history.store().cloned() else {
             return refused(
                 verb,
                 &Refusal::new(
@@ -118,7 +116,7 @@ impl Verbs {
         };
         let who = Who::of_task(caller.pid, caller.uid, caller.gid);
         let mut r = Reader {
-            ws,
+            v: self,
             sight: Sight::new(who.clone()),
             who,
         };
@@ -285,7 +283,7 @@ fn undo(
     let mut refusals = Vec::new();
     for c in visible(r, h, session, since) {
         let p = c.path.clone();
-        let now = r.ws.engine.path_state(&p);
+        let now = r.v.engine.path_state(&p);
         let current = now.as_ref().map(|s| s.version);
         if let Some(a) = &c.after {
             refusals.push(json!({
