@@ -25,7 +25,6 @@ mod enforce_routes;
 mod enforce_sessions;
 mod enforce_stale;
 mod enforce_surface;
-mod enforce_tell;
 mod enforce_tracking;
 mod enforce_unresolved;
 mod enforce_users;

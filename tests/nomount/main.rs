@@ -32,6 +32,7 @@ mod core_wait;
 mod identity_directory;
 mod identity_resolve;
 mod inproc_decisions;
+mod inproc_tell;
 mod install;
 mod tracking;
 mod volume_policy;
