@@ -30,5 +30,4 @@ mod enforce_unresolved;
 mod enforce_users;
 mod enforce_versions;
 mod enforce_wait;
-mod enforce_ways_out;
 mod history;
