@@ -41,7 +41,7 @@ case $part in
 coherence)
     files=(-f 'src/coherence/*.rs' -e src/coherence/time.rs)
     tests=("${core[@]}" --test mounted)
-    filters=("${core_filters[@]}" volume_policy:: inproc_decisions:: enforce_mutants:: enforce_hardlink:: enforce_users:: enforce_unresolved::)
+    filters=("${core_filters[@]}" volume_policy:: inproc_decisions:: enforce_mutants:: enforce_hardlink:: enforce_users:: inproc_unresolved::)
     ;;
 time)
     files=(-f src/coherence/time.rs)

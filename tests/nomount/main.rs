@@ -33,6 +33,7 @@ mod identity_directory;
 mod identity_resolve;
 mod inproc_decisions;
 mod inproc_tell;
+mod inproc_unresolved;
 mod inproc_versions;
 mod inproc_ways_out;
 mod install;
