@@ -41,7 +41,7 @@ case $part in
 coherence)
     files=(-f 'src/coherence/*.rs' -e src/coherence/time.rs)
     tests=("${core[@]}" --test mounted)
-    filters=("${core_filters[@]}" volume_policy:: inproc_decisions:: enforce_mutants:: enforce_hardlink:: enforce_users:: enforce_unresolved::)
+    filters=("${core_filters[@]}" volume_policy:: inproc_decisions:: enforce_mutants:: enforce_hardlink:: enforce_users:: inproc_unresolved::)
     ;;
 time)
     files=(-f src/coherence/time.rs)
@@ -52,7 +52,7 @@ volume)
     # Only the functions that map a FUSE request to a route and a commit.
     files=(-f src/volume.rs -F 'before_write|after_write|on_open|on_flush|on_release|exchange|refused')
     tests=(--test nomount --test mounted)
-    filters=(volume_policy:: inproc_decisions:: enforce_mutants:: enforce_routes:: enforce_versions:: enforce_handoff::)
+    filters=(volume_policy:: inproc_decisions:: inproc_versions:: enforce_mutants:: enforce_routes:: enforce_versions:: enforce_handoff::)
     ;;
 control)
     files=(-f 'crates/coherent-wire/src/control/*.rs')

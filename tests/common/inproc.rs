@@ -27,7 +27,8 @@ use serde_json::Value;
 /// A session's process: a real child with `COHERENT_SESSION` set, and the caller a FUSE
 /// request of it would carry.
 pub struct Agent {
-    child: Child,
+    /// None for [`Agent::outside`]: no process behind the caller.
+    child: Option<Child>,
     who: Caller,
 }
 
@@ -54,7 +55,10 @@ impl Agent {
             gid: 0,
             started: Started::now(),
         };
-        Agent { child, who }
+        Agent {
+            child: Some(child),
+            who,
+        }
     }
 
     /// A process with no session tag at all (an empty environment but `PATH`): the volume
@@ -79,7 +83,22 @@ impl Agent {
             gid: 0,
             started: Started::now(),
         };
-        Agent { child, who }
+        Agent {
+            child: Some(child),
+            who,
+        }
+    }
+
+    /// A caller the volume cannot resolve: pid 0, what FUSE sends for a process outside
+    /// the daemon's pid namespace (docs/design.md#sessions), as uid 0. No process behind it.
+    pub fn outside() -> Agent {
+        let who = Caller {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+            started: Started::now(),
+        };
+        Agent { child: None, who }
     }
 
     /// The caller of a request of this process beginning now (a FUSE request's waits are
@@ -93,15 +112,18 @@ impl Agent {
 
     /// Kill the process and reap it (its /proc entry is gone afterwards).
     pub fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+        let child = self.child.as_mut().expect("a process to kill");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -228,6 +250,18 @@ impl InProc {
         Ok(())
     }
 
+    /// `a` opens `p` for reading, reads it whole and closes it: the bytes `a` read.
+    pub fn cat(&self, a: &Agent, p: &str) -> Result<String, i32> {
+        let ino = self.ino(a, p)?;
+        let o = self
+            .fs
+            .open(&a.caller(), ino, libc::O_RDONLY)
+            .map_err(|e| e.errno())?;
+        let data = self.read_fh(a, ino, o.fh);
+        self.fs.release(&a.caller(), ino, o.fh);
+        Ok(data)
+    }
+
     /// `a` opens `p` with `flags` (creating it if `O_CREAT` and missing), writes `data`
     /// at `offset` if any, and closes it (FLUSH, RELEASE): one write as a tool does it.
     pub fn write(&self, a: &Agent, p: &str, flags: i32, data: Option<&[u8]>) -> Result<(), i32> {
@@ -275,6 +309,28 @@ impl InProc {
         self.fs
             .rename(&a.caller(), fp, fname, tp, tname, flags)
             .map_err(|e| e.errno())
+    }
+
+    /// `mkdir p` by `a` (mode 0755).
+    pub fn mkdir(&self, a: &Agent, p: &str) -> Result<(), i32> {
+        let (dir, name) = self.at(a, p);
+        let made = self.fs.mkdir(&a.caller(), dir, name, 0o755, 0);
+        made.map(drop).map_err(|e| e.errno())
+    }
+
+    /// `unlink(p)` by `a`.
+    pub fn unlink(&self, a: &Agent, p: &str) -> Result<(), i32> {
+        let (dir, name) = self.at(a, p);
+        self.fs
+            .unlink(&a.caller(), dir, name)
+            .map_err(|e| e.errno())
+    }
+
+    /// `symlink(target, p)` by `a`.
+    pub fn symlink(&self, a: &Agent, p: &str, target: &str) -> Result<(), i32> {
+        let (dir, name) = self.at(a, p);
+        let made = self.fs.symlink(&a.caller(), dir, name, Path::new(target));
+        made.map(drop).map_err(|e| e.errno())
     }
 
     /// The inode of `.coherent/NAME`, looked up through the filesystem.
@@ -376,6 +432,34 @@ impl InProc {
         self.events()
             .into_iter()
             .filter(|e| e["event"] == kind && e["session"] == session)
+            .collect()
+    }
+
+    /// Every event of that kind on `path`, of any session (flushed first).
+    pub fn events_on(&self, kind: &str, path: &str) -> Vec<Value> {
+        self.events()
+            .into_iter()
+            .filter(|e| e["event"] == kind && e["path"] == path)
+            .collect()
+    }
+
+    /// The version the log last gave `path` (its last commit or counted external change):
+    /// what a path with no name left to read an xattr of is at.
+    pub fn committed_version(&self, path: &str) -> Option<u64> {
+        self.events()
+            .iter()
+            .filter(|e| e["path"] == path)
+            .filter(|e| e["event"] == "commit" || e["event"] == "external_change")
+            .filter_map(|e| e["version"].as_u64())
+            .next_back()
+    }
+
+    /// The events in `.coherent/events` as `a` reads it through the filesystem, no flush
+    /// first: what a reader of the file sees when the call before returned.
+    pub fn read_events(&self, a: &Agent) -> Vec<Value> {
+        self.read_surface(a, "events")
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }
 

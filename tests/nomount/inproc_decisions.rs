@@ -41,16 +41,10 @@ impl Try<'_> {
         errno(self.f.fs.link(&self.a.caller(), self.ino(from), dir, name)).map(drop)
     }
     fn unlink(&self, p: &str) -> Result<(), i32> {
-        let (dir, name) = self.f.at(self.a, p);
-        errno(self.f.fs.unlink(&self.a.caller(), dir, name))
+        self.f.unlink(self.a, p)
     }
     fn symlink(&self, p: &str, target: &str) -> Result<(), i32> {
-        let (dir, name) = self.f.at(self.a, p);
-        let made = self
-            .f
-            .fs
-            .symlink(&self.a.caller(), dir, name, Path::new(target));
-        errno(made).map(drop)
+        self.f.symlink(self.a, p, target)
     }
     fn setattr(&self, set: SetAttr) -> Result<(), i32> {
         self.f.setattr(self.a, self.t, &set)
@@ -427,12 +421,7 @@ fn others_may_write(who: &str) {
         let got_v = match r.after {
             Bytes(_) => f.version(a, &t),
             // No name left to read an xattr of: the last commit in the log.
-            _ => f
-                .events()
-                .iter()
-                .filter(|e| e["event"] == "commit" && e["path"] == t.as_str())
-                .filter_map(|e| e["version"].as_u64())
-                .next_back(),
+            _ => f.committed_version(&t),
         };
         if got_v != Some(want_v) {
             bad.push(format!("version {got_v:?}, want {want_v}"));
