@@ -20,6 +20,9 @@ pub struct MountEntry {
     pub root: PathBuf,
     pub mount_point: PathBuf,
     pub fstype: String,
+    /// The mount source, unescaped: `coherent-mount` names its mounts `coherent:BACKING`,
+    /// which is how `coherent run` finds the backing directory to fence off.
+    pub source: OsString,
 }
 
 impl MountEntry {
@@ -41,13 +44,16 @@ pub fn parse_mount_line(line: &str) -> Option<MountEntry> {
     let (major, minor) = (major.parse().ok()?, minor.parse().ok()?);
     let root = unescape(f.next()?);
     let mount_point = unescape(f.next()?);
-    let fstype = tail.split(' ').next()?.to_string();
+    let mut tail = tail.split(' ');
+    let fstype = tail.next()?.to_string();
+    let source = unescape(tail.next()?);
     Some(MountEntry {
         major,
         minor,
         root: PathBuf::from(root),
         mount_point: PathBuf::from(mount_point),
         fstype,
+        source,
     })
 }
 
@@ -221,7 +227,14 @@ mod tests {
         assert_eq!(m.root, PathBuf::from("/sub"));
         assert_eq!((m.major, m.minor), (0, 50));
         assert!(m.is_fuse() && is_fuse("fuseblk") && !is_fuse("ext4"));
+        assert_eq!(m.source, OsString::from("c"));
         assert!(parse_mount_line("garbage").is_none());
+        // The source is unescaped like the paths; a line without one is not a mount line.
+        let m =
+            parse_mount_line("91 23 0:51 / /m rw - fuse coherent:/srv/my\\040repo rw,user_id=0")
+                .unwrap();
+        assert_eq!(m.source, OsString::from("coherent:/srv/my repo"));
+        assert!(parse_mount_line("92 23 0:52 / /m rw - fuse").is_none());
         assert_eq!(unescape("a\\0"), OsString::from("a\\0"));
         assert_eq!(
             parse_mountinfo("garbage\n1 0 0:1 / / rw - ext4 /dev/sda rw\n").len(),

@@ -11,11 +11,11 @@
 //! it cannot ask a helper of the same user started outside (a server listening on an
 //! abstract socket) to write for it. What stays open is listed in docs/sessions.md.
 
+use coherent::sys;
 use landlock::{
     path_beneath_rules, Access, AccessFs, CompatLevel, Compatible, LandlockStatus, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 /// The variable that replaces the default scratch list: paths separated by `:` (empty:
@@ -120,23 +120,11 @@ pub fn private_tmp(root: &Path, backing: &Path, writable: &[PathBuf]) -> Result<
 /// The backing directory of the coherent volume mounted at `root`, from
 /// `/proc/self/mountinfo` (`coherent-mount` names its mounts `coherent:BACKING`).
 pub fn backing_of(root: &Path) -> Result<PathBuf, String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-    let mut found = None;
-    for line in info.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        let Some(dash) = f.iter().position(|x| *x == "-") else {
-            continue;
-        };
-        if f.len() < dash + 3 || unescape(f[4]) != root.as_os_str() {
-            continue;
-        }
-        // The last mount on that point is the one seen there.
-        found = Some((f[dash + 1].to_string(), unescape(f[dash + 2])));
-    }
-    match found {
-        Some((fstype, src)) if fstype.starts_with("fuse") => {
-            let src = src.to_string_lossy().into_owned();
+    let mounts = sys::mounts().map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    // The last mount on that point is the one seen there.
+    match mounts.into_iter().rev().find(|m| m.mount_point == root) {
+        Some(m) if m.fstype.starts_with("fuse") => {
+            let src = m.source.to_string_lossy();
             match src.strip_prefix("coherent:") {
                 Some(b) if b.starts_with('/') => Ok(PathBuf::from(b)),
                 _ => Err(format!(
@@ -151,27 +139,6 @@ pub fn backing_of(root: &Path) -> Result<PathBuf, String> {
             root.display()
         )),
     }
-}
-
-/// A mountinfo field: `\ooo` octal escapes (space, tab, newline, backslash) decoded.
-fn unescape(s: &str) -> OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    OsString::from_vec(out)
 }
 
 /// The allowed entry that would let writes reach the backing directory `backing`: one
@@ -235,12 +202,6 @@ pub fn restrict(root: &Path, writable: &[PathBuf]) -> Result<Outcome, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_fields_are_unescaped() {
-        assert_eq!(unescape(r"/a\040b\134c"), OsString::from(r"/a b\c"));
-        assert_eq!(unescape("/plain"), OsString::from("/plain"));
-    }
 
     #[test]
     fn an_entry_containing_the_backing_directory_conflicts() {

@@ -143,6 +143,205 @@ fn normalize(p: &Path) -> PathBuf {
     out
 }
 
+/// How each command names what it writes, by program name (the last component of its
+/// first word). For a command not listed only its redirections count.
+const COMMANDS: &[(&str, Rule)] = &[
+    // wrappers: the rest is a command line of its own
+    ("sudo", WRAP),
+    ("doas", WRAP),
+    ("command", WRAP),
+    ("builtin", WRAP),
+    ("exec", WRAP),
+    ("nohup", WRAP),
+    ("time", WRAP),
+    ("xargs", WRAP),
+    ("stdbuf", WRAP),
+    ("ionice", WRAP),
+    ("chronic", WRAP),
+    ("env", ENV),
+    ("nice", NICE),
+    ("timeout", TIMEOUT),
+    // shell text of its own, and where relative paths start
+    ("sh", Rule::Walk(Walker::shell)),
+    ("bash", Rule::Walk(Walker::shell)),
+    ("dash", Rule::Walk(Walker::shell)),
+    ("zsh", Rule::Walk(Walker::shell)),
+    ("eval", Rule::Walk(Walker::eval)),
+    ("cd", Rule::Walk(Walker::cd)),
+    ("pushd", Rule::Walk(Walker::cd)),
+    // writers of their operands
+    ("tee", FILES),
+    ("sed", SED),
+    ("gsed", SED),
+    ("truncate", TRUNCATE),
+    ("touch", TOUCH),
+    ("rm", RM),
+    ("unlink", RM),
+    ("shred", RM),
+    ("chmod", CHMOD),
+    ("chown", CHMOD),
+    ("chgrp", CHMOD),
+    ("setfacl", CHMOD),
+    ("chattr", CHMOD),
+    // writers whose words need reading of their own
+    ("perl", Rule::Walk(Walker::perl)),
+    ("cp", Rule::Walk(Walker::copy)),
+    ("mv", Rule::Walk(Walker::copy)),
+    ("install", Rule::Walk(Walker::copy)),
+    ("rsync", Rule::Walk(Walker::copy)),
+    ("ln", Rule::Walk(Walker::link)),
+    ("dd", Rule::Walk(Walker::dd)),
+    ("git", Rule::Walk(Walker::git)),
+];
+
+/// How one command's words name what it writes: a row of [`COMMANDS`].
+enum Rule {
+    /// Runs the rest of its words as a command line of its own.
+    Wrapper(Wrap),
+    /// Writes each of its operands.
+    Operands(Operands),
+    /// Its words need reading of their own (a target, a script, a subcommand).
+    Walk(fn(&mut Walker, &str, &[String])),
+}
+
+/// A wrapper's own words before the command it runs.
+struct Wrap {
+    /// Options that take the next word as their value (`nice -n 5`).
+    takes: &'static [&'static str],
+    /// `NAME=VALUE` words are its own too (`env`).
+    assignments: bool,
+    /// Words after its options that are its own (`timeout DURATION`).
+    positional: usize,
+}
+
+const WRAP: Rule = Rule::Wrapper(Wrap {
+    takes: &[],
+    assignments: false,
+    positional: 0,
+});
+const ENV: Rule = Rule::Wrapper(Wrap {
+    takes: &[],
+    assignments: true,
+    positional: 0,
+});
+const NICE: Rule = Rule::Wrapper(Wrap {
+    takes: &["-n", "-s", "-k"],
+    assignments: false,
+    positional: 0,
+});
+const TIMEOUT: Rule = Rule::Wrapper(Wrap {
+    takes: &["-n", "-s", "-k"],
+    assignments: false,
+    positional: 1,
+});
+
+impl Wrap {
+    /// The command line it runs.
+    fn command<'a>(&self, rest: &'a [String]) -> &'a [String] {
+        let mut i = 0;
+        while let Some(w) = rest.get(i) {
+            if !(w.starts_with('-') || (self.assignments && w.contains('='))) {
+                break;
+            }
+            i += if self.takes.contains(&w.as_str()) {
+                2
+            } else {
+                1
+            };
+        }
+        rest.get(i + self.positional..).unwrap_or(&[])
+    }
+}
+
+/// A command that writes each operand (a word that is not an option).
+struct Operands {
+    /// What the target says writes it; None: the program's name.
+    how: Option<&'static str>,
+    /// Options that take the next word as their value.
+    takes: &'static [&'static str],
+    /// Flags that make each operand a whole tree (`rm -r`).
+    tree: &'static [&'static str],
+    /// It writes only when one of its words says so (`sed -i`).
+    only_if: Option<fn(&str) -> bool>,
+    /// The first operand is a script or a mode, not a file, unless a word like this gave
+    /// it elsewhere (`sed -e`, `chmod --reference`).
+    first_unless: Option<fn(&str) -> bool>,
+}
+
+const PLAIN: Operands = Operands {
+    how: None,
+    takes: &[],
+    tree: &[],
+    only_if: None,
+    first_unless: None,
+};
+const FILES: Rule = Rule::Operands(PLAIN);
+const SED: Rule = Rule::Operands(Operands {
+    how: Some("sed -i"),
+    takes: &["-e", "-f", "-l", "--expression", "--file"],
+    only_if: Some(|w| {
+        w == "--in-place"
+            || w.starts_with("--in-place=")
+            || (w.starts_with('-') && !w.starts_with("--") && w.contains('i'))
+    }),
+    first_unless: Some(|w| {
+        w == "-e" || w == "-f" || w.starts_with("--expression") || w.starts_with("--file")
+    }),
+    ..PLAIN
+});
+const TRUNCATE: Rule = Rule::Operands(Operands {
+    takes: &["-s", "--size", "-r", "--reference"],
+    ..PLAIN
+});
+const TOUCH: Rule = Rule::Operands(Operands {
+    takes: &["-r", "--reference", "-d", "--date", "-t"],
+    ..PLAIN
+});
+const RM: Rule = Rule::Operands(Operands {
+    tree: &["-r", "-R", "--recursive"],
+    ..PLAIN
+});
+const CHMOD: Rule = Rule::Operands(Operands {
+    takes: &["--reference"],
+    tree: &["-R", "--recursive"],
+    first_unless: Some(|w| w.starts_with("--reference")),
+    ..PLAIN
+});
+
+/// The operands among `rest`: the words that are not options (after `--`, all are).
+fn operands(rest: &[String], takes_value: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    let mut dashdash = false;
+    while i < rest.len() {
+        let w = &rest[i];
+        if !dashdash && w == "--" {
+            dashdash = true;
+        } else if !dashdash && w.starts_with('-') && w.len() > 1 {
+            if takes_value.contains(&w.as_str()) {
+                i += 1;
+            }
+        } else {
+            out.push(w.clone());
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Does one of `flags` appear in `rest`, alone or (a short one) among bundled flags?
+fn has(rest: &[String], flags: &[&str]) -> bool {
+    rest.iter().any(|w| {
+        flags.iter().any(|f| {
+            w == f
+                || (f.len() == 2
+                    && !w.starts_with("--")
+                    && w.starts_with('-')
+                    && w[1..].contains(&f[1..]))
+        })
+    })
+}
+
 impl Walker {
     fn source(&mut self, text: &str) -> Option<()> {
         if self.depth > 8 {
@@ -333,289 +532,202 @@ impl Walker {
         self.argv(&words);
     }
 
-    /// The writes of one command line, given its (raw) words.
+    /// The writes of one command line, given its (raw) words: the program's row in
+    /// [`COMMANDS`] says how its words name what it writes.
     fn argv(&mut self, words: &[String]) {
-        let Some(first) = words.first() else { return };
-        let Some(name) = plain(first) else { return };
+        let Some(name) = words.first().and_then(|w| plain(w)) else {
+            return;
+        };
         let prog = Path::new(&name)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let rest = &words[1..];
-        let args: Vec<Option<String>> = rest.iter().map(|w| plain(w)).collect();
-        let arg = |i: usize| args.get(i).cloned().flatten();
-        // wrappers: run the rest as its own command line
-        match prog.as_str() {
-            "sudo" | "doas" | "command" | "builtin" | "exec" | "nohup" | "time" | "xargs"
-            | "stdbuf" | "ionice" | "chronic" => {
-                let skip = rest
-                    .iter()
-                    .position(|w| !w.starts_with('-'))
-                    .unwrap_or(rest.len());
-                return self.argv(&rest[skip..]);
-            }
-            "env" => {
-                let skip = rest
-                    .iter()
-                    .position(|w| !w.starts_with('-') && !w.contains('='))
-                    .unwrap_or(rest.len());
-                return self.argv(&rest[skip..]);
-            }
-            "nice" | "timeout" => {
-                // options, then (timeout) a duration
-                let mut i = 0;
-                while i < rest.len() && rest[i].starts_with('-') {
-                    i += if rest[i] == "-n" || rest[i] == "-s" || rest[i] == "-k" {
-                        2
-                    } else {
-                        1
-                    };
-                }
-                if prog == "timeout" {
-                    i += 1;
-                }
-                return self.argv(rest.get(i..).unwrap_or(&[]));
-            }
-            "sh" | "bash" | "dash" | "zsh" | "eval" => {
-                let script = if prog == "eval" {
-                    Some(
-                        args.iter()
-                            .map(|a| a.clone().unwrap_or_default())
-                            .collect::<Vec<_>>()
-                            .join(" "),
-                    )
-                } else {
-                    args.iter()
-                        .position(|a| {
-                            a.as_deref()
-                                .is_some_and(|a| a.starts_with('-') && a.contains('c'))
-                        })
-                        .and_then(|i| arg(i + 1))
-                };
-                if let Some(script) = script {
-                    let _ = self.source(&script);
-                }
-                return;
-            }
-            "cd" | "pushd" => {
-                match arg(0) {
-                    Some(d) if !d.starts_with('-') => self.cwd = self.abs(&d),
-                    None => {
-                        if let Ok(h) = std::env::var("HOME") {
-                            self.cwd = PathBuf::from(h);
-                        }
-                    }
-                    _ => {}
-                }
-                return;
-            }
-            _ => {}
+        match COMMANDS.iter().find(|(n, _)| *n == prog) {
+            Some((_, Rule::Wrapper(w))) => self.argv(w.command(rest)),
+            Some((_, Rule::Operands(o))) => self.operands(&prog, rest, o),
+            Some((_, Rule::Walk(walk))) => walk(self, &prog, rest),
+            None => {}
         }
-        let how = |s: &str| s.to_string();
-        // operands: the words that are not options (after `--`, all are)
-        let operands = |takes_value: &[&str]| -> Vec<String> {
-            let mut out = Vec::new();
-            let mut i = 0;
-            let mut dashdash = false;
-            while i < rest.len() {
-                let w = &rest[i];
-                if !dashdash && w == "--" {
-                    dashdash = true;
-                } else if !dashdash && w.starts_with('-') && w.len() > 1 {
-                    if takes_value.contains(&w.as_str()) {
-                        i += 1;
-                    }
-                } else {
-                    out.push(w.clone());
-                }
-                i += 1;
+    }
+
+    /// A command whose every operand it writes (see [`Operands`]).
+    fn operands(&mut self, prog: &str, rest: &[String], rule: &Operands) {
+        if rule.only_if.is_some_and(|on| !rest.iter().any(|w| on(w))) {
+            return;
+        }
+        let tree = has(rest, rule.tree);
+        let mut ops = operands(rest, rule.takes);
+        if let Some(moved) = rule.first_unless {
+            if !rest.iter().any(|w| moved(w)) && !ops.is_empty() {
+                ops.remove(0);
             }
-            out
-        };
-        let has = |flags: &[&str]| {
-            rest.iter().any(|w| {
-                flags.iter().any(|f| {
-                    w == f
-                        || (f.len() == 2
-                            && !w.starts_with("--")
-                            && w.starts_with('-')
-                            && w[1..].contains(&f[1..]))
-                })
+        }
+        for f in ops {
+            self.add_word(&f, rule.how.unwrap_or(prog), tree);
+        }
+    }
+
+    /// `sh -c SCRIPT`: the script is shell text of its own.
+    fn shell(&mut self, _prog: &str, rest: &[String]) {
+        let args: Vec<Option<String>> = rest.iter().map(|w| plain(w)).collect();
+        let script = args
+            .iter()
+            .position(|a| {
+                a.as_deref()
+                    .is_some_and(|a| a.starts_with('-') && a.contains('c'))
             })
-        };
-        match prog.as_str() {
-            "tee" => {
-                for f in operands(&[]) {
-                    self.add_word(&f, &how("tee"), false);
+            .and_then(|i| args.get(i + 1).cloned().flatten());
+        if let Some(script) = script {
+            let _ = self.source(&script);
+        }
+    }
+
+    /// `eval WORDS`: the words, joined, are shell text of their own.
+    fn eval(&mut self, _prog: &str, rest: &[String]) {
+        let script: Vec<String> = rest.iter().map(|w| plain(w).unwrap_or_default()).collect();
+        let _ = self.source(&script.join(" "));
+    }
+
+    /// `cd DIR` moves where later relative paths start; `cd` alone (or a word that
+    /// expands) goes home.
+    fn cd(&mut self, _prog: &str, rest: &[String]) {
+        match rest.first().and_then(|w| plain(w)) {
+            Some(d) if !d.starts_with('-') => self.cwd = self.abs(&d),
+            None => {
+                if let Ok(h) = std::env::var("HOME") {
+                    self.cwd = PathBuf::from(h);
                 }
             }
-            "sed" | "gsed" => {
-                let in_place = rest.iter().any(|w| {
-                    w == "--in-place"
-                        || w.starts_with("--in-place=")
-                        || (w.starts_with('-') && !w.starts_with("--") && w.contains('i'))
-                });
-                if !in_place {
-                    return;
-                }
-                let script_given = rest.iter().any(|w| {
-                    w == "-e"
-                        || w == "-f"
-                        || w.starts_with("--expression")
-                        || w.starts_with("--file")
-                });
-                let mut ops = operands(&["-e", "-f", "-l", "--expression", "--file"]);
-                if !script_given && !ops.is_empty() {
-                    ops.remove(0);
-                }
-                for f in ops {
-                    self.add_word(&f, "sed -i", false);
-                }
-            }
-            "perl" => {
-                let in_place = rest
-                    .iter()
-                    .any(|w| w.starts_with('-') && !w.starts_with("--") && w.contains('i'));
-                if !in_place {
-                    return;
-                }
-                let script_given = rest
-                    .iter()
-                    .any(|w| w.starts_with('-') && (w.ends_with('e') || w.ends_with('E')));
-                // `-pi -e SCRIPT` and `-pie SCRIPT`: the script follows the flag
-                let mut i = 0;
-                let mut files = Vec::new();
-                while i < rest.len() {
-                    let w = &rest[i];
-                    if w.starts_with('-') && w.len() > 1 {
-                        if w.ends_with('e') || w.ends_with('E') {
-                            i += 1;
-                        }
-                    } else {
-                        files.push(w.clone());
-                    }
-                    i += 1;
-                }
-                if !script_given && !files.is_empty() {
-                    files.remove(0);
-                }
-                for f in files {
-                    self.add_word(&f, "perl -i", false);
-                }
-            }
-            "cp" | "mv" | "install" | "rsync" => {
-                let ops = operands(&[
-                    "-t",
-                    "--target-directory",
-                    "-m",
-                    "--mode",
-                    "-o",
-                    "-g",
-                    "-S",
-                    "--suffix",
-                    "-e",
-                    "--exclude",
-                    "--include",
-                    "--chmod",
-                ]);
-                let t = rest
-                    .iter()
-                    .position(|w| w == "-t" || w == "--target-directory")
-                    .and_then(|i| rest.get(i + 1).cloned());
-                let (srcs, dest) = match t {
-                    Some(d) => (ops.clone(), Some(d)),
-                    None if ops.len() >= 2 => (ops[..ops.len() - 1].to_vec(), ops.last().cloned()),
-                    // `install -d DIR`: makes directories
-                    _ => (Vec::new(), None),
-                };
-                let Some(dest) = dest else { return };
-                if prog == "rsync" && dest.contains(':') {
-                    return;
-                }
-                let verb = prog.clone();
-                let recursive = has(&["-r", "-R", "-a", "--recursive", "--archive"]);
-                match plain(&dest) {
-                    Some(d) if self.abs(&d).is_dir() || d.ends_with('/') => {
-                        for s in &srcs {
-                            if let Some(name) = plain(s)
-                                .as_deref()
-                                .and_then(|s| Path::new(s.trim_end_matches('/')).file_name())
-                                .map(|n| n.to_string_lossy().into_owned())
-                            {
-                                let target = self.abs(&d).join(name);
-                                self.add(target, &format!("{verb} target"), recursive);
-                            }
-                        }
-                    }
-                    Some(_) => self.add_word(&dest, &format!("{verb} target"), recursive),
-                    None => {}
-                }
-                if prog == "mv" {
-                    for s in &srcs {
-                        self.add_word(s, "mv source", true);
-                    }
-                }
-            }
-            "ln" => {
-                let ops = operands(&["-t", "--target-directory", "-S", "--suffix"]);
-                if ops.len() >= 2 {
-                    let dest = ops.last().cloned().unwrap_or_default();
-                    match plain(&dest) {
-                        Some(d) if self.abs(&d).is_dir() => {
-                            for s in &ops[..ops.len() - 1] {
-                                if let Some(name) = plain(s)
-                                    .as_deref()
-                                    .and_then(|s| Path::new(s).file_name())
-                                    .map(|n| n.to_string_lossy().into_owned())
-                                {
-                                    let target = self.abs(&d).join(name);
-                                    self.add(target, "ln", false);
-                                }
-                            }
-                        }
-                        _ => self.add_word(&dest, "ln", false),
-                    }
-                }
-            }
-            "truncate" => {
-                for f in operands(&["-s", "--size", "-r", "--reference"]) {
-                    self.add_word(&f, "truncate", false);
-                }
-            }
-            "touch" => {
-                for f in operands(&["-r", "--reference", "-d", "--date", "-t"]) {
-                    self.add_word(&f, "touch", false);
-                }
-            }
-            "rm" | "unlink" | "shred" => {
-                let recursive = has(&["-r", "-R", "--recursive"]);
-                for f in operands(&[]) {
-                    self.add_word(&f, &prog, recursive);
-                }
-            }
-            "chmod" | "chown" | "chgrp" | "setfacl" | "chattr" => {
-                let recursive = has(&["-R", "--recursive"]);
-                let mut ops = operands(&["--reference"]);
-                if !rest.iter().any(|w| w.starts_with("--reference")) && !ops.is_empty() {
-                    ops.remove(0);
-                }
-                for f in ops {
-                    self.add_word(&f, &prog, recursive);
-                }
-            }
-            "dd" => {
-                for w in rest {
-                    if let Some(f) = w.strip_prefix("of=") {
-                        self.add_word(f, "dd of=", false);
-                    }
-                }
-            }
-            "git" => self.git(rest),
             _ => {}
         }
     }
 
-    fn git(&mut self, rest: &[String]) {
+    /// `perl -i`: `-pi -e SCRIPT` and `-pie SCRIPT` (the script follows the flag), the
+    /// first operand the script when no `-e` gave it.
+    fn perl(&mut self, _prog: &str, rest: &[String]) {
+        let in_place = rest
+            .iter()
+            .any(|w| w.starts_with('-') && !w.starts_with("--") && w.contains('i'));
+        if !in_place {
+            return;
+        }
+        let script_given = rest
+            .iter()
+            .any(|w| w.starts_with('-') && (w.ends_with('e') || w.ends_with('E')));
+        let mut i = 0;
+        let mut files = Vec::new();
+        while i < rest.len() {
+            let w = &rest[i];
+            if w.starts_with('-') && w.len() > 1 {
+                if w.ends_with('e') || w.ends_with('E') {
+                    i += 1;
+                }
+            } else {
+                files.push(w.clone());
+            }
+            i += 1;
+        }
+        if !script_given && !files.is_empty() {
+            files.remove(0);
+        }
+        for f in files {
+            self.add_word(&f, "perl -i", false);
+        }
+    }
+
+    /// `cp`/`mv`/`install`/`rsync`: the target (a file, or the sources' names in a
+    /// directory), and `mv`'s sources.
+    fn copy(&mut self, prog: &str, rest: &[String]) {
+        let ops = operands(
+            rest,
+            &[
+                "-t",
+                "--target-directory",
+                "-m",
+                "--mode",
+                "-o",
+                "-g",
+                "-S",
+                "--suffix",
+                "-e",
+                "--exclude",
+                "--include",
+                "--chmod",
+            ],
+        );
+        let t = rest
+            .iter()
+            .position(|w| w == "-t" || w == "--target-directory")
+            .and_then(|i| rest.get(i + 1).cloned());
+        let (srcs, dest) = match t {
+            Some(d) => (ops.clone(), Some(d)),
+            None if ops.len() >= 2 => (ops[..ops.len() - 1].to_vec(), ops.last().cloned()),
+            // `install -d DIR`: makes directories
+            _ => (Vec::new(), None),
+        };
+        let Some(dest) = dest else { return };
+        if prog == "rsync" && dest.contains(':') {
+            return;
+        }
+        let recursive = has(rest, &["-r", "-R", "-a", "--recursive", "--archive"]);
+        match plain(&dest) {
+            Some(d) if self.abs(&d).is_dir() || d.ends_with('/') => {
+                for s in &srcs {
+                    if let Some(name) = plain(s)
+                        .as_deref()
+                        .and_then(|s| Path::new(s.trim_end_matches('/')).file_name())
+                        .map(|n| n.to_string_lossy().into_owned())
+                    {
+                        let target = self.abs(&d).join(name);
+                        self.add(target, &format!("{prog} target"), recursive);
+                    }
+                }
+            }
+            Some(_) => self.add_word(&dest, &format!("{prog} target"), recursive),
+            None => {}
+        }
+        if prog == "mv" {
+            for s in &srcs {
+                self.add_word(s, "mv source", true);
+            }
+        }
+    }
+
+    /// `ln SOURCE... DEST`: the link, in DEST when it is a directory.
+    fn link(&mut self, _prog: &str, rest: &[String]) {
+        let ops = operands(rest, &["-t", "--target-directory", "-S", "--suffix"]);
+        if ops.len() < 2 {
+            return;
+        }
+        let dest = ops.last().cloned().unwrap_or_default();
+        match plain(&dest) {
+            Some(d) if self.abs(&d).is_dir() => {
+                for s in &ops[..ops.len() - 1] {
+                    if let Some(name) = plain(s)
+                        .as_deref()
+                        .and_then(|s| Path::new(s).file_name())
+                        .map(|n| n.to_string_lossy().into_owned())
+                    {
+                        let target = self.abs(&d).join(name);
+                        self.add(target, "ln", false);
+                    }
+                }
+            }
+            _ => self.add_word(&dest, "ln", false),
+        }
+    }
+
+    /// `dd of=FILE`.
+    fn dd(&mut self, _prog: &str, rest: &[String]) {
+        for w in rest {
+            if let Some(f) = w.strip_prefix("of=") {
+                self.add_word(f, "dd of=", false);
+            }
+        }
+    }
+
+    fn git(&mut self, _prog: &str, rest: &[String]) {
         // global options before the subcommand (`-C DIR` moves)
         let mut i = 0;
         let mut dir = self.cwd.clone();

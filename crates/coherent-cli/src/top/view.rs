@@ -2,9 +2,9 @@
 //! under it sessions, offers and waits, refusals, hosts. Every file and session name goes
 //! through [`q`], the volume's quoting, so no name can forge a line or steer the terminal.
 
-use super::board::File;
+use super::board::{File, Summary};
 use super::{App, Mode};
-use ratatui::layout::{Constraint, Direction, Layout};
+use ratatui::layout::{Constraint, Direction, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table, TableState};
@@ -86,6 +86,31 @@ fn file_row<'a>(path: &str, f: &File, now: i64) -> Row<'a> {
     }
 }
 
+/// The files table's columns: heading and width ([`file_row`] gives a cell for each, in
+/// this order).
+const COLUMNS: &[(&str, Constraint)] = &[
+    ("PATH", Constraint::Percentage(24)),
+    ("VER", Constraint::Length(5)),
+    ("HOLDER", Constraint::Length(16)),
+    ("GIVER -> SUCCESSOR", Constraint::Percentage(22)),
+    ("STATUS", Constraint::Length(11)),
+    ("AGE", Constraint::Length(4)),
+    ("NOTE", Constraint::Min(8)),
+];
+
+/// What a pane under the files lists, given the lines it has. The app is mutable because
+/// the refusal rates are brought up to now as they are drawn.
+type Body = fn(&mut App, &Summary, i64, usize) -> Vec<String>;
+
+/// The panes under the files, in the order of the places [`pane_places`] gives: title and
+/// body.
+const PANES: &[(&str, Body)] = &[
+    ("sessions", sessions),
+    ("offers (--to any) and waits", offers_and_waits),
+    ("refusals", refusals),
+    ("hosts", hosts),
+];
+
 pub(crate) fn render(frame: &mut Frame, app: &mut App) {
     let area = frame.area();
     // the four panes side by side on a wide terminal, two by two on a narrower one
@@ -105,73 +130,77 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
     let height = table.height.saturating_sub(3) as usize;
     app.fit(rows.len(), height);
     let sum = app.summary();
-    let fenced = &sum.fenced;
+    frame.render_widget(Paragraph::new(title(app, &sum, rows.len())), head);
+    files(frame, table, app, &rows, height, now);
+    let places = pane_places(panes, wide);
+    // the panes are of one height: the first's says how many lines each lists
+    let lines = places[0].height.saturating_sub(2) as usize;
+    for ((title, body), place) in PANES.iter().zip(places) {
+        let body = body(app, &sum, now, lines);
+        let pane = Paragraph::new(body.into_iter().map(Line::from).collect::<Vec<_>>()).block(
+            Block::default()
+                .borders(Borders::ALL)
+                .title(format!(" {title} ")),
+        );
+        frame.render_widget(pane, place);
+    }
+    frame.render_widget(
+        Paragraph::new(footer(app)).style(Style::default().add_modifier(Modifier::BOLD)),
+        foot,
+    );
+}
+
+/// The top line: the volume and its counts, what was missed, the filter.
+fn title(app: &App, sum: &Summary, rows: usize) -> String {
     let b = &app.board;
-    let live = sum.live;
     let mut title = format!(
         "coherent top {} | {} session(s), {} file(s), {} live record(s), {} fenced session(s), {} event(s)",
         q(&app.root.to_string_lossy()),
         b.sessions.len(),
         b.files.len(),
-        live,
-        fenced.len(),
+        sum.live,
+        sum.fenced.len(),
         b.events
     );
     if b.missed {
         title.push_str(" | some other hosts' events were missed: r reloads");
     }
     if !app.filter.is_empty() {
-        title.push_str(&format!(
-            " | filter {} ({} row(s))",
-            q(&app.filter),
-            rows.len()
-        ));
+        title.push_str(&format!(" | filter {} ({rows} row(s))", q(&app.filter)));
     }
-    frame.render_widget(Paragraph::new(title), head);
+    title
+}
 
+/// The files that fit in `height` rows from the scroll offset, the cursor's selected.
+fn files(frame: &mut Frame, area: Rect, app: &App, rows: &[String], height: usize, now: i64) {
     let visible: Vec<Row> = rows
         .iter()
         .skip(app.offset)
         .take(height)
-        .map(|p| file_row(p, &b.files[p.as_str()], now))
+        .map(|p| file_row(p, &app.board.files[p.as_str()], now))
         .collect();
-    let header = Row::new([
-        "PATH",
-        "VER",
-        "HOLDER",
-        "GIVER -> SUCCESSOR",
-        "STATUS",
-        "AGE",
-        "NOTE",
-    ])
-    .style(Style::default().add_modifier(Modifier::BOLD));
+    let header = Row::new(COLUMNS.iter().map(|(h, _)| *h))
+        .style(Style::default().add_modifier(Modifier::BOLD));
     let mut state = TableState::default();
     if !rows.is_empty() {
         state.select(Some(app.cursor - app.offset));
     }
-    let t = Table::new(
-        visible,
-        [
-            Constraint::Percentage(24),
-            Constraint::Length(5),
-            Constraint::Length(16),
-            Constraint::Percentage(22),
-            Constraint::Length(11),
-            Constraint::Length(4),
-            Constraint::Min(8),
-        ],
-    )
-    .header(header)
-    .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
-    .block(Block::default().borders(Borders::ALL).title(format!(
-        " files {}/{} ",
-        if rows.is_empty() { 0 } else { app.cursor + 1 },
-        rows.len()
-    )));
-    frame.render_stateful_widget(t, table, &mut state);
+    let t = Table::new(visible, COLUMNS.iter().map(|(_, w)| *w))
+        .header(header)
+        .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+        .block(Block::default().borders(Borders::ALL).title(format!(
+            " files {}/{} ",
+            if rows.is_empty() { 0 } else { app.cursor + 1 },
+            rows.len()
+        )));
+    frame.render_stateful_widget(t, area, &mut state);
+}
 
-    let [sess, offers, refusals, hosts] = if wide {
-        Layout::default()
+/// Where the [`PANES`] go: in a row when wide, else two by two with sessions and offers
+/// on top, refusals under offers.
+fn pane_places(area: Rect, wide: bool) -> [Rect; 4] {
+    if wide {
+        return Layout::default()
             .direction(Direction::Horizontal)
             .constraints([
                 Constraint::Percentage(20),
@@ -179,40 +208,33 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
                 Constraint::Percentage(30),
                 Constraint::Percentage(20),
             ])
-            .areas(panes)
-    } else {
-        let halves = |r| {
-            Layout::default()
-                .direction(Direction::Horizontal)
-                .constraints([Constraint::Percentage(45), Constraint::Percentage(55)])
-                .areas::<2>(r)
-        };
-        let [top, bottom] = Layout::default()
-            .direction(Direction::Vertical)
-            .constraints([Constraint::Ratio(1, 2), Constraint::Ratio(1, 2)])
-            .areas(panes);
-        let ([a, b], [c, d]) = (halves(top), halves(bottom));
-        [a, b, d, c]
+            .areas(area);
+    }
+    let halves = |r| {
+        Layout::default()
+            .direction(Direction::Horizontal)
+            .constraints([Constraint::Percentage(45), Constraint::Percentage(55)])
+            .areas::<2>(r)
     };
-    let lines = sess.height.saturating_sub(2) as usize;
-    let pane = |title: &str, body: Vec<String>| {
-        Paragraph::new(body.into_iter().map(Line::from).collect::<Vec<_>>()).block(
-            Block::default()
-                .borders(Borders::ALL)
-                .title(format!(" {title} ")),
-        )
-    };
+    let [top, bottom] = Layout::default()
+        .direction(Direction::Vertical)
+        .constraints([Constraint::Ratio(1, 2), Constraint::Ratio(1, 2)])
+        .areas(area);
+    let ([a, b], [c, d]) = (halves(top), halves(bottom));
+    [a, b, d, c]
+}
 
-    // sessions: the fenced first
+/// Sessions, the fenced first.
+fn sessions(app: &mut App, sum: &Summary, _now: i64, lines: usize) -> Vec<String> {
+    let b = &app.board;
     let mut ss: Vec<(&String, usize)> = b
         .sessions
         .keys()
-        .map(|s| (s, fenced.get(s.as_str()).copied().unwrap_or(0)))
+        .map(|s| (s, sum.fenced.get(s.as_str()).copied().unwrap_or(0)))
         .filter(|(s, _)| app.filter.is_empty() || s.contains(&app.filter))
         .collect();
     ss.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    let body = ss
-        .iter()
+    ss.iter()
         .take(lines)
         .map(|(s, n)| {
             let id = b.sessions[*s]
@@ -225,16 +247,16 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
                 n => format!("{}{id} FENCED {n}", q(s)),
             }
         })
-        .collect();
-    frame.render_widget(pane("sessions", body), sess);
+        .collect()
+}
 
-    // open offers, then who waits on whom
+/// Open offers, then who waits on whom.
+fn offers_and_waits(app: &mut App, sum: &Summary, now: i64, lines: usize) -> Vec<String> {
+    let filter = &app.filter;
     let mut body: Vec<String> = sum
         .offers
         .iter()
-        .filter(|(p, r)| {
-            app.filter.is_empty() || p.contains(&app.filter) || r.giver.contains(&app.filter)
-        })
+        .filter(|(p, r)| filter.is_empty() || p.contains(filter) || r.giver.contains(filter))
         .take(lines)
         .map(|(p, r)| {
             format!(
@@ -252,7 +274,7 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
         if body.len() >= lines {
             break;
         }
-        if !app.filter.is_empty() && !giver.contains(&app.filter) && !on.contains(&app.filter) {
+        if !filter.is_empty() && !giver.contains(filter) && !on.contains(filter) {
             continue;
         }
         body.push(format!(
@@ -262,15 +284,17 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
             age(now, *since)
         ));
     }
-    frame.render_widget(pane("offers (--to any) and waits", body), offers);
+    body
+}
 
-    // refusals per minute
-    let filter = app.filter.clone();
-    let rates = app.board.refusal_rates(now);
-    let body = rates
+/// Refusals per minute, by session and route.
+fn refusals(app: &mut App, _sum: &Summary, now: i64, lines: usize) -> Vec<String> {
+    let filter = &app.filter;
+    app.board
+        .refusal_rates(now)
         .into_iter()
         .filter(|((s, _), _, r)| {
-            filter.is_empty() || s.contains(&filter) || r.last_path.contains(&filter)
+            filter.is_empty() || s.contains(filter) || r.last_path.contains(filter)
         })
         .take(lines)
         .map(|((s, route), per_min, r)| {
@@ -286,45 +310,44 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
                 q(&r.last_path)
             )
         })
-        .collect();
-    frame.render_widget(pane("refusals", body), refusals);
+        .collect()
+}
 
-    // hosts and their lease
+/// Hosts and their lease.
+fn hosts(app: &mut App, _sum: &Summary, now: i64, lines: usize) -> Vec<String> {
     let b = &app.board;
-    let body = match &b.coordinator {
-        None => vec!["one host (no --coordinator)".to_string()],
-        Some(c) => {
-            let mut v = vec![format!(
-                "etcd: {}",
-                match (c["connected"].as_bool(), c["confirmed"].as_bool()) {
-                    (Some(true), Some(true)) => "connected, lease confirmed".to_string(),
-                    (_, Some(true)) => "unreachable, lease confirmed".to_string(),
-                    _ => format!(
-                        "lease NOT confirmed ({})",
-                        plain(c["error"].as_str().unwrap_or("?"))
-                    ),
-                }
-            )];
-            for (name, h) in b.hosts.iter().take(lines.saturating_sub(1)) {
-                let mut line = q(name);
-                if h.this {
-                    line.push_str(" (this)");
-                }
-                line.push_str(if h.leased { " leased" } else { " no lease" });
-                if let Some(a) = h.applied {
-                    line.push_str(&format!(" rev {a}"));
-                }
-                if let Some(t) = h.last_event {
-                    line.push_str(&format!(" last event {}", age(now, t)));
-                }
-                v.push(line);
-            }
-            v
-        }
+    let Some(c) = &b.coordinator else {
+        return vec!["one host (no --coordinator)".to_string()];
     };
-    frame.render_widget(pane("hosts", body), hosts);
+    let etcd = match (c["connected"].as_bool(), c["confirmed"].as_bool()) {
+        (Some(true), Some(true)) => "connected, lease confirmed".to_string(),
+        (_, Some(true)) => "unreachable, lease confirmed".to_string(),
+        _ => format!(
+            "lease NOT confirmed ({})",
+            plain(c["error"].as_str().unwrap_or("?"))
+        ),
+    };
+    let mut v = vec![format!("etcd: {etcd}")];
+    for (name, h) in b.hosts.iter().take(lines.saturating_sub(1)) {
+        let mut line = q(name);
+        if h.this {
+            line.push_str(" (this)");
+        }
+        line.push_str(if h.leased { " leased" } else { " no lease" });
+        if let Some(a) = h.applied {
+            line.push_str(&format!(" rev {a}"));
+        }
+        if let Some(t) = h.last_event {
+            line.push_str(&format!(" last event {}", age(now, t)));
+        }
+        v.push(line);
+    }
+    v
+}
 
-    let footer = match &app.mode {
+/// The bottom line: what is being typed or confirmed, else the last message or the keys.
+fn footer(app: &App) -> String {
+    match &app.mode {
         Mode::Filter => format!("/{}  (Enter keeps it, Esc clears)", plain(&app.filter)),
         Mode::Confirm(action, path) => {
             format!("{} {}? y/n", action.verb().as_str(), q(path))
@@ -333,11 +356,7 @@ pub(crate) fn render(frame: &mut Frame, app: &mut App) {
         Mode::Normal => {
             "up/down move  / filter  w withdraw  a accept  d decline  r reload  q quit".to_string()
         }
-    };
-    frame.render_widget(
-        Paragraph::new(footer).style(Style::default().add_modifier(Modifier::BOLD)),
-        foot,
-    );
+    }
 }
 
 #[cfg(test)]
