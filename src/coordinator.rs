@@ -11,10 +11,50 @@
 pub mod boot;
 pub mod etcd;
 
+use std::sync::Arc;
+
 use crate::coherence::{Engine, Timestamp};
 use crate::error::{Reason, Refusal};
 use crate::identity::Session;
+use crate::journal::Journal;
 use crate::request_timeout::Started;
+
+/// How a volume gets its coordinator: built by whoever opens the volume (the daemon builds
+/// etcd from its flags), called once the state is loaded, since a coordinator needs the
+/// engine and the journal it publishes from. A volume opened without one is this host's
+/// alone ([`Embedded`]). Cloned with the volume's configuration, so a retried open
+/// connects again.
+#[derive(Clone)]
+pub struct Connect(Arc<ConnectFn>);
+
+type ConnectFn =
+    dyn Fn(Arc<Engine>, Arc<Journal>) -> Result<Arc<dyn Coordinator>, String> + Send + Sync;
+
+impl Connect {
+    pub fn new(
+        f: impl Fn(Arc<Engine>, Arc<Journal>) -> Result<Arc<dyn Coordinator>, String>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Connect {
+        Connect(Arc::new(f))
+    }
+
+    /// Connect over the loaded state (an error says why, for the mount's refusal).
+    pub fn connect(
+        &self,
+        engine: Arc<Engine>,
+        journal: Arc<Journal>,
+    ) -> Result<Arc<dyn Coordinator>, String> {
+        (self.0)(engine, journal)
+    }
+}
+
+impl std::fmt::Debug for Connect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connect(..)")
+    }
+}
 
 /// What kind of step: it decides what happens when the coordinator cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

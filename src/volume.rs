@@ -36,8 +36,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::coherence::{self, Engine, Timestamp};
-use crate::coordinator::etcd::{Etcd, EtcdSpec};
-use crate::coordinator::{Coordinator, Embedded};
+use crate::coordinator::{Connect, Coordinator, Embedded};
 use crate::fs::{Fs, FsOptions, Policy, PseudoFs};
 use crate::identity::{Resolver, ResolverConfig, DEFAULT_SESSION_ENV};
 use crate::journal::{Journal, JournalError, JournalOptions};
@@ -60,9 +59,6 @@ pub use verbs::Verbs;
 pub use crate::coherence::XATTR_PREFIX;
 pub use policy::{XATTR_HANDOFF, XATTR_VERSION};
 
-/// How long a mount with a coordinator waits for it at start.
-const COORDINATOR_WAIT: Duration = Duration::from_secs(10);
-
 /// How a [`Volume`] is set up.
 #[derive(Debug, Clone)]
 pub struct VolumeConfig {
@@ -81,8 +77,9 @@ pub struct VolumeConfig {
     /// `--track-ignored`: what `.gitignore` files ignore is tracked all the same.
     pub track_ignored: bool,
     /// `--coordinator etcd://...`: share records, sessions and versions of handed files
-    /// with other hosts (None: this host's journal alone).
-    pub coordinator: Option<EtcdSpec>,
+    /// with other hosts, through the coordinator this connects (None: this host's journal
+    /// alone). The daemon builds it; the volume does not know which kind it is.
+    pub coordinator: Option<Connect>,
     /// Every change of the backing directory goes through this volume: an in-place mount
     /// with no process inside the directory at mount time. Only then are the changes at
     /// `.coherent/changes` complete (docs/git.md); false answers "everything may have
@@ -229,27 +226,16 @@ impl Volume {
             ..ResolverConfig::default()
         }));
         let tracking = Tracking::new(backing.clone(), cfg.track_ignored);
-        let etcd = match cfg.coordinator.clone() {
-            None => None,
-            Some(spec) => Some(
-                Etcd::start(
-                    spec,
-                    opened.engine.clone(),
-                    opened.journal.clone(),
-                    COORDINATOR_WAIT,
-                )
-                .map_err(JournalError::Coordinator)?,
-            ),
-        };
-        let coord: Arc<dyn Coordinator> = match etcd {
-            Some(e) => e,
+        let coord: Arc<dyn Coordinator> = match &cfg.coordinator {
             None => Arc::new(Embedded),
+            Some(c) => c
+                .connect(opened.engine.clone(), opened.journal.clone())
+                .map_err(JournalError::Coordinator)?,
         };
         let bypass = changes::Bypass::new(cfg.mountpoint.clone(), backing.fd(), &cfg.bypassers);
         // Other hosts (with a coordinator: a shared workspace) and other clients of a
         // network filesystem write behind the volume's back.
-        let sole_path =
-            cfg.sole_path && cfg.coordinator.is_none() && changes::local_fs(backing.fd());
+        let sole_path = cfg.sole_path && !coord.is_shared() && changes::local_fs(backing.fd());
         // The history is beside the journal, under the same checks; one that cannot be
         // opened fails the mount (say what to fix), rather than run without it silently.
         let history = match cfg.history {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use coherent::coherence;
-use coherent::coordinator::etcd;
+use coherent::coordinator::{etcd, Connect, Coordinator};
 use coherent::fs::{Fs, FsOptions, NoPolicy, Policy};
 use coherent::fuse::CoherentFs;
 use coherent::store::Store;
@@ -401,7 +401,12 @@ fn make_policy(
             "coordinator: etcd"
         );
         cfg.engine.host = Some(spec.host.clone());
-        cfg.coordinator = Some(spec);
+        // The daemon builds the coordinator; the volume connects it once its state is
+        // loaded (etcd publishes from the engine and the journal).
+        cfg.coordinator = Some(Connect::new(move |engine, journal| {
+            etcd::Etcd::start(spec.clone(), engine, journal, COORDINATOR_WAIT)
+                .map(|e| e as Arc<dyn Coordinator>)
+        }));
     }
     cfg.session_env = args.session_env.clone();
     cfg.track_ignored = args.track_ignored;
@@ -411,6 +416,9 @@ fn make_policy(
     let volume = open_volume(cfg, store, &plan.backing)?;
     Ok((volume.policy(), Some(volume)))
 }
+
+/// How long a mount with a coordinator waits for it at start.
+const COORDINATOR_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long a mount waits for the daemon of an unmounted volume to let go of the state
 /// directory (`umount` returns before that daemon has saved its state and exited).
