@@ -403,8 +403,15 @@ fn guard_counts_an_unattributed_stale_overwrite_and_strict_refuses_it() {
         sh_ok(&m, Some("bob"), "echo bob >> f");
         let r = sh(&m, None, "echo mine > f");
         assert_eq!(!r.ok(), refused, "{stale:?}: {}", r.show());
-        let counted = events_of(&m, "stale_write", "f", Some("uid:0"));
-        let denied = events_of(&m, "denied", "f", Some("uid:0"));
+        // The log is written in groups: wait for the event the mode must leave, then the
+        // other one has had its chance too.
+        let (counted, denied) = if refused {
+            let d = await_events(&m, "denied", "f", Some("uid:0"), 1);
+            (events_of(&m, "stale_write", "f", Some("uid:0")), d)
+        } else {
+            let c = await_events(&m, "stale_write", "f", Some("uid:0"), 1);
+            (c, events_of(&m, "denied", "f", Some("uid:0")))
+        };
         if refused {
             assert_eq!(denied.len(), 1, "{denied:?}");
             assert_eq!(denied[0]["reason"], "stale_view");
