@@ -65,3 +65,24 @@ pub fn check_record(
         )),
     }
 }
+
+/// Set an xattr on a backing file (outside the volume, before it sees it): the rows that
+/// check that a route keeps a file's xattrs start from one.
+pub fn set_backing_xattr(p: &Path, name: &str, value: &str) {
+    let st = std::process::Command::new("setfattr")
+        .args(["-n", name, "-v", value])
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success(), "setfattr on {p:?}");
+}
+
+/// Fail with every wrong row of a table at once (`rows`: how many the table has).
+pub fn report(role: &str, rows: usize, failures: Vec<String>) {
+    assert!(
+        failures.is_empty(),
+        "{} of {rows} routes wrong for the {role}:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

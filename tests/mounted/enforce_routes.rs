@@ -9,7 +9,7 @@ use crate::coherent;
 
 use coherent::*;
 
-use crate::common::routes::{check_after, check_record, After};
+use crate::common::routes::{check_after, check_record, report, set_backing_xattr, After};
 
 struct Row {
     name: &'static str,
@@ -193,26 +193,6 @@ fn handed_off(passthrough: bool) -> Vol {
     m
 }
 
-/// Set an xattr on a backing file (outside the mount, before the volume sees it).
-fn set_backing_xattr(p: &std::path::Path, name: &str, value: &str) {
-    let st = std::process::Command::new("setfattr")
-        .args(["-n", name, "-v", value])
-        .arg(p)
-        .status()
-        .unwrap();
-    assert!(st.success(), "setfattr on {p:?}");
-}
-
-fn report(role: &str, failures: Vec<String>) {
-    assert!(
-        failures.is_empty(),
-        "{} of {} routes wrong for the {role}:\n{}",
-        failures.len(),
-        ROWS.len(),
-        failures.join("\n")
-    );
-}
-
 #[test]
 fn the_giver_is_fenced_on_every_route() {
     giver_is_fenced(handed_off(true));
@@ -273,7 +253,7 @@ fn giver_is_fenced(m: Vol) {
             failures.push(format!("  {} (`{cmd}`): {}", r.name, bad.join("; ")));
         }
     }
-    report("giver", failures);
+    report("giver", ROWS.len(), failures);
 }
 
 /// The successor or a bystander runs every route: allowed, with the effect and the
@@ -308,7 +288,7 @@ fn others_may_write(who: &str) {
             failures.push(format!("  {} (`{cmd}`): {}", r.name, bad.join("; ")));
         }
     }
-    report(who, failures);
+    report(who, ROWS.len(), failures);
 }
 
 #[test]

@@ -13,14 +13,13 @@ use crate::coherent;
 use crate::common;
 
 use std::ffi::OsStr;
-use std::path::Path;
 
 use ::coherent::coherence::StaleMode;
 use ::coherent::store::SetAttr;
 use coherent::check_deny_text;
 use common::inproc::{errno, Agent, InProc, Setup};
 
-use common::routes::{check_after, check_record, After};
+use common::routes::{check_after, check_record, report, set_backing_xattr, After};
 use After::*;
 
 /// The setting of one row: a handed file `t` (content `orig\n`, xattr `user.keep`), a
@@ -325,26 +324,6 @@ fn handed_off_with(stale: StaleMode) -> (InProc, Cast) {
     (f, cast)
 }
 
-/// Set an xattr on a backing file (before the volume sees it).
-fn set_backing_xattr(p: &Path, name: &str, value: &str) {
-    let st = std::process::Command::new("setfattr")
-        .args(["-n", name, "-v", value])
-        .arg(p)
-        .status()
-        .unwrap();
-    assert!(st.success(), "setfattr on {p:?}");
-}
-
-fn report(role: &str, failures: Vec<String>) {
-    assert!(
-        failures.is_empty(),
-        "{} of {} routes wrong for the {role}:\n{}",
-        failures.len(),
-        ROWS.len(),
-        failures.join("\n")
-    );
-}
-
 /// The giver is refused on every route with `EACCES`, before the backing file changes;
 /// each refusal is one `denied` event with reason `fenced` and the route, and `why` is
 /// the deny text. The record stays live and `pending`.
@@ -393,7 +372,7 @@ fn the_giver_is_fenced_on_every_route() {
             failures.push(format!("  {}: {}", r.name, bad.join("; ")));
         }
     }
-    report("giver", failures);
+    report("giver", ROWS.len(), failures);
 }
 
 /// The successor or a bystander may take every route: the effect of the row, its
@@ -436,7 +415,7 @@ fn others_may_write(who: &str) {
             failures.push(format!("  {}: {}", r.name, bad.join("; ")));
         }
     }
-    report(who, failures);
+    report(who, ROWS.len(), failures);
 }
 
 #[test]
@@ -817,7 +796,7 @@ fn a_late_giver_is_refused_on_every_route() {
                 failures.push(format!("  {mode:?} {}: {}", r.name, bad.join("; ")));
             }
         }
-        report("late giver", failures);
+        report("late giver", ROWS.len(), failures);
     }
 }
 
