@@ -455,11 +455,11 @@ impl Engine {
         Ok(permit)
     }
 
-    /// A write route by `s` through `path`, an untracked name (ignored, or under `.git/`)
-    /// of inode `ino` whose other names may be tracked (§6: every name of a handed inode
-    /// is fenced for its giver, tracked or not). The giver of a live record on a tracked
-    /// name of that inode is fenced (`denied`, the deny text of the handed path); a caller
-    /// whose session could not be resolved (`resolved` false) is refused when the inode
+    /// A write route by `s` through `path`, an untracked name (ignored, or under `.git/`) of
+    /// inode `ino` whose other names may be tracked (docs/design.md#write-routes: every name of
+    /// a handed inode is fenced for its giver, tracked or not). The giver of a live record on a
+    /// tracked name of that inode is fenced (`denied`, the deny text of the handed path); a
+    /// caller whose session could not be resolved (`resolved` false) is refused when the inode
     /// has a live record (`unresolved`). Nothing else is looked at or changed.
     pub fn fence_alias(
         &self,

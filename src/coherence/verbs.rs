@@ -1,4 +1,5 @@
-//! The verbs of §5 and §7: `register`, `transfer`, `accept`, `decline`, `withdraw`.
+//! The verbs of docs/design.md#handoff and #control-surface: `register`, `transfer`, `accept`,
+//! `decline`, `withdraw`.
 
 use super::engine::*;
 use super::time::Timestamp;
@@ -95,10 +96,10 @@ impl Engine {
         Ok(r)
     }
 
-    /// `transfer(paths, successor, note)` by giver `s` (§5). All or nothing: every path is
-    /// checked first and the first refusal, naming its path, changes nothing. Re-sending a
-    /// live transfer answers the record unchanged; to another successor it supersedes.
-    /// Returns after the events are durable.
+    /// `transfer(paths, successor, note)` by giver `s` (docs/design.md#handoff). All or
+    /// nothing: every path is checked first and the first refusal, naming its path, changes
+    /// nothing. Re-sending a live transfer answers the record unchanged; to another successor
+    /// it supersedes. Returns after the events are durable.
     pub fn transfer(
         &self,
         s: &Session,
@@ -387,13 +388,12 @@ fn no_such_path(p: &str) -> Refusal {
     .at(p)
 }
 
-/// What `accept`, `decline` (by the successor) or `withdraw` (by the giver) does to the
-/// record of `p` (§5). While a record is live its status follows the latest event:
-/// `decline` and `withdraw` end it whatever its live status (the ways out the deny text
-/// names always work), `accept` makes it `completed` (an `accept` of a record already
-/// `completed` answers it unchanged, no second event), and the first `accept` of an
-/// unclaimed offer claims it. A record that is not live is final: `handoff_not_live`,
-/// with its status.
+/// What `accept`, `decline` (by the successor) or `withdraw` (by the giver) does to the record
+/// of `p` (docs/design.md#handoff). While a record is live its status follows the latest event:
+/// `decline` and `withdraw` end it whatever its live status (the ways out the deny text names
+/// always work), `accept` makes it `completed` (an `accept` of a record already `completed`
+/// answers it unchanged, no second event), and the first `accept` of an unclaimed offer claims
+/// it. A record that is not live is final: `handoff_not_live`, with its status.
 fn plan_answer(e: &Entry, p: &str, s: &Session, kind: EventKind) -> Result<Plan, Refusal> {
     let verb = match kind {
         EventKind::Accept => "accept",

@@ -323,8 +323,8 @@ async fn mcp_session_drives_every_tool() {
         "no_such_path",
     );
 
-    // withdraw: of a declined record refused (§5: a record no longer live answers
-    // handoff_not_live), of a live one done
+    // withdraw: of a declined record refused (docs/design.md#handoff: a record no longer live
+    // answers handoff_not_live), of a live one done
     let r = call(&alice, "withdraw", json!({"path": "notes.md"})).await;
     assert_eq!(r.is_error, Some(true), "{}", text(&r));
     assert!(text(&r).starts_with("handoff_not_live: "), "{}", text(&r));

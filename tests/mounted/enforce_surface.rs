@@ -31,9 +31,9 @@ fn the_control_directory_lists_its_files() {
     assert!(!m.backing_path(".coherent").exists());
 }
 
-/// Issue 20 (§7): `.coherent` is not listed by `readdir` of the root, so tools that walk
-/// the workspace (`ls -a`, `find`, `git add -A`, `tar`, `rg`) never see it; it stays
-/// reachable by name.
+/// Issue 20 (docs/design.md#control-surface): `.coherent` is not listed by `readdir` of the
+/// root, so tools that walk the workspace (`ls -a`, `find`, `git add -A`, `tar`, `rg`) never
+/// see it; it stays reachable by name.
 #[test]
 fn the_control_directory_is_hidden_from_listings_of_the_root() {
     let m = mount(true);

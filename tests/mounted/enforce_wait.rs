@@ -97,8 +97,8 @@ fn a_wait_returns_when_the_successor_writes() {
     assert_eq!(code, Some(0), "{out} {err}");
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["reached"], true, "{v}");
-    // §5: the successor's open for write already makes it `completed` (the record may
-    // still be live then: the commit comes at bob's close).
+    // docs/design.md#handoff: the successor's open for write already makes it `completed` (the
+    // record may still be live then: the commit comes at bob's close).
     assert_eq!(v["record"]["status"], "completed", "{v}");
     let r = record(&m, "plan.md").unwrap();
     assert_eq!(

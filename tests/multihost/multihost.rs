@@ -514,8 +514,8 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
     }
     // The model: per file, the live handoff (giver, successor) the test was told of.
     let mut fenced: std::collections::HashMap<&str, (&str, &str)> = Default::default();
-    // Handoffs (file, giver, successor) declined or withdrawn at the file's current
-    // version: an exact re-send answers `handoff_ended`, before any other check (§5).
+    // Handoffs (file, giver, successor) declined or withdrawn at the file's current version: an
+    // exact re-send answers `handoff_ended`, before any other check (docs/design.md#handoff).
     let mut ended: std::collections::HashSet<(&str, &str, &str)> = Default::default();
     // (file, giver) whose successor wrote the file: the giver may be a late giver.
     let mut late: std::collections::HashSet<(&str, &str)> = Default::default();
@@ -539,8 +539,9 @@ fn random_steps_on_two_hosts_never_admit_a_giver_after_its_transfer() {
                             admitted_after_ack.push(format!("{ctx} wrote {f}: {}", r.show()));
                         }
                     }
-                    // A giver whose successor wrote since, writing from its older view (on
-                    // a host where it has one): a late giver, refused `stale_view` (§4).
+                    // A giver whose successor wrote since, writing from its older view (on a
+                    // host where it has one): a late giver, refused `stale_view`
+                    // (docs/design.md#holds).
                     _ if r.denied() && late.contains(&(f, who)) => {
                         assert_eq!(
                             denied_reason(h, who, f).as_deref(),

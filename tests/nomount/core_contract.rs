@@ -69,7 +69,7 @@ fn counterparty_is_set_only_on_overtaken_records() {
     let t = h.t();
     h.e.close_write(&c, P, false, t);
     // bob's commit is the latest event on the live record: completed, no counterparty
-    // (§5: while live, the status follows the latest event).
+    // (docs/design.md#handoff: while live, the status follows the latest event).
     h.write(&b, P).unwrap();
     let r = records(&h);
     let r = r.iter().find(|r| r.giver == "alice").unwrap();

@@ -1,4 +1,4 @@
-//! The handoff table of DESIGN.md §5 (docs/handoff.md, "What ends a handoff"), one test
+//! The handoff table of docs/design.md#handoff (docs/handoff.md, "What ends a handoff"), one test
 //! per row, in the core (issue 20): while a record is live its status follows the latest
 //! event, and `decline` and `withdraw` end it whatever its live status, so the three ways
 //! out the deny text names always work.

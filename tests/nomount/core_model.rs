@@ -1,10 +1,11 @@
-//! Model test: random histories of 3 sessions and the unattributed `uid:0` over 3 paths,
-//! run on the engine and on an independent model of DESIGN.md §3–§5 written here from the
-//! text (not from the engine): versions, holds and views, transfer records with their
-//! statuses (the §5 table as data), and the fence computed from the model's records. After
-//! every step the engine must agree with the model on every verb's result (ok, or the
-//! reason code), every version, every hold, every record (status, counterparty, liveness)
-//! and the fence of every (session, path); and its log must rebuild its state.
+//! Model test: random histories of 3 sessions and the unattributed `uid:0` over 3 paths, run on
+//! the engine and on an independent model of docs/design.md (#versions, #holds, #handoff)
+//! written here from the text (not from the engine): versions, holds and views, transfer
+//! records with their statuses (the table of docs/design.md#handoff as data), and the fence
+//! computed from the model's records. After every step the engine must agree with the model on
+//! every verb's result (ok, or the reason code), every version, every hold, every record
+//! (status, counterparty, liveness) and the fence of every (session, path); and its log must
+//! rebuild its state.
 
 use crate::core_common;
 use coherent::coherence::*;
@@ -14,7 +15,7 @@ use core_common::*;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
-// Contract points of DESIGN.md §5 the model holds the engine to (issues 13 and 20):
+// Contract points of docs/design.md#handoff the model holds the engine to (issues 13 and 20):
 // - an exact re-send of a transfer whose record ended answers `handoff_ended`, even
 //   before the giver has read the file again (the ended check comes first);
 // - while a record is live its status follows the latest event: the successor's acquire,
@@ -35,7 +36,7 @@ const NAMES: [&str; 4] = ["alice", "bob", "carol", "uid:0"];
 const UNATTRIBUTED: usize = 3;
 /// A transfer's successor index meaning `--to any` (an offer to anyone).
 const ANY: usize = 4;
-/// What the model calls a change behind the volume's back (§3).
+/// What the model calls a change behind the volume's back (docs/design.md#versions).
 const EXTERNAL: &str = "external";
 const HOUR_MS: i64 = 3_600_000;
 /// `--evict-after` of the engine's default config, in hours.
@@ -110,7 +111,8 @@ enum MStatus {
 }
 
 impl MStatus {
-    /// §5: live while pending, completed or overtaken (and the version has not moved).
+    /// docs/design.md#handoff: live while pending, completed or overtaken (and the version has
+    /// not moved).
     fn may_be_live(self) -> bool {
         matches!(
             self,
@@ -130,7 +132,7 @@ impl MStatus {
     }
 }
 
-/// The §5 table as data: what each event does to a record of each status.
+/// The table of docs/design.md#handoff as data: what each event does to a record of each status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum REvent {
     SuccessorCommits,
@@ -145,10 +147,10 @@ enum REvent {
     Supersede,
 }
 
-/// The status a live record moves to, or None when the event leaves it as it is (§5:
-/// while live, the status follows the latest event; decline and withdraw end it whatever
-/// its status). A record that is not live never changes (the callers only apply events to
-/// live records).
+/// The status a live record moves to, or None when the event leaves it as it is
+/// (docs/design.md#handoff: while live, the status follows the latest event; decline and
+/// withdraw end it whatever its status). A record that is not live never changes (the callers
+/// only apply events to live records).
 fn transition(from: MStatus, ev: REvent) -> Option<MStatus> {
     use MStatus::*;
     use REvent::*;
@@ -210,7 +212,8 @@ struct MRecord {
 struct MPath {
     version: u64,
     exists: bool,
-    /// The volume knows what the file looked like at its last commit (§3's stamp).
+    /// The volume knows what the file looked like at its last commit (the stamp of
+    /// docs/design.md#versions).
     stamped: bool,
     holders: BTreeMap<usize, MHolder>,
 }
@@ -227,8 +230,8 @@ struct Model {
     overtakes: usize,
 }
 
-/// A predicted result: ok, or any of these reasons (more than one where §5 leaves the
-/// order of two checks open).
+/// A predicted result: ok, or any of these reasons (more than one where docs/design.md#handoff
+/// leaves the order of two checks open).
 type Want = Result<(), Vec<Reason>>;
 
 fn refuse(r: Reason) -> Want {
@@ -261,12 +264,12 @@ impl Model {
             .position(|r| r.path == p && r.status.may_be_live() && r.version_at_transfer == v)
     }
 
-    /// §5: the giver of a live record on `p` is fenced on `p`; nobody else is.
+    /// docs/design.md#handoff: the giver of a live record on `p` is fenced on `p`; nobody else is.
     fn fenced(&self, s: usize, p: usize) -> bool {
         self.live(p).is_some_and(|i| self.records[i].giver == s)
     }
 
-    /// §4: the late giver: `s` gave a record on `p` that completed and ended (its
+    /// docs/design.md#holds: the late giver: `s` gave a record on `p` that completed and ended (its
     /// successor's version exists) and has not seen that version (its view is at most the
     /// handed one; with no view its write is blind). Every `--stale` but `off`.
     fn late(&self, s: usize, p: usize) -> bool {
@@ -282,8 +285,8 @@ impl Model {
             })
     }
 
-    /// §4: a write that can overwrite, from a view older than the version of an existing
-    /// file, under `guard` or `strict`.
+    /// docs/design.md#holds: a write that can overwrite, from a view older than the version of
+    /// an existing file, under `guard` or `strict`.
     fn stale_overwrite(&self, s: usize, p: usize) -> bool {
         let e = &self.paths[p];
         let view = e.holders.get(&s).and_then(|h| h.view);
@@ -311,8 +314,8 @@ impl Model {
         if let Some(to) = transition(self.records[i].status, ev) {
             self.records[i].status = to;
             self.records[i].updated = self.hour;
-            // `counterparty` belongs to `overtaken` records only (§5): an overtaken record
-            // that is then superseded no longer names one.
+            // `counterparty` belongs to `overtaken` records only (docs/design.md#handoff): an
+            // overtaken record that is then superseded no longer names one.
             if to != MStatus::Overtaken {
                 self.records[i].counterparty = None;
             }
@@ -343,7 +346,7 @@ impl Model {
         }
     }
 
-    /// Open for write (§4, §6): fence, stale guard, then an `E` hold.
+    /// Open for write (docs/design.md#holds, #write-routes): fence, stale guard, then an `E` hold.
     fn acquire(&mut self, s: usize, p: usize) -> Want {
         self.fence(s, p)?;
         if self.stale_overwrite(s, p) {
@@ -361,7 +364,7 @@ impl Model {
         Ok(())
     }
 
-    /// A commit of `p` by `s` (§3): `removed` for unlink and rename away.
+    /// A commit of `p` by `s` (docs/design.md#versions): `removed` for unlink and rename away.
     fn commit(&mut self, s: usize, p: usize, removed: bool) {
         if let Some(i) = self.live(p) {
             if self.records[i].successor == Some(s) {
@@ -398,7 +401,8 @@ impl Model {
             return;
         }
         let current = h.view == Some(v);
-        // §4: after a commit M (if still current); a close without a change: release.
+        // docs/design.md#holds: after a commit M (if still current); a close without a change:
+        // release.
         h.hold = Some(match (committed, current) {
             (_, false) => MHold::I,
             (true, true) => MHold::M,
@@ -423,10 +427,10 @@ impl Model {
         h.view = Some(v);
     }
 
-    /// A change behind the volume's back (§3): a commit by `external`, unless a handle of
-    /// the volume is writing the path (its commit counts the change), the path is a
-    /// tombstone and still absent, or the volume had no stamp of the file to compare (it
-    /// adopts the one it sees). Returns what `observe` answers: the path's version, None
+    /// A change behind the volume's back (docs/design.md#versions): a commit by `external`,
+    /// unless a handle of the volume is writing the path (its commit counts the change), the
+    /// path is a tombstone and still absent, or the volume had no stamp of the file to compare
+    /// (it adopts the one it sees). Returns what `observe` answers: the path's version, None
     /// when it is not there.
     fn external(&mut self, p: usize, present: bool) -> Option<u64> {
         let e = &mut self.paths[p];
@@ -441,7 +445,8 @@ impl Model {
             return Some(e.version);
         }
         if present && e.version == 0 {
-            // first sight of a path the volume never counted: v1, not a change (§3)
+            // first sight of a path the volume never counted: v1, not a change
+            // (docs/design.md#versions)
             e.version = 1;
             e.exists = true;
             e.stamped = true;
@@ -491,7 +496,8 @@ impl Model {
         before - self.records.len()
     }
 
-    /// `transfer(paths, to)` by `s` (§5): all or nothing, the first refusal in path order.
+    /// `transfer(paths, to)` by `s` (docs/design.md#handoff): all or nothing, the first refusal
+    /// in path order.
     fn transfer(&mut self, s: usize, ps: &[usize], to: usize) -> Want {
         if s == UNATTRIBUTED {
             return refuse(Reason::Unattributed);
@@ -543,7 +549,7 @@ impl Model {
                 plans.push((p, Plan::Supersede(i, r.hold)));
                 continue;
             }
-            // The ended check comes first (§5).
+            // The ended check comes first (docs/design.md#handoff).
             if ended {
                 return refuse(Reason::HandoffEnded);
             }
@@ -595,7 +601,7 @@ impl Model {
             return refuse(Reason::NoSuchPath);
         }
         let Some(i) = self.live(p) else {
-            // No live record: final (§5), whatever the verb.
+            // No live record: final (docs/design.md#handoff), whatever the verb.
             return refuse(Reason::HandoffNotLive);
         };
         let r = &self.records[i];
@@ -916,7 +922,7 @@ fn run(ops: Vec<Op>, stale: StaleMode) -> Result<(), TestCaseError> {
                 prop_assert_eq!(h.e.is_fenced(s, p), fenced, "{}: {} on {}", what, s.name, p);
                 let t = h.t();
                 let r = got(h.e.check_write(s, p, Route::Setxattr, t));
-                // The fence, then the late giver (every route, §4).
+                // The fence, then the late giver (every route, docs/design.md#holds).
                 let want = m.fence(j, i);
                 check(&want, r, &format!("{what}: setxattr by {} on {p}", s.name))?;
             }
@@ -956,8 +962,8 @@ proptest! {
     }
 }
 
-/// The contract points of §5 as fixed histories, so a failure names the point. Each runs
-/// on the engine and on the model.
+/// The contract points of docs/design.md#handoff as fixed histories, so a failure names the
+/// point. Each runs on the engine and on the model.
 mod contract {
     use super::*;
 
@@ -1109,7 +1115,8 @@ mod contract {
     }
 }
 
-/// §5: a note may be up to 64 KiB; one byte more is `bad_request`, and nothing changes.
+/// docs/design.md#handoff: a note may be up to 64 KiB; one byte more is `bad_request`, and
+/// nothing changes.
 #[test]
 fn a_note_of_64_kib_is_accepted_one_byte_more_is_not() {
     let h = H::new();

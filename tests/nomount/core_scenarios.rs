@@ -1,4 +1,4 @@
-//! One scenario per row of the DESIGN.md §5 table and per refusal reason code.
+//! One scenario per row of the docs/design.md#handoff table and per refusal reason code.
 
 use crate::core_common;
 use coherent::coherence::*;
@@ -204,7 +204,7 @@ fn accept_keeps_the_fence_until_the_version_moves() {
     assert_eq!(r.records[0].status, Status::Completed);
     assert!(r.records[0].live);
     assert!(h.e.is_fenced(&a, P));
-    // Accepting again answers the record unchanged (§5: no second event).
+    // Accepting again answers the record unchanged (docs/design.md#handoff: no second event).
     let n = h.sink.events().len();
     let t = h.t();
     let again = h.e.accept(&b, &paths(&[P]), t).unwrap();

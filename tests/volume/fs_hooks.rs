@@ -394,8 +394,9 @@ fn hooks_see_every_route(passthrough: bool) {
     let v = xattr_get(&at("dir2/b"), "user.coherent.path");
     assert_eq!(v, b"dir2/b");
 
-    // The virtual directory: not listed at the root (DESIGN §7, as ZFS hides `.zfs`) but
-    // reachable by name, served by the hooks, the backing one hidden and not writable.
+    // The virtual directory: not listed at the root (docs/design.md#control-surface, as ZFS
+    // hides `.zfs`) but reachable by name, served by the hooks, the backing one hidden and not
+    // writable.
     let names: Vec<String> = fs::read_dir(&m.mnt)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

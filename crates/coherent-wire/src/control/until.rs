@@ -40,7 +40,7 @@ impl Until {
 
     /// Is a record with this status (`live`: and still live) there? (`Some(false)`:
     /// never will be; `None`: not yet.) A live `overtaken` record can still become
-    /// `completed` (its status follows the latest event while it is live, §5).
+    /// `completed` (its status follows the latest event while it is live, docs/design.md#handoff).
     pub fn reached(self, st: Status, live: bool) -> Option<bool> {
         match (self, st) {
             (_, Status::Pending) => None,
