@@ -294,13 +294,15 @@ impl Volume {
                 .is_some_and(|st| handles.writes_inode(giver, st.stamp.ino))
         }));
         let policy = Arc::new(WritePolicy::new(&o, handles.clone()));
+        let standing = Arc::new(standing::Standing::open(&cfg.state_dir, state_io));
         let verbs = Arc::new(Verbs::new(
             &o,
             handles,
             cfg.mountpoint.clone(),
             cfg.in_flight_wait,
-            standing::Standing::open(&cfg.state_dir, state_io),
+            standing.clone(),
         ));
+        let views = control::views::Views::new(&o, standing);
         let v = Arc::new(Volume {
             engine: o.engine,
             journal: o.journal,
@@ -308,7 +310,7 @@ impl Volume {
             sessions: o.sessions,
             history: o.history,
             policy,
-            control: Arc::new(ControlFs::new(verbs)),
+            control: Arc::new(ControlFs::new(verbs, views)),
             state_dir: cfg.state_dir,
             maintain_every: cfg.maintain_every,
             stop: Mutex::new(false),

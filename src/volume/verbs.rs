@@ -1,15 +1,12 @@
 //! The verbs server: what `ctl` runs on a well-formed request (`register`, `transfer`,
 //! `accept`, `decline`, `withdraw`, `status`, `whoami`, `wait`), served for the caller's
-//! session, and the per-reader answers the `.coherent/` files show (`status`, `whoami`,
-//! `why`, `inbox`, `events`, `changes`).
+//! session. (What the `.coherent/` files show each reader is `control::views`.)
 //!
-//! What a reader sees of a path depends on the reader (docs/design.md#control-surface):
-//! a path, its record and its note are shown only to callers who could look the path up
-//! themselves ([`crate::visibility`]); to anyone else the answer is the one for a path
-//! that does not exist. A path in a request resolves beneath the backing root
-//! ([`crate::beneath`]) once, when the request is placed: one that leaves it is
-//! `bad_request` "outside the volume", whether or not the host path exists, and the
-//! engine never hears of it.
+//! A path in a request resolves beneath the backing root ([`crate::beneath`]) once, when
+//! the request is placed: one that leaves it is `bad_request` "outside the volume",
+//! whether or not the host path exists, and the engine never hears of it; a path the
+//! caller could not look up itself ([`crate::visibility`]) is answered as one that does
+//! not exist. Every check of the verb reads that one look (`checks.rs`).
 
 mod checks;
 mod history;
@@ -27,25 +24,25 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use super::changes::Changes;
+use super::control::views::{seen_status, whoami_json};
 use super::handles::Handles;
 use super::history::History;
 use super::sessions::Sessions;
-use super::standing::{self, Standing};
+use super::standing::Standing;
 use super::tell::{Tell, Told};
 use super::waits::{self, Check};
 use super::workspace::Workspace;
 use super::Owners;
 use crate::access::Who;
-use crate::coherence::{Engine, RecordJson, StatusReport, Timestamp, Until};
-use crate::control::{session_json, Reply, Request, Verb, NO_REFUSAL};
+use crate::coherence::{Engine, Timestamp, Until};
+use crate::control::{Reply, Request, Verb};
 use crate::coordinator::{Coordinator, StepKind};
 use crate::error::{Reason, Refusal};
 use crate::identity::{Session, Via};
 use crate::journal::Journal;
 use crate::request_timeout::Started;
-use crate::store::{Backing, Caller, FsError};
-use crate::visibility::{LogView, Sight};
+use crate::store::{Backing, Caller};
+use crate::visibility::Sight;
 
 /// How long a transfer asks again whether a file is still open for writing where the
 /// volume does not see it, before refusing (see [`Verbs::unseen_writer`]).
@@ -60,7 +57,6 @@ pub struct Verbs {
     sessions: Arc<Sessions>,
     /// What is on disk at a path.
     ws: Arc<Workspace>,
-    changes: Arc<Changes>,
     tell: Arc<Tell>,
     history: Arc<History>,
     /// The open write handles, for the in-flight rule of a transfer.
@@ -72,41 +68,7 @@ pub struct Verbs {
     /// How file data flows, as the FUSE layer found it at `init` (`data_mode` in `status`).
     data_mode: Mutex<Option<String>>,
     /// The sessions' standing waits (`wait --standing`), kept in the state directory.
-    standing: Standing,
-}
-
-/// The text of `why`: the latest refusal or stale write (its versions are in the text),
-/// then when it happened; `no refusal` when there was none.
-fn why_text(t: Option<(String, Option<Timestamp>)>) -> Vec<u8> {
-    match t {
-        Some((t, at)) => {
-            // one line whatever a message holds: no name in it can forge a second
-            let mut out = crate::names::one_line(t.trim_end()).into_owned();
-            if let Some(at) = at {
-                out.push_str(&format!("\n(at {})", at.rfc3339()));
-            }
-            out.push('\n');
-            out.into_bytes()
-        }
-        None => format!("{NO_REFUSAL}: this session has not been refused or warned\n").into_bytes(),
-    }
-}
-
-fn json_line(v: &impl serde::Serialize) -> Vec<u8> {
-    let mut b = serde_json::to_vec(v).expect("state serialises");
-    b.push(b'\n');
-    b
-}
-
-/// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
-/// tags that were ignored because their value is not a valid session name.
-fn whoami_json(v: &Verbs, caller: &Caller) -> Value {
-    let mut j = session_json(&v.sessions.session(caller));
-    let ignored = v.sessions.resolver().ignored_tags(caller.pid);
-    if !ignored.is_empty() {
-        j["ignored"] = serde_json::to_value(&ignored).unwrap_or(Value::Null);
-    }
-    j
+    standing: Arc<Standing>,
 }
 
 impl Verbs {
@@ -115,7 +77,7 @@ impl Verbs {
         handles: Arc<Handles>,
         mountpoint: PathBuf,
         in_flight_wait: Duration,
-        standing: Standing,
+        standing: Arc<Standing>,
     ) -> Self {
         Verbs {
             engine: o.engine.clone(),
@@ -124,7 +86,6 @@ impl Verbs {
             backing: o.backing.clone(),
             sessions: o.sessions.clone(),
             ws: o.ws.clone(),
-            changes: o.changes.clone(),
             tell: o.tell.clone(),
             history: o.history.clone(),
             handles,
@@ -144,61 +105,6 @@ impl Verbs {
         *self.data_mode.lock() = Some(mode.to_string());
     }
 
-    /// `.coherent/status` for `caller`: after catching up with the other hosts.
-    pub(super) fn status_file(&self, caller: &Caller) -> Vec<u8> {
-        self.coord.catch_up(caller.started);
-        let mut sight = Sight::new(who(caller));
-        json_line(&seen_status(self, &mut sight, None))
-    }
-
-    /// `.coherent/whoami` for `caller`.
-    pub(super) fn whoami_file(&self, caller: &Caller) -> Vec<u8> {
-        json_line(&whoami_json(self, caller))
-    }
-
-    /// `.coherent/why` for `caller`: a path the reader can no longer look up is not
-    /// shown, even its own.
-    pub(super) fn why_file(&self, caller: &Caller) -> Vec<u8> {
-        let mut sight = Sight::new(who(caller));
-        let why = self.engine.why_about(&self.sessions.session(caller));
-        why_text(why.and_then(|(p, t, at)| match p {
-            Some(p) if !sight.sees(self.backing.fd(), &p) => None,
-            _ => Some((t, at)),
-        }))
-    }
-
-    /// `.coherent/inbox` for `caller`.
-    pub(super) fn inbox_file(&self, caller: &Caller) -> Vec<u8> {
-        self.coord.catch_up(caller.started);
-        let mut sight = Sight::new(who(caller));
-        let inbox = self.engine.inbox(&self.sessions.session(caller));
-        json_line(&seen_records(self, &mut sight, inbox))
-    }
-
-    /// The state log's length (the size of `events`).
-    pub(super) fn log_len(&self) -> u64 {
-        self.journal.log_len()
-    }
-
-    /// The state log from `from` (or from its base, if compacted past it): where it
-    /// starts and up to `n` bytes.
-    pub(super) fn read_log(&self, from: u64, n: usize) -> Result<(u64, Vec<u8>), FsError> {
-        self.journal.read_log_from(from, n).map_err(FsError::from)
-    }
-
-    /// The state log as `view`'s reader may see it.
-    pub(super) fn read_seen_log(
-        &self,
-        view: &mut LogView,
-        offset: u64,
-        size: usize,
-    ) -> Result<Vec<u8>, FsError> {
-        view.read(self.backing.fd(), offset, size, |o, n| {
-            self.journal.read_log_from(o, n)
-        })
-        .map_err(FsError::from)
-    }
-
     /// A `wait` request on `ctl`: answered now (refused, or reached) or later.
     pub(super) fn wait_check(&self, caller: &Caller, req: &Request) -> Check {
         wait_check(self, caller, req)
@@ -207,22 +113,6 @@ impl Verbs {
     /// The name of `caller`'s session.
     pub(super) fn session_name(&self, caller: &Caller) -> String {
         self.sessions.session(caller).name.to_string()
-    }
-
-    /// `.coherent/waits` for `caller`: its session's waits in flight (`flying`, those the
-    /// reader can still look up) and its standing ones.
-    pub(super) fn waits_file(
-        &self,
-        caller: &Caller,
-        me: &str,
-        mut flying: Vec<(String, Until, Duration)>,
-    ) -> Vec<u8> {
-        self.standing.resolve(&self.engine);
-        let mut sight = Sight::new(who(caller));
-        let root = self.backing.fd();
-        flying.retain(|(p, ..)| sight.sees(root, p));
-        let kept = self.standing.of_session(me, |p| sight.sees(root, p));
-        json_line(&standing::listing(flying, &kept))
     }
 
     /// `wait --standing`: checked as a wait with no time to wait (the same refusals, at
@@ -262,18 +152,6 @@ impl Verbs {
         self.standing.resolve(&self.engine)
     }
 
-    /// `.coherent/changes` after `offset`, the paths `who` may see.
-    pub(super) fn changes_file(&self, who: &Who, offset: u64) -> Vec<u8> {
-        let mut sight = Sight::new(who.clone());
-        let root = self.backing.fd();
-        self.changes.answer(offset, |p| {
-            if sight.sees_all() {
-                return Some(true);
-            }
-            p.to_str().map(|p| sight.sees(root, p))
-        })
-    }
-
     /// Serve one parsed request for `caller`.
     pub(super) fn serve(&self, caller: &Caller, req: &Request) -> Reply {
         let v = self;
@@ -281,7 +159,7 @@ impl Verbs {
             return journal_failed(req.verb());
         }
         if let Request::Whoami = req {
-            return Reply::whoami(whoami_json(v, caller));
+            return Reply::whoami(whoami_json(&v.sessions, caller));
         }
         let s = &v.sessions.session(caller);
         let verb = req.verb();
@@ -451,7 +329,7 @@ impl Verbs {
                 {
                     v.ws.observe(p, now);
                 }
-                let st = seen_status(v, sight, path.as_deref());
+                let st = seen_status(&v.engine, &v.backing, sight, path.as_deref());
                 let c = st.counts;
                 let msg = match path {
                     Some(p) => format!(
@@ -697,36 +575,4 @@ fn wait_check(v: &Verbs, caller: &Caller, req: &Request) -> Check {
     v.ws.observe_seen(&v.engine, &path, seen.stat(0), Timestamp::now());
     let me = v.sessions.session(caller).name.to_string();
     waits::check(&v.engine, &me, &path, until, timeout_ms)
-}
-
-/// Only the records whose paths the reader may see.
-fn seen_records(v: &Verbs, sight: &mut Sight, recs: Vec<RecordJson>) -> Vec<RecordJson> {
-    if sight.sees_all() {
-        return recs;
-    }
-    recs.into_iter()
-        .filter(|r| sight.sees(v.backing.fd(), &r.path))
-        .collect()
-}
-
-/// `status [PATH]` as the reader may see it: records of paths it may not look up are left
-/// out (and out of the counts); `status PATH` of such a path is the answer for a path
-/// never seen.
-fn seen_status(v: &Verbs, sight: &mut Sight, path: Option<&str>) -> StatusReport {
-    let mut st = v.engine.status(path);
-    if sight.sees_all() {
-        return st;
-    }
-    if let Some(p) = path {
-        if !sight.sees(v.backing.fd(), p) {
-            st.version = None;
-            st.live.clear();
-            st.ended.clear();
-        }
-    }
-    st.live = seen_records(v, sight, std::mem::take(&mut st.live));
-    st.ended = seen_records(v, sight, std::mem::take(&mut st.ended));
-    st.counts.live = st.live.len();
-    st.counts.ended = st.ended.len();
-    st
 }
