@@ -7,9 +7,9 @@
 //! - `History`: what a write is about to replace, kept.
 //! - [`WritePolicy`]: the filesystem's [`Policy`](crate::fs::Policy): decides, counts,
 //!   keeps write handles in the [`handles`] registry.
-//! - [`Verbs`]: the verbs server (`ctl` requests and the answers of the `.coherent/`
-//!   files).
-//! - [`ControlFs`]: `.coherent/` as a pseudo filesystem that calls the verbs server.
+//! - [`Verbs`]: the verbs server (executes `ctl` requests).
+//! - [`ControlFs`]: `.coherent/` as a pseudo filesystem: what its files show each reader
+//!   (`control/views.rs`), and a request it asks of the verbs server.
 //! - `tell.rs`: refuse and tell, the one recipe for what a refused caller hears.
 
 mod changes;
