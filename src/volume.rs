@@ -7,9 +7,9 @@
 //! - `History`: what a write is about to replace, kept.
 //! - [`WritePolicy`]: the filesystem's [`Policy`](crate::fs::Policy): decides, counts,
 //!   keeps write handles in the [`handles`] registry.
-//! - [`Verbs`]: the verbs server (`ctl` requests and the answers of the `.coherent/`
-//!   files).
-//! - [`ControlFs`]: `.coherent/` as a pseudo filesystem that calls the verbs server.
+//! - [`Verbs`]: the verbs server (executes `ctl` requests).
+//! - [`ControlFs`]: `.coherent/` as a pseudo filesystem: what its files show each reader
+//!   (`control/views.rs`), and a request it asks of the verbs server.
 //! - `tell.rs`: refuse and tell, the one recipe for what a refused caller hears.
 
 mod changes;
@@ -280,13 +280,15 @@ impl Volume {
                 .is_some_and(|st| handles.writes_inode(giver, st.stamp.ino))
         }));
         let policy = Arc::new(WritePolicy::new(&o, handles.clone()));
+        let standing = Arc::new(standing::Standing::open(&cfg.state_dir, state_io));
         let verbs = Arc::new(Verbs::new(
             &o,
             handles,
             cfg.mountpoint.clone(),
             cfg.in_flight_wait,
-            standing::Standing::open(&cfg.state_dir, state_io),
+            standing.clone(),
         ));
+        let views = control::views::Views::new(&o, standing);
         let v = Arc::new(Volume {
             engine: o.engine,
             journal: o.journal,
@@ -294,7 +296,7 @@ impl Volume {
             sessions: o.sessions,
             history: o.history,
             policy,
-            control: Arc::new(ControlFs::new(verbs)),
+            control: Arc::new(ControlFs::new(verbs, views)),
             state_dir: cfg.state_dir,
             maintain_every: cfg.maintain_every,
             stop: Mutex::new(false),

@@ -13,6 +13,8 @@
 //! I/O, so readers read until EOF. Only `ctl` is writable (mode 0666, any user may send a
 //! request; the verbs decide who may do what).
 
+pub(super) mod views;
+
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +32,7 @@ use crate::store::{
     Attr, Caller, DirEntry, FsError, FsResult, Kind, Time, ROOT_INO, VIRTUAL_INO_BIT,
 };
 use crate::visibility::LogView;
+use views::Views;
 
 const DIR: u64 = VIRTUAL_INO_BIT | 1;
 const CTL: u64 = VIRTUAL_INO_BIT | 2;
@@ -79,7 +82,10 @@ enum VHandle {
 
 /// The `.coherent/` tree: its open handles and the state of `events`' mtime.
 pub struct ControlFs {
+    /// What a `ctl` request does.
     verbs: Arc<Verbs>,
+    /// What the other files show their reader.
+    views: Views,
     handles: Mutex<HashMap<u64, Arc<Mutex<VHandle>>>>,
     next: AtomicU64,
     /// (log length last reported, when it was first seen at that length).
@@ -102,10 +108,11 @@ fn time_now() -> Time {
 }
 
 impl ControlFs {
-    pub(super) fn new(verbs: Arc<Verbs>) -> Self {
+    pub(super) fn new(verbs: Arc<Verbs>, views: Views) -> Self {
         let now = time_now();
         ControlFs {
             verbs,
+            views,
             handles: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
             events_seen: Mutex::new((0, now)),
@@ -129,7 +136,7 @@ impl ControlFs {
             DIR => (Kind::Dir, 0o555, 0, v.started),
             CTL => (Kind::File, 0o666, 0, v.started),
             EVENTS => {
-                let len = self.verbs.log_len();
+                let len = self.views.log_len();
                 let mut seen = v.events_seen.lock();
                 if seen.0 != len {
                     *seen = (len, time_now());
@@ -198,18 +205,18 @@ impl ControlFs {
                 w if w.is_root() => VHandle::Events { shift: 0 },
                 w => VHandle::SeenEvents(LogView::new(w)),
             },
-            STATUS => VHandle::Text(self.verbs.status_file(caller)),
-            WHOAMI => VHandle::Text(self.verbs.whoami_file(caller)),
+            STATUS => VHandle::Text(self.views.status_file(caller)),
+            WHOAMI => VHandle::Text(self.views.whoami_file(caller)),
             CHANGES => VHandle::Changes {
                 who: who(caller),
                 kept: None,
             },
-            WHY => VHandle::Text(self.verbs.why_file(caller)),
-            INBOX => VHandle::Text(self.verbs.inbox_file(caller)),
+            WHY => VHandle::Text(self.views.why_file(caller)),
+            INBOX => VHandle::Text(self.views.inbox_file(caller)),
             WAITS => {
                 let me = self.verbs.session_name(caller);
                 let flying = self.waits.of_session(&me);
-                VHandle::Text(self.verbs.waits_file(caller, &me, flying))
+                VHandle::Text(self.views.waits_file(caller, &me, flying))
             }
             _ => return Err(FsError(libc::ENOENT)),
         };
@@ -236,10 +243,10 @@ impl ControlFs {
                 let end = start.saturating_add(size as usize).min(t.len());
                 Ok(t[start..end].to_vec())
             }
-            VHandle::SeenEvents(view) => self.verbs.read_seen_log(view, offset, size as usize),
+            VHandle::SeenEvents(view) => self.views.read_seen_log(view, offset, size as usize),
             VHandle::Changes { who, kept } => {
                 let (start, text) =
-                    kept.get_or_insert_with(|| (offset, self.verbs.changes_file(who, offset)));
+                    kept.get_or_insert_with(|| (offset, self.views.changes_file(who, offset)));
                 let from = offset.saturating_sub(*start).min(text.len() as u64) as usize;
                 let from = if offset < *start { text.len() } else { from };
                 let end = from.saturating_add(size as usize).min(text.len());
@@ -247,7 +254,7 @@ impl ControlFs {
             }
             VHandle::Events { shift } => {
                 let want = offset.saturating_add(*shift);
-                let (start, bytes) = self.verbs.read_log(want, size as usize)?;
+                let (start, bytes) = self.views.read_log(want, size as usize)?;
                 *shift += start - want;
                 Ok(bytes)
             }

@@ -1,45 +1,48 @@
 //! The verbs server: what `ctl` runs on a well-formed request (`register`, `transfer`,
 //! `accept`, `decline`, `withdraw`, `status`, `whoami`, `wait`), served for the caller's
-//! session, and the per-reader answers the `.coherent/` files show (`status`, `whoami`,
-//! `why`, `inbox`, `events`, `changes`).
+//! session. (What the `.coherent/` files show each reader is `control::views`.)
 //!
-//! What a reader sees of a path depends on the reader (docs/design.md#control-surface):
-//! a path, its record and its note are shown only to callers who could look the path up
-//! themselves ([`crate::visibility`]); to anyone else the answer is the one for a path
-//! that does not exist. A path in a request resolves beneath the backing root
-//! ([`crate::beneath`]) once, when the request is placed: one that leaves it is
-//! `bad_request` "outside the volume", whether or not the host path exists, and the
-//! engine never hears of it.
+//! A path in a request resolves beneath the backing root ([`crate::beneath`]) once, when
+//! the request is placed: one that leaves it is `bad_request` "outside the volume",
+//! whether or not the host path exists, and the engine never hears of it; a path the
+//! caller could not look up itself ([`crate::visibility`]) is answered as one that does
+//! not exist. Every check of the verb reads that one look (`checks.rs`).
 
+mod checks;
 mod history;
 
-use std::path::{Path, PathBuf};
+pub(super) use checks::placed;
+use checks::{
+    fingerprint_paths, observe_paths, owner_only, place_request, successor_may_write,
+    tracked_paths, writers_may_write, Seen,
+};
+
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use super::changes::Changes;
+use super::control::views::{seen_status, whoami_json};
 use super::handles::Handles;
 use super::history::History;
 use super::sessions::Sessions;
-use super::standing::{self, Standing};
+use super::standing::Standing;
 use super::tell::{Tell, Told};
 use super::waits::{self, Check};
 use super::workspace::Workspace;
 use super::Owners;
-use crate::access::{may_write, Who};
-use crate::beneath::{self, Resolved};
-use crate::coherence::{Engine, RecordJson, Role, StatusReport, Timestamp, Until};
-use crate::control::{session_json, Reply, Request, Verb, NO_REFUSAL};
+use crate::access::Who;
+use crate::coherence::{Engine, Timestamp, Until};
+use crate::control::{Reply, Request, Verb};
 use crate::coordinator::{Coordinator, StepKind};
 use crate::error::{Reason, Refusal};
 use crate::identity::{Session, Via};
 use crate::journal::Journal;
 use crate::request_timeout::Started;
-use crate::store::{Backing, Caller, FsError};
-use crate::visibility::{LogView, Sight};
+use crate::store::{Backing, Caller};
+use crate::visibility::Sight;
 
 /// How long a transfer asks again whether a file is still open for writing where the
 /// volume does not see it, before refusing (see [`Verbs::unseen_writer`]).
@@ -54,7 +57,6 @@ pub struct Verbs {
     sessions: Arc<Sessions>,
     /// What is on disk at a path.
     ws: Arc<Workspace>,
-    changes: Arc<Changes>,
     tell: Arc<Tell>,
     history: Arc<History>,
     /// The open write handles, for the in-flight rule of a transfer.
@@ -66,41 +68,7 @@ pub struct Verbs {
     /// How file data flows, as the FUSE layer found it at `init` (`data_mode` in `status`).
     data_mode: Mutex<Option<String>>,
     /// The sessions' standing waits (`wait --standing`), kept in the state directory.
-    standing: Standing,
-}
-
-/// The text of `why`: the latest refusal or stale write (its versions are in the text),
-/// then when it happened; `no refusal` when there was none.
-fn why_text(t: Option<(String, Option<Timestamp>)>) -> Vec<u8> {
-    match t {
-        Some((t, at)) => {
-            // one line whatever a message holds: no name in it can forge a second
-            let mut out = crate::names::one_line(t.trim_end()).into_owned();
-            if let Some(at) = at {
-                out.push_str(&format!("\n(at {})", at.rfc3339()));
-            }
-            out.push('\n');
-            out.into_bytes()
-        }
-        None => format!("{NO_REFUSAL}: this session has not been refused or warned\n").into_bytes(),
-    }
-}
-
-fn json_line(v: &impl serde::Serialize) -> Vec<u8> {
-    let mut b = serde_json::to_vec(v).expect("state serialises");
-    b.push(b'\n');
-    b
-}
-
-/// `.coherent/whoami` and the `whoami` reply's fields: the session, and the environment
-/// tags that were ignored because their value is not a valid session name.
-fn whoami_json(v: &Verbs, caller: &Caller) -> Value {
-    let mut j = session_json(&v.sessions.session(caller));
-    let ignored = v.sessions.resolver().ignored_tags(caller.pid);
-    if !ignored.is_empty() {
-        j["ignored"] = serde_json::to_value(&ignored).unwrap_or(Value::Null);
-    }
-    j
+    standing: Arc<Standing>,
 }
 
 impl Verbs {
@@ -109,7 +77,7 @@ impl Verbs {
         handles: Arc<Handles>,
         mountpoint: PathBuf,
         in_flight_wait: Duration,
-        standing: Standing,
+        standing: Arc<Standing>,
     ) -> Self {
         Verbs {
             engine: o.engine.clone(),
@@ -118,7 +86,6 @@ impl Verbs {
             backing: o.backing.clone(),
             sessions: o.sessions.clone(),
             ws: o.ws.clone(),
-            changes: o.changes.clone(),
             tell: o.tell.clone(),
             history: o.history.clone(),
             handles,
@@ -138,61 +105,6 @@ impl Verbs {
         *self.data_mode.lock() = Some(mode.to_string());
     }
 
-    /// `.coherent/status` for `caller`: after catching up with the other hosts.
-    pub(super) fn status_file(&self, caller: &Caller) -> Vec<u8> {
-        self.coord.catch_up(caller.started);
-        let mut sight = Sight::new(who(caller));
-        json_line(&seen_status(self, &mut sight, None))
-    }
-
-    /// `.coherent/whoami` for `caller`.
-    pub(super) fn whoami_file(&self, caller: &Caller) -> Vec<u8> {
-        json_line(&whoami_json(self, caller))
-    }
-
-    /// `.coherent/why` for `caller`: a path the reader can no longer look up is not
-    /// shown, even its own.
-    pub(super) fn why_file(&self, caller: &Caller) -> Vec<u8> {
-        let mut sight = Sight::new(who(caller));
-        let why = self.engine.why_about(&self.sessions.session(caller));
-        why_text(why.and_then(|(p, t, at)| match p {
-            Some(p) if !sight.sees(self.backing.fd(), &p) => None,
-            _ => Some((t, at)),
-        }))
-    }
-
-    /// `.coherent/inbox` for `caller`.
-    pub(super) fn inbox_file(&self, caller: &Caller) -> Vec<u8> {
-        self.coord.catch_up(caller.started);
-        let mut sight = Sight::new(who(caller));
-        let inbox = self.engine.inbox(&self.sessions.session(caller));
-        json_line(&seen_records(self, &mut sight, inbox))
-    }
-
-    /// The state log's length (the size of `events`).
-    pub(super) fn log_len(&self) -> u64 {
-        self.journal.log_len()
-    }
-
-    /// The state log from `from` (or from its base, if compacted past it): where it
-    /// starts and up to `n` bytes.
-    pub(super) fn read_log(&self, from: u64, n: usize) -> Result<(u64, Vec<u8>), FsError> {
-        self.journal.read_log_from(from, n).map_err(FsError::from)
-    }
-
-    /// The state log as `view`'s reader may see it.
-    pub(super) fn read_seen_log(
-        &self,
-        view: &mut LogView,
-        offset: u64,
-        size: usize,
-    ) -> Result<Vec<u8>, FsError> {
-        view.read(self.backing.fd(), offset, size, |o, n| {
-            self.journal.read_log_from(o, n)
-        })
-        .map_err(FsError::from)
-    }
-
     /// A `wait` request on `ctl`: answered now (refused, or reached) or later.
     pub(super) fn wait_check(&self, caller: &Caller, req: &Request) -> Check {
         wait_check(self, caller, req)
@@ -201,22 +113,6 @@ impl Verbs {
     /// The name of `caller`'s session.
     pub(super) fn session_name(&self, caller: &Caller) -> String {
         self.sessions.session(caller).name.to_string()
-    }
-
-    /// `.coherent/waits` for `caller`: its session's waits in flight (`flying`, those the
-    /// reader can still look up) and its standing ones.
-    pub(super) fn waits_file(
-        &self,
-        caller: &Caller,
-        me: &str,
-        mut flying: Vec<(String, Until, Duration)>,
-    ) -> Vec<u8> {
-        self.standing.resolve(&self.engine);
-        let mut sight = Sight::new(who(caller));
-        let root = self.backing.fd();
-        flying.retain(|(p, ..)| sight.sees(root, p));
-        let kept = self.standing.of_session(me, |p| sight.sees(root, p));
-        json_line(&standing::listing(flying, &kept))
     }
 
     /// `wait --standing`: checked as a wait with no time to wait (the same refusals, at
@@ -256,18 +152,6 @@ impl Verbs {
         self.standing.resolve(&self.engine)
     }
 
-    /// `.coherent/changes` after `offset`, the paths `who` may see.
-    pub(super) fn changes_file(&self, who: &Who, offset: u64) -> Vec<u8> {
-        let mut sight = Sight::new(who.clone());
-        let root = self.backing.fd();
-        self.changes.answer(offset, |p| {
-            if sight.sees_all() {
-                return Some(true);
-            }
-            p.to_str().map(|p| sight.sees(root, p))
-        })
-    }
-
     /// Serve one parsed request for `caller`.
     pub(super) fn serve(&self, caller: &Caller, req: &Request) -> Reply {
         let v = self;
@@ -275,13 +159,15 @@ impl Verbs {
             return journal_failed(req.verb());
         }
         if let Request::Whoami = req {
-            return Reply::whoami(whoami_json(v, caller));
+            return Reply::whoami(whoami_json(&v.sessions, caller));
         }
         let s = &v.sessions.session(caller);
         let verb = req.verb();
         let mut sight = Sight::new(who(caller));
         let r = match not_yours(s, verb).map_or_else(|| place_request(v, &mut sight, req), Err) {
-            Ok(req) => self.serve_agreed(s, &mut sight, &req, caller.started),
+            Ok((req, mut seen)) => {
+                self.serve_agreed(s, &mut sight, &mut seen, &req, caller.started)
+            }
             Err(f) => Err(f),
         };
         if v.journal.is_poisoned() && !matches!(verb, Verb::Status | Verb::Whoami) {
@@ -307,23 +193,24 @@ impl Verbs {
         &self,
         s: &Session,
         sight: &mut Sight,
+        seen: &mut Seen,
         req: &Request,
         started: Started,
     ) -> Result<Reply, Refusal> {
         let v = self;
         let verb = req.verb();
         if !v.coord.is_shared() {
-            let attempt = || self.serve_verb(&v.engine, s, sight, req);
+            let attempt = || self.serve_verb(&v.engine, s, sight, seen, req);
             let refused = |r: &Result<_, _>| matches!(r, Err(f) if in_flight(f));
             return self.once_more_after_releases(s, req, started, attempt, refused);
         }
         if matches!(verb, Verb::Whoami | Verb::Wait) {
-            return self.serve_verb(&v.engine, s, sight, req);
+            return self.serve_verb(&v.engine, s, sight, seen, req);
         }
         if verb == Verb::Status {
             // Best effort: a host cut off answers with what it has (and says so).
             v.coord.catch_up(started);
-            return self.serve_verb(&v.engine, s, sight, req);
+            return self.serve_verb(&v.engine, s, sight, seen, req);
         }
         let names: Vec<(&str, bool)> = req.paths().iter().map(|p| (p.as_str(), false)).collect();
         // The wait for releases happens outside the step, which their release needs.
@@ -332,7 +219,7 @@ impl Verbs {
             let stepped = v
                 .coord
                 .step(&v.engine, &names, StepKind::Verb, started, &mut |e| {
-                    let r = self.serve_verb(e, s, sight, req);
+                    let r = self.serve_verb(e, s, sight, seen, req);
                     let ok = r.is_ok();
                     out = Some(r);
                     ok
@@ -376,10 +263,12 @@ impl Verbs {
         e: &Engine,
         s: &Session,
         sight: &mut Sight,
+        seen: &mut Seen,
         req: &Request,
     ) -> Result<Reply, Refusal> {
         let v = self;
         let now = Timestamp::now();
+        seen.attempt(v);
         let records = |r: crate::coherence::VerbReply| match serde_json::to_value(&r.records) {
             Ok(Value::Array(v)) => v,
             _ => Vec::new(),
@@ -408,29 +297,28 @@ impl Verbs {
                 Reply::session(Verb::Register, s)
             }
             Request::Transfer { paths, to, note } => {
-                // Each path is looked at once; every check below reads that look.
-                let seen = Seen::look(v, paths);
-                tracked_paths(v, &seen)?;
-                observe_paths(v, e, &seen, now)?;
-                fingerprint_paths(v, e, paths, now)?;
-                writers_may_write(v, sight.who(), to, paths)?;
-                self.no_unseen_writer(&seen)?;
+                // Each path was looked at once, when placed; every check reads that look.
+                tracked_paths(v, seen)?;
+                observe_paths(v, e, seen, now)?;
+                fingerprint_paths(v, e, seen, now)?;
+                writers_may_write(v, sight.who(), to, seen)?;
+                self.no_unseen_writer(seen)?;
                 let r = e.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
             }
             Request::Accept { paths } => {
-                observe_paths(v, e, &Seen::look(v, paths), now)?;
+                observe_paths(v, e, seen, now)?;
                 owner_only(v, s, sight.who(), Verb::Accept, paths)?;
-                successor_may_write(v, s, sight.who(), paths)?;
+                successor_may_write(v, s, sight.who(), seen)?;
                 Reply::records(Verb::Accept, records(e.accept(s, paths, now)?))
             }
             Request::Decline { paths } => {
-                observe_paths(v, e, &Seen::look(v, paths), now)?;
+                observe_paths(v, e, seen, now)?;
                 owner_only(v, s, sight.who(), Verb::Decline, paths)?;
                 Reply::records(Verb::Decline, records(e.decline(s, paths, now)?))
             }
             Request::Withdraw { paths } => {
-                observe_paths(v, e, &Seen::look(v, paths), now)?;
+                observe_paths(v, e, seen, now)?;
                 owner_only(v, s, sight.who(), Verb::Withdraw, paths)?;
                 Reply::records(Verb::Withdraw, records(e.withdraw(s, paths, now)?))
             }
@@ -441,7 +329,7 @@ impl Verbs {
                 {
                     v.ws.observe(p, now);
                 }
-                let st = seen_status(v, sight, path.as_deref());
+                let st = seen_status(&v.engine, &v.backing, sight, path.as_deref());
                 let c = st.counts;
                 let msg = match path {
                     Some(p) => format!(
@@ -518,7 +406,7 @@ impl Verbs {
     /// when the volume has a write handle of its own on it, the two cannot be told apart and
     /// the engine's rules decide (the giver's own handle is in flight there, a bystander's
     /// reserves nothing).
-    fn no_unseen_writer(&self, seen: &Seen<'_>) -> Result<(), Refusal> {
+    fn no_unseen_writer(&self, seen: &Seen) -> Result<(), Refusal> {
         for (p, st) in seen.iter() {
             match self.unseen_writer(p, st) {
                 Some(true) => {
@@ -589,106 +477,6 @@ fn warn_no_leases(p: &str) {
 /// not committed yet): worth waiting for imminent releases.
 fn in_flight(f: &Refusal) -> bool {
     matches!(f.reason, Reason::HandoffInFlight | Reason::NoSuchPath)
-}
-
-/// The paths of a verb with what the backing directory holds at each, looked at once
-/// (a `fstatat` each) for every check of the verb that needs to know.
-struct Seen<'a> {
-    paths: &'a [String],
-    stats: Vec<Option<(crate::coherence::Stamp, bool)>>,
-}
-
-impl<'a> Seen<'a> {
-    fn look(v: &Verbs, paths: &'a [String]) -> Self {
-        let stats = paths.iter().map(|p| v.ws.stat(p)).collect();
-        Seen { paths, stats }
-    }
-
-    fn iter(
-        &self,
-    ) -> impl Iterator<Item = (&'a String, Option<(crate::coherence::Stamp, bool)>)> + '_ {
-        self.paths.iter().zip(self.stats.iter().copied())
-    }
-}
-
-/// A transfer hands on tracked paths only (docs/design.md#versions): each untracked one is refused
-/// `not_tracked`, saying which `.git` or which ignore file and pattern, and how to track it.
-fn tracked_paths(v: &Verbs, seen: &Seen<'_>) -> Result<(), Refusal> {
-    let paths = seen.paths;
-    let refused: Vec<Refusal> = seen
-        .iter()
-        .filter_map(|(p, st)| {
-            let is_dir = st.is_some_and(|x| x.1);
-            let why = v.ws.why_untracked(p, is_dir)?;
-            Some(
-                Refusal::new(
-                    Reason::NotTracked,
-                    format!(
-                        "{p_q} is not tracked by the volume, so it cannot be handed on: {why}",
-                        p_q = crate::names::display_name(p)
-                    ),
-                )
-                .at(p.as_str()),
-            )
-        })
-        .collect();
-    let Some(first) = refused.first() else {
-        return Ok(());
-    };
-    let mut r = first.clone();
-    if paths.len() > 1 {
-        r.per_path = refused;
-    }
-    Err(r)
-}
-
-/// Count what the backing directory holds at each path before a verb decides on it.
-/// Directories are not handed on.
-fn observe_paths(v: &Verbs, e: &Engine, seen: &Seen<'_>, now: Timestamp) -> Result<(), Refusal> {
-    for (p, st) in seen.iter() {
-        v.ws.observe_seen(e, p, st, now);
-        if st.is_some_and(|x| x.1) {
-            return Err(Refusal::new(
-                Reason::BadRequest,
-                format!(
-                    "bad request: {p_q} is a directory; hand on the files in it",
-                    p_q = crate::names::display_name(p)
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A transfer hands on content: each file's fingerprint is taken now (and counted, should
-/// the file have changed since it was observed), so while the record is live only content
-/// that differs from it ends it (docs/versions-and-holds.md#content). A file that cannot be
-/// read to take it is not handed on (fail closed: without it, no metadata change could be
-/// told from a rewrite).
-fn fingerprint_paths(
-    v: &Verbs,
-    e: &Engine,
-    paths: &[String],
-    now: Timestamp,
-) -> Result<(), Refusal> {
-    for p in paths {
-        if e.version(p).is_none() || !v.backing.has_content(p) {
-            continue; // the engine refuses it (`no_such_path`), or a special file
-        }
-        let Some((st, print)) = v.ws.print_of(p) else {
-            return Err(Refusal::new(
-                Reason::IoError,
-                format!(
-                    "{p} could not be read to take its content's fingerprint (it is changing \
-                     right now, or the volume may not read it): the handoff needs one; try \
-                     again once it is still"
-                ),
-            )
-            .at(p.as_str()));
-        };
-        e.observe_content(p, st, Some(print), now);
-    }
-    Ok(())
 }
 
 /// The state log's trouble, for `status` (None while it is written normally): JSON and a
@@ -764,76 +552,12 @@ fn who(caller: &Caller) -> Who {
     Who::of_task(caller.pid, caller.uid, caller.gid)
 }
 
-/// The request with its paths placed beneath the backing root: a path that leaves it is
-/// refused `bad_request` (the same answer whether the host path exists or not, and the
-/// engine never sees it); a path through a symlink to a directory inside becomes the real
-/// path; a path the caller may not see is refused as a path that does not exist
-/// (`status PATH` answers for it as for a path never seen, in [`seen_status`]).
-/// `p` placed beneath the backing root: the real path through a symlinked directory inside,
-/// `bad_request` for a path that leaves the root (whether the host path exists or not).
-pub(super) fn placed(v: &Verbs, p: &str) -> Result<String, Refusal> {
-    match beneath::resolve(v.backing.fd(), p) {
-        Ok(Resolved::Outside) => Err(Refusal::new(
-            Reason::BadRequest,
-            format!(
-                "bad request: {} is outside the volume (it leaves the mount root through a \
-                 symlink)",
-                crate::names::quote_for_message(p)
-            ),
-        )),
-        Ok(Resolved::Inside { real: Some(r), .. }) if !r.is_empty() => Ok(r),
-        _ => Ok(p.to_string()),
-    }
-}
-
-fn place_request(v: &Verbs, sight: &mut Sight, req: &Request) -> Result<Request, Refusal> {
-    let place = |sight: &mut Sight, p: &String, hide: bool| -> Result<String, Refusal> {
-        let real = placed(v, p)?;
-        if hide && !sight.sees(v.backing.fd(), &real) {
-            return Err(not_there(&real));
-        }
-        Ok(real)
-    };
-    let all = |sight: &mut Sight, paths: &[String]| -> Result<Vec<String>, Refusal> {
-        paths.iter().map(|p| place(sight, p, true)).collect()
-    };
-    Ok(match req {
-        Request::Transfer { paths, to, note } => Request::Transfer {
-            paths: all(sight, paths)?,
-            to: to.clone(),
-            note: note.clone(),
-        },
-        Request::Accept { paths } => Request::Accept {
-            paths: all(sight, paths)?,
-        },
-        Request::Decline { paths } => Request::Decline {
-            paths: all(sight, paths)?,
-        },
-        Request::Withdraw { paths } => Request::Withdraw {
-            paths: all(sight, paths)?,
-        },
-        Request::Status { path: Some(p) } => Request::Status {
-            path: Some(place(sight, p, false)?),
-        },
-        Request::Wait {
-            path,
-            until,
-            timeout_ms,
-        } => Request::Wait {
-            path: place(sight, path, true)?,
-            until: *until,
-            timeout_ms: *timeout_ms,
-        },
-        other => other.clone(),
-    })
-}
-
 /// A `wait` request placed and checked like any request on a path (beneath the root, a
 /// path the caller may look up, tracked), then answered now or later.
 fn wait_check(v: &Verbs, caller: &Caller, req: &Request) -> Check {
     let mut sight = Sight::new(who(caller));
     let refused = |f: Refusal, p: &str| Check::Now(Reply::refused(Some(Verb::Wait), &f, Some(p)));
-    let placed = match place_request(v, &mut sight, req) {
+    let (placed, seen) = match place_request(v, &mut sight, req) {
         Ok(r) => r,
         Err(f) => return refused(f, &req.paths()[0]),
     };
@@ -845,186 +569,10 @@ fn wait_check(v: &Verbs, caller: &Caller, req: &Request) -> Check {
     else {
         unreachable!("a wait stays a wait")
     };
-    let paths = [path];
-    let seen = Seen::look(v, &paths);
     if let Err(f) = tracked_paths(v, &seen) {
-        return refused(f, &paths[0]);
+        return refused(f, &path);
     }
-    let path = &paths[0];
-    v.ws.observe_seen(&v.engine, path, seen.stats[0], Timestamp::now());
+    v.ws.observe_seen(&v.engine, &path, seen.stat(0), Timestamp::now());
     let me = v.sessions.session(caller).name.to_string();
-    waits::check(&v.engine, &me, path, until, timeout_ms)
-}
-
-/// The refusal for a path that does not exist (the engine's own answer for one).
-fn not_there(p: &str) -> Refusal {
-    Refusal::new(
-        Reason::NoSuchPath,
-        format!(
-            "{p_q} does not exist in this volume (or the volume has not seen it yet)",
-            p_q = crate::names::display_name(p)
-        ),
-    )
-}
-
-/// `accept` (and the claim of an offer) needs that the caller could open the file for
-/// writing (§5): a session that cannot write a file cannot be its successor. Checked on
-/// the paths whose live record names `s` as successor or is an offer `s` would claim;
-/// the others get the engine's answer. An offer stays open for a session that can.
-fn successor_may_write(v: &Verbs, s: &Session, who: &Who, paths: &[String]) -> Result<(), Refusal> {
-    for p in paths {
-        let Some(h) = v.engine.handoff(s, p) else {
-            continue;
-        };
-        let claim = h.record.offer && h.record.claimed_by.is_none() && h.role == Role::Bystander;
-        if h.role != Role::Successor && !claim {
-            continue;
-        }
-        if let Ok(false) = may_write(v.backing.fd(), Path::new(p), who) {
-            let way = if claim {
-                "the offer stays open for a session that can write it".to_string()
-            } else {
-                format!(
-                    "decline it instead (coherent decline {})",
-                    crate::control::shell_word(p)
-                )
-            };
-            return Err(Refusal::new(
-                Reason::SessionNotYours,
-                format!(
-                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), so \
-                     this session cannot {} it: {way}",
-                    who.uid,
-                    if claim { "claim" } else { "accept" },
-                    p_q = crate::names::display_name(p)
-                ),
-            )
-            .at(p.as_str())
-            .with_status(h.record.status));
-        }
-    }
-    Ok(())
-}
-
-/// The two write-permission checks of a `transfer`, in one place, as the kernel would
-/// decide an open for writing for a uid, its groups and the file's mode and ACL
-/// (docs/design.md#handoff):
-/// - the caller could open each file for writing itself;
-/// - a transfer to a session owned by another uid needs that this uid could too (§5: only
-///   a session whose owner could write the file can be its successor; otherwise "when it
-///   writes the file" would be a way out that cannot work). An owner the user database
-///   does not know is not checked here (its `accept` is).
-///
-/// Errors (a path that is gone) are the engine's to answer.
-fn writers_may_write(v: &Verbs, who: &Who, to: &str, paths: &[String]) -> Result<(), Refusal> {
-    let may = |p: &String, as_who: &Who| may_write(v.backing.fd(), Path::new(p), as_who);
-    for p in paths {
-        if let Ok(false) = may(p, who) {
-            return Err(Refusal::new(
-                Reason::SessionNotYours,
-                format!(
-                    "you may not write {p_q} (its mode or ACL does not let uid {} write it), \
-                     so you cannot hand it on",
-                    who.uid,
-                    p_q = crate::names::display_name(p)
-                ),
-            ));
-        }
-    }
-    let Ok(succ) = v.engine.lookup_session(to) else {
-        return Ok(());
-    };
-    let Some(uid) = v
-        .engine
-        .owner(&succ.name)
-        .filter(|u| *u != who.uid && *u != 0)
-    else {
-        return Ok(());
-    };
-    let Some(owner) = Who::of_user(uid) else {
-        return Ok(());
-    };
-    for p in paths {
-        if let Ok(false) = may(p, &owner) {
-            return Err(Refusal::new(
-                Reason::SessionNotYours,
-                format!(
-                    "session {} belongs to uid {uid}, which may not write {p_q}, so it cannot be \
-                     its successor: hand it to a session that can write it",
-                    succ.name,
-                    p_q = crate::names::display_name(p)
-                ),
-            )
-            .at(p.as_str()));
-        }
-    }
-    Ok(())
-}
-
-/// `accept`/`decline` only by the successor's owner uid, `withdraw` only by the giver's
-/// (docs/design.md#handoff): a caller of another uid is refused `session_not_yours` (a caller of
-/// the same uid in another session gets the engine's `handoff_not_successor`/`handoff_not_giver`).
-fn owner_only(
-    v: &Verbs,
-    s: &Session,
-    who: &Who,
-    verb: Verb,
-    paths: &[String],
-) -> Result<(), Refusal> {
-    for p in paths {
-        let Some(h) = v.engine.handoff(s, p) else {
-            continue;
-        };
-        let (role, name) = match verb {
-            Verb::Withdraw => ("giver", &h.record.giver),
-            _ => ("successor", &h.record.successor),
-        };
-        match v.engine.owner(name) {
-            Some(owner) if *name != s.name && owner != who.uid => {
-                return Err(Refusal::new(
-                    Reason::SessionNotYours,
-                    format!(
-                        "the {role} of {p_q} is session {name}, which belongs to uid {owner}: \
-                         only that uid may {} it",
-                        verb.as_str(),
-                        p_q = crate::names::display_name(p)
-                    ),
-                ))
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// Only the records whose paths the reader may see.
-fn seen_records(v: &Verbs, sight: &mut Sight, recs: Vec<RecordJson>) -> Vec<RecordJson> {
-    if sight.sees_all() {
-        return recs;
-    }
-    recs.into_iter()
-        .filter(|r| sight.sees(v.backing.fd(), &r.path))
-        .collect()
-}
-
-/// `status [PATH]` as the reader may see it: records of paths it may not look up are left
-/// out (and out of the counts); `status PATH` of such a path is the answer for a path
-/// never seen.
-fn seen_status(v: &Verbs, sight: &mut Sight, path: Option<&str>) -> StatusReport {
-    let mut st = v.engine.status(path);
-    if sight.sees_all() {
-        return st;
-    }
-    if let Some(p) = path {
-        if !sight.sees(v.backing.fd(), p) {
-            st.version = None;
-            st.live.clear();
-            st.ended.clear();
-        }
-    }
-    st.live = seen_records(v, sight, std::mem::take(&mut st.live));
-    st.ended = seen_records(v, sight, std::mem::take(&mut st.ended));
-    st.counts.live = st.live.len();
-    st.counts.ended = st.ended.len();
-    st
+    waits::check(&v.engine, &me, &path, until, timeout_ms)
 }

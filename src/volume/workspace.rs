@@ -5,6 +5,7 @@
 //! (docs/design.md#versions).
 
 use std::collections::HashSet;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ use crate::coherence::{self, At, Engine, Found, Timestamp};
 use crate::coordinator::Coordinator;
 use crate::journal::Journal;
 use crate::request_timeout::Started;
-use crate::store::{Backing, Stamp};
+use crate::store::{Backing, Stamp, Time};
 use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
 
 /// A workspace path as the engine keys it (None: the root, a name the store lost, or a
@@ -175,6 +176,31 @@ impl Workspace {
     /// `fstatat` in the backing directory, without following a final symlink.
     pub(super) fn stat(&self, p: &str) -> Option<(coherence::Stamp, bool)> {
         self.stat_links(p).map(|(s, dir, _)| (s, dir))
+    }
+
+    /// What a [`Workspace::stat`] of the name `fd` was opened on (an `O_PATH` descriptor
+    /// of a path placed beneath the root) finds, read from the descriptor so the path is
+    /// not walked again; and whether it has content (a regular file or a symlink, as
+    /// [`Backing::has_content`] asks). None when the descriptor cannot be asked.
+    pub(super) fn stat_fd(&self, fd: BorrowedFd<'_>) -> Option<(coherence::Stamp, bool, bool)> {
+        let st = nix::sys::stat::fstat(fd.as_raw_fd()).ok()?;
+        let t = |sec, nsec| Time {
+            sec,
+            nsec: nsec as u32,
+        };
+        let kind = st.st_mode & libc::S_IFMT;
+        let s = Stamp {
+            ino: st.st_ino,
+            ctime: t(st.st_ctime, st.st_ctime_nsec),
+            mtime: t(st.st_mtime, st.st_mtime_nsec),
+            size: st.st_size as u64,
+        };
+        let dir = kind == libc::S_IFDIR;
+        if !dir && st.st_nlink > 1 {
+            self.linked.lock().insert(s.ino);
+        }
+        let content = matches!(kind, libc::S_IFREG | libc::S_IFLNK);
+        Some((stamp(&s), dir, content))
     }
 
     /// [`Workspace::stat`] and the number of names of the file (`st_nlink`). A file seen with
