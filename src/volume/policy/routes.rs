@@ -214,7 +214,7 @@ impl WritePolicy {
             }
             WriteRoute::Link { .. } if !self.ws.is_tracked(p, false) => {
                 // A new untracked name of a tracked file: not a change of its tracked
-                // names (§3), which take the new stamp.
+                // names (docs/design.md#versions), which take the new stamp.
                 if let Some(after) = self.ws.stamp_now(p) {
                     self.ws.restamp_other_names(after.ino, &[]);
                 }

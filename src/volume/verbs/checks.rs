@@ -300,9 +300,10 @@ pub(super) fn fingerprint_paths(
 }
 
 /// `accept` (and the claim of an offer) needs that the caller could open the file for
-/// writing (§5): a session that cannot write a file cannot be its successor. Checked on
-/// the paths whose live record names `s` as successor or is an offer `s` would claim;
-/// the others get the engine's answer. An offer stays open for a session that can.
+/// writing (docs/design.md#handoff): a session that cannot write a file cannot be its
+/// successor. Checked on the paths whose live record names `s` as successor or is an
+/// offer `s` would claim; the others get the engine's answer. An offer stays open for a
+/// session that can.
 pub(super) fn successor_may_write(
     v: &Verbs,
     s: &Session,
@@ -348,7 +349,7 @@ pub(super) fn successor_may_write(
 /// decide an open for writing for a uid, its groups and the file's mode and ACL
 /// (docs/design.md#handoff):
 /// - the caller could open each file for writing itself;
-/// - a transfer to a session owned by another uid needs that this uid could too (§5: only
+/// - a transfer to a session owned by another uid needs that this uid could too (as above: only
 ///   a session whose owner could write the file can be its successor; otherwise "when it
 ///   writes the file" would be a way out that cannot work). An owner the user database
 ///   does not know is not checked here (its `accept` is).
