@@ -2,6 +2,7 @@
 //! by the publisher thread under a short lease) and the paths changed here outside a step
 //! or while etcd was away.
 
+use super::step::counted_further;
 use super::*;
 
 impl Etcd {

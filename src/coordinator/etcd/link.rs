@@ -2,6 +2,8 @@
 //! a lease and renew it, register this host, take the shared state in (at start, or from
 //! the revision it had), and apply the watch as it arrives.
 
+use super::call::short;
+use super::step::{counted_further, id_floor};
 use super::*;
 
 impl Etcd {
