@@ -158,7 +158,7 @@ pub struct Stamp {
 }
 
 impl Stamp {
-    pub(super) fn from_stat(st: &libc::stat) -> Stamp {
+    pub(crate) fn from_stat(st: &libc::stat) -> Stamp {
         Stamp {
             ino: st.st_ino,
             ctime: Time {

@@ -16,7 +16,7 @@ use crate::coherence::{self, At, Engine, Found, Timestamp};
 use crate::coordinator::Coordinator;
 use crate::journal::Journal;
 use crate::request_timeout::Started;
-use crate::store::{Backing, Stamp, Time};
+use crate::store::{Backing, Stamp};
 use crate::tracking::{Tracking, COHERENTIGNORE, GITIGNORE};
 
 /// A workspace path as the engine keys it (None: the root, a name the store lost, or a
@@ -184,17 +184,8 @@ impl Workspace {
     /// [`Backing::has_content`] asks). None when the descriptor cannot be asked.
     pub(super) fn stat_fd(&self, fd: BorrowedFd<'_>) -> Option<(coherence::Stamp, bool, bool)> {
         let st = nix::sys::stat::fstat(fd.as_raw_fd()).ok()?;
-        let t = |sec, nsec| Time {
-            sec,
-            nsec: nsec as u32,
-        };
         let kind = st.st_mode & libc::S_IFMT;
-        let s = Stamp {
-            ino: st.st_ino,
-            ctime: t(st.st_ctime, st.st_ctime_nsec),
-            mtime: t(st.st_mtime, st.st_mtime_nsec),
-            size: st.st_size as u64,
-        };
+        let s = Stamp::from_stat(&st);
         let dir = kind == libc::S_IFDIR;
         if !dir && st.st_nlink > 1 {
             self.linked.lock().insert(s.ino);
