@@ -1,6 +1,6 @@
 //! The engine's state, its locks, and the one function that applies an event (live and
 //! in replay). Its other methods: `ops` (what the mount reports, the fence decisions),
-//! `verbs`, `queries`.
+//! `verbs`, `queries`, and `engine/sessions`; the event sinks are in `engine/sink`.
 //!
 //! Locking. Paths live in `SHARDS` shards, each a `parking_lot::Mutex` over a map from
 //! path to [`Entry`] (version, holds, records), so operations on different paths rarely
@@ -15,7 +15,6 @@
 //! so the log order is the application order for every path, and the log rebuilds exactly
 //! the live state.
 
-use super::lookup::resolve_session;
 use super::time::Timestamp;
 use super::types::*;
 use crate::error::{Reason, Refusal};
@@ -26,6 +25,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod sessions;
+mod sink;
+
+pub use sink::{EventSink, MemorySink};
+
 const SHARDS: usize = 64;
 
 /// Largest note a transfer accepts: a wire limit, checked early by the request parser.
@@ -33,56 +37,6 @@ pub use crate::control::MAX_NOTE;
 
 /// The name commits found behind the volume's back are attributed to (docs/design.md#versions).
 pub const EXTERNAL: &str = "external";
-
-/// Where events go: the journal in the mount, a memory log in tests.
-pub trait EventSink: Send + Sync {
-    /// Assigns `ev.seq` (the next number) and queues the event. Called with engine locks
-    /// held: must not call back into the engine.
-    fn append(&self, ev: &mut Event);
-    /// Blocks until every event up to `seq` is durable.
-    fn wait_durable(&self, seq: u64);
-}
-
-/// A sink that keeps every event in memory (tests, benchmarks, replay checks).
-#[derive(Default)]
-pub struct MemorySink {
-    events: Mutex<Vec<Event>>,
-    keep: bool,
-    next: AtomicU64,
-}
-
-impl MemorySink {
-    /// Keeps every event.
-    pub fn new() -> Self {
-        MemorySink {
-            keep: true,
-            ..Default::default()
-        }
-    }
-
-    /// Only numbers events (benchmarks).
-    pub fn discarding() -> Self {
-        MemorySink::default()
-    }
-
-    pub fn events(&self) -> Vec<Event> {
-        self.events.lock().clone()
-    }
-}
-
-impl EventSink for MemorySink {
-    fn append(&self, ev: &mut Event) {
-        if self.keep {
-            let mut v = self.events.lock();
-            ev.seq = v.len() as u64 + 1;
-            v.push(ev.clone());
-        } else {
-            ev.seq = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        }
-    }
-
-    fn wait_durable(&self, _seq: u64) {}
-}
 
 /// One session's stake in one path: memory only (docs/design.md#state-log).
 #[derive(Debug, Clone)]
@@ -397,78 +351,6 @@ impl Engine {
 
     pub fn config(&self) -> &Config {
         &self.config
-    }
-
-    // ----- sessions -----------------------------------------------------------------
-
-    /// Makes `s` known (`session_seen` on first sight). Returns the event's seq if one was
-    /// logged. The mount calls this when it first resolves a session; every other method
-    /// calls it too.
-    pub fn session_seen(&self, s: &Session, now: Timestamp) -> Option<u64> {
-        if self.sessions.read().contains_key(&s.name) {
-            return None;
-        }
-        let mut w = self.sessions.write();
-        if w.contains_key(&s.name) {
-            return None;
-        }
-        let mut ev = Event::new(EventKind::SessionSeen, now, None, Some(s));
-        ev.via = Some(s.via.clone());
-        self.sink.append(&mut ev);
-        self.applied.fetch_max(ev.seq, Ordering::SeqCst);
-        w.insert(s.name.clone(), s.clone());
-        Some(ev.seq)
-    }
-
-    /// Claims session `s` for `uid` (docs/design.md#sessions: a session name belongs to the first
-    /// uid that shows it): makes it known and owned by `uid` on first sight (`session_seen` with
-    /// `uid`). `Err(owner)` when another uid owns it. Unattributed sessions (`uid:UID`)
-    /// are only made known. A read lock on the warm path.
-    pub fn claim(&self, s: &Session, uid: u32, now: Timestamp) -> Result<(), u32> {
-        if !s.is_attributed() {
-            self.session_seen(s, now);
-            return Ok(());
-        }
-        let mine = |o: u32| if o == uid { Ok(()) } else { Err(o) };
-        if let Some(&o) = self.owners.read().get(&s.name) {
-            return mine(o);
-        }
-        let mut sessions = self.sessions.write();
-        let mut owners = self.owners.write();
-        if let Some(&o) = owners.get(&s.name) {
-            return mine(o);
-        }
-        // Also for a session known without an owner (registered ahead, or an older log).
-        let mut ev = Event::new(EventKind::SessionSeen, now, None, Some(s));
-        ev.via = Some(s.via.clone());
-        ev.uid = Some(uid);
-        self.sink.append(&mut ev);
-        self.applied.fetch_max(ev.seq, Ordering::SeqCst);
-        owners.insert(s.name.clone(), uid);
-        sessions.entry(s.name.clone()).or_insert_with(|| s.clone());
-        Ok(())
-    }
-
-    /// The uid owning session `name`, if known.
-    pub fn owner(&self, name: &str) -> Option<u32> {
-        self.owners.read().get(name).copied()
-    }
-
-    /// The known session of that name (records use it, so the first-seen `via` wins).
-    pub(super) fn known(&self, name: &str, agent: Option<uuid::Uuid>) -> Session {
-        if let Some(s) = self.sessions.read().get(name) {
-            return s.clone();
-        }
-        Arc::new(SessionInfo {
-            name: name.to_string(),
-            agent_id: agent.unwrap_or_else(|| crate::identity::agent_id_for_name(name)),
-            via: Via::Registered,
-        })
-    }
-
-    /// Resolves a session argument (name, full id, or 8+ hex prefix) among known sessions.
-    pub fn lookup_session(&self, arg: &str) -> Result<Session, Refusal> {
-        resolve_session(&self.sessions.read(), arg)
     }
 
     // ----- plumbing -----------------------------------------------------------------

@@ -1,0 +1,243 @@
+//! The history store's tests: keeping, reading back, retention and cleaning.
+
+use super::*;
+use std::os::fd::AsFd;
+
+fn entry(path: &str, v: u64, ts: i64, k: &Kept) -> Entry {
+    Entry {
+        path: path.into(),
+        version: v,
+        session: "s".into(),
+        ts,
+        op: "write".into(),
+        digest: Some(hex(&k.digest)),
+        size: k.size,
+        kept: k.stored,
+        from: None,
+    }
+}
+
+fn file(dir: &Path, name: &str, bytes: &[u8]) -> File {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    File::open(p).unwrap()
+}
+
+#[test]
+fn keeps_each_content_once_and_reads_it_back_after_reopening() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::open(t.path(), Limits::default()).unwrap();
+    let a = s
+        .keep_fd(file(t.path(), "a", b"one\n").as_fd())
+        .unwrap()
+        .unwrap();
+    let b = s
+        .keep_fd(file(t.path(), "b", b"one\n").as_fd())
+        .unwrap()
+        .unwrap();
+    assert_eq!(a, b);
+    assert_eq!(s.usage(), (4, 1));
+    s.record(entry("f", 2, 1, &a));
+    drop(s);
+    let s = Store::open(t.path(), Limits::default()).unwrap();
+    let log = s.log("f");
+    assert_eq!(log.len(), 1);
+    assert_eq!(
+        s.bytes(log[0].digest.as_deref().unwrap()).unwrap().unwrap(),
+        b"one\n"
+    );
+    // The directory is private, and a blob changed on disk is refused, not shown.
+    let md = std::fs::metadata(t.path().join("history")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777,
+        0o700
+    );
+    let d = hex(&a.digest);
+    std::fs::write(t.path().join("history/objects").join(&d), b"two\n").unwrap();
+    assert!(s.bytes(&d).is_err());
+}
+
+#[test]
+fn refuses_a_history_dir_open_to_others_or_a_symlink() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("elsewhere")).unwrap();
+    std::os::unix::fs::symlink(t.path().join("elsewhere"), t.path().join("history")).unwrap();
+    assert!(Store::open(t.path(), Limits::default()).is_err());
+    std::fs::remove_file(t.path().join("history")).unwrap();
+    std::fs::create_dir(t.path().join("history")).unwrap();
+    std::fs::set_permissions(
+        t.path().join("history"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    assert!(Store::open(t.path(), Limits::default()).is_err());
+}
+
+#[test]
+fn over_the_file_limit_only_the_digest() {
+    let t = tempfile::tempdir().unwrap();
+    let lim = Limits {
+        max_file: 3,
+        ..Limits::default()
+    };
+    let s = Store::open(t.path(), lim).unwrap();
+    let k = s
+        .keep_fd(file(t.path(), "a", b"four").as_fd())
+        .unwrap()
+        .unwrap();
+    assert!(!k.stored);
+    assert_eq!(k.digest, *blake3::hash(b"four").as_bytes());
+    assert_eq!(s.usage(), (0, 0));
+}
+
+#[test]
+fn a_large_file_is_hashed_off_the_request_and_recorded_by_digest() {
+    let t = tempfile::tempdir().unwrap();
+    let lim = Limits {
+        max_file: 3,
+        ..Limits::default()
+    };
+    let s = Arc::new(Store::open(t.path(), lim).unwrap());
+    let f = file(t.path(), "big", b"large");
+    let st = fstat(f.as_fd()).unwrap();
+    let e = Entry {
+        path: "big".into(),
+        version: 2,
+        session: "s".into(),
+        ts: Timestamp::now().0,
+        op: "write".into(),
+        digest: None,
+        size: 5,
+        kept: false,
+        from: None,
+    };
+    s.record_large_later(f.into(), st, e.clone());
+    s.settle();
+    let log = s.log("big");
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].digest, Some(hex(blake3::hash(b"large").as_bytes())));
+    assert!(!log[0].kept);
+    assert_eq!(s.usage(), (0, 0));
+    // changed since the commit: that content is gone, no digest is made up
+    let f = file(t.path(), "big2", b"large");
+    let st = fstat(f.as_fd()).unwrap();
+    std::fs::write(t.path().join("big2"), b"other!").unwrap();
+    s.record_large_later(
+        f.into(),
+        st,
+        Entry {
+            path: "big2".into(),
+            ..e
+        },
+    );
+    s.settle();
+    assert_eq!(s.log("big2")[0].digest, None);
+}
+
+#[test]
+fn the_size_bound_holds_and_spares_each_paths_latest() {
+    let t = tempfile::tempdir().unwrap();
+    let lim = Limits {
+        max_bytes: 10_000,
+        ..Limits::default()
+    };
+    let s = Store::open(t.path(), lim).unwrap();
+    let now = Timestamp::now().0;
+    for i in 0..200u64 {
+        let body = format!("{i:0>999}\n");
+        let k = s
+            .keep_fd(file(t.path(), "w", body.as_bytes()).as_fd())
+            .unwrap()
+            .unwrap();
+        s.record(entry("w", i + 1, now + i as i64, &k));
+        assert!(s.usage().0 <= 10_000 + 1000, "{:?}", s.usage());
+    }
+    let log = s.log("w");
+    let last = log.last().unwrap();
+    assert!(last.kept);
+    assert!(s.bytes(last.digest.as_deref().unwrap()).unwrap().is_some());
+    assert!(!log[0].kept, "the oldest went first");
+    // What the index says is kept is on disk, after a reopen too.
+    drop(s);
+    let s = Store::open(t.path(), lim).unwrap();
+    let on_disk = std::fs::read_dir(t.path().join("history/objects"))
+        .unwrap()
+        .count();
+    assert_eq!(s.usage().1, on_disk);
+    for e in s.log("w").iter().filter(|e| e.kept) {
+        assert!(s.bytes(e.digest.as_deref().unwrap()).unwrap().is_some());
+    }
+}
+
+#[test]
+fn the_age_bound_drops_old_blobs_and_lines() {
+    let t = tempfile::tempdir().unwrap();
+    let lim = Limits {
+        keep: Duration::from_secs(3600),
+        ..Limits::default()
+    };
+    let s = Store::open(t.path(), lim).unwrap();
+    let old = Timestamp::now().0 - 2 * 3600 * 1000;
+    let a = s
+        .keep_fd(file(t.path(), "a", b"old\n").as_fd())
+        .unwrap()
+        .unwrap();
+    s.record(entry("f", 1, old, &a));
+    let b = s
+        .keep_fd(file(t.path(), "b", b"new\n").as_fd())
+        .unwrap()
+        .unwrap();
+    s.record(entry("f", 2, Timestamp::now().0, &b));
+    s.prune(Timestamp::now(), true);
+    assert_eq!(s.usage(), (4, 1));
+    assert_eq!(s.log("f").len(), 1);
+    drop(s);
+    let s = Store::open(t.path(), lim).unwrap();
+    assert_eq!(
+        s.log("f").iter().map(|e| e.version).collect::<Vec<_>>(),
+        [2]
+    );
+}
+
+#[test]
+fn a_directory_rename_moves_the_history_under_it_also_after_reopening() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::open(t.path(), Limits::default()).unwrap();
+    let a = s
+        .keep_fd(file(t.path(), "a", b"x").as_fd())
+        .unwrap()
+        .unwrap();
+    let now = Timestamp::now().0;
+    s.record(entry("d/x", 1, now, &a));
+    s.record(entry("d/sub/y", 1, now, &a));
+    s.record(entry("dx", 1, now, &a));
+    s.rename_dir("d", "e/f", now);
+    let check = |s: &Store| {
+        assert!(s.log("d/x").is_empty());
+        assert_eq!(s.log("e/f/x")[0].path, "e/f/x");
+        assert_eq!(s.log("e/f/sub/y").len(), 1);
+        assert_eq!(s.log("dx").len(), 1, "a sibling with the same prefix stays");
+    };
+    check(&s);
+    drop(s);
+    check(&Store::open(t.path(), Limits::default()).unwrap());
+}
+
+#[test]
+fn a_torn_last_line_and_a_left_temp_file_are_cleaned() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::open(t.path(), Limits::default()).unwrap();
+    let a = s
+        .keep_fd(file(t.path(), "a", b"x").as_fd())
+        .unwrap()
+        .unwrap();
+    s.record(entry("f", 1, Timestamp::now().0, &a));
+    drop(s);
+    let idx = t.path().join("history").join(INDEX);
+    let mut f = std::fs::OpenOptions::new().append(true).open(&idx).unwrap();
+    f.write_all(b"{\"path\":\"f\",\"vers").unwrap();
+    std::fs::write(t.path().join("history/objects/.tmp-1-1"), b"partial").unwrap();
+    let s = Store::open(t.path(), Limits::default()).unwrap();
+    assert_eq!(s.log("f").len(), 1);
+    assert!(!t.path().join("history/objects/.tmp-1-1").exists());
+}
