@@ -39,7 +39,7 @@ core=(--lib --test nomount)
 core_filters=(tests:: core_model:: core_scenarios:: core_contract:: core_offers:: core_wait:: core_journal::)
 case $part in
 coherence)
-    files=(-f 'src/coherence/*.rs' -e src/coherence/time.rs)
+    files=(-f 'src/coherence/*.rs' -f 'src/coherence/*/*.rs' -e src/coherence/time.rs)
     tests=("${core[@]}" --test mounted)
     filters=("${core_filters[@]}" volume_policy:: inproc_decisions:: enforce_mutants:: enforce_hardlink:: enforce_users:: inproc_unresolved::)
     ;;
@@ -50,7 +50,7 @@ time)
     ;;
 volume)
     # Only the functions that map a FUSE request to a route and a commit.
-    files=(-f src/volume.rs -F 'before_write|after_write|on_open|on_flush|on_release|exchange|refused')
+    files=(-f src/volume/policy.rs -f 'src/volume/policy/*.rs' -F 'before_write|after_write|on_open|on_flush|on_release|exchange|refused')
     tests=(--test nomount --test mounted)
     filters=(volume_policy:: inproc_decisions:: inproc_versions:: enforce_mutants:: enforce_routes:: enforce_versions:: enforce_handoff::)
     ;;

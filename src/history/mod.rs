@@ -4,7 +4,8 @@
 //! its commit points and [`Store::record`] with the version the engine counted.
 //!
 //! - `store`: the blobs (`objects/`) and the index (`index.jsonl`), their crash semantics
-//!   and retention;
+//!   and retention (`store/content.rs` reading, hashing and copying a file into a blob,
+//!   `store/fd.rs` opening without following symlinks);
 //! - `diff`: a line diff (Myers) printed as a unified diff;
 //! - `plan`: what `diff --session` and `undo --session` take from the index;
 //! - `b64`: base64, for bytes that are not UTF-8 in a JSON reply.
