@@ -1,5 +1,6 @@
 //! What the mount reports: opens, acquires, commits, renames, changes behind the
-//! volume's back, sessions gone, eviction; and the fence decision of every write route (§6).
+//! volume's back, sessions gone, eviction; and the fence decision of every write route
+//! (docs/design.md#write-routes).
 
 use super::engine::*;
 use super::route::{Against, At, Found, Reach, Write};
@@ -18,7 +19,8 @@ impl Engine {
 
     /// A live record on `e` touched by `by`, who is neither its giver nor its successor:
     /// `overtaken` with `counterparty` (unless it already says so). While a record is live
-    /// its status follows the latest event (§5): a `completed` record is overtaken too.
+    /// its status follows the latest event (docs/design.md#handoff): a `completed` record is
+    /// overtaken too.
     fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
         let Some(r) = e.live() else {
             return;
@@ -45,7 +47,7 @@ impl Engine {
     /// A live record on `e` acquired or committed by `s` (the commit to `version`, else
     /// the acquire at the current version): the successor's makes it `completed`
     /// (`counterparty` cleared; nothing when it already is), anyone else's but the giver's
-    /// `overtaken` (§5).
+    /// `overtaken` (docs/design.md#handoff).
     fn touch_live(&self, e: &mut Entry, s: &Session, version: Option<u64>, now: Timestamp) {
         let Some(r) = e.live() else { return };
         if r.successor.name != s.name {
@@ -426,12 +428,12 @@ impl Engine {
         self.emit(e, ev);
     }
 
-    /// A committed change of `path` by `s` (§3): a write handle flushed/released with a
-    /// changed file (`CommitOp::Write`; a create and its writes are one commit → v1),
-    /// `Truncate`, `Unlink` (the path becomes a tombstone), `Link`/`Symlink`/`Mknod`
-    /// creating it. `stamp` is the file after the change (None after unlink). The
-    /// successor's commit completes a live record; anyone else's overtakes it. Returns the
-    /// new version. Renames go through `rename`.
+    /// A committed change of `path` by `s` (docs/design.md#versions): a write handle
+    /// flushed/released with a changed file (`CommitOp::Write`; a create and its writes are
+    /// one commit → v1), `Truncate`, `Unlink` (the path becomes a tombstone),
+    /// `Link`/`Symlink`/`Mknod` creating it. `stamp` is the file after the change (None after
+    /// unlink). The successor's commit completes a live record; anyone else's overtakes it.
+    /// Returns the new version. Renames go through `rename`.
     pub fn commit(
         &self,
         s: &Session,
