@@ -192,11 +192,70 @@ pub fn may_write(root: BorrowedFd<'_>, rel: &Path, who: &Who) -> io::Result<bool
         Err(e) if is_denial(&e) => return Ok(false),
         Err(e) => return Err(e),
     };
+    may_write_found(fd.as_fd(), || may_replace(root, rel))
+}
+
+/// Could the caller (credentials already switched) write the file `fd` was opened on?
+/// For a symlink, `replace` answers: may it replace the name in its directory.
+fn may_write_found(
+    fd: BorrowedFd<'_>,
+    replace: impl FnOnce() -> io::Result<bool>,
+) -> io::Result<bool> {
     let st = nix::sys::stat::fstat(fd.as_raw_fd())?;
     if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
-        return may_replace(root, rel);
+        return replace();
     }
-    verdict(access_fd(fd.as_fd(), libc::W_OK))
+    verdict(access_fd(fd, libc::W_OK))
+}
+
+/// What one walk as a caller finds about a path: may it look the name up, and may it
+/// write the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// [`may_look_up`]'s answer.
+    pub looks_up: bool,
+    /// [`may_write`]'s answer when the caller may look the name up (None: it cannot be
+    /// told, e.g. nothing is there; also None when it may not look it up).
+    pub writes: Option<bool>,
+}
+
+/// [`may_look_up`] and [`may_write`] of `rel` for `who` with one walk as it: to the
+/// parent directory, then the last name looked up in it.
+pub fn look_up_and_write(root: BorrowedFd<'_>, rel: &Path, who: &Who) -> Access {
+    let Some(name) = rel.file_name().filter(|_| !who.is_root()) else {
+        // Root, or a path ending in `..`: the two questions asked on their own.
+        let looks_up = may_look_up(root, rel, who);
+        let writes = looks_up.then(|| may_write(root, rel, who).ok()).flatten();
+        return Access { looks_up, writes };
+    };
+    let no = Access {
+        looks_up: false,
+        writes: None,
+    };
+    let _as = AsUser::enter(who);
+    let Ok(dir) = open_beneath(root, parent_of(rel), libc::O_PATH | libc::O_DIRECTORY, 0) else {
+        return no;
+    };
+    if access_fd(dir.as_fd(), libc::X_OK).is_err() {
+        return no;
+    }
+    let writes = match open_beneath(
+        dir.as_fd(),
+        Path::new(name),
+        libc::O_PATH | libc::O_NOFOLLOW,
+        0,
+    ) {
+        Ok(fd) => may_write_found(fd.as_fd(), || {
+            verdict(access_fd(dir.as_fd(), libc::W_OK | libc::X_OK))
+        })
+        .ok(),
+        Err(e) if is_denial(&e) => Some(false),
+        Err(_) => None,
+    };
+    Access {
+        looks_up: true,
+        writes,
+    }
 }
 
 /// Write and search permission on the parent of `rel` (credentials already switched).

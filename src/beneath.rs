@@ -21,11 +21,25 @@ pub enum Resolved {
     /// symlink is not followed: the path names the link). `real` is the path relative to
     /// the root with no symlink in it, when the request's path went through a symlink to a
     /// directory inside the root (None: the request's path is already that path).
-    Inside { fd: OwnedFd, real: Option<String> },
+    /// `parent`: the directory the name is in, open, and the name, so the same file is
+    /// asked about again with one name looked up, not a walk from the root (None for a
+    /// path that ends in `.`, `..` or `/`).
+    Inside {
+        fd: OwnedFd,
+        real: Option<String>,
+        parent: Option<Parent>,
+    },
     /// Inside the root (as far as the walk got) and it does not exist.
     Missing,
     /// The path leaves the root, lexically or through a symlink.
     Outside,
+}
+
+/// The directory a resolved name is in (an `O_PATH` descriptor) and the name in it.
+#[derive(Debug)]
+pub struct Parent {
+    pub dir: OwnedFd,
+    pub name: String,
 }
 
 /// `openat2(2)` of `rel` beneath `root`: `flags` are `open(2)` flags, `resolve` is
@@ -102,43 +116,90 @@ fn outcome(r: io::Result<OwnedFd>) -> io::Result<Result<OwnedFd, Resolved>> {
 
 /// Resolve `rel` (relative to `root`) without leaving the root. A final symlink names
 /// itself; an intermediate symlink is followed only while it stays beneath the root.
+/// The walk goes to the parent directory, then looks the last name up in it, so the
+/// result carries the [`Parent`].
 pub fn resolve(root: BorrowedFd<'_>, rel: &str) -> io::Result<Resolved> {
     if leaves_lexically(rel) {
         return Ok(Resolved::Outside);
     }
+    let trimmed = rel.trim_end_matches('/');
+    let (parent, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+    if rel.ends_with('/') || matches!(name, "" | "." | "..") {
+        return resolve_whole(root, rel, parent, name);
+    }
+    // The parent with no symlink at all first: the common case, and then the path is
+    // already real.
+    let (dir, real) = match outcome(open_dir(root, parent, libc::RESOLVE_NO_SYMLINKS)) {
+        Ok(Ok(dir)) => (dir, None),
+        Ok(Err(r)) => return Ok(r),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            // An intermediate symlink: followed, beneath the root.
+            let dir = match outcome(open_dir(root, parent, 0))? {
+                Ok(dir) => dir,
+                Err(r) => return Ok(r),
+            };
+            let real = match relative_to(root, dir.as_fd())?.as_str() {
+                "" => name.to_string(),
+                p => format!("{p}/{name}"),
+            };
+            (dir, Some(real))
+        }
+        Err(e) => return Err(e),
+    };
     let flags = libc::O_PATH | libc::O_NOFOLLOW;
-    // First with no symlink at all: the common case, and then the path is already real.
-    match outcome(open_beneath(
-        root,
-        Path::new(rel),
-        flags,
-        libc::RESOLVE_NO_SYMLINKS,
-    )) {
-        Ok(Ok(fd)) => return Ok(Resolved::Inside { fd, real: None }),
+    let one = libc::RESOLVE_NO_SYMLINKS;
+    let fd = match outcome(open_beneath(dir.as_fd(), Path::new(name), flags, one))? {
+        Ok(fd) => fd,
+        Err(r) => return Ok(r),
+    };
+    let parent = Some(Parent {
+        dir,
+        name: name.to_string(),
+    });
+    Ok(Resolved::Inside { fd, real, parent })
+}
+
+/// The directory `parent` beneath `root` (the root itself for ""), as an `O_PATH`
+/// descriptor.
+fn open_dir(root: BorrowedFd<'_>, parent: &str, extra: u64) -> io::Result<OwnedFd> {
+    if parent.is_empty() {
+        return root.try_clone_to_owned();
+    }
+    let flags = libc::O_PATH | libc::O_DIRECTORY;
+    open_beneath(root, Path::new(parent), flags, extra)
+}
+
+/// [`resolve`] of a path whose last name is `.`, `..` or empty (it ends in `/`): the
+/// whole path walked at once, with no [`Parent`].
+fn resolve_whole(
+    root: BorrowedFd<'_>,
+    rel: &str,
+    parent: &str,
+    name: &str,
+) -> io::Result<Resolved> {
+    let flags = libc::O_PATH | libc::O_NOFOLLOW;
+    let whole = |extra| open_beneath(root, Path::new(rel), flags, extra);
+    match outcome(whole(libc::RESOLVE_NO_SYMLINKS)) {
+        Ok(Ok(fd)) => {
+            return Ok(Resolved::Inside {
+                fd,
+                real: None,
+                parent: None,
+            })
+        }
         Ok(Err(r)) => return Ok(r),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {}
         Err(e) => return Err(e),
     }
-    // An intermediate symlink: follow it, beneath the root.
-    let fd = match outcome(open_beneath(root, Path::new(rel), flags, 0))? {
+    let fd = match outcome(whole(0))? {
         Ok(fd) => fd,
         Err(r) => return Ok(r),
     };
     // The real path: the real parent directory's path under the root, plus the last name.
-    let trimmed = rel.trim_end_matches('/');
-    let (parent, name) = match trimmed.rsplit_once('/') {
-        Some((p, n)) => (p, n),
-        None => ("", trimmed),
-    };
     let real_parent = if parent.is_empty() {
         String::new()
     } else {
-        match outcome(open_beneath(
-            root,
-            Path::new(parent),
-            libc::O_PATH | libc::O_DIRECTORY,
-            0,
-        ))? {
+        match outcome(open_dir(root, parent, 0))? {
             Ok(pfd) => relative_to(root, pfd.as_fd())?,
             Err(r) => return Ok(r),
         }
@@ -151,6 +212,7 @@ pub fn resolve(root: BorrowedFd<'_>, rel: &str) -> io::Result<Resolved> {
     Ok(Resolved::Inside {
         fd,
         real: Some(real),
+        parent: None,
     })
 }
 
@@ -213,7 +275,26 @@ mod tests {
     }
 
     fn kind(root: &OwnedFd, rel: &str) -> String {
-        match resolve(root.as_fd(), rel).unwrap() {
+        let r = resolve(root.as_fd(), rel).unwrap();
+        if let Resolved::Inside {
+            fd,
+            parent: Some(p),
+            ..
+        } = &r
+        {
+            // The parent and name lead to the file the walk found.
+            let c = CString::new(p.name.as_str()).unwrap();
+            let at = nix::sys::stat::fstatat(
+                Some(p.dir.as_raw_fd()),
+                c.as_c_str(),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .unwrap();
+            let st = nix::sys::stat::fstat(fd.as_raw_fd()).unwrap();
+            assert_eq!((at.st_dev, at.st_ino), (st.st_dev, st.st_ino), "{rel}");
+            assert!(!p.name.contains('/'), "{rel}: {}", p.name);
+        }
+        match r {
             Resolved::Inside { real: None, .. } => "inside".into(),
             Resolved::Inside { real: Some(r), .. } => format!("inside as {r}"),
             Resolved::Missing => "missing".into(),

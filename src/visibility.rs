@@ -58,6 +58,12 @@ impl Sight {
         v
     }
 
+    /// Remember that the reader may (or may not) see `path`, found out by a check made
+    /// elsewhere ([`crate::access::look_up_and_write`]).
+    pub fn learned(&mut self, path: &str, sees: bool) {
+        self.memo.insert(parent(path).to_string(), sees);
+    }
+
     /// Forget the memo (before a new answer: permissions may have changed).
     pub fn forget(&mut self) {
         self.memo.clear();

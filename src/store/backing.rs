@@ -6,8 +6,8 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-use super::print::{fingerprint_at, has_content, Fingerprint};
-use super::{lstat_at, open_for_writing, PathStat};
+use super::print::has_content;
+use super::{lstat_at, PathStat};
 
 /// The store's root (`O_PATH`), lent out: it lives as long as the store or any lender.
 #[derive(Clone)]
@@ -28,19 +28,9 @@ impl Backing {
         lstat_at(self.fd(), rel)
     }
 
-    /// The fingerprint of the file at `rel` (None: it could not be read still).
-    pub fn fingerprint(&self, rel: &str) -> Option<Fingerprint> {
-        fingerprint_at(self.fd(), rel)
-    }
-
     /// Is there a regular file or a symlink at `rel`?
     pub fn has_content(&self, rel: &str) -> bool {
         has_content(self.fd(), rel)
-    }
-
-    /// Is the file at `rel` open for writing anywhere (see [`open_for_writing`])?
-    pub fn open_for_writing(&self, rel: &str) -> Option<bool> {
-        open_for_writing(self.fd(), rel)
     }
 }
 

@@ -17,6 +17,7 @@ use checks::{
     tracked_paths, writers_may_write, Seen,
 };
 
+use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -407,8 +408,8 @@ impl Verbs {
     /// the engine's rules decide (the giver's own handle is in flight there, a bystander's
     /// reserves nothing).
     fn no_unseen_writer(&self, seen: &Seen) -> Result<(), Refusal> {
-        for (p, st) in seen.iter() {
-            match self.unseen_writer(p, st) {
+        for (i, (p, st)) in seen.iter().enumerate() {
+            match self.unseen_writer(seen.at(self, i), p, st) {
                 Some(true) => {
                     return Err(Refusal::new(
                         Reason::HandoffInFlight,
@@ -432,8 +433,15 @@ impl Verbs {
     /// `Some(false)` also when the volume has a write handle on any name of the file
     /// (then the kernel's answer covers it too, and cannot be split). `None`: the backing
     /// filesystem cannot tell.
-    fn unseen_writer(&self, p: &str, st: Option<(crate::coherence::Stamp, bool)>) -> Option<bool> {
-        if !self.backing.open_for_writing(p)? {
+    /// `at` is where the file is asked about (see [`Seen::at`]).
+    fn unseen_writer(
+        &self,
+        at: (BorrowedFd<'_>, &str),
+        p: &str,
+        st: Option<(crate::coherence::Stamp, bool)>,
+    ) -> Option<bool> {
+        let writing = || crate::store::open_for_writing(at.0, at.1);
+        if !writing()? {
             return Some(false);
         }
         // Only now: the names of the file (a scan of the engine's paths).
@@ -446,7 +454,7 @@ impl Verbs {
         // volume hears of it: ask again for a short while before calling a writer unseen.
         let settle = Instant::now() + UNSEEN_WRITER_SETTLE;
         loop {
-            if !self.backing.open_for_writing(p)? {
+            if !writing()? {
                 return Some(false);
             }
             if self.handles.open_on(&names) {

@@ -83,20 +83,28 @@ pub(super) struct Workspace {
     judge: Judge,
 }
 
+/// The fingerprint of the file at `rel` beneath the directory `dir` now (the backing
+/// root and a path, or a directory a request's look kept and a name in it), with the
+/// stamp it had while it was read.
+pub(super) fn print_at(
+    dir: BorrowedFd<'_>,
+    rel: &str,
+) -> Option<(coherence::Stamp, coherence::Print)> {
+    let fp = crate::store::fingerprint_at(dir, rel)?;
+    let print = coherence::Print {
+        size: fp.size,
+        digest: fp.digest,
+    };
+    Some((stamp(&fp.stamp), print))
+}
+
 /// The judge of a volume: it reads fingerprints beneath `backing` and counts what it
 /// finds in `engine` (its events written out to `journal`).
 pub(super) fn judge(backing: &Backing, engine: &Arc<Engine>, journal: &Arc<Journal>) -> Judge {
     let b = backing.clone();
     let (e, j) = (engine.clone(), journal.clone());
     Judge::new(
-        Box::new(move |p| {
-            let fp = b.fingerprint(p)?;
-            let print = coherence::Print {
-                size: fp.size,
-                digest: fp.digest,
-            };
-            Some((stamp(&fp.stamp), print))
-        }),
+        Box::new(move |p| print_at(b.fd(), p)),
         Box::new(move |p, asked, got| {
             let before = e.last_seq();
             let c = match got {
@@ -325,12 +333,7 @@ impl Workspace {
 
     /// The fingerprint of the file at `p` now, with the stamp it had while it was read.
     pub(super) fn print_of(&self, p: &str) -> Option<(coherence::Stamp, coherence::Print)> {
-        let fp = self.backing.fingerprint(p)?;
-        let print = coherence::Print {
-            size: fp.size,
-            digest: fp.digest,
-        };
-        Some((stamp(&fp.stamp), print))
+        print_at(self.backing.fd(), p)
     }
 
     /// With a coordinator: the fingerprint of what a commit of `p` (a path with records,

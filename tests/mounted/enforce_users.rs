@@ -699,6 +699,12 @@ fn why_shows_no_path_its_reader_can_no_longer_look_up() {
     let why = u_read(&u1, &m, Some(&alice), "why");
     assert!(why.starts_with(::coherent::control::NO_REFUSAL), "{why}");
     assert!(!why.contains("priv"), "{why}");
+    // Nor may a verb name it: the answer for a path that does not exist.
+    let (code, v) = u_cli(&u1, &m, Some(&alice), &["withdraw", "priv/x"]);
+    assert_ne!(code, Some(0), "{v}");
+    assert!(refused(&v, "no_such_path"), "{v}");
+    let (code, v) = u_cli(&u1, &m, Some(&alice), &["transfer", "--to", &bob, "priv/x"]);
+    assert!(refused(&v, "no_such_path") && code != Some(0), "{v}");
 }
 
 /// The same through a cgroup: root runs a process of u2 in alice's `coherent run` cgroup

@@ -228,3 +228,61 @@ fn commits_are_logged_with_their_session() {
     assert_eq!(who, [("alice", 1), ("bob", 2)], "{c:?}");
     assert_eq!(c[1]["agent"], agent_of("bob"));
 }
+
+/// Has thread `tid` of this process gone to sleep (a wait, not running or runnable)?
+fn asleep(tid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    // The state follows the command name in parentheses.
+    let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+    state.is_some_and(|s| s.starts_with('S'))
+}
+
+/// A transfer refused in flight while the giver's write handle is closing waits for the
+/// release and is tried again (docs/handoff.md#in-flight); the second try looks at the
+/// file again: the giver's commits made while it waited (v3, and v4 counted at the
+/// release, which finds the file changed since its flush) are the version handed on, and
+/// none is taken for a change behind the volume's back (a try reading the first look
+/// counts two, v6, and refuses alice `handoff_not_held`).
+#[test]
+fn a_transfer_tried_again_looks_at_the_file_again() {
+    let f = InProc::new();
+    let (alice, bob) = (Agent::new("alice"), Agent::new("bob"));
+    f.ctl(&bob, r#"{"verb":"register"}"#).unwrap();
+    f.write(&alice, "f.md", CREATE, Some(b"a\n")).unwrap();
+    let ino = f.ino(&alice, "f.md").unwrap();
+    let c = alice.caller();
+    // alice's handle is flushed (v2) and about to be released: a transfer waits for it.
+    let fh = f.fs.open(&c, ino, W | libc::O_APPEND).unwrap().fh;
+    f.fs.write(&c, ino, fh, 2, b"b\n").unwrap();
+    f.fs.flush(&c, ino, fh).unwrap();
+    assert_eq!(f.version(&alice, "f.md"), Some(2));
+    let req = r#"{"verb":"transfer","paths":["f.md"],"to":"bob"}"#;
+    let (r, reply) = std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (f, alice) = (&f, &alice);
+        let t = s.spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            f.ctl_reply(alice, req)
+        });
+        let tid = rx.recv().unwrap();
+        // The first try looked at the file (v2) and waits for the release.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !asleep(tid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the transfer never waited"
+            );
+            std::thread::yield_now();
+        }
+        // Meanwhile alice commits through another handle, then the first one goes.
+        f.write(alice, "f.md", APPEND, Some(b"c\n")).unwrap();
+        f.fs.release(&c, ino, fh);
+        t.join().unwrap()
+    });
+    assert_eq!(r, Ok(()), "{reply}");
+    let rec = &reply["records"][0];
+    assert_eq!(rec["version_at_transfer"], 4, "{reply}");
+    assert_eq!(f.version(&alice, "f.md"), Some(4));
+    assert!(f.events_on("external_change", "f.md").is_empty());
+    assert_eq!(f.content("f.md").as_deref(), Some("a\nb\nc\n"));
+}

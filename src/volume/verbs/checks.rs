@@ -7,22 +7,26 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
 use super::Verbs;
-use crate::access::{may_write, Who};
-use crate::beneath::{self, Resolved};
+use crate::access::{look_up_and_write, may_write, Who};
+use crate::beneath::{self, Parent, Resolved};
 use crate::coherence::{Engine, Role, Stamp, Timestamp};
 use crate::control::{Request, Verb};
 use crate::error::{Reason, Refusal};
 use crate::identity::Session;
 use crate::visibility::Sight;
+use crate::volume::workspace::print_at;
 
 /// What the backing directory held at one path when it was looked at.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Look {
     /// Its stat (a final symlink not followed), and whether it is a directory.
     stat: Option<(Stamp, bool)>,
     /// Whether it has content to fingerprint (a regular file or a symlink); None: not
     /// known from the look, asked by path when needed.
     content: Option<bool>,
+    /// The directory the name was found in, open, and the name: the file's content and
+    /// its writers are asked of it with one name looked up (None: asked by path).
+    parent: Option<Parent>,
 }
 
 impl Look {
@@ -30,6 +34,7 @@ impl Look {
     const MISSING: Look = Look {
         stat: None,
         content: Some(false),
+        parent: None,
     };
 
     /// Looked at by path (an `fstatat` beneath the root), when the walk could not tell.
@@ -37,6 +42,7 @@ impl Look {
         Look {
             stat: v.ws.stat(p),
             content: None,
+            parent: None,
         }
     }
 }
@@ -79,6 +85,15 @@ impl Seen {
         self.looks[i].stat
     }
 
+    /// Where the `i`th path is asked about again: the directory its look found it in and
+    /// its name there, or (a look that could not keep it) the root and the path.
+    pub(super) fn at<'a>(&'a self, v: &'a Verbs, i: usize) -> (BorrowedFd<'a>, &'a str) {
+        match &self.looks[i].parent {
+            Some(at) => (at.dir.as_fd(), at.name.as_str()),
+            None => (v.backing.fd(), self.paths[i].as_str()),
+        }
+    }
+
     /// Has the `i`th path content to fingerprint (a regular file or a symlink)?
     fn has_content(&self, v: &Verbs, i: usize) -> bool {
         self.looks[i]
@@ -108,13 +123,11 @@ pub(in crate::volume) fn placed(v: &Verbs, p: &str) -> Result<String, Refusal> {
 /// [`placed`], with what the one walk found there: the name's stat, read from the
 /// descriptor the walk opened (None: the walk could not tell, so the look asks by path).
 fn look(v: &Verbs, p: &str) -> Result<(String, Option<Look>), Refusal> {
-    let at = |fd: Option<BorrowedFd<'_>>| {
-        let Some(fd) = fd else {
-            return Some(Look::MISSING);
-        };
+    let at = |fd: BorrowedFd<'_>, parent: Option<Parent>| {
         v.ws.stat_fd(fd).map(|(st, dir, content)| Look {
             stat: Some((st, dir)),
             content: Some(content),
+            parent,
         })
     };
     match beneath::resolve(v.backing.fd(), p) {
@@ -126,12 +139,17 @@ fn look(v: &Verbs, p: &str) -> Result<(String, Option<Look>), Refusal> {
                 crate::names::quote_for_message(p)
             ),
         )),
-        Ok(Resolved::Inside { real: Some(r), fd }) if !r.is_empty() => {
-            let l = at(Some(fd.as_fd()));
-            Ok((r, l))
-        }
-        Ok(Resolved::Inside { real: None, fd }) => Ok((p.to_string(), at(Some(fd.as_fd())))),
-        Ok(Resolved::Missing) => Ok((p.to_string(), at(None))),
+        Ok(Resolved::Inside {
+            real: Some(r),
+            fd,
+            parent,
+        }) if !r.is_empty() => Ok((r, at(fd.as_fd(), parent))),
+        Ok(Resolved::Inside {
+            real: None,
+            fd,
+            parent,
+        }) => Ok((p.to_string(), at(fd.as_fd(), parent))),
+        Ok(Resolved::Missing) => Ok((p.to_string(), Some(Look::MISSING))),
         // The walk failed (or found the root itself): looked at by path, as ever.
         _ => Ok((p.to_string(), None)),
     }
@@ -151,8 +169,16 @@ pub(super) fn place_request(
     let mut seen = Seen::default();
     let mut place = |sight: &mut Sight, p: &String, hide: bool| -> Result<String, Refusal> {
         let (real, l) = look(v, p)?;
-        if hide && !sight.sees(v.backing.fd(), &real) {
-            return Err(not_there(&real));
+        if hide && !sight.sees_all() {
+            // One walk as the caller: may it see the path, and may it write it (what the
+            // transfer's check of the caller reads).
+            let who = sight.who().clone();
+            let a = look_up_and_write(v.backing.fd(), Path::new(&real), &who);
+            sight.learned(&real, a.looks_up);
+            if !a.looks_up {
+                return Err(not_there(&real));
+            }
+            seen.writes.push((seen.paths.len(), who, a.writes));
         }
         seen.paths.push(real.clone());
         seen.looks
@@ -283,7 +309,8 @@ pub(super) fn fingerprint_paths(
         if e.version(p).is_none() || !seen.has_content(v, i) {
             continue; // the engine refuses it (`no_such_path`), or a special file
         }
-        let Some((st, print)) = v.ws.print_of(p) else {
+        let (dir, name) = seen.at(v, i);
+        let Some((st, print)) = print_at(dir, name) else {
             return Err(Refusal::new(
                 Reason::IoError,
                 format!(
