@@ -10,7 +10,7 @@
 //! `!/target/` first). `.git/info/exclude` and `core.excludesFile` are per clone or per
 //! user, not part of the workspace, and are not read.
 //!
-//! Cost: one cached [`Node`] per directory holds whether the directory is untracked and the
+//! Cost: one cached `Node` per directory holds whether the directory is untracked and the
 //! matchers that apply inside it, so a warm [`Tracking::is_tracked`] is one hash lookup plus
 //! one match per ignore file on the path (`cargo bench --bench tracking`).
 //!

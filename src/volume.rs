@@ -2,11 +2,11 @@
 //! store's backing directory, and their wiring (docs/design.md#volume-parts).
 //!
 //! - `Sessions`: who is calling (a request's process to its session, the name's owner).
-//! - [`Workspace`](workspace): what is on disk at a path (tracked, its stamp, its other
+//! - `Workspace`: what is on disk at a path (tracked, its stamp, its other
 //!   names, its content judged).
 //! - `History`: what a write is about to replace, kept.
-//! - [`WritePolicy`]: the filesystem's [`Policy`](crate::fs::Policy): decides, counts,
-//!   keeps write handles in the [`handles`] registry.
+//! - [`WritePolicy`]: the filesystem's [`Policy`]: decides, counts,
+//!   keeps write handles in the `handles` registry.
 //! - [`Verbs`]: the verbs server (executes `ctl` requests).
 //! - [`ControlFs`]: `.coherent/` as a pseudo filesystem: what its files show each reader
 //!   (`control/views.rs`), and a request it asks of the verbs server.

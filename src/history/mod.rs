@@ -1,6 +1,6 @@
 //! The content history of tracked files (docs/history.md): every version a commit made,
 //! kept by its BLAKE3 digest in a store beside the journal, so a version can be shown and a
-//! session's work diffed or undone. No FUSE in here: the volume calls [`Store::keep`] at
+//! session's work diffed or undone. No FUSE in here: the volume calls `Store::keep` at
 //! its commit points and [`Store::record`] with the version the engine counted.
 //!
 //! - `store`: the blobs (`objects/`) and the index (`index.jsonl`), their crash semantics

@@ -32,7 +32,7 @@ impl Store {
         self.lookup(parent, name)
     }
 
-    /// `mknod` of `mode` (unmasked) with the caller's `umask` (see [`umask`]).
+    /// `mknod` of `mode` (unmasked) with the caller's `umask` (see `umask`).
     pub fn mknod(
         &self,
         caller: &Caller,
@@ -52,7 +52,7 @@ impl Store {
         })
     }
 
-    /// `mkdir` of `mode` (unmasked) with the caller's `umask` (see [`umask`]).
+    /// `mkdir` of `mode` (unmasked) with the caller's `umask` (see `umask`).
     pub fn mkdir(
         &self,
         caller: &Caller,
@@ -87,7 +87,7 @@ impl Store {
     }
 
     /// Create and open a regular file of `mode` (unmasked) with the caller's `umask` (see
-    /// [`umask`]); counts one lookup and returns a handle id.
+    /// `umask`); counts one lookup and returns a handle id.
     pub fn create(
         &self,
         caller: &Caller,

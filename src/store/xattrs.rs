@@ -100,7 +100,7 @@ impl Store {
         Ok(xattr_reply(buf, r as usize, size))
     }
 
-    /// Set an xattr. A POSIX ACL is set as the caller (see [`acl_as_caller`]).
+    /// Set an xattr. A POSIX ACL is set as the caller (see `acl_as_caller`).
     pub fn setxattr(
         &self,
         caller: &Caller,
@@ -129,7 +129,7 @@ impl Store {
         .map(drop)
     }
 
-    /// Remove an xattr. A POSIX ACL is removed as the caller (see [`acl_as_caller`]).
+    /// Remove an xattr. A POSIX ACL is removed as the caller (see `acl_as_caller`).
     pub fn removexattr(&self, caller: &Caller, ino: u64, name: &OsStr) -> FsResult<()> {
         let (_, p, _fd) = self.xattr_target(ino)?;
         let n = cstr(name)?;

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::sessions;
 use super::verbs::Verbs;
 use super::waits::{self, Check, Waits};
 use crate::access::Who;
@@ -124,11 +125,6 @@ impl ControlFs {
     }
 }
 
-/// The caller as the permission checks see it (its supplementary groups from `/proc`).
-fn who(caller: &Caller) -> Who {
-    Who::of_task(caller.pid, caller.uid, caller.gid)
-}
-
 impl ControlFs {
     fn attr(&self, ino: u64) -> FsResult<Attr> {
         let v = self;
@@ -201,14 +197,14 @@ impl ControlFs {
             DIR => return Err(FsError(libc::EISDIR)),
             CTL => VHandle::Ctl(CtlHandle::new()),
             _ if open_writes(flags) => return Err(FsError(libc::EACCES)),
-            EVENTS => match who(caller) {
+            EVENTS => match sessions::who(caller) {
                 w if w.is_root() => VHandle::Events { shift: 0 },
                 w => VHandle::SeenEvents(LogView::new(w)),
             },
             STATUS => VHandle::Text(self.views.status_file(caller)),
             WHOAMI => VHandle::Text(self.views.whoami_file(caller)),
             CHANGES => VHandle::Changes {
-                who: who(caller),
+                who: sessions::who(caller),
                 kept: None,
             },
             WHY => VHandle::Text(self.views.why_file(caller)),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::liveness::TaskState;
 
+use crate::access::Who;
 use crate::coherence::{Engine, Timestamp};
 use crate::coordinator::Coordinator;
 use crate::identity::{Resolver, Session, SessionInfo, Via};
@@ -144,4 +145,9 @@ impl Sessions {
         }
         pruned + n
     }
+}
+
+/// The caller as the permission checks see it (its supplementary groups from `/proc`).
+pub(super) fn who(caller: &Caller) -> Who {
+    Who::of_task(caller.pid, caller.uid, caller.gid)
 }

@@ -28,13 +28,12 @@ use serde_json::Value;
 use super::control::views::{seen_status, whoami_json};
 use super::handles::Handles;
 use super::history::History;
-use super::sessions::Sessions;
+use super::sessions::{self, Sessions};
 use super::standing::Standing;
 use super::tell::{Tell, Told};
 use super::waits::{self, Check};
 use super::workspace::Workspace;
 use super::Owners;
-use crate::access::Who;
 use crate::coherence::{Engine, Timestamp, Until};
 use crate::control::{Reply, Request, Verb};
 use crate::coordinator::{Coordinator, StepKind};
@@ -137,7 +136,7 @@ impl Verbs {
     /// `wait --report`: the caller's session's resolved standing waits, told once.
     pub(super) fn standing_report(&self, caller: &Caller) -> Reply {
         self.standing.resolve(&self.engine);
-        let mut sight = Sight::new(who(caller));
+        let mut sight = Sight::new(sessions::who(caller));
         let root = self.backing.fd();
         self.standing
             .report(&self.session_name(caller), |p| sight.sees(root, p))
@@ -164,7 +163,7 @@ impl Verbs {
         }
         let s = &v.sessions.session(caller);
         let verb = req.verb();
-        let mut sight = Sight::new(who(caller));
+        let mut sight = Sight::new(sessions::who(caller));
         let r = match not_yours(s, verb).map_or_else(|| place_request(v, &mut sight, req), Err) {
             Ok((req, mut seen)) => {
                 self.serve_agreed(s, &mut sight, &mut seen, &req, caller.started)
@@ -555,15 +554,10 @@ fn not_yours(s: &Session, verb: Verb) -> Option<Refusal> {
     ))
 }
 
-/// The caller as the permission checks see it (its supplementary groups from `/proc`).
-fn who(caller: &Caller) -> Who {
-    Who::of_task(caller.pid, caller.uid, caller.gid)
-}
-
 /// A `wait` request placed and checked like any request on a path (beneath the root, a
 /// path the caller may look up, tracked), then answered now or later.
 fn wait_check(v: &Verbs, caller: &Caller, req: &Request) -> Check {
-    let mut sight = Sight::new(who(caller));
+    let mut sight = Sight::new(sessions::who(caller));
     let refused = |f: Refusal, p: &str| Check::Now(Reply::refused(Some(Verb::Wait), &f, Some(p)));
     let (placed, seen) = match place_request(v, &mut sight, req) {
         Ok(r) => r,

@@ -110,7 +110,7 @@ struct Args {
     session_env: Vec<String>,
     /// Share sessions, handoff records and the versions of handed files with the other
     /// hosts mounting this workspace, through etcd:
-    /// etcd[s]://HOST:PORT[,HOST:PORT...][/VOLUME][?auth=FILE] (etcds: TLS; VOLUME names
+    /// `etcd[s]://HOST:PORT[,HOST:PORT...][/VOLUME][?auth=FILE]` (etcds: TLS; VOLUME names
     /// the key space, default "default"; ?auth=FILE as --coordinator-auth). Without it:
     /// this host alone.
     #[arg(long, value_name = "URL")]
@@ -453,18 +453,9 @@ fn open_volume(cfg: VolumeConfig, store: &Store, backing: &Path) -> Result<Arc<V
 
 /// Is a volume of this backing directory mounted (its default source, `coherent:DIR`)?
 fn backing_mounted(backing: &Path) -> bool {
-    let want = format!("coherent:{}", backing.display())
-        .replace('\\', "\\134")
-        .replace(' ', "\\040")
-        .replace('\t', "\\011")
-        .replace('\n', "\\012");
-    std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
-        m.lines().any(|l| {
-            let mut tail = l.split_once(" - ").map_or("", |(_, t)| t).split(' ');
-            let (fstype, src) = (tail.next().unwrap_or(""), tail.next().unwrap_or(""));
-            fstype.starts_with("fuse") && src == want
-        })
-    })
+    let mut want = std::ffi::OsString::from("coherent:");
+    want.push(backing);
+    coherent::sys::mounts().is_ok_and(|ms| ms.iter().any(|m| m.is_fuse() && m.source == want))
 }
 
 /// Opens the log file before anything is mounted: one that cannot be used (a path another

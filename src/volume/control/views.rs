@@ -16,7 +16,6 @@ use super::super::changes::Changes;
 use super::super::sessions::Sessions;
 use super::super::standing::{self, Standing};
 use super::super::Owners;
-use super::who;
 use crate::access::Who;
 use crate::coherence::{Engine, RecordJson, StatusReport, Timestamp, Until};
 use crate::control::{session_json, NO_REFUSAL};
@@ -24,6 +23,7 @@ use crate::coordinator::Coordinator;
 use crate::journal::Journal;
 use crate::store::{Backing, Caller, FsError};
 use crate::visibility::{LogView, Sight};
+use crate::volume::sessions::who;
 
 /// The per-reader views of one volume.
 pub(in crate::volume) struct Views {

@@ -3,7 +3,7 @@
 //! at most once per identity whether it may write it. A look that fails leaves each check
 //! to answer as it did when it asked on its own (by path, with the same refusal).
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use super::Verbs;
@@ -117,19 +117,19 @@ impl Seen {
 /// `p` placed beneath the backing root: the real path through a symlinked directory inside,
 /// `bad_request` for a path that leaves the root (whether the host path exists or not).
 pub(in crate::volume) fn placed(v: &Verbs, p: &str) -> Result<String, Refusal> {
-    look(v, p).map(|(real, _)| real)
+    place(v, p).map(|(real, _)| real)
 }
 
-/// [`placed`], with what the one walk found there: the name's stat, read from the
-/// descriptor the walk opened (None: the walk could not tell, so the look asks by path).
-fn look(v: &Verbs, p: &str) -> Result<(String, Option<Look>), Refusal> {
-    let at = |fd: BorrowedFd<'_>, parent: Option<Parent>| {
-        v.ws.stat_fd(fd).map(|(st, dir, content)| Look {
-            stat: Some((st, dir)),
-            content: Some(content),
-            parent,
-        })
-    };
+/// What the walk of [`placed`] found at the path.
+enum Found {
+    /// The name, and the directory it is in.
+    Name(OwnedFd, Option<Parent>),
+    Missing,
+    /// The walk could not tell (it failed, or found the root itself).
+    Unknown,
+}
+
+fn place(v: &Verbs, p: &str) -> Result<(String, Found), Refusal> {
     match beneath::resolve(v.backing.fd(), p) {
         Ok(Resolved::Outside) => Err(Refusal::new(
             Reason::BadRequest,
@@ -143,16 +143,31 @@ fn look(v: &Verbs, p: &str) -> Result<(String, Option<Look>), Refusal> {
             real: Some(r),
             fd,
             parent,
-        }) if !r.is_empty() => Ok((r, at(fd.as_fd(), parent))),
+        }) if !r.is_empty() => Ok((r, Found::Name(fd, parent))),
         Ok(Resolved::Inside {
             real: None,
             fd,
             parent,
-        }) => Ok((p.to_string(), at(fd.as_fd(), parent))),
-        Ok(Resolved::Missing) => Ok((p.to_string(), Some(Look::MISSING))),
-        // The walk failed (or found the root itself): looked at by path, as ever.
-        _ => Ok((p.to_string(), None)),
+        }) => Ok((p.to_string(), Found::Name(fd, parent))),
+        Ok(Resolved::Missing) => Ok((p.to_string(), Found::Missing)),
+        _ => Ok((p.to_string(), Found::Unknown)),
     }
+}
+
+/// [`placed`], with what the one walk found there: the name's stat, read from the
+/// descriptor the walk opened (None: the walk could not tell, so the look asks by path).
+fn look(v: &Verbs, p: &str) -> Result<(String, Option<Look>), Refusal> {
+    let (real, found) = place(v, p)?;
+    let l = match found {
+        Found::Name(fd, parent) => v.ws.stat_fd(fd.as_fd()).map(|(st, dir, content)| Look {
+            stat: Some((st, dir)),
+            content: Some(content),
+            parent,
+        }),
+        Found::Missing => Some(Look::MISSING),
+        Found::Unknown => None,
+    };
+    Ok((real, l))
 }
 
 /// The request with its paths placed beneath the backing root: a path that leaves it is

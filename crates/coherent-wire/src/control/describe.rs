@@ -5,7 +5,7 @@ use super::request::Verb;
 use crate::names::display_name;
 use serde_json::Value;
 
-/// How a session was resolved, as words, from the `via` JSON of [`session_json`].
+/// How a session was resolved, as words, from the `via` JSON of `session_json`.
 pub fn via_text(via: &Value) -> String {
     match via {
         Value::String(s) => s.clone(),

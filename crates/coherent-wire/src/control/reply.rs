@@ -42,7 +42,7 @@ impl Reply {
     }
 
     /// transfer/accept/decline/withdraw: the records the verb produced (engine record JSON).
-    /// The message is one line built from them with [`describe_record`].
+    /// The message is one line built from them with `describe_record`.
     pub fn records(verb: Verb, records: Vec<Value>) -> Reply {
         let message = describe_records(verb, &records);
         let mut m = Map::new();
