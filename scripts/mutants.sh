@@ -55,7 +55,8 @@ volume)
     filters=(volume_policy:: inproc_decisions:: inproc_versions:: enforce_mutants:: enforce_routes:: enforce_versions:: enforce_handoff::)
     ;;
 control)
-    files=(-f 'crates/coherent-wire/src/control/*.rs')
+    # The wire is a package of its own: cargo-mutants mutates only the packages named.
+    files=(--package coherent-wire -f 'crates/coherent-wire/src/control/*.rs')
     tests=(--lib --test mounted --test agents)
     filters=(tests:: enforce_surface:: cli_mount::)
     ;;

@@ -5,7 +5,8 @@
 #   target dir inside the mount); git work (commits, a branch, a merge, gc); 1,000 handoffs
 #   among 8 sessions through the CLI with a `kill -9` of the daemon and a restart midway;
 #   100k files created and removed. Prints the daemon's RSS and descriptors, the state
-#   dir size, restart times and the acknowledged records lost (must be 0).
+#   dir size (and its content history's share), restart times and the acknowledged
+#   records lost (must be 0).
 # Exit 0: no error anywhere and nothing acknowledged lost. Exit 1: a check failed.
 #
 # Usage: scripts/soak.sh
@@ -210,6 +211,10 @@ RSS1=$(rss_kib)
 report "daemon RSS at the end" "${RSS1} KiB (+$((RSS1 - RSS_CHURN0)) KiB over the churn)"
 report "daemon descriptors at the end" "$(fds)"
 report "state dir at the end" "$(state_kib) KiB"
+# The content history (docs/history.md) lives in the state dir: its share, and its blobs.
+if [[ -d $STATE/history ]]; then
+    report "history store at the end" "$(du -sk "$STATE/history" | cut -f1) KiB in $(find "$STATE/history" -type f | wc -l) files"
+fi
 
 # --- 6. nothing acknowledged lost, and a clean restart ---------------------------------------
 kill -TERM "$PID"
