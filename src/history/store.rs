@@ -1,11 +1,12 @@
 //! The history store: `history/` in the state directory, 0700, owned by the daemon's user,
 //! opened without following symlinks (as the state directory itself).
 //!
-//! - `objects/<64 hex>`: one blob per distinct content, named by its BLAKE3 digest (so two
-//!   versions with the same bytes share one), 0600. Made as a reflink (`FICLONE`) of the
-//!   backing file where its filesystem has one, else by `copy_file_range` (a server-side or
-//!   in-kernel copy), else by read and write; written as `.tmp-*` and renamed into place,
-//!   so a blob is whole or absent.
+//! - `objects/`: one blob per distinct content, known by its BLAKE3 digest (so two versions
+//!   with the same bytes share one), 0600. Up to [`SMALL`] bytes, in a pack (pack.rs);
+//!   larger, `objects/<64 hex>`, a file of its own made as a reflink (`FICLONE`) of the
+//!   backing file where its filesystem has one, else by `copy_file_range` (a server-side
+//!   or in-kernel copy), else by read and write; written as `.tmp-*` and renamed into
+//!   place, so a blob is whole or absent.
 //! - `index.jsonl`: one line per version (path, version, session, time, op, digest, size,
 //!   whether the bytes are kept), appended after its blob is in place.
 //!
@@ -137,6 +138,8 @@ struct Blob {
     size: u64,
     /// The latest `ts` of a version with this content.
     last: i64,
+    /// Its record, for a blob kept in a pack (None: a file of its own).
+    at: Option<pack::At>,
 }
 
 struct Inner {
@@ -145,6 +148,7 @@ struct Inner {
     blobs: HashMap<String, Blob>,
     total: u64,
     last_age_prune: i64,
+    packs: Packs,
 }
 
 /// The history of one volume (see the module docs).
@@ -178,12 +182,14 @@ const SMALL: u64 = 256 << 10;
 
 mod content;
 mod fd;
+mod pack;
 #[cfg(test)]
 mod tests;
 
 pub use content::hex;
 use content::{copy_into, digest_of, digest_while_unmoved, each_chunk, same};
 use fd::{cstr, fd_b, fstat, openat, private_dir};
+use pack::Packs;
 
 impl Store {
     /// Opens (making it if missing) the history in `state_dir` (already checked trusted by
@@ -203,6 +209,7 @@ impl Store {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(io::Error::other("the history index is not a regular file"));
         }
+        let (packs, packed) = Packs::open(fd_b(&objects))?;
         let store = Store {
             dir,
             objects,
@@ -213,12 +220,13 @@ impl Store {
                 blobs: HashMap::new(),
                 total: 0,
                 last_age_prune: 0,
+                packs,
             }),
             tmp: AtomicU64::new(0),
             no_reflink: AtomicBool::new(false),
             hasher: OnceLock::new(),
         };
-        store.load()?;
+        store.load(&packed)?;
         store.prune(Timestamp::now(), true);
         Ok(store)
     }
@@ -227,7 +235,8 @@ impl Store {
         self.limits
     }
 
-    fn load(&self) -> io::Result<()> {
+    /// Reads the index back; `packed` is what the packs hold.
+    fn load(&self, packed: &pack::Found) -> io::Result<()> {
         self.remove_tmp();
         let mut inner = self.inner.lock();
         let f = inner.index.try_clone()?;
@@ -268,6 +277,19 @@ impl Store {
                 b.last = b.last.max(e.ts);
                 continue;
             }
+            if let Some(&(at, size)) = packed.get(d) {
+                total += size;
+                let at = Some(at);
+                blobs.insert(
+                    d.to_string(),
+                    Blob {
+                        size,
+                        last: e.ts,
+                        at,
+                    },
+                );
+                continue;
+            }
             match openat(fd_b(&self.objects), d, libc::O_RDONLY, 0).and_then(|f| fstat(fd_b(&f))) {
                 Ok(st) => {
                     total += st.st_size as u64;
@@ -276,6 +298,7 @@ impl Store {
                         Blob {
                             size: st.st_size as u64,
                             last: e.ts,
+                            at: None,
                         },
                     );
                 }
@@ -362,6 +385,21 @@ impl Store {
         if size > self.limits.max_file {
             return Ok(Some(kept(false)));
         }
+        if small {
+            // Into a pack: one write, no file of its own (see pack.rs).
+            let mut inner = self.inner.lock();
+            if !inner.blobs.contains_key(&name) {
+                let at = inner.packs.append(fd_b(&self.objects), &digest, &buf)?;
+                inner.total += size;
+                let blob = Blob {
+                    size,
+                    last: 0,
+                    at: Some(at),
+                };
+                inner.blobs.insert(name, blob);
+            }
+            return Ok(Some(kept(true)));
+        }
         if self.inner.lock().blobs.contains_key(&name) {
             return Ok(Some(kept(true)));
         }
@@ -376,15 +414,11 @@ impl Store {
             libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
             0o600,
         )?;
-        let copied = if small {
-            File::from(out).write_all(&buf).map(|()| true)
-        } else {
-            let r = copy_into(fd, fd_b(&out), size, &self.no_reflink);
-            // The copy is of this content only if the file did not move while it ran.
-            r.and_then(|()| {
-                Ok(same(before, &fstat(fd)?) && fstat(fd_b(&out))?.st_size as u64 == size)
-            })
-        };
+        // A large file is copied (a reflink where it can be): the copy is of this content
+        // only if the file did not move while it ran.
+        let copied = copy_into(fd, fd_b(&out), size, &self.no_reflink).and_then(|()| {
+            Ok(same(before, &fstat(fd)?) && fstat(fd_b(&out))?.st_size as u64 == size)
+        });
         match copied {
             Ok(true) => {}
             Ok(false) => {
@@ -414,7 +448,12 @@ impl Store {
         let mut inner = self.inner.lock();
         if !inner.blobs.contains_key(&name) {
             inner.total += size;
-            inner.blobs.insert(name, Blob { size, last: 0 });
+            let blob = Blob {
+                size,
+                last: 0,
+                at: None,
+            };
+            inner.blobs.insert(name, blob);
         }
         Ok(Some(kept(true)))
     }
@@ -536,7 +575,10 @@ impl Store {
             }
             if let Some(b) = inner.blobs.remove(&d) {
                 total -= b.size;
-                self.unlink_obj(&d);
+                match b.at {
+                    Some(at) => inner.packs.drop_blob(fd_b(&self.objects), at, b.size),
+                    None => self.unlink_obj(&d),
+                }
                 dropped.insert(d);
             }
         }
@@ -665,13 +707,25 @@ impl Store {
         if digest.len() != 64 || !digest.bytes().all(|c| c.is_ascii_hexdigit()) {
             return Ok(None);
         }
-        let fd = match openat(fd_b(&self.objects), digest, libc::O_RDONLY, 0) {
-            Ok(fd) => fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-            Err(e) => return Err(e),
+        let packed = self
+            .inner
+            .lock()
+            .blobs
+            .get(digest)
+            .and_then(|b| Some((b.at?, b.size)));
+        let out = match packed {
+            Some((at, len)) => Packs::read(fd_b(&self.objects), at, len)?,
+            None => {
+                let fd = match openat(fd_b(&self.objects), digest, libc::O_RDONLY, 0) {
+                    Ok(fd) => fd,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let mut out = Vec::new();
+                each_chunk(fd_b(&fd), |b| out.extend_from_slice(b))?;
+                out
+            }
         };
-        let mut out = Vec::new();
-        each_chunk(fd_b(&fd), |b| out.extend_from_slice(b))?;
         if hex(blake3::hash(&out).as_bytes()) != digest {
             return Err(io::Error::other(format!(
                 "the history blob {digest} does not match its digest (damaged)"

@@ -52,9 +52,98 @@ fn keeps_each_content_once_and_reads_it_back_after_reopening() {
         std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o777,
         0o700
     );
+    // A small blob is in a pack: its bytes are the pack's first.
     let d = hex(&a.digest);
-    std::fs::write(t.path().join("history/objects").join(&d), b"two\n").unwrap();
+    let pack = std::fs::OpenOptions::new()
+        .write(true)
+        .open(t.path().join("history/objects/pack-0"))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_at(&pack, b"two\n", 0).unwrap();
     assert!(s.bytes(&d).is_err());
+}
+
+/// Allocated bytes of the blobs in `objects` (what `du` counts), the packs' entries left
+/// out.
+fn allocated(t: &Path) -> u64 {
+    std::fs::read_dir(t.join("history/objects"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| !e.file_name().to_string_lossy().ends_with(".idx"))
+        .map(|e| std::os::unix::fs::MetadataExt::blocks(&e.metadata().unwrap()) * 512)
+        .sum()
+}
+
+#[test]
+fn a_pruned_packed_blob_frees_its_blocks_and_a_torn_entry_is_skipped() {
+    let t = tempfile::tempdir().unwrap();
+    let lim = Limits {
+        keep: Duration::from_secs(3600),
+        ..Limits::default()
+    };
+    let s = Store::open(t.path(), lim).unwrap();
+    let old = Timestamp::now().0 - 2 * 3600 * 1000;
+    let body = |c: u8| vec![c; 5000]; // two blocks
+    let mut kept = Vec::new();
+    for (i, c) in [b'a', b'b', b'c'].into_iter().enumerate() {
+        let k = s
+            .keep_fd(file(t.path(), "x", &body(c)).as_fd())
+            .unwrap()
+            .unwrap();
+        let ts = if i == 1 { Timestamp::now().0 } else { old };
+        s.record(entry(&format!("f{i}"), 1, ts, &k));
+        kept.push(k);
+    }
+    assert_eq!(allocated(t.path()), 3 * 8192);
+    // f1's is new; f0's and f2's are old, but each is its path's latest: kept. A second
+    // version of f0 makes its first one prunable.
+    let k = s
+        .keep_fd(file(t.path(), "x", b"new\n").as_fd())
+        .unwrap()
+        .unwrap();
+    s.record(entry("f0", 2, Timestamp::now().0, &k));
+    s.prune(Timestamp::now(), true);
+    assert_eq!(s.usage(), (5000 + 5000 + 4, 3));
+    assert_eq!(
+        allocated(t.path()),
+        3 * 8192 - 8192 + 4096,
+        "the record's blocks are freed"
+    );
+    // An entry whose bytes are not all in the pack (a power loss) is no blob.
+    let entries = t.path().join("history/objects/pack-0.idx");
+    let n = std::fs::metadata(&entries).unwrap().len();
+    let mut torn = b"CPK1\0\0\0\0".to_vec();
+    torn.extend_from_slice(&(1u64 << 20).to_le_bytes());
+    torn.extend_from_slice(&5000u64.to_le_bytes());
+    torn.extend_from_slice(&kept[1].digest); // taken, it would hide f1's bytes
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&entries)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_at(&f, &torn, n).unwrap();
+    // And one cut short (killed mid-append) is skipped too.
+    std::os::unix::fs::FileExt::write_at(&f, &torn[..20], n + 56).unwrap();
+    drop(s);
+    let s = Store::open(t.path(), lim).unwrap();
+    assert_eq!(s.usage(), (5000 + 5000 + 4, 3));
+    assert_eq!(s.bytes(&hex(&kept[0].digest)).unwrap(), None);
+    assert_eq!(s.bytes(&hex(&kept[1].digest)).unwrap(), Some(body(b'b')));
+    assert_eq!(s.bytes(&hex(&kept[2].digest)).unwrap(), Some(body(b'c')));
+    assert_eq!(
+        s.bytes(&hex(&k.digest)).unwrap().as_deref(),
+        Some(&b"new\n"[..])
+    );
+    // New blobs go to a new pack, and read back after a reopen.
+    let k2 = s
+        .keep_fd(file(t.path(), "x", b"later\n").as_fd())
+        .unwrap()
+        .unwrap();
+    s.record(entry("f3", 1, Timestamp::now().0, &k2));
+    drop(s);
+    let s = Store::open(t.path(), lim).unwrap();
+    assert_eq!(
+        s.bytes(&hex(&k2.digest)).unwrap().as_deref(),
+        Some(&b"later\n"[..])
+    );
 }
 
 #[test]
@@ -157,13 +246,13 @@ fn the_size_bound_holds_and_spares_each_paths_latest() {
     assert!(last.kept);
     assert!(s.bytes(last.digest.as_deref().unwrap()).unwrap().is_some());
     assert!(!log[0].kept, "the oldest went first");
-    // What the index says is kept is on disk, after a reopen too.
+    // What the index says is kept is on disk, after a reopen too; a pruned blob's block
+    // is freed (each 1000-byte blob is one block of a pack).
+    let before = s.usage();
     drop(s);
     let s = Store::open(t.path(), lim).unwrap();
-    let on_disk = std::fs::read_dir(t.path().join("history/objects"))
-        .unwrap()
-        .count();
-    assert_eq!(s.usage().1, on_disk);
+    assert_eq!(s.usage(), before);
+    assert_eq!(allocated(t.path()), before.1 as u64 * 4096);
     for e in s.log("w").iter().filter(|e| e.kept) {
         assert!(s.bytes(e.digest.as_deref().unwrap()).unwrap().is_some());
     }
