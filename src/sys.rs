@@ -250,3 +250,43 @@ mod tests {
             .any(|m| m.mount_point == Path::new("/")));
     }
 }
+
+/// Lowers the calling thread (Linux: nice and I/O priority are per thread) to background
+/// work: the lowest CPU priority and the idle I/O class, so that a request's work and the
+/// tools' own I/O go first. Best effort: a failure leaves the priorities as they were.
+pub fn background_thread() {
+    // SAFETY: setpriority on the calling thread (who 0) with a plain integer.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    // SAFETY: ioprio_set on the calling thread (who 0) with the idle class.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_CLASS_IDLE << 13,
+        )
+    };
+}
+
+#[cfg(test)]
+mod background_tests {
+    #[test]
+    fn a_background_thread_gets_nice_19_and_the_idle_io_class() {
+        std::thread::spawn(|| {
+            super::background_thread();
+            let tid = nix::unistd::gettid().as_raw();
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+            let rest = stat.rsplit_once(')').unwrap().1;
+            // Field 19 (nice) is the 17th after the state.
+            let nice: i64 = rest.split_whitespace().nth(16).unwrap().parse().unwrap();
+            assert_eq!(nice, 19);
+            // SAFETY: ioprio_get of the calling thread.
+            let prio = unsafe { libc::syscall(libc::SYS_ioprio_get, 1, 0) };
+            assert_eq!(prio >> 13, 3, "idle class");
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -469,6 +469,9 @@ impl Store {
             let _ = std::thread::Builder::new()
                 .name("coherent-history".into())
                 .spawn(move || {
+                    // Hashing a large file is background work: a tool's own reads and
+                    // the requests go first.
+                    crate::sys::background_thread();
                     for job in rx {
                         match job {
                             Job::Large(l) => {
