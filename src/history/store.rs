@@ -188,7 +188,7 @@ mod retention;
 mod tests;
 
 pub use content::hex;
-use content::{copy_into, digest_of, digest_while_unmoved, each_chunk, same};
+use content::{copy_into, digest_of, digest_while_unmoved, each_chunk, read_small, same};
 use fd::{cstr, fd_b, fstat, openat, private_dir};
 use pack::Packs;
 
@@ -368,8 +368,7 @@ impl Store {
         let small = size <= SMALL && size <= self.limits.max_file;
         let mut buf = Vec::new();
         let (digest, n) = if small {
-            buf.reserve_exact(size as usize + 1);
-            each_chunk(fd, |b| buf.extend_from_slice(b))?;
+            buf = read_small(fd, size)?;
             (*blake3::hash(&buf).as_bytes(), buf.len() as u64)
         } else {
             digest_of(fd)?

@@ -23,6 +23,38 @@ pub(super) fn each_chunk(fd: BorrowedFd<'_>, mut f: impl FnMut(&[u8])) -> io::Re
     })
 }
 
+/// The bytes of a file `fd` that a stat said is `size` long, read straight into the
+/// buffer returned (no chunk buffer to fill and copy out of). One byte more is asked for,
+/// so a file that grew meanwhile comes back longer than `size`.
+pub(super) fn read_small(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize + 1];
+    let mut done = 0usize;
+    while done < buf.len() {
+        // SAFETY: a valid descriptor and the rest of a buffer we own.
+        let n = unsafe {
+            libc::pread(
+                fd.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                done as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    buf.truncate(done);
+    Ok(buf)
+}
+
 /// As [`each_chunk`], stopping early when `f` says false; the bytes read either way.
 fn each_chunk_while(fd: BorrowedFd<'_>, mut f: impl FnMut(&[u8]) -> bool) -> io::Result<u64> {
     let mut buf = vec![0u8; 1 << 20];
