@@ -180,6 +180,13 @@ struct Large {
 /// Files up to this size are read into memory once (hash and blob from one read).
 const SMALL: u64 = 256 << 10;
 
+/// What a blob of `size` bytes takes on disk, as the bound counts it: whole 4 KiB blocks
+/// (a packed blob's span, and what a file of its own is given on the usual filesystems),
+/// so that `--history-max` bounds the space the store takes, tiny versions included.
+fn on_disk(size: u64) -> u64 {
+    size.div_ceil(pack::ALIGN) * pack::ALIGN
+}
+
 mod content;
 mod fd;
 mod pack;
@@ -279,7 +286,7 @@ impl Store {
                 continue;
             }
             if let Some(&(at, size)) = packed.get(d) {
-                total += size;
+                total += on_disk(size);
                 let at = Some(at);
                 blobs.insert(
                     d.to_string(),
@@ -293,7 +300,7 @@ impl Store {
             }
             match openat(fd_b(&self.objects), d, libc::O_RDONLY, 0).and_then(|f| fstat(fd_b(&f))) {
                 Ok(st) => {
-                    total += st.st_size as u64;
+                    total += on_disk(st.st_size as u64);
                     blobs.insert(
                         d.to_string(),
                         Blob {
@@ -390,7 +397,7 @@ impl Store {
             let mut inner = self.inner.lock();
             if !inner.blobs.contains_key(&name) {
                 let at = inner.packs.append(fd_b(&self.objects), &digest, &buf)?;
-                inner.total += size;
+                inner.total += on_disk(size);
                 let blob = Blob {
                     size,
                     last: 0,
@@ -447,7 +454,7 @@ impl Store {
         }
         let mut inner = self.inner.lock();
         if !inner.blobs.contains_key(&name) {
-            inner.total += size;
+            inner.total += on_disk(size);
             let blob = Blob {
                 size,
                 last: 0,
@@ -636,7 +643,7 @@ impl Store {
         Ok(Some(out))
     }
 
-    /// Bytes the blobs take, and how many there are.
+    /// Bytes the blobs take on disk (whole blocks: see `on_disk`), and how many there are.
     pub fn usage(&self) -> (u64, usize) {
         let inner = self.inner.lock();
         (inner.total, inner.blobs.len())

@@ -39,7 +39,7 @@ impl Store {
                 continue;
             }
             if let Some(b) = inner.blobs.remove(&d) {
-                total -= b.size;
+                total -= super::on_disk(b.size);
                 match b.at {
                     Some(at) => inner.packs.drop_blob(fd_b(&self.objects), at, b.size),
                     None => self.unlink_obj(&d),
