@@ -20,6 +20,7 @@ CLI=$REPO_ROOT/target/release/coherent
 W=${BENCH_DIR:-$REPO_ROOT/target/bench-history}
 rm -rf "$W" && mkdir -p "$W/b" "$W/m" "$W/state"
 cleanup() {
+    cd / # a working directory inside the mount would keep a lazy unmount (and the daemon) alive
     fusermount3 -u "$W/m" 2>/dev/null || umount -l "$W/m" 2>/dev/null || true
     [[ -z ${PID:-} ]] || wait "$PID" 2>/dev/null || true
 }
@@ -51,8 +52,24 @@ for i in range($N):
 done
 median=$(printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
 echo "undo of a session that changed $N files: median ${median} s of ${times[*]}"
-hist=$(du -sb "$W/state/history" | cut -f1)
-echo "store after $RUNS rounds of $N files: $hist bytes"
+# What the store takes on disk (allocated blocks: packs are sparse where contents were
+# pruned), and how many contents it holds (files of their own, and live pack entries).
+store_size() { echo "$(($(du -sk "$W/state/history" | cut -f1) * 1024)) bytes on disk"; }
+contents() {
+    python3 - "$W/state/history/objects" <<'PY'
+import os, sys
+d = sys.argv[1]
+n = 0
+for f in os.listdir(d):
+    if f.endswith(".idx"):
+        b = open(os.path.join(d, f), "rb").read()
+        n += sum(1 for i in range(0, len(b) - 55, 56) if b[i:i + 4] == b"CPK1")
+    elif not f.startswith("pack-"):
+        n += 1
+print(n)
+PY
+}
+echo "store after $RUNS rounds of $N files: $(store_size), $(contents) contents"
 
 # the bench's write rows in the same mount
 python3 "$REPO_ROOT/scripts/gen-tree.py" "$W/tree-src" 3000 300 42 2>/dev/null
@@ -64,5 +81,5 @@ old=$(git -C clone rev-list --max-count=41 HEAD | tail -1)
 git -C clone checkout -q "$old" && git -C clone checkout -q -
 sync
 echo "store after the bench's write rows (tree $(du -sb tree | cut -f1) bytes, clone \
-$(du -sb --exclude=.git clone | cut -f1) bytes of work tree): $(du -sb "$W/state/history" | cut -f1) bytes, \
-$(find "$W/state/history/objects" -type f | wc -l) blobs, index $(wc -l <"$W/state/history/index.jsonl") lines"
+$(du -sb --exclude=.git clone | cut -f1) bytes of work tree): $(store_size), \
+$(contents) contents, index $(wc -l <"$W/state/history/index.jsonl") lines"
