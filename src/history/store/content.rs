@@ -23,11 +23,9 @@ pub(super) fn each_chunk(fd: BorrowedFd<'_>, mut f: impl FnMut(&[u8])) -> io::Re
     })
 }
 
-/// The bytes of a file `fd` that a stat said is `size` long, read straight into the
-/// buffer returned (no chunk buffer to fill and copy out of). One byte more is asked for,
-/// so a file that grew meanwhile comes back longer than `size`.
-pub(super) fn read_small(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; size as usize + 1];
+/// Fills `buf` from `fd` at `off` with `pread` (its file offset untouched), as far as the
+/// file goes: the number of bytes read, fewer than asked only at the end of the file.
+pub(super) fn pread_full(fd: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
     let mut done = 0usize;
     while done < buf.len() {
         // SAFETY: a valid descriptor and the rest of a buffer we own.
@@ -36,7 +34,7 @@ pub(super) fn read_small(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<u8>> {
                 fd.as_raw_fd(),
                 buf[done..].as_mut_ptr().cast(),
                 buf.len() - done,
-                done as libc::off_t,
+                (off + done as u64) as libc::off_t,
             )
         };
         if n < 0 {
@@ -51,7 +49,16 @@ pub(super) fn read_small(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<u8>> {
         }
         done += n as usize;
     }
-    buf.truncate(done);
+    Ok(done)
+}
+
+/// The bytes of a file `fd` that a stat said is `size` long, read straight into the
+/// buffer returned (no chunk buffer to fill and copy out of). One byte more is asked for,
+/// so a file that grew meanwhile comes back longer than `size`.
+pub(super) fn read_small(fd: BorrowedFd<'_>, size: u64) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize + 1];
+    let n = pread_full(fd, &mut buf, 0)?;
+    buf.truncate(n);
     Ok(buf)
 }
 
@@ -60,27 +67,12 @@ fn each_chunk_while(fd: BorrowedFd<'_>, mut f: impl FnMut(&[u8]) -> bool) -> io:
     let mut buf = vec![0u8; 1 << 20];
     let mut off = 0u64;
     loop {
-        // SAFETY: a valid descriptor and a buffer as long as we say.
-        let n = unsafe {
-            libc::pread(
-                fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                off as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = pread_full(fd, &mut buf, off)?;
         if n == 0 {
             return Ok(off);
         }
         off += n as u64;
-        if !f(&buf[..n as usize]) {
+        if !f(&buf[..n]) || n < buf.len() {
             return Ok(off);
         }
     }

@@ -49,32 +49,6 @@ fn span(len: u64) -> u64 {
     len.div_ceil(ALIGN) * ALIGN
 }
 
-fn pread_exact(fd: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<()> {
-    let mut done = 0;
-    while done < buf.len() {
-        // SAFETY: a valid descriptor and a buffer as long as we say.
-        let n = unsafe {
-            libc::pread(
-                fd.as_raw_fd(),
-                buf[done..].as_mut_ptr().cast(),
-                buf.len() - done,
-                (off + done as u64) as libc::off_t,
-            )
-        };
-        match n {
-            0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-            n if n < 0 => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-            n => done += n as usize,
-        }
-    }
-    Ok(())
-}
-
 fn pwrite_all(fd: BorrowedFd<'_>, buf: &[u8], off: u64) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
@@ -202,7 +176,9 @@ impl Packs {
     pub(super) fn read(objects: BorrowedFd<'_>, at: At, len: u64) -> io::Result<Vec<u8>> {
         let fd = openat(objects, &data(at.pack), libc::O_RDONLY, 0)?;
         let mut out = vec![0u8; len as usize];
-        pread_exact(fd_b(&fd), &mut out, at.off)?;
+        if super::content::pread_full(fd_b(&fd), &mut out, at.off)? < out.len() {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
         Ok(out)
     }
 
