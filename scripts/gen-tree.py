@@ -13,6 +13,10 @@ import sys
 
 
 def main() -> None:
+    # A root that looks like an option (`--help`) is a mistake, not a directory to fill.
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        print(__doc__.strip(), file=sys.stderr)
+        sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
     root = sys.argv[1]
     nfiles = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
     ndirs = int(sys.argv[3]) if len(sys.argv) > 3 else 300
