@@ -170,6 +170,18 @@ fn look(v: &Verbs, p: &str) -> Result<(String, Option<Look>), Refusal> {
     Ok((real, l))
 }
 
+/// What placing a path asks of the caller.
+#[derive(Clone, Copy)]
+enum Ask {
+    /// Nothing (`status PATH` answers for a path the caller may not see itself).
+    Nothing,
+    /// May it see the path (a path it may not is refused as one that does not exist).
+    Sight,
+    /// That, and may it write the file: for the verbs that check it (`transfer`,
+    /// `accept`), from the same walk.
+    SightAndWrite,
+}
+
 /// The request with its paths placed beneath the backing root: a path that leaves it is
 /// refused `bad_request` (the same answer whether the host path exists or not, and the
 /// engine never sees it); a path through a symlink to a directory inside becomes the real
@@ -182,18 +194,24 @@ pub(super) fn place_request(
     req: &Request,
 ) -> Result<(Request, Seen), Refusal> {
     let mut seen = Seen::default();
-    let mut place = |sight: &mut Sight, p: &String, hide: bool| -> Result<String, Refusal> {
+    let mut place = |sight: &mut Sight, p: &String, ask: Ask| -> Result<String, Refusal> {
         let (real, l) = look(v, p)?;
-        if hide && !sight.sees_all() {
-            // One walk as the caller: may it see the path, and may it write it (what the
-            // transfer's check of the caller reads).
-            let who = sight.who().clone();
-            let a = look_up_and_write(v.backing.fd(), Path::new(&real), &who);
-            sight.learned(&real, a.looks_up);
-            if !a.looks_up {
-                return Err(not_there(&real));
+        let sees = match ask {
+            _ if sight.sees_all() => true,
+            Ask::Nothing => true,
+            Ask::Sight => sight.sees(v.backing.fd(), &real),
+            Ask::SightAndWrite => {
+                // One walk as the caller: may it see the path, and may it write it (what
+                // the verb's check of the caller reads).
+                let who = sight.who().clone();
+                let a = look_up_and_write(v.backing.fd(), Path::new(&real), &who);
+                sight.learned(&real, a.looks_up);
+                seen.writes.push((seen.paths.len(), who, a.writes));
+                a.looks_up
             }
-            seen.writes.push((seen.paths.len(), who, a.writes));
+        };
+        if !sees {
+            return Err(not_there(&real));
         }
         seen.paths.push(real.clone());
         seen.looks
@@ -204,7 +222,7 @@ pub(super) fn place_request(
         Request::Transfer { paths, to, note } => Request::Transfer {
             paths: paths
                 .iter()
-                .map(|p| place(sight, p, true))
+                .map(|p| place(sight, p, Ask::SightAndWrite))
                 .collect::<Result<_, _>>()?,
             to: to.clone(),
             note: note.clone(),
@@ -212,30 +230,30 @@ pub(super) fn place_request(
         Request::Accept { paths } => Request::Accept {
             paths: paths
                 .iter()
-                .map(|p| place(sight, p, true))
+                .map(|p| place(sight, p, Ask::SightAndWrite))
                 .collect::<Result<_, _>>()?,
         },
         Request::Decline { paths } => Request::Decline {
             paths: paths
                 .iter()
-                .map(|p| place(sight, p, true))
+                .map(|p| place(sight, p, Ask::Sight))
                 .collect::<Result<_, _>>()?,
         },
         Request::Withdraw { paths } => Request::Withdraw {
             paths: paths
                 .iter()
-                .map(|p| place(sight, p, true))
+                .map(|p| place(sight, p, Ask::Sight))
                 .collect::<Result<_, _>>()?,
         },
         Request::Status { path: Some(p) } => Request::Status {
-            path: Some(place(sight, p, false)?),
+            path: Some(place(sight, p, Ask::Nothing)?),
         },
         Request::Wait {
             path,
             until,
             timeout_ms,
         } => Request::Wait {
-            path: place(sight, path, true)?,
+            path: place(sight, path, Ask::Sight)?,
             until: *until,
             timeout_ms: *timeout_ms,
         },
