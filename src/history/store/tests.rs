@@ -23,18 +23,17 @@ fn file(dir: &Path, name: &str, bytes: &[u8]) -> File {
     File::open(p).unwrap()
 }
 
+/// `bytes` written to the file `name` in `dir` and kept by `s`.
+fn keep(s: &Store, dir: &Path, name: &str, bytes: &[u8]) -> Kept {
+    s.keep_fd(file(dir, name, bytes).as_fd()).unwrap().unwrap()
+}
+
 #[test]
 fn keeps_each_content_once_and_reads_it_back_after_reopening() {
     let t = tempfile::tempdir().unwrap();
     let s = Store::open(t.path(), Limits::default()).unwrap();
-    let a = s
-        .keep_fd(file(t.path(), "a", b"one\n").as_fd())
-        .unwrap()
-        .unwrap();
-    let b = s
-        .keep_fd(file(t.path(), "b", b"one\n").as_fd())
-        .unwrap()
-        .unwrap();
+    let a = keep(&s, t.path(), "a", b"one\n");
+    let b = keep(&s, t.path(), "b", b"one\n");
     assert_eq!(a, b);
     // One block on disk, as the bound counts it.
     assert_eq!(s.usage(), (4096, 1));
@@ -86,10 +85,7 @@ fn a_pruned_packed_blob_frees_its_blocks_and_a_torn_entry_is_skipped() {
     let body = |c: u8| vec![c; 5000]; // two blocks
     let mut kept = Vec::new();
     for (i, c) in [b'a', b'b', b'c'].into_iter().enumerate() {
-        let k = s
-            .keep_fd(file(t.path(), "x", &body(c)).as_fd())
-            .unwrap()
-            .unwrap();
+        let k = keep(&s, t.path(), "x", &body(c));
         let ts = if i == 1 { Timestamp::now().0 } else { old };
         s.record(entry(&format!("f{i}"), 1, ts, &k));
         kept.push(k);
@@ -97,10 +93,7 @@ fn a_pruned_packed_blob_frees_its_blocks_and_a_torn_entry_is_skipped() {
     assert_eq!(allocated(t.path()), 3 * 8192);
     // f1's is new; f0's and f2's are old, but each is its path's latest: kept. A second
     // version of f0 makes its first one prunable.
-    let k = s
-        .keep_fd(file(t.path(), "x", b"new\n").as_fd())
-        .unwrap()
-        .unwrap();
+    let k = keep(&s, t.path(), "x", b"new\n");
     s.record(entry("f0", 2, Timestamp::now().0, &k));
     s.prune(Timestamp::now(), true);
     assert_eq!(s.usage(), (8192 + 8192 + 4096, 3));
@@ -134,10 +127,7 @@ fn a_pruned_packed_blob_frees_its_blocks_and_a_torn_entry_is_skipped() {
         Some(&b"new\n"[..])
     );
     // New blobs go to a new pack, and read back after a reopen.
-    let k2 = s
-        .keep_fd(file(t.path(), "x", b"later\n").as_fd())
-        .unwrap()
-        .unwrap();
+    let k2 = keep(&s, t.path(), "x", b"later\n");
     s.record(entry("f3", 1, Timestamp::now().0, &k2));
     drop(s);
     let s = Store::open(t.path(), lim).unwrap();
@@ -171,10 +161,7 @@ fn over_the_file_limit_only_the_digest() {
         ..Limits::default()
     };
     let s = Store::open(t.path(), lim).unwrap();
-    let k = s
-        .keep_fd(file(t.path(), "a", b"four").as_fd())
-        .unwrap()
-        .unwrap();
+    let k = keep(&s, t.path(), "a", b"four");
     assert!(!k.stored);
     assert_eq!(k.digest, *blake3::hash(b"four").as_bytes());
     assert_eq!(s.usage(), (0, 0));
@@ -235,10 +222,7 @@ fn the_size_bound_holds_and_spares_each_paths_latest() {
     let now = Timestamp::now().0;
     for i in 0..200u64 {
         let body = format!("{i:0>999}\n");
-        let k = s
-            .keep_fd(file(t.path(), "w", body.as_bytes()).as_fd())
-            .unwrap()
-            .unwrap();
+        let k = keep(&s, t.path(), "w", body.as_bytes());
         s.record(entry("w", i + 1, now + i as i64, &k));
         assert!(s.usage().0 <= 10_000 + 1000, "{:?}", s.usage());
     }
@@ -268,15 +252,9 @@ fn the_age_bound_drops_old_blobs_and_lines() {
     };
     let s = Store::open(t.path(), lim).unwrap();
     let old = Timestamp::now().0 - 2 * 3600 * 1000;
-    let a = s
-        .keep_fd(file(t.path(), "a", b"old\n").as_fd())
-        .unwrap()
-        .unwrap();
+    let a = keep(&s, t.path(), "a", b"old\n");
     s.record(entry("f", 1, old, &a));
-    let b = s
-        .keep_fd(file(t.path(), "b", b"new\n").as_fd())
-        .unwrap()
-        .unwrap();
+    let b = keep(&s, t.path(), "b", b"new\n");
     s.record(entry("f", 2, Timestamp::now().0, &b));
     s.prune(Timestamp::now(), true);
     assert_eq!(s.usage(), (4096, 1));
@@ -293,10 +271,7 @@ fn the_age_bound_drops_old_blobs_and_lines() {
 fn a_directory_rename_moves_the_history_under_it_also_after_reopening() {
     let t = tempfile::tempdir().unwrap();
     let s = Store::open(t.path(), Limits::default()).unwrap();
-    let a = s
-        .keep_fd(file(t.path(), "a", b"x").as_fd())
-        .unwrap()
-        .unwrap();
+    let a = keep(&s, t.path(), "a", b"x");
     let now = Timestamp::now().0;
     s.record(entry("d/x", 1, now, &a));
     s.record(entry("d/sub/y", 1, now, &a));
@@ -317,10 +292,7 @@ fn a_directory_rename_moves_the_history_under_it_also_after_reopening() {
 fn a_torn_last_line_and_a_left_temp_file_are_cleaned() {
     let t = tempfile::tempdir().unwrap();
     let s = Store::open(t.path(), Limits::default()).unwrap();
-    let a = s
-        .keep_fd(file(t.path(), "a", b"x").as_fd())
-        .unwrap()
-        .unwrap();
+    let a = keep(&s, t.path(), "a", b"x");
     s.record(entry("f", 1, Timestamp::now().0, &a));
     drop(s);
     let idx = t.path().join("history").join(INDEX);
