@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Benchmark: the same workloads on the native backing directory and on each mount, on a disk
 # backing (the repo's filesystem, ext4 here), a tmpfs backing and in place on the disk;
-# every mode takes turns run by run (interleaved rounds), median of RUNS runs, printed as
-# Markdown tables (seconds, ratio against native) on stdout, then the daemons' CPU per
-# workload. Raw timings go to target/bench/raw-TIMESTAMP.tsv (daemon CPU to cpu-*.tsv), the
+# every mode takes turns run by run (interleaved rounds, each run starting one mode further
+# on), median of RUNS runs, printed as Markdown tables (seconds, ratio against native) on
+# stdout, then the daemons' CPU per workload. Raw timings go to target/bench/raw-TIMESTAMP.tsv (daemon CPU to cpu-*.tsv), the
 # tables to target/bench/table-*.md, the ratios to target/bench/ratios-*.tsv.
 #
 # Usage: scripts/bench.sh [--runs N] [--modes "native coherent bindfs cref"]
-#                         [--backing ext4|tmpfs|inplace|both|all] [--files N] [--dirs N]
+#                         [--backing ext4|tmpfs|inplace|loop|both|all] [--files N] [--dirs N]
 #                         [--big-mib N] [--no-build] [--no-agent] [--plot FILE.svg]
 #                         [--record | --check]
 #   --backing   where the backing directories live: ext4 (under target/, the repo's disk),
 #               tmpfs (a tmpfs mounted for the run), inplace (the disk, each mount over its
 #               own directory: MODE runs as MODE-inplace, modes without one are left out),
-#               both (ext4 and tmpfs), all (ext4, tmpfs, inplace; the default).
+#               loop (a new ext4 with the usual journal, in an image file on the disk,
+#               mounted for the run: a filesystem every run finds in the same state, where
+#               the repo's disk may be aged or made without a journal), both (ext4 and
+#               tmpfs), all (ext4, tmpfs, inplace; the default).
 #   --no-agent  skip the agent rows (git clone of this repository, git status x20,
 #               git checkout back and forth, grep -rn, rg, cargo build)
 #   --no-build  skip only the agent's debug `cargo build --offline` (the slow row)
@@ -27,7 +30,7 @@
 #               is more than 10 % worse beyond the spreads, or missing
 # Env:   BENCH_MODES, BENCH_RUNS (5), BENCH_FILES (3000), BENCH_DIRS (300),
 #        BENCH_BIG_MIB (1024), BENCH_BACKING (all), BENCH_DIR (where to work; default under
-#        target/), BENCH_TMPFS_SIZE (half the RAM), BENCH_NICE (-10: priority of the run and
+#        target/), BENCH_TMPFS_SIZE (half the RAM), BENCH_LOOP_SIZE (16G, sparse), BENCH_NICE (-10: priority of the run and
 #        its daemons), BENCH_TIMEOUT (600 s per workload), COHERENT_MOUNT_OPTS,
 #        COHERENT_NO_BUILD (do not rebuild target/release/coherent-mount), COHERENT_CREF
 #        (a passthrough_hp binary instead of scripts/cref.sh's).
@@ -165,17 +168,17 @@ baseline_field() { sed -n "s/^# $2: //p" "$1" | head -1; }
 # backings_of BACKING: the backings that --backing names.
 backings_of() {
     case $1 in
-    ext4 | tmpfs | inplace) echo "$1" ;;
+    ext4 | tmpfs | inplace | loop) echo "$1" ;;
     both) echo ext4 tmpfs ;;
     all) echo ext4 tmpfs inplace ;;
     list:*) echo "${1#list:}" ;; # --check: the backings with a baseline
-    *) die "--backing wants ext4, tmpfs, inplace, both or all" ;;
+    *) die "--backing wants ext4, tmpfs, inplace, loop, both or all" ;;
     esac
 }
 if [[ $GATE == check ]]; then
     if [[ -z $BACKING_SET ]]; then
         BACKING=list:
-        for b in ext4 tmpfs inplace; do [[ ! -f $BASELINES/baseline-$b.tsv ]] || BACKING+=" $b"; done
+        for b in ext4 tmpfs inplace loop; do [[ ! -f $BASELINES/baseline-$b.tsv ]] || BACKING+=" $b"; done
         [[ $BACKING != list: ]] || die "--check: no recorded run in $BASELINES (record one with scripts/bench.sh --record)"
     fi
     BACKINGS_LIST=$(backings_of "$BACKING") || exit 2
@@ -241,13 +244,14 @@ WORK=$(mktemp -d "${BENCH_DIR:-$REPO_ROOT/target}/bench-work.XXXXXX") || die "mk
 chmod 755 "$WORK"
 DISK_FS=$(findmnt -rn -o FSTYPE -T "$WORK")
 
-TMPFS_MNT=
+# A filesystem mounted for the run (tmpfs, loop), unmounted at the end.
+RUN_MNT=
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     stop_child
     cleanup_mounts
-    [[ -z $TMPFS_MNT ]] || umount "$TMPFS_MNT" 2>/dev/null || umount -l "$TMPFS_MNT" 2>/dev/null
+    [[ -z $RUN_MNT ]] || umount "$RUN_MNT" 2>/dev/null || umount -l "$RUN_MNT" 2>/dev/null
     rm -rf "$WORK"
     exit "$rc"
 }
@@ -346,16 +350,24 @@ one_run() {
     rm -rf "$t/big.dat" "$t/clone"
 }
 
-# backing_dir BACKING: where that backing's directories go (mounts the tmpfs).
+# backing_dir BACKING: where that backing's directories go (mounts the tmpfs or the loop).
 backing_dir() {
     case $1 in
     ext4) printf '%s' "$WORK/ext4" ;;
     tmpfs)
         local size=${BENCH_TMPFS_SIZE:-$(awk '/MemTotal/ {printf "%dk", $2/2}' /proc/meminfo)}
-        TMPFS_MNT=$WORK/tmpfs
-        mkdir -p "$TMPFS_MNT" && mount -t tmpfs -o "size=$size,mode=755" tmpfs "$TMPFS_MNT" ||
-            die "cannot mount a tmpfs on $TMPFS_MNT"
-        printf '%s' "$TMPFS_MNT"
+        mkdir -p "$WORK/tmpfs" && mount -t tmpfs -o "size=$size,mode=755" tmpfs "$WORK/tmpfs" ||
+            die "cannot mount a tmpfs on $WORK/tmpfs"
+        printf '%s' "$WORK/tmpfs"
+        ;;
+    loop)
+        need_tools mkfs.ext4 losetup
+        truncate -s "${BENCH_LOOP_SIZE:-16G}" "$WORK/ext4.img" &&
+            mkfs.ext4 -q -F "$WORK/ext4.img" &&
+            mkdir -p "$WORK/loop" && mount -o loop "$WORK/ext4.img" "$WORK/loop" ||
+            die "cannot make and mount an ext4 image on $WORK/loop (mkfs.ext4, a free loop device)"
+        chmod 755 "$WORK/loop"
+        printf '%s' "$WORK/loop"
         ;;
     inplace) printf '%s' "$WORK/inplace" ;;
     esac
@@ -372,7 +384,7 @@ printf 'backing\tmode\tworkload\trun\tdaemon_cpu_seconds\n' >"$CPU"
 declare -A MOUNT_FAILED=() TARGET=() DAEMON=()
 for backing in "${BACKINGS[@]}"; do
     base=$(backing_dir "$backing") || exit 2
-    [[ $backing != tmpfs ]] || TMPFS_MNT=$base # backing_dir ran in a subshell
+    [[ $backing != tmpfs && $backing != loop ]] || RUN_MNT=$base # backing_dir ran in a subshell
     # All modes are mounted for the whole run and take turns run by run, so that a burst of
     # load from other work on the machine falls on every column rather than on one.
     for mode in "${MODES[@]}"; do
@@ -386,7 +398,14 @@ for backing in "${BACKINGS[@]}"; do
         DAEMON[$mode]=${_MOUNT_PID[$dir/mnt]:-}
     done
     for ((run = 1; run <= RUNS; run++)); do
-        for mode in "${MODES[@]}"; do
+        # Each run starts one mode further on, so no mode always follows the same one (a
+        # mode right after another's rm -rf pays for the inodes it freed: ext4 searches past
+        # recently deleted ones).
+        order=()
+        for ((i = 0; i < ${#MODES[@]}; i++)); do
+            order+=("${MODES[(i + run - 1) % ${#MODES[@]}]}")
+        done
+        for mode in "${order[@]}"; do
             m=$(backing_mode "$backing" "$mode")
             [[ -n $m && -z ${MOUNT_FAILED[$backing/$mode]:-} ]] || continue
             log "$backing: $(mode_label "$m"): run $run/$RUNS"
@@ -396,9 +415,10 @@ for backing in "${BACKINGS[@]}"; do
     for mode in "${MODES[@]}"; do
         [[ $mode == native || -z $(backing_mode "$backing" "$mode") ]] || unmount "$base/$mode/mnt"
     done
-    if [[ $backing == tmpfs ]]; then
-        umount "$TMPFS_MNT" || log "umount $TMPFS_MNT failed"
-        TMPFS_MNT=
+    if [[ -n $RUN_MNT ]]; then
+        umount "$RUN_MNT" || log "umount $RUN_MNT failed"
+        RUN_MNT=
+        rm -f "$WORK/ext4.img"
     fi
 done
 
@@ -409,11 +429,12 @@ backing_label() {
     case $1 in
     ext4) echo "$DISK_FS (the repo's disk)" ;;
     inplace) echo "$DISK_FS in place (each mount over its own directory)" ;;
+    loop) echo "a new ext4 with a journal (loop device)" ;;
     *) echo "$1" ;;
     esac
 }
 # the short name of a backing for the chart's panels
-backing_short() { case $1 in ext4) echo "$DISK_FS" ;; inplace) echo "$DISK_FS in place" ;; *) echo "$1" ;; esac; }
+backing_short() { case $1 in ext4) echo "$DISK_FS" ;; inplace) echo "$DISK_FS in place" ;; loop) echo "new ext4" ;; *) echo "$1" ;; esac; }
 
 # columns BACKING: sets COLS to the columns that ran on BACKING.
 columns() {
