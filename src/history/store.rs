@@ -97,7 +97,7 @@ pub struct Entry {
 }
 
 /// Moves the history of `from` and everything under it to `to` (a directory rename).
-fn move_dir(by_path: &mut HashMap<String, Vec<Entry>>, from: &str, to: &str) {
+fn move_dir(by_path: &mut HashMap<String, Vec<Rec>>, from: &str, to: &str) {
     let under = format!("{from}/");
     let moved: Vec<String> = by_path
         .keys()
@@ -109,9 +109,6 @@ fn move_dir(by_path: &mut HashMap<String, Vec<Entry>>, from: &str, to: &str) {
             continue;
         };
         let nk = format!("{to}{}", &k[from.len()..]);
-        for e in &mut v {
-            e.path = nk.clone();
-        }
         let dest = by_path.entry(nk).or_default();
         v.append(dest);
         *dest = v;
@@ -144,8 +141,10 @@ struct Blob {
 
 struct Inner {
     index: File,
-    by_path: HashMap<String, Vec<Entry>>,
-    blobs: HashMap<String, Blob>,
+    /// Each path's versions, oldest first.
+    by_path: HashMap<String, Vec<Rec>>,
+    names: Names,
+    blobs: HashMap<[u8; 32], Blob>,
     total: u64,
     last_age_prune: i64,
     packs: Packs,
@@ -190,6 +189,7 @@ fn on_disk(size: u64) -> u64 {
 mod content;
 mod fd;
 mod pack;
+mod rec;
 mod retention;
 #[cfg(test)]
 mod tests;
@@ -198,6 +198,7 @@ pub use content::hex;
 use content::{copy_into, digest_of, digest_while_unmoved, each_chunk, read_small, same};
 use fd::{cstr, fd_b, fstat, openat, private_dir};
 use pack::Packs;
+use rec::{unhex, Names, Rec};
 
 impl Store {
     /// Opens (making it if missing) the history in `state_dir` (already checked trusted by
@@ -225,6 +226,7 @@ impl Store {
             inner: Mutex::new(Inner {
                 index: File::from(index_fd),
                 by_path: HashMap::new(),
+                names: Names::default(),
                 blobs: HashMap::new(),
                 total: 0,
                 last_age_prune: 0,
@@ -250,7 +252,7 @@ impl Store {
         let f = inner.index.try_clone()?;
         let mut read = io::BufReader::new(f);
         let mut line = Vec::new();
-        let mut by_path: HashMap<String, Vec<Entry>> = HashMap::new();
+        let mut by_path: HashMap<String, Vec<Rec>> = HashMap::new();
         let mut ends_whole = true;
         loop {
             line.clear();
@@ -266,30 +268,31 @@ impl Store {
                 move_dir(&mut by_path, from, &e.path);
                 continue;
             }
-            let v = by_path.entry(e.path.clone()).or_default();
+            let r = Rec::of(&e, &mut inner.names);
+            let v = by_path.entry(e.path).or_default();
             // The journal may have lost a commit the index has: the later line wins.
-            v.retain(|x| x.version != e.version || x.op == "base");
-            v.push(e);
+            v.retain(|x| x.version != r.version || x.is_base());
+            v.push(r);
         }
         if !ends_whole {
             // The next line must not be glued to a torn one.
             inner.index.write_all(b"\n")?;
         }
-        let mut blobs: HashMap<String, Blob> = HashMap::new();
+        let mut blobs: HashMap<[u8; 32], Blob> = HashMap::new();
         let mut total = 0;
         for e in by_path.values_mut().flat_map(|v| v.iter_mut()) {
-            let Some(d) = e.digest.as_deref().filter(|_| e.kept) else {
+            let Some(d) = e.digest.filter(|_| e.kept) else {
                 continue;
             };
-            if let Some(b) = blobs.get_mut(d) {
+            if let Some(b) = blobs.get_mut(&d) {
                 b.last = b.last.max(e.ts);
                 continue;
             }
-            if let Some(&(at, size)) = packed.get(d) {
+            if let Some(&(at, size)) = packed.get(&d) {
                 total += on_disk(size);
                 let at = Some(at);
                 blobs.insert(
-                    d.to_string(),
+                    d,
                     Blob {
                         size,
                         last: e.ts,
@@ -298,11 +301,13 @@ impl Store {
                 );
                 continue;
             }
-            match openat(fd_b(&self.objects), d, libc::O_RDONLY, 0).and_then(|f| fstat(fd_b(&f))) {
+            match openat(fd_b(&self.objects), &hex(&d), libc::O_RDONLY, 0)
+                .and_then(|f| fstat(fd_b(&f)))
+            {
                 Ok(st) => {
                     total += on_disk(st.st_size as u64);
                     blobs.insert(
-                        d.to_string(),
+                        d,
                         Blob {
                             size: st.st_size as u64,
                             last: e.ts,
@@ -383,7 +388,6 @@ impl Store {
         if n != size || !same(before, &fstat(fd)?) {
             return Ok(None);
         }
-        let name = hex(&digest);
         let kept = |stored| Kept {
             digest,
             size,
@@ -395,7 +399,7 @@ impl Store {
         if small {
             // Into a pack: one write, no file of its own (see pack.rs).
             let mut inner = self.inner.lock();
-            if !inner.blobs.contains_key(&name) {
+            if !inner.blobs.contains_key(&digest) {
                 let at = inner.packs.append(fd_b(&self.objects), &digest, &buf)?;
                 inner.total += on_disk(size);
                 let blob = Blob {
@@ -403,13 +407,14 @@ impl Store {
                     last: 0,
                     at: Some(at),
                 };
-                inner.blobs.insert(name, blob);
+                inner.blobs.insert(digest, blob);
             }
             return Ok(Some(kept(true)));
         }
-        if self.inner.lock().blobs.contains_key(&name) {
+        if self.inner.lock().blobs.contains_key(&digest) {
             return Ok(Some(kept(true)));
         }
+        let name = hex(&digest);
         let tmp = format!(
             ".tmp-{}-{}",
             std::process::id(),
@@ -453,14 +458,14 @@ impl Store {
             return Err(e);
         }
         let mut inner = self.inner.lock();
-        if !inner.blobs.contains_key(&name) {
+        if !inner.blobs.contains_key(&digest) {
             inner.total += on_disk(size);
             let blob = Blob {
                 size,
                 last: 0,
                 at: None,
             };
-            inner.blobs.insert(name, blob);
+            inner.blobs.insert(digest, blob);
         }
         Ok(Some(kept(true)))
     }
@@ -540,14 +545,15 @@ impl Store {
         if let Err(err) = inner.index.write_all(&line) {
             tracing::warn!("history: cannot append to the index: {err}");
         }
-        if let Some(d) = e.digest.as_deref().filter(|_| e.kept) {
-            if let Some(b) = inner.blobs.get_mut(d) {
-                b.last = b.last.max(e.ts);
+        let r = Rec::of(&e, &mut inner.names);
+        if let Some(d) = r.digest.filter(|_| r.kept) {
+            if let Some(b) = inner.blobs.get_mut(&d) {
+                b.last = b.last.max(r.ts);
             }
         }
-        let v = inner.by_path.entry(e.path.clone()).or_default();
-        v.retain(|x| x.version != e.version || x.op == "base" || e.op == "base");
-        v.push(e);
+        let v = inner.by_path.entry(e.path).or_default();
+        v.retain(|x| x.version != r.version || x.is_base() || r.is_base());
+        v.push(r);
         let over = inner.total > self.limits.max_bytes;
         let age = now - inner.last_age_prune > AGE_PRUNE_EVERY_MS;
         drop(inner);
@@ -583,11 +589,9 @@ impl Store {
 
     /// The versions of `path`, oldest first.
     pub fn log(&self, path: &str) -> Vec<Entry> {
-        self.inner
-            .lock()
-            .by_path
-            .get(path)
-            .cloned()
+        let inner = self.inner.lock();
+        let v = inner.by_path.get(path);
+        v.map(|v| v.iter().map(|r| r.entry(path)).collect())
             .unwrap_or_default()
     }
 
@@ -602,25 +606,22 @@ impl Store {
 
     /// Every version, path by path (for `diff`/`undo --session`).
     pub fn all(&self) -> Vec<Entry> {
-        self.inner
-            .lock()
-            .by_path
-            .values()
-            .flatten()
-            .cloned()
+        let inner = self.inner.lock();
+        let each = inner.by_path.iter();
+        each.flat_map(|(p, v)| v.iter().map(|r| r.entry(p)))
             .collect()
     }
 
     /// The bytes of the blob `digest` (hex), checked against it. `Ok(None)`: not kept.
     pub fn bytes(&self, digest: &str) -> io::Result<Option<Vec<u8>>> {
-        if digest.len() != 64 || !digest.bytes().all(|c| c.is_ascii_hexdigit()) {
+        let Some(d) = unhex(digest) else {
             return Ok(None);
-        }
+        };
         let packed = self
             .inner
             .lock()
             .blobs
-            .get(digest)
+            .get(&d)
             .and_then(|b| Some((b.at?, b.size)));
         let out = match packed {
             Some((at, len)) => Packs::read(fd_b(&self.objects), at, len)?,
@@ -635,7 +636,7 @@ impl Store {
                 out
             }
         };
-        if hex(blake3::hash(&out).as_bytes()) != digest {
+        if *blake3::hash(&out).as_bytes() != d {
             return Err(io::Error::other(format!(
                 "the history blob {digest} does not match its digest (damaged)"
             )));

@@ -92,8 +92,8 @@ pub(super) struct Packs {
     live: HashMap<u32, usize>,
 }
 
-/// What a scan found: each digest (hex) with its place and length.
-pub(super) type Found = HashMap<String, (At, u64)>;
+/// What a scan found: each digest with its place and length.
+pub(super) type Found = HashMap<[u8; 32], (At, u64)>;
 
 impl Packs {
     /// Scans the packs in `objects`: every blob whose entry and bytes are whole, by digest.
@@ -239,7 +239,7 @@ fn scan(objects: BorrowedFd<'_>, pack: u32, found: &mut Found) -> io::Result<usi
             off,
             entry: k as u64,
         };
-        found.insert(super::hex(&digest), (at, len));
+        found.insert(digest, (at, len));
         n += 1;
     }
     Ok(n)

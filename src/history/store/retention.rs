@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 
 use super::fd::{cstr, fd_b, openat};
-use super::{Entry, Inner, Store, INDEX};
+use super::{hex, Inner, Store, INDEX};
 use crate::coherence::Timestamp;
 
 impl Store {
@@ -16,19 +16,19 @@ impl Store {
         let mut inner = self.inner.lock();
         let cutoff = now.0 - self.limits.keep.as_millis() as i64;
         // Each path's latest version stays.
-        let latest: HashSet<String> = inner
+        let latest: HashSet<[u8; 32]> = inner
             .by_path
             .values()
-            .filter_map(|v| v.last().and_then(|e| e.digest.clone()))
+            .filter_map(|v| v.last().and_then(|e| e.digest))
             .collect();
-        let mut victims: Vec<(i64, String)> = inner
+        let mut victims: Vec<(i64, [u8; 32])> = inner
             .blobs
             .iter()
             .filter(|(d, _)| !latest.contains(*d))
-            .map(|(d, b)| (b.last, d.clone()))
+            .map(|(d, b)| (b.last, *d))
             .collect();
         victims.sort();
-        let mut dropped: HashSet<String> = HashSet::new();
+        let mut dropped: HashSet<[u8; 32]> = HashSet::new();
         let target = self.limits.max_bytes / 10 * 9;
         let over_bound = inner.total > self.limits.max_bytes;
         let mut total = inner.total;
@@ -42,7 +42,7 @@ impl Store {
                 total -= super::on_disk(b.size);
                 match b.at {
                     Some(at) => inner.packs.drop_blob(fd_b(&self.objects), at, b.size),
-                    None => self.unlink_obj(&d),
+                    None => self.unlink_obj(&hex(&d)),
                 }
                 dropped.insert(d);
             }
@@ -50,7 +50,7 @@ impl Store {
         inner.total = total;
         if !dropped.is_empty() {
             for e in inner.by_path.values_mut().flat_map(|v| v.iter_mut()) {
-                if e.digest.as_ref().is_some_and(|d| dropped.contains(d)) {
+                if e.digest.is_some_and(|d| dropped.contains(&d)) {
                     e.kept = false;
                 }
             }
@@ -82,10 +82,14 @@ impl Store {
             0o600,
         )?;
         let mut f = io::BufWriter::new(File::from(fd));
-        let mut all: Vec<&Entry> = inner.by_path.values().flatten().collect();
-        all.sort_by_key(|e| e.ts);
-        for e in all {
-            serde_json::to_writer(&mut f, e)?;
+        let mut all: Vec<(&String, &super::Rec)> = inner
+            .by_path
+            .iter()
+            .flat_map(|(p, v)| v.iter().map(move |r| (p, r)))
+            .collect();
+        all.sort_by_key(|(_, r)| r.ts);
+        for (p, r) in all {
+            serde_json::to_writer(&mut f, &r.entry(p))?;
             f.write_all(b"\n")?;
         }
         let f = f.into_inner().map_err(|e| e.into_error())?;
