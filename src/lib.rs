@@ -16,7 +16,7 @@
 //!    only what it may see ([`visibility`], [`access`], [`beneath`]).
 //!
 //! Underneath: [`error`] (reason codes and errnos), [`names`] (the session-name rule),
-//! [`sys`] (`/proc` readers), [`bypass`] (processes inside an in-place mount),
+//! [`sys`] (`/proc` readers), [`mem`] (what a row per path costs), [`bypass`] (processes inside an in-place mount),
 //! [`request_timeout`] (how long the kernel lets a request be held).
 
 // 1. The kernel's side.
@@ -45,5 +45,6 @@ pub mod visibility;
 // Underneath everything.
 pub use coherent_wire::{error, names};
 pub mod bypass;
+pub mod mem;
 pub mod request_timeout;
 pub mod sys;

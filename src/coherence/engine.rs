@@ -7,7 +7,7 @@
 //! share a lock. Lock order, always:
 //!   1. shard mutexes, in ascending shard index (multi-path verbs, renames, snapshots);
 //!   2. `sessions` (RwLock), then `owners` (RwLock);
-//!   3. `why` (Mutex);
+//!   3. `why` (Mutex), or `names` (RwLock: held for a lookup or an insert, nothing inside);
 //!   4. the sink's own locks (inside `EventSink::append`).
 //!
 //! Every event is appended to the sink while the lock(s) guarding what it changes are held,
@@ -19,6 +19,7 @@ use super::time::Timestamp;
 use super::types::*;
 use crate::error::{Reason, Refusal};
 use crate::identity::{Session, SessionInfo, Via};
+use crate::mem::push_tight;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -65,14 +66,16 @@ pub(super) struct Entry {
     pub(super) logged_stamp: Option<Stamp>,
     /// The fingerprint of the content at `version`, when known (taken at a transfer, or
     /// at a commit whose print another host needs); see [`Entry::current_print`].
-    pub(super) print: Option<Print>,
+    /// Boxed: most paths never have one, and the entry is a row per path.
+    pub(super) print: Option<Box<Print>>,
     /// Some logged event touched this path: it is part of the durable state.
     pub(super) logged: bool,
     pub(super) holders: Vec<Holder>,
     pub(super) records: Vec<Record>,
     /// The session whose commit (or `external`) made the current version, when known:
     /// who wrote since, in a stale writer's refusal.
-    pub(super) last_by: Option<String>,
+    /// Shared with every entry the same session wrote last (`EngineState::names`).
+    pub(super) last_by: Option<Arc<str>>,
     /// The newest version this host's backing file was seen holding (committed through
     /// this mount, or judged by content to be it). An older version's bytes there after it
     /// are a revert, not a copy that lags (docs/multi-host.md#copies). Memory only: after
@@ -93,13 +96,16 @@ impl Entry {
         let i = match self.holders.iter().position(|h| h.session.name == s.name) {
             Some(i) => i,
             None => {
-                self.holders.push(Holder {
-                    session: s.clone(),
-                    hold: Hold::I,
-                    view: None,
-                    writers: 0,
-                    base: None,
-                });
+                push_tight(
+                    &mut self.holders,
+                    Holder {
+                        session: s.clone(),
+                        hold: Hold::I,
+                        view: None,
+                        writers: 0,
+                        base: None,
+                    },
+                );
                 self.holders.len() - 1
             }
         };
@@ -109,7 +115,7 @@ impl Entry {
     /// The fingerprint of the content at the current version: the entry's own, or the
     /// one a record handed on at this version carries (it survives a restart).
     pub(super) fn current_print(&self) -> Option<Print> {
-        self.print.or_else(|| {
+        self.print.as_deref().copied().or_else(|| {
             self.records
                 .iter()
                 .filter(|r| r.version_at_transfer == self.version)
@@ -209,6 +215,9 @@ pub struct EngineState {
     /// about one path), the text, and when the volume told it (None: set by the core
     /// alone, which has no clock of its own here).
     pub(super) why: Mutex<HashMap<String, WhyEntry>>,
+    /// The session names entries point to (who committed last), each held once: a name
+    /// per path would be a heap string per file of the tree.
+    pub(super) names: RwLock<std::collections::HashSet<Arc<str>, BuildHasherDefault<PathHasher>>>,
     pub(super) applied: AtomicU64,
     /// With a coordinator: the newest etcd revision of the other hosts' events (or of a
     /// gap named) in the log: where a restarted host resumes reading them.
@@ -220,6 +229,22 @@ pub struct EngineState {
     pub(super) record_ids: AtomicU64,
     /// How many records (live or ended) the engine holds: a free "are there any?".
     pub(super) record_count: AtomicU64,
+}
+
+impl EngineState {
+    /// The one shared copy of the session name `s`.
+    pub(super) fn name(&self, s: &str) -> Arc<str> {
+        if let Some(a) = self.names.read().get(s) {
+            return a.clone();
+        }
+        let mut names = self.names.write();
+        if let Some(a) = names.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        names.insert(a.clone());
+        a
+    }
 }
 
 pub(super) fn shard_of(path: &str) -> usize {
@@ -280,6 +305,7 @@ impl Engine {
             sessions: RwLock::new(HashMap::default()),
             owners: RwLock::new(HashMap::default()),
             why: Mutex::new(HashMap::new()),
+            names: RwLock::new(Default::default()),
             applied: AtomicU64::new(0),
             peer_rev: std::sync::atomic::AtomicI64::new(0),
             changes: Default::default(),
@@ -452,9 +478,11 @@ impl Engine {
                 e.exists = !ev.removed;
                 e.stamp = ev.stamp;
                 e.logged_stamp = ev.stamp;
-                e.print = ev.print;
+                e.print = ev.print.map(Box::new);
                 e.logged = true;
-                e.last_by = ev.session.clone();
+                if e.last_by.as_deref() != ev.session.as_deref() {
+                    e.last_by = ev.session.as_deref().map(|s| self.name(s));
+                }
                 if !ev.removed {
                     e.held_here = e.held_here.max(v);
                 }
@@ -474,13 +502,16 @@ impl Engine {
                     && !e.holders.iter().any(|h| h.session.name == who)
                 {
                     let s = self.known(who, ev.agent);
-                    e.holders.push(Holder {
-                        session: s,
-                        hold: Hold::M,
-                        view: Some(v),
-                        writers: 0,
-                        base: None,
-                    });
+                    push_tight(
+                        &mut e.holders,
+                        Holder {
+                            session: s,
+                            hold: Hold::M,
+                            view: Some(v),
+                            writers: 0,
+                            base: None,
+                        },
+                    );
                 }
             }
             EventKind::Transfer => {
@@ -492,7 +523,7 @@ impl Engine {
                 }
                 e.logged = true;
                 if ev.print.is_some() && version == e.version {
-                    e.print = ev.print;
+                    e.print = ev.print.map(Box::new);
                 }
                 let giver = self.known(who, ev.agent);
                 let succ_name = ev.successor.as_deref().unwrap_or("");
@@ -686,5 +717,15 @@ pub(super) fn session_json(s: &SessionInfo) -> SessionJson {
         via: s.via.clone(),
         attributed: s.is_attributed(),
         uid: None,
+    }
+}
+#[cfg(test)]
+mod row_size {
+    /// An entry is held for every path the volume has seen: a field added here is paid
+    /// for by every file of the tree (docs/speed.md#what-grows-with-the-tree-per-path).
+    #[test]
+    fn an_entry_and_a_holder_stay_small() {
+        assert!(std::mem::size_of::<super::Entry>() <= 176);
+        assert!(std::mem::size_of::<super::Holder>() <= 48);
     }
 }

@@ -234,7 +234,7 @@ impl Engine {
             StaleMode::Guard => reach == Reach::Overwrite && s.is_attributed(),
             StaleMode::Strict => true,
         };
-        let by = e.last_by.clone();
+        let by = e.last_by.as_deref().map(str::to_string);
         if !refuse {
             let mut ev = Event::new(EventKind::StaleWrite, now, Some(path), Some(s));
             ev.view = view;
@@ -306,7 +306,7 @@ impl Engine {
         let (id, succ) = (r.id, r.successor.clone());
         let vat = r.version_at_transfer;
         let version = e.version;
-        let by = e.last_by.clone();
+        let by = e.last_by.as_deref().map(str::to_string);
         let view = e.holder(&s.name).and_then(|h| h.view);
         let mut ev = Event::denied(Reason::StaleView, route, now, path, s);
         ev.record = Some(id);
@@ -424,7 +424,7 @@ impl Engine {
         ev.op = Some(CommitOp::Write);
         ev.view = Some(base);
         ev.version = Some(e.version);
-        ev.counterparty = e.last_by.clone();
+        ev.counterparty = e.last_by.as_deref().map(str::to_string);
         self.emit(e, ev);
     }
 

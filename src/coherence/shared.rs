@@ -155,7 +155,7 @@ impl Engine {
         e.version = s.version;
         e.exists = s.exists;
         if s.print.is_some() {
-            e.print = s.print;
+            e.print = s.print.map(Box::new);
         }
         e.logged = true;
         let new_live = s

@@ -194,6 +194,7 @@ mod retention;
 #[cfg(test)]
 mod tests;
 
+use crate::mem::push_tight;
 pub use content::hex;
 use content::{copy_into, digest_of, digest_while_unmoved, each_chunk, read_small, same};
 use fd::{cstr, fd_b, fstat, openat, private_dir};
@@ -272,7 +273,7 @@ impl Store {
             let v = by_path.entry(e.path).or_default();
             // The journal may have lost a commit the index has: the later line wins.
             v.retain(|x| x.version != r.version || x.is_base());
-            v.push(r);
+            push_tight(v, r);
         }
         if !ends_whole {
             // The next line must not be glued to a torn one.
@@ -553,7 +554,7 @@ impl Store {
         }
         let v = inner.by_path.entry(e.path).or_default();
         v.retain(|x| x.version != r.version || x.is_base() || r.is_base());
-        v.push(r);
+        push_tight(v, r);
         let over = inner.total > self.limits.max_bytes;
         let age = now - inner.last_age_prune > AGE_PRUNE_EVERY_MS;
         drop(inner);

@@ -94,7 +94,7 @@ impl Engine {
                     version: 1,
                     exists: true,
                     stamp,
-                    print,
+                    print: print.map(Box::new),
                     ..Default::default()
                 },
             );
@@ -110,7 +110,7 @@ impl Engine {
                 e.version = 1;
                 e.exists = true;
                 e.stamp = stamp;
-                e.print = print;
+                e.print = print.map(Box::new);
                 return Some(1);
             }
             (true, Some(st)) => match judge(e, st, print, self.copies()) {
@@ -119,7 +119,7 @@ impl Engine {
                     // this content's, silently (docs/versions-and-holds.md#content).
                     e.stamp = Some(st);
                     if print.is_some() && e.current_print().is_none() {
-                        e.print = print;
+                        e.print = print.map(Box::new);
                     }
                     e.held_here = e.held_here.max(e.version);
                     return Some(e.version);
@@ -151,7 +151,7 @@ impl Engine {
     pub fn note_print(&self, path: &str, stamp: Stamp, print: Print) {
         if let Some(e) = self.lock_one(path).get_mut(path) {
             if e.exists && e.version > 0 && e.stamp == Some(stamp) {
-                e.print = Some(print);
+                e.print = Some(Box::new(print));
             }
         }
     }

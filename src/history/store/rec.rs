@@ -90,6 +90,12 @@ impl Rec {
 mod tests {
     use super::*;
 
+    /// A version is held for every version of every path in the history window.
+    #[test]
+    fn a_version_stays_small() {
+        assert!(std::mem::size_of::<Rec>() <= 96);
+    }
+
     #[test]
     fn a_digest_round_trips_and_anything_else_is_none() {
         let d = *blake3::hash(b"x").as_bytes();
