@@ -48,6 +48,15 @@ impl Store {
             }
         }
         inner.total = total;
+        inner.floor = if over_bound && total > target {
+            total
+        } else {
+            0
+        };
+        #[cfg(test)]
+        {
+            inner.passes += 1;
+        }
         if !dropped.is_empty() {
             for e in inner.by_path.values_mut().flat_map(|v| v.iter_mut()) {
                 if e.digest.is_some_and(|d| dropped.contains(&d)) {
