@@ -21,8 +21,9 @@
 //!
 //! **Retention** ([`Limits`]): blobs whose last use is older than `keep` are removed, and
 //! while the blobs together are larger than `max_bytes`, the least recently used go first
-//! (down to 90 % of the bound), except each path's latest version (when those alone are
-//! over the bound, the next pass waits for a tenth more, or the minute's age pass). A version whose blob is
+//! (down to 90 % of the bound), each path's latest version after every older one (the
+//! bound holds even when the latest versions alone are over it: a big tree copied in; a
+//! pass then comes once per tenth of the bound, not once per version). A version whose blob is
 //! gone stays in the index by digest only (`kept: false`); index lines older than `keep`
 //! are dropped (each path keeps its latest).
 
@@ -148,11 +149,7 @@ struct Inner {
     blobs: HashMap<[u8; 32], Blob>,
     total: u64,
     last_age_prune: i64,
-    /// What the last pass over the bound could not get below (the latest versions alone
-    /// may be larger than the bound: a big tree copied in), 0 when it got under. The next
-    /// pass waits until a tenth more is stored: a pass walks every path, and one per
-    /// version would make copying a tree in quadratic.
-    floor: u64,
+    /// Retention passes run (a test counts them: each walks every path).
     #[cfg(test)]
     passes: u64,
     packs: Packs,
@@ -239,7 +236,6 @@ impl Store {
                 blobs: HashMap::new(),
                 total: 0,
                 last_age_prune: 0,
-                floor: 0,
                 #[cfg(test)]
                 passes: 0,
                 packs,
@@ -566,7 +562,7 @@ impl Store {
         let v = inner.by_path.entry(e.path).or_default();
         v.retain(|x| x.version != r.version || x.is_base() || r.is_base());
         push_tight(v, r);
-        let over = inner.total > self.limits.max_bytes.max(inner.floor + inner.floor / 10);
+        let over = inner.total > self.limits.max_bytes;
         let age = now - inner.last_age_prune > AGE_PRUNE_EVERY_MS;
         drop(inner);
         if over || age {

@@ -15,25 +15,25 @@ impl Store {
     pub fn prune(&self, now: Timestamp, by_age: bool) {
         let mut inner = self.inner.lock();
         let cutoff = now.0 - self.limits.keep.as_millis() as i64;
-        // Each path's latest version stays.
+        // A path's latest version goes last: by size only, and only after every older
+        // version (its content is the file's own, until something outside overwrites it).
         let latest: HashSet<[u8; 32]> = inner
             .by_path
             .values()
             .filter_map(|v| v.last().and_then(|e| e.digest))
             .collect();
-        let mut victims: Vec<(i64, [u8; 32])> = inner
+        let mut victims: Vec<(bool, i64, [u8; 32])> = inner
             .blobs
             .iter()
-            .filter(|(d, _)| !latest.contains(*d))
-            .map(|(d, b)| (b.last, *d))
+            .map(|(d, b)| (latest.contains(d), b.last, *d))
             .collect();
         victims.sort();
         let mut dropped: HashSet<[u8; 32]> = HashSet::new();
         let target = self.limits.max_bytes / 10 * 9;
         let over_bound = inner.total > self.limits.max_bytes;
         let mut total = inner.total;
-        for (last, d) in victims {
-            let old = by_age && last < cutoff;
+        for (is_latest, last, d) in victims {
+            let old = by_age && last < cutoff && !is_latest;
             let over = over_bound && total > target;
             if !old && !over {
                 continue;
@@ -48,11 +48,6 @@ impl Store {
             }
         }
         inner.total = total;
-        inner.floor = if over_bound && total > target {
-            total
-        } else {
-            0
-        };
         #[cfg(test)]
         {
             inner.passes += 1;
