@@ -356,9 +356,21 @@ fn with_etcd_stopped_verbs_fail_fences_hold_and_only_unattributed_processes_writ
         last.0 == Some(0)
     });
     assert!(back, "accept after etcd came back: {:?}", last);
-    assert_eq!(record(&p.a, "plan.md").unwrap()["status"], "completed");
+    // A learns of the accept from its watch, after B has answered.
+    let seen = wait_until(Duration::from_secs(10), || {
+        record(&p.a, "plan.md").is_some_and(|r| r["status"] == "completed")
+    });
+    assert!(seen, "A: {:?}", record(&p.a, "plan.md"));
     assert!(write(&p.b, Some("bob"), "plan.md").ok());
-    assert_eq!(version(&p.a, "plan.md"), version(&p.b, "plan.md"));
+    let same = wait_until(Duration::from_secs(10), || {
+        version(&p.a, "plan.md") == version(&p.b, "plan.md")
+    });
+    assert!(
+        same,
+        "{:?} {:?}",
+        version(&p.a, "plan.md"),
+        version(&p.b, "plan.md")
+    );
 }
 
 /// Issue 30 item 2: the moment its link to etcd fails a host forgets its lease, however
