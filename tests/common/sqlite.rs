@@ -10,7 +10,16 @@ pub const WRITER: &str = r#"
 import sqlite3, sys
 db, tag, n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 c = sqlite3.connect(db, timeout=120, isolation_level=None)
-c.execute(f"PRAGMA journal_mode={mode}")
+# Switching the mode takes the write lock; SQLite answers busy at once, without its busy
+# timeout, when another connection holds a lock it would wait on: try again.
+while True:
+    try:
+        c.execute(f"PRAGMA journal_mode={mode}")
+        break
+    except sqlite3.OperationalError as e:
+        if "locked" not in str(e) and "busy" not in str(e):
+            print(0, e)
+            sys.exit(1)
 acked = 0
 for i in range(n):
     while True:
