@@ -217,7 +217,7 @@ pub struct EngineState {
     pub(super) why: Mutex<HashMap<String, WhyEntry>>,
     /// The session names entries point to (who committed last), each held once: a name
     /// per path would be a heap string per file of the tree.
-    pub(super) names: RwLock<std::collections::HashSet<Arc<str>, BuildHasherDefault<PathHasher>>>,
+    pub(super) names: RwLock<crate::mem::Names<BuildHasherDefault<PathHasher>>>,
     pub(super) applied: AtomicU64,
     /// With a coordinator: the newest etcd revision of the other hosts' events (or of a
     /// gap named) in the log: where a restarted host resumes reading them.
@@ -234,16 +234,10 @@ pub struct EngineState {
 impl EngineState {
     /// The one shared copy of the session name `s`.
     pub(super) fn name(&self, s: &str) -> Arc<str> {
-        if let Some(a) = self.names.read().get(s) {
-            return a.clone();
+        if let Some(a) = self.names.read().find(s) {
+            return a;
         }
-        let mut names = self.names.write();
-        if let Some(a) = names.get(s) {
-            return a.clone();
-        }
-        let a: Arc<str> = Arc::from(s);
-        names.insert(a.clone());
-        a
+        self.names.write().get(s)
     }
 }
 

@@ -96,11 +96,31 @@ impl std::fmt::Debug for Print {
 }
 
 /// A digest as 64 lowercase hex digits on the wire.
-mod hex32 {
+/// A BLAKE3 digest written as 64 hex digits: the one codec of the fingerprints and of the
+/// history's blobs.
+pub mod hex32 {
     use serde::{de::Error, Deserialize, Deserializer, Serializer};
 
     pub fn encode(d: &[u8; 32]) -> String {
-        d.iter().map(|b| format!("{b:02x}")).collect()
+        use std::fmt::Write as _;
+        d.iter().fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+
+    /// The 32 bytes of `s` (None: not 64 hex digits).
+    pub fn decode(s: &str) -> Option<[u8; 32]> {
+        let b = s.as_bytes();
+        if b.len() != 64 {
+            return None;
+        }
+        let nib = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        let mut out = [0u8; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = nib(b[2 * i])? << 4 | nib(b[2 * i + 1])?;
+        }
+        Some(out)
     }
 
     pub fn serialize<S: Serializer>(d: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
@@ -109,15 +129,7 @@ mod hex32 {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 32], D::Error> {
         let s = String::deserialize(d)?;
-        let bad = || D::Error::custom("a digest is 64 hex digits");
-        if s.len() != 64 || !s.is_ascii() {
-            return Err(bad());
-        }
-        let mut out = [0u8; 32];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(out)
+        decode(&s).ok_or_else(|| D::Error::custom("a digest is 64 hex digits"))
     }
 }
 

@@ -7,13 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::fd::fstat;
 
-pub fn hex(d: &[u8; 32]) -> String {
-    use std::fmt::Write as _;
-    d.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
+pub use crate::coherence::hex32::encode as hex;
 
 /// Reads all of `fd` from offset 0 with `pread` (its file offset untouched) into `f`.
 pub(super) fn each_chunk(fd: BorrowedFd<'_>, mut f: impl FnMut(&[u8])) -> io::Result<u64> {

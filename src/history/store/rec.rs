@@ -4,11 +4,11 @@
 //! shared among every version that has them. An index line ([`Entry`]) is made back from
 //! it only when a verb asks.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::content::hex;
 use super::Entry;
+pub(super) use crate::mem::Names;
 
 /// One version of one path (its path is the key it is filed under).
 #[derive(Debug, Clone)]
@@ -22,34 +22,8 @@ pub(super) struct Rec {
     pub kept: bool,
 }
 
-/// The sessions and op names of the versions, each held once.
-#[derive(Default)]
-pub(super) struct Names(HashSet<Arc<str>>);
-
-impl Names {
-    fn get(&mut self, s: &str) -> Arc<str> {
-        if let Some(a) = self.0.get(s) {
-            return a.clone();
-        }
-        let a: Arc<str> = Arc::from(s);
-        self.0.insert(a.clone());
-        a
-    }
-}
-
 /// The 32 bytes of a digest written as 64 hex characters (None: not one).
-pub(super) fn unhex(s: &str) -> Option<[u8; 32]> {
-    let b = s.as_bytes();
-    if b.len() != 64 {
-        return None;
-    }
-    let nib = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = nib(b[2 * i])? << 4 | nib(b[2 * i + 1])?;
-    }
-    Some(out)
-}
+pub(super) use crate::coherence::hex32::decode as unhex;
 
 impl Rec {
     /// The record of the index line `e` (a digest that is not one is dropped: it names no
