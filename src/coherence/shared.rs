@@ -146,9 +146,9 @@ impl Engine {
                     h.hold = Hold::I;
                 }
             }
-            // This host's stamp was of its copy at the older version: the next look at
-            // the copy judges it by content (caught up, behind, or changed).
-            e.stamp = None;
+            // This host's stamp is of its copy at the older version, and stays: a copy
+            // still as it was lags (nothing to judge); one that moved is judged by content
+            // (caught up, behind, or changed). Not logged: a restart knows no such stamp.
             e.logged_stamp = None;
             e.print = None;
         }

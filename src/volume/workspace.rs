@@ -55,6 +55,11 @@ fn log_content(p: &str, c: coherence::Content) {
             "{p}: this copy still holds the content of v{v} (its sync has not arrived): \
              behind, not a change"
         ),
+        Content::Lags => tracing::info!(
+            "{p}: first look at this copy since another host moved the version on, and it \
+             holds no version known here: taken as a copy the sync has not reached, not a \
+             change"
+        ),
         Content::Unknown => tracing::warn!(
             "{p}: changed behind the volume's back and could not be read to compare its \
              content: nothing counted, any record on it stays live"

@@ -247,3 +247,145 @@ fn a_late_judgement_of_an_older_stamp_counts_nothing() {
     assert_eq!(h.e.stamp(P), Some(st(7, 20, 5, 20)));
     h.assert_replay_equal();
 }
+
+/// Host B, which has never looked at plan.md, learns from host A that A edited it (v2, 7
+/// bytes, print C: an edit before any transfer, so v1's bytes were never fingerprinted)
+/// and handed it from alice to bob.
+fn edited_and_handed_elsewhere() -> (H, Session) {
+    let mut a = H::new();
+    let (alice, bob) = (sess("alice"), sess("bob"));
+    for s in [&alice, &bob] {
+        let t = a.t();
+        a.e.session_seen(s, t);
+    }
+    let t = a.t();
+    a.e.observe(P, Some(st(7, 1, 5, 1)), t);
+    let t = a.t();
+    a.e.acquire(&alice, P, t).unwrap();
+    let t = a.t();
+    a.e.commit(&alice, P, CommitOp::Write, Some(st(7, 2, 7, 2)), t);
+    let t = a.t();
+    a.e.close_write(&alice, P, true, t);
+    a.read(&alice, P);
+    let t = a.t();
+    a.e.observe_content(P, st(7, 2, 7, 2), Some(print(7, 0xc)), t);
+    a.transfer(&alice, &[P], "bob").unwrap();
+    let shared = a.e.shared_state(P).expect("shared");
+    assert_eq!((shared.version, shared.print), (2, Some(print(7, 0xc))));
+
+    let mut b = H::with(Config {
+        host: Some("B".into()),
+        ..Config::default()
+    });
+    for s in [&alice, &bob] {
+        let t = b.t();
+        b.e.session_seen(s, t);
+    }
+    b.e.adopt(P, Some(shared));
+    assert!(b.e.is_fenced(&alice, P));
+    (b, alice)
+}
+
+/// Issue 39 item 1: the first look at a copy the sync has not reached, holding bytes of a
+/// version no host fingerprinted, is a copy that lags: nothing counted, the record stays,
+/// its stamp is kept; the sync's arrival is no change, and a change after it is one.
+#[test]
+fn on_several_hosts_the_first_look_at_a_copy_the_edit_has_not_reached_is_a_lag() {
+    let (mut h, alice) = edited_and_handed_elsewhere();
+    let lagging = st(9, 1, 5, 1);
+    // Another size than any known version: nothing to read, and nothing counted.
+    assert!(!h.e.wants_print(P, &lagging));
+    let t = h.t();
+    assert_eq!(h.e.observe(P, Some(lagging), t), Some(2));
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    assert!(h.e.is_fenced(&alice, P) && live(&h));
+    assert_eq!(h.e.stamp(P), Some(lagging), "the copy's stamp is kept");
+    let t = h.t();
+    assert_eq!(h.e.observe(P, Some(lagging), t), Some(2));
+    // The sync arrives (another inode, v2's bytes): caught up, no change.
+    let synced = st(10, 3, 7, 2);
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, synced, Some(print(7, 0xc)), t),
+        Content::Same
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    assert!(h.e.is_fenced(&alice, P));
+    // Now a real change on this copy: counted, the record ends.
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(10, 4, 7, 4), Some(print(7, 0xd)), t),
+        Content::Changed
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 1);
+    assert!(!live(&h) && !h.e.is_fenced(&alice, P));
+}
+
+/// The same first look with bytes of another size than the first look's, later: a change
+/// of the copy after the first look is one.
+#[test]
+fn on_several_hosts_a_copy_that_moves_after_its_first_look_changed() {
+    let (mut h, alice) = edited_and_handed_elsewhere();
+    let t = h.t();
+    h.e.observe(P, Some(st(9, 1, 5, 1)), t);
+    let t = h.t();
+    h.e.observe(P, Some(st(9, 5, 9, 5)), t);
+    assert_eq!(h.count(EventKind::ExternalChange), 1);
+    assert!(!h.e.is_fenced(&alice, P));
+}
+
+/// A copy this host looked at (v1's stamp), then another host's commit moved the version
+/// on: the copy as it was lags, whatever print is offered for its unchanged stamp.
+#[test]
+fn on_several_hosts_an_unchanged_copy_lags_when_another_host_moves_the_version_on() {
+    let config = Config {
+        host: Some("B".into()),
+        ..Config::default()
+    };
+    let (mut h, a) = handed(config);
+    let mut s = h.e.shared_state(P).expect("shared");
+    s.version = 2;
+    s.print = Some(print(6, 0xc));
+    h.e.adopt(P, Some(s));
+    let v1 = st(7, 1, 5, 1);
+    assert_eq!(h.e.stamp(P), Some(v1), "this copy's stamp is kept");
+    let t = h.t();
+    assert_eq!(h.e.observe(P, Some(v1), t), Some(2));
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, v1, Some(print(5, 0xa)), t),
+        Content::Unchanged
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    assert_eq!(h.e.version(P), Some(2));
+    // The sync arrives: caught up; then v1's bytes put back: a revert, counted.
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 2, 6, 2), Some(print(6, 0xc)), t),
+        Content::Same
+    );
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 3, 5, 1), Some(print(5, 0xa)), t),
+        Content::Changed
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 1);
+    let _ = a;
+}
+
+/// On a copy that never held the file (created and handed on by another host), the file
+/// not being there yet is the sync not having arrived: not a removal.
+#[test]
+fn on_several_hosts_a_file_not_yet_on_a_copy_that_never_held_it_is_no_removal() {
+    let (mut h, alice) = edited_and_handed_elsewhere();
+    let t = h.t();
+    assert_eq!(h.e.observe(P, None, t), None);
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    assert!(h.e.is_fenced(&alice, P) && live(&h));
+    // Once it held the file, its going is a removal.
+    let t = h.t();
+    h.e.observe_content(P, st(9, 1, 7, 1), Some(print(7, 0xc)), t);
+    let t = h.t();
+    h.e.observe(P, None, t);
+    assert_eq!(h.count(EventKind::ExternalChange), 1);
+}

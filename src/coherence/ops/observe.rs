@@ -95,6 +95,8 @@ impl Engine {
                     exists: true,
                     stamp,
                     print: print.map(Box::new),
+                    // The copy holds the version it is first seen at.
+                    held_here: 1,
                     ..Default::default()
                 },
             );
@@ -109,9 +111,15 @@ impl Engine {
             (false, Some(_)) if e.version == 0 => {
                 e.version = 1;
                 e.exists = true;
+                e.held_here = 1;
                 e.stamp = stamp;
                 e.print = print.map(Box::new);
                 return Some(1);
+            }
+            // A copy this host never looked at, where the file is not yet: the sync that
+            // brings it has not arrived (docs/multi-host.md#copies).
+            (true, None) if self.copies() && e.stamp.is_none() && e.held_here == 0 => {
+                return None;
             }
             (true, Some(st)) => match judge(e, st, print, self.copies()) {
                 Content::Unchanged | Content::Same => {
@@ -121,7 +129,18 @@ impl Engine {
                     if print.is_some() && e.current_print().is_none() {
                         e.print = print.map(Box::new);
                     }
-                    e.held_here = e.held_here.max(e.version);
+                    // Only bytes found to be the current version's are held here: an
+                    // unchanged stamp may be of an older version's copy, kept when another
+                    // host's commit moved the version on.
+                    if print.is_some_and(|p| e.current_print() == Some(p)) {
+                        e.held_here = e.held_here.max(e.version);
+                    }
+                    return Some(e.version);
+                }
+                // First sight of a copy that is not yet the current version: its stamp is
+                // taken as this copy's, counted as nothing (a later change of it is one).
+                Content::Lags => {
+                    e.stamp = Some(st);
                     return Some(e.version);
                 }
                 // Behind: this host's copy has not caught up yet; Unknown: the content
@@ -183,6 +202,11 @@ pub enum Content {
     Behind(u64),
     /// Only the content can tell, and no fingerprint was given: nothing is counted now.
     Unknown,
+    /// Several hosts: the first look here at this copy since the path got a version from
+    /// another host, and its bytes are no version known here (older ones are known only
+    /// from transfers): a copy the sync has not reached, taken as it is, as a first sight
+    /// is on one host. Its stamp is kept; a later change of it is a change.
+    Lags,
     /// The content differs: a commit by `external`.
     Changed,
 }
@@ -204,7 +228,10 @@ fn needs_print(e: &Entry, st: &Stamp, copies: bool) -> bool {
 /// fingerprint is kept).
 fn judge(e: &Entry, st: Stamp, print: Option<Print>, copies: bool) -> Content {
     let current = e.current_print();
-    if e.stamp == Some(st) && print.is_none_or(|p| current.is_none_or(|c| c == p)) {
+    // On copies the stamp may be of an older version's bytes, kept when another host's
+    // commit moved the version on: unchanged, that copy still lags (not a change).
+    let older_copy = copies && e.held_here < e.version;
+    if e.stamp == Some(st) && (older_copy || print.is_none_or(|p| current.is_none_or(|c| c == p))) {
         return Content::Unchanged;
     }
     if needs_print(e, &st, copies) {
@@ -224,10 +251,16 @@ fn judge(e: &Entry, st: Stamp, print: Option<Print>, copies: bool) -> Content {
         }
     }
     if current.is_some() {
+        if copies && e.stamp.is_none() && e.held_here == 0 {
+            return Content::Lags;
+        }
         return Content::Changed;
     }
     match e.stamp {
         None => Content::Same,
+        // A stamp kept from an older version's copy says nothing of this version, whose
+        // fingerprint is not known here: taken as it is, as a first sight.
+        Some(_) if older_copy => Content::Same,
         Some(old) if old.size == st.size && old.mtime_ns == st.mtime_ns && old.mtime_ns != 0 => {
             Content::Same
         }
