@@ -47,6 +47,8 @@ const HOSTS: [&str; 3] = ["A", "B", "C"];
 const FILES: [&str; 3] = ["f0.md", "f1.md", "f2.md"];
 /// The schedule of the CI run.
 const DEFAULT_SEED: u64 = 22;
+/// The schedule of the CI run on copies that lag.
+const DEFAULT_LAG_SEED: u64 = 39;
 const DEFAULT_STEPS: usize = 150;
 /// How long hosts may take to agree once every fault is healed.
 const CONVERGE: Duration = Duration::from_secs(60);
@@ -76,6 +78,14 @@ struct Op {
     reason: Option<String>,
     /// An acknowledged transfer's record: (created) as the reply showed it.
     created: Option<String>,
+    /// A sync or a revert that changed a copy in a way that is a change, not a copy
+    /// catching up: it erased lines there, or brought bytes no commit made (written through
+    /// a descriptor still open on its source). It may end records, as any change behind
+    /// a volume's back does.
+    lifts: bool,
+    /// A write through a descriptor whose file a sync or a revert replaced on its copy:
+    /// it writes to the orphaned file, as on any filesystem, and lands nowhere.
+    orphan: bool,
 }
 
 impl Op {
@@ -115,11 +125,42 @@ impl Op {
         if let Some(c) = &self.created {
             let _ = write!(s, " created={c}");
         }
+        if self.lifts {
+            s.push_str(" lifts");
+        }
+        if self.orphan {
+            s.push_str(" orphan");
+        }
         s
     }
 
     fn is_fault(&self) -> bool {
-        self.session.is_empty()
+        self.session.is_empty() && !matches!(self.kind.as_str(), "sync" | "revert")
+    }
+}
+
+/// Where the hosts' workspaces are (`PARTITION_COPIES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One backing directory for all three hosts (unset).
+    Shared,
+    /// A copy per host, which the test brings in step right after every write there, in
+    /// place (`1`).
+    Copies,
+    /// A copy per host, synced on a schedule of its own as a sync tool would: one file
+    /// from one copy to another, replaced by a rename (rsync's default), now and then
+    /// from a copy that lags over a newer one; and now and then a copy put back to older
+    /// bytes (a revert). Copies lag in both directions (`lag`).
+    Lagging,
+}
+
+impl Mode {
+    fn describe(self) -> &'static str {
+        match self {
+            Mode::Shared => "one backing directory",
+            Mode::Copies => "each on its own copy, synced in place after every write",
+            Mode::Lagging => "each on its own copy, synced by replace on its own schedule, reverts",
+        }
     }
 }
 
@@ -162,6 +203,8 @@ struct Held {
     w: HeldWriter,
     /// A request sent whose answer never came: the writer is no longer usable.
     stuck: bool,
+    /// Its file was replaced on its copy (a sync or revert): it writes to the orphan.
+    orphan: bool,
 }
 
 /// The whole run. Fields drop in order: writers, hosts, etcd, namespaces, directory.
@@ -182,11 +225,18 @@ struct World {
     next_held: usize,
     faults: BTreeMap<&'static str, usize>,
     violations: Vec<String>,
+    mode: Mode,
+    /// Every line the test saw in any copy at any time (tag -> file): lines a sync or a
+    /// revert erased later were written and landed; whatever is lost unseen is a loss.
+    seen: BTreeMap<String, String>,
+    /// (host, file) whose copy may hold bytes no commit made yet: written through a
+    /// descriptor still open, a write whose answer never came, or such bytes synced in.
+    dirty: BTreeSet<(usize, String)>,
     _dir: tempfile::TempDir,
 }
 
 impl World {
-    fn new() -> World {
+    fn new(mode: Mode) -> World {
         let net = Net::new(&HOSTS);
         let etcd = Etcd::start_listening(3, &net.etcd_ip);
         let url = etcd.url_via(&net.etcd_ip);
@@ -195,7 +245,7 @@ impl World {
             .tempdir()
             .unwrap();
         let base = dir.path().canonicalize().unwrap();
-        let backings: Vec<PathBuf> = if copies() {
+        let backings: Vec<PathBuf> = if mode != Mode::Shared {
             HOSTS
                 .iter()
                 .map(|h| base.join(format!("backing-{h}")))
@@ -224,6 +274,9 @@ impl World {
             next_held: 0,
             faults: BTreeMap::new(),
             violations: Vec::new(),
+            mode,
+            seen: BTreeMap::new(),
+            dirty: BTreeSet::new(),
             _dir: dir,
         };
         for (k, name) in HOSTS.iter().enumerate() {
@@ -277,7 +330,7 @@ impl World {
     /// With a copy per host: what host `k`'s copy holds now reaches the others, as a sync
     /// tool would carry it (in place: a descriptor open on another host keeps its file).
     fn sync_from(&self, k: usize) {
-        if self.backings.len() < 2 {
+        if self.mode != Mode::Copies {
             return;
         }
         let from = format!("{}/", self.backing(k).display());
@@ -435,7 +488,24 @@ except OSError as e:
         if op.refused && op.errno == Some(libc::EACCES) {
             op.reason = self.denied_reason(k, session, path);
         }
+        // A write that returned and closed is committed, and with it whatever the copy held
+        // (unless a descriptor open there goes on writing); one whose end is unknown may
+        // have left bytes no commit made.
+        if op.ok && op.errno.is_none() {
+            if !self.writing_on(k, path) {
+                self.dirty.remove(&(k, path.to_string()));
+            }
+        } else if !op.refused {
+            self.dirty.insert((k, path.to_string()));
+        }
         self.finish(op);
+    }
+
+    /// Some descriptor held on host `k` may still write `path` there.
+    fn writing_on(&self, k: usize, path: &str) -> bool {
+        self.held
+            .iter()
+            .any(|h| h.host == k && h.path == path && !h.orphan)
     }
 
     fn hold(&mut self, k: usize, session: &str, path: &str) {
@@ -455,6 +525,7 @@ except OSError as e:
                     path: path.to_string(),
                     w,
                     stuck: false,
+                    orphan: false,
                 });
             }
             Err(e) => {
@@ -470,9 +541,9 @@ except OSError as e:
 
     /// One write through held descriptor `j` (its host serves, or its daemon is dead).
     fn held_write(&mut self, j: usize) {
-        let (k, session, path, id) = {
+        let (k, session, path, id, orphan) = {
             let h = &self.held[j];
-            (h.host, h.session.clone(), h.path.clone(), h.id)
+            (h.host, h.session.clone(), h.path.clone(), h.id, h.orphan)
         };
         let tag = self.tag(k, &session);
         let mut op = self.begin("write", k);
@@ -480,6 +551,7 @@ except OSError as e:
         op.path = path.clone();
         op.arg = tag.clone();
         op.via = format!("held#{id}");
+        op.orphan = orphan;
         match self.held[j].w.ask(&format!("write {tag}"), HELD_TIMEOUT) {
             Answer::Ok => op.ok = true,
             Answer::Err(e) => {
@@ -490,6 +562,9 @@ except OSError as e:
         }
         if op.errno == Some(libc::EACCES) {
             op.reason = self.denied_reason(k, &session, &path);
+        }
+        if !op.refused && !orphan {
+            self.dirty.insert((k, path.clone()));
         }
         self.finish(op);
     }
@@ -510,7 +585,132 @@ except OSError as e:
             Answer::Unknown => {}
         }
         drop(w);
+        // Its release committed what it wrote (on a daemon that runs).
+        if op.ok && !h.orphan && self.hosts[h.host].serving() && !self.writing_on(h.host, &h.path) {
+            self.dirty.remove(&(h.host, h.path.clone()));
+        }
         self.finish(op);
+    }
+
+    // --- copies that lag (Mode::Lagging) ----------------------------------------------------
+
+    /// The tagged lines of `path` in host `k`'s copy (after its first line).
+    fn lines(&self, k: usize, path: &str) -> Vec<String> {
+        std::fs::read_to_string(self.backing(k).join(path))
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn ino(&self, k: usize, path: &str) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(self.backing(k).join(path))
+            .ok()
+            .map(|m| m.ino())
+    }
+
+    fn saw(&mut self, path: &str, lines: &[String]) {
+        for l in lines {
+            self.seen.insert(l.clone(), path.to_string());
+        }
+    }
+
+    /// Host `to`'s copy of `path` was replaced by another file: descriptors held there
+    /// write to the orphan from now on.
+    fn replaced(&mut self, to: usize, path: &str) {
+        for h in self.held.iter_mut() {
+            if h.host == to && h.path == path {
+                h.orphan = true;
+            }
+        }
+    }
+
+    /// A sync tool carries `path` from host `from`'s copy to host `to`'s, as rsync does by
+    /// default: a temporary file beside it, renamed over it (when size or mtime differ).
+    /// It is a copy catching up when the target's lines are a prefix of what arrives and
+    /// what arrives was committed; else it lifts (a change that may end records).
+    fn sync(&mut self, from: usize, to: usize, path: &str) {
+        let mut op = self.begin("sync", to);
+        op.path = path.to_string();
+        op.arg = format!("from {}", HOSTS[from]);
+        let before = self.lines(to, path);
+        let ino = self.ino(to, path);
+        let src_dirty =
+            self.dirty.contains(&(from, path.to_string())) || self.writing_on(from, path);
+        let out = std::process::Command::new("rsync")
+            .arg("-t")
+            .arg(self.backing(from).join(path))
+            .arg(self.backing(to).join(path))
+            .output()
+            .expect("rsync (Debian package rsync)");
+        assert!(
+            out.status.success(),
+            "rsync {} -> {}: {}",
+            HOSTS[from],
+            HOSTS[to],
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let after = self.lines(to, path);
+        op.ok = true;
+        if self.ino(to, path) != ino {
+            self.replaced(to, path);
+            let forward = after.len() >= before.len() && after[..before.len()] == before[..];
+            op.lifts = !forward || (src_dirty && after != before);
+            if src_dirty {
+                self.dirty.insert((to, path.to_string()));
+            } else {
+                self.dirty.remove(&(to, path.to_string()));
+            }
+        }
+        self.saw(path, &before);
+        self.saw(path, &after);
+        self.finish(op);
+    }
+
+    /// Host `k`'s copy of `path` put back to older bytes behind every volume (its last
+    /// `drop` lines taken off, the file replaced by a rename): a revert, which lifts.
+    fn revert(&mut self, k: usize, path: &str, drop: usize) {
+        let mut op = self.begin("revert", k);
+        op.path = path.to_string();
+        op.arg = format!("{drop} lines");
+        let before = self.lines(k, path);
+        let keep = before.len().saturating_sub(drop);
+        let mut text = format!("{path}\n");
+        for l in &before[..keep] {
+            text.push_str(l);
+            text.push('\n');
+        }
+        let tmp = self.backing(k).join(format!(".{path}.revert"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.backing(k).join(path)).unwrap();
+        op.ok = true;
+        op.lifts = true;
+        self.replaced(k, path);
+        self.dirty.insert((k, path.to_string()));
+        self.saw(path, &before);
+        self.finish(op);
+    }
+
+    /// A sync or revert step: mostly a file carried from the copy with the most of it (a
+    /// sync tool carries the newest change) to another copy; one in five from any copy to
+    /// any other (a copy that lags run over a newer one); now and then a revert.
+    fn copy_step(&mut self, rng: &mut Rng) {
+        let n = HOSTS.len();
+        let path = *rng.pick(&FILES);
+        if rng.below(6) == 0 {
+            let k = rng.below(n);
+            let drop = 1 + rng.below(2);
+            return self.revert(k, path, drop);
+        }
+        let from = if rng.below(5) == 0 {
+            rng.below(n)
+        } else {
+            (0..n).max_by_key(|&k| self.lines(k, path).len()).unwrap()
+        };
+        let to = (from + 1 + rng.below(n - 1)) % n;
+        self.sync(from, to, path);
     }
 
     // --- faults ----------------------------------------------------------------------------
@@ -618,6 +818,10 @@ except OSError as e:
         let n = HOSTS.len();
         if rng.below(4) == 0 && self.fault_step(rng) {
             return;
+        }
+        // Drawn only in this mode, so the other modes' schedules stay as they were.
+        if self.mode == Mode::Lagging && rng.below(5) == 0 {
+            return self.copy_step(rng);
         }
         let serving: Vec<usize> = (0..n).filter(|&k| self.hosts[k].serving()).collect();
         if serving.is_empty() {
@@ -857,7 +1061,12 @@ fn landed(backing: &Path) -> BTreeMap<String, String> {
 /// operations that show it.
 fn check(history: &[Op], landed: &BTreeMap<String, String>) -> Vec<String> {
     let mut bad = Vec::new();
-    let writes: Vec<&Op> = history.iter().filter(|o| o.kind == "write").collect();
+    // A write through a descriptor whose file was replaced lands in the orphan, nowhere
+    // anyone reads: neither a loss nor anyone's work erased.
+    let writes: Vec<&Op> = history
+        .iter()
+        .filter(|o| o.kind == "write" && !o.orphan)
+        .collect();
     let by_tag: BTreeMap<&str, &Op> = writes.iter().map(|o| (o.arg.as_str(), *o)).collect();
     // Landed means admitted, and admitted means landed.
     for (tag, file) in landed {
@@ -922,10 +1131,28 @@ fn check(history: &[Op], landed: &BTreeMap<String, String>) -> Vec<String> {
                             o.session != *g && (o.ok || !o.refused || landed.contains_key(&o.arg))
                         }
                         "close" => o.session != *g,
+                        "sync" | "revert" => o.lifts,
                         _ => false,
                     }
             };
-            if history.iter().any(|o| lifts(&o)) {
+            // A change to a copy (a sync or revert that lifts) is found by that host only
+            // when it next looks at the file: made before the transfer, it may still end
+            // the record after it, until that host has surely looked (opened the file
+            // through its mount: an admitted write, or an acknowledged transfer's read).
+            let latent = |o: &&Op| {
+                o.path == *p
+                    && o.lifts
+                    && o.start <= x.start
+                    && !history.iter().any(|l| {
+                        l.host == o.host
+                            && l.path == *p
+                            && l.start > o.end
+                            && l.start < x.start
+                            && l.ok
+                            && ((l.kind == "write" && l.via == "fresh") || l.kind == "transfer")
+                    })
+            };
+            if history.iter().any(|o| lifts(&o) || latent(&o)) {
                 continue;
             }
             let mut msg = format!(
@@ -991,9 +1218,15 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     }
 }
 
-/// `PARTITION_COPIES=1`: each host mounts its own copy of the workspace.
-fn copies() -> bool {
-    std::env::var("PARTITION_COPIES").is_ok_and(|v| v == "1")
+/// `PARTITION_COPIES`: `1`, each host mounts its own copy of the workspace, synced after
+/// every write; `lag`, synced on a schedule of its own, by replace, with reverts.
+fn mode() -> Mode {
+    match std::env::var("PARTITION_COPIES").as_deref() {
+        Ok("1") => Mode::Copies,
+        Ok("lag") => Mode::Lagging,
+        Ok("") | Ok("0") | Err(_) => Mode::Shared,
+        Ok(v) => panic!("PARTITION_COPIES={v:?}: use 1 (synced after every write) or lag"),
+    }
 }
 
 /// The seed: `PARTITION_SEED` (a number or `random`), else the CI run's.
@@ -1011,20 +1244,31 @@ fn seed() -> u64 {
     }
 }
 
+/// The CI run: the mode `PARTITION_COPIES` names (one backing directory unless set).
 #[test]
 fn a_seeded_schedule_of_faults_keeps_every_fence() {
-    let seed = seed();
+    run(mode(), seed());
+}
+
+/// The CI run on copies that lag (a sync on its own schedule, by replace; reverts), with a
+/// seed of its own unless `PARTITION_SEED` names one.
+#[test]
+fn a_seeded_schedule_on_copies_that_lag_keeps_every_fence() {
+    let seed = match std::env::var("PARTITION_SEED") {
+        Ok(_) => seed(),
+        Err(_) => DEFAULT_LAG_SEED,
+    };
+    run(Mode::Lagging, seed);
+}
+
+fn run(mode: Mode, seed: u64) {
     let steps = env_or("PARTITION_STEPS", DEFAULT_STEPS);
     let started = Instant::now();
     let mut rng = Rng(seed);
-    let mut w = World::new();
+    let mut w = World::new(mode);
     eprintln!(
         "partition: seed {seed}, {steps} steps, 3 hosts ({}), 3-member etcd, link faults by {}",
-        if copies() {
-            "each on its own copy, synced by the test"
-        } else {
-            "one backing directory"
-        },
+        mode.describe(),
         w.net.degrade_kind()
     );
     for _ in 0..steps {
@@ -1073,10 +1317,33 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
             }
         }
     }
-    // With copies, every copy holds the same (each write was carried to the others).
-    let landed = landed(w.backing(0));
+    // With copies synced after every write, every copy holds the same. With copies that
+    // lag, a line is in some copy, or was seen in one before a sync or revert erased it.
+    let mut landed: BTreeMap<String, String> = BTreeMap::new();
+    for b in &w.backings {
+        landed.extend(self::landed(b));
+    }
+    landed.extend(std::mem::take(&mut w.seen));
     let mut violations = std::mem::take(&mut w.violations);
     violations.extend(check(&w.history, &landed));
+    // `PARTITION_KEEP=1`: each host's events, daemon log and copy, for a look after the run.
+    if std::env::var_os("PARTITION_KEEP").is_some() {
+        let keep = std::env::temp_dir().join(format!("coherent-partition-{seed}-kept"));
+        let _ = std::fs::remove_dir_all(&keep);
+        std::fs::create_dir_all(&keep).unwrap();
+        for (k, h) in w.hosts.iter().enumerate() {
+            let n = h.name;
+            let _ = std::fs::copy(
+                h.mnt.join(".coherent/events"),
+                keep.join(format!("events-{n}")),
+            );
+            let _ = std::fs::copy(&h.log, keep.join(format!("daemon-{n}.log")));
+            for f in FILES {
+                let _ = std::fs::copy(w.backing(k).join(f), keep.join(format!("{n}-{f}")));
+            }
+        }
+        eprintln!("partition: kept in {}", keep.display());
+    }
     // The history, kept for a look after the run.
     let file = std::env::temp_dir().join(format!("coherent-partition-{seed}.history"));
     let text: String = w.history.iter().map(|o| o.line() + "\n").collect();
@@ -1097,9 +1364,12 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
         .iter()
         .filter(|e| e["event"] == "evict")
         .count();
+    let lifting = w.history.iter().filter(|o| o.lifts).count();
+    let orphans = w.history.iter().filter(|o| o.orphan).count();
     eprintln!(
         "partition: seed {seed}: {} operations ({} transfers, {acked} acknowledged; {} writes, \
-         {admitted} admitted, {} landed; {} held opens; {evictions} records evicted), faults \
+         {admitted} admitted, {} landed, {orphans} into an orphan; {} held opens; {} syncs and \
+         {} reverts, {lifting} of them changes; {evictions} records evicted), faults \
          {:?}, {} violations, {:.1}s; \
          history in {}",
         w.history.len(),
@@ -1107,6 +1377,8 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
         count("write"),
         landed.len(),
         count("open"),
+        count("sync"),
+        count("revert"),
         w.faults,
         violations.len(),
         started.elapsed().as_secs_f64(),
@@ -1114,8 +1386,13 @@ fn a_seeded_schedule_of_faults_keeps_every_fence() {
     );
     assert!(
         violations.is_empty(),
-        "seed {seed} ({steps} steps; rerun with PARTITION_SEED={seed} PARTITION_STEPS={steps}): \
-         {} violation(s):\n{}",
+        "seed {seed} ({steps} steps, {mode:?}; rerun with PARTITION_SEED={seed} \
+         PARTITION_STEPS={steps}{}): {} violation(s):\n{}",
+        match mode {
+            Mode::Shared => "",
+            Mode::Copies => " PARTITION_COPIES=1",
+            Mode::Lagging => " PARTITION_COPIES=lag",
+        },
         violations.len(),
         violations.join("\n\n")
     );
