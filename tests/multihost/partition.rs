@@ -539,6 +539,132 @@ except OSError as e:
         self.finish(op);
     }
 
+    /// An editor's save by rename, with a descriptor held under the other name (issue 39
+    /// item 4): the session copies `path` to `side-N.md` through host `k`'s mount, opens the
+    /// copy for writing and keeps it open, then moves it over `path`. From then on the held
+    /// descriptor writes `path`'s file, under the name it was opened by. Refused (a fenced
+    /// giver, a stale view), the descriptor is closed and the side file left.
+    fn save_aside(&mut self, k: usize, session: &str, path: &str) {
+        const MV: &str = r#"
+import os, sys
+try:
+    os.rename(sys.argv[1], sys.argv[2])
+    print('ok')
+except OSError as e:
+    print('err', e.errno)
+"#;
+        self.next_held += 1;
+        let id = self.next_held;
+        let side = format!("side-{id}.md");
+        let mut op = self.begin("rename", k);
+        op.session = session.to_string();
+        op.path = path.to_string();
+        op.arg = side.clone();
+        op.via = format!("held#{id}");
+        let copied = sh(&self.hosts[k], Some(session), &format!("cp {path} {side}"));
+        if copied.code != Some(0) {
+            op.refused = true;
+            op.reason = Some(format!("cp: {}", copied.err.trim()));
+            return self.finish(op);
+        }
+        let w = match HeldWriter::open(&self.hosts[k], session, &side) {
+            Ok(w) => w,
+            Err(e) => {
+                op.refused = true;
+                op.errno = (e > 0).then_some(e);
+                return self.finish(op);
+            }
+        };
+        let mut c = python();
+        c.arg("-c").arg(MV).arg(&side).arg(path);
+        let r = run_in(
+            self.hosts[k].root(),
+            &[("COHERENT_SESSION", session)],
+            &mut c,
+        );
+        let out = r.out.trim().to_string();
+        let mut words = out.split(' ');
+        match (
+            words.next(),
+            words.next().and_then(|e| e.parse::<i32>().ok()),
+        ) {
+            (Some("ok"), _) => {
+                op.ok = true;
+                // Whatever was held open on the file the name denoted now writes an orphan.
+                self.replaced(k, path);
+                self.held.push(Held {
+                    id,
+                    host: k,
+                    session: session.to_string(),
+                    path: path.to_string(),
+                    w,
+                    stuck: false,
+                    orphan: false,
+                });
+                // The rename committed the copy's bytes, nothing written through it yet.
+                if !self.writing_on(k, path) {
+                    self.dirty.remove(&(k, path.to_string()));
+                }
+            }
+            (Some("err"), Some(e)) => {
+                op.refused = true;
+                op.errno = Some(e);
+                if e == libc::EACCES {
+                    op.reason = self.denied_reason(k, session, path);
+                }
+                drop(w);
+            }
+            _ => drop(w),
+        }
+        self.finish(op);
+    }
+
+    /// Aims at a descriptor held across a transfer made elsewhere (issue 39 item 4): half
+    /// the time the session of a held descriptor hands its file on from another host
+    /// (which must find it in flight, under whatever name it was opened); else the
+    /// giver of the newest acknowledged transfer writes through a descriptor it holds on
+    /// that path, if any.
+    fn aim_at_held(&mut self, rng: &mut Rng, usable: &[usize], serving: &[usize]) {
+        let last_ack = self
+            .history
+            .iter()
+            .rev()
+            .find(|o| o.kind == "transfer" && o.ok)
+            .map(|o| (o.session.clone(), o.path.clone()));
+        let giver_held: Vec<usize> = usable
+            .iter()
+            .copied()
+            .filter(|&j| {
+                let h = &self.held[j];
+                last_ack
+                    .as_ref()
+                    .is_some_and(|(g, p)| h.session == *g && h.path == *p)
+            })
+            .collect();
+        if !giver_held.is_empty() && rng.below(2) == 0 {
+            let j = *rng.pick(&giver_held);
+            return self.held_write(j);
+        }
+        let j = *rng.pick(usable);
+        let (hk, session, path) = {
+            let h = &self.held[j];
+            (h.host, h.session.clone(), h.path.clone())
+        };
+        let elsewhere: Vec<usize> = serving.iter().copied().filter(|&k| k != hk).collect();
+        let k = if elsewhere.is_empty() {
+            hk
+        } else {
+            *rng.pick(&elsewhere)
+        };
+        let i = self
+            .sessions
+            .iter()
+            .position(|x| *x == session)
+            .unwrap_or(0);
+        let to = self.sessions[(i + 1 + rng.below(self.sessions.len() - 1)) % 3].clone();
+        self.verb(k, "transfer", &session, &path, Some(&to));
+    }
+
     /// One write through held descriptor `j` (its host serves, or its daemon is dead).
     fn held_write(&mut self, j: usize) {
         let (k, session, path, id, orphan) = {
@@ -617,11 +743,17 @@ except OSError as e:
         }
     }
 
-    /// Host `to`'s copy of `path` was replaced by another file: descriptors held there
-    /// write to the orphan from now on.
+    /// Host `to`'s copy of `path` was replaced by another file: descriptors held on it
+    /// (through any host that shares that copy) write to the orphan from now on.
     fn replaced(&mut self, to: usize, path: &str) {
-        for h in self.held.iter_mut() {
-            if h.host == to && h.path == path {
+        let copy = self.backing(to).to_path_buf();
+        let on: Vec<bool> = self
+            .held
+            .iter()
+            .map(|h| h.path == path && self.backing(h.host) == copy)
+            .collect();
+        for (h, on) in self.held.iter_mut().zip(on) {
+            if on {
                 h.orphan = true;
             }
         }
@@ -855,12 +987,20 @@ except OSError as e:
         }
         // Held descriptors that can be asked now: on a serving host, or on a dead daemon
         // (the kernel answers at once), never on a stopped one (the call would wait for it).
+        // Copies that lag also see saves by rename with a descriptor held under the other
+        // name (drawn only in this mode, so the other modes' schedules stay as they were).
+        if self.mode == Mode::Lagging && self.held.len() < 6 && rng.below(12) == 0 {
+            return self.save_aside(k, &session, path);
+        }
         let usable: Vec<usize> = (0..self.held.len())
             .filter(|&j| {
                 let h = &self.held[j];
                 !h.stuck && !self.hosts[h.host].paused
             })
             .collect();
+        if self.mode == Mode::Lagging && !usable.is_empty() && rng.below(4) == 0 {
+            return self.aim_at_held(rng, &usable, &serving);
+        }
         match rng.below(100) {
             0..=21 => self.verb(k, "transfer", &session, path, Some(&other)),
             22..=29 => self.verb(k, "accept", &session, path, None),
@@ -1094,9 +1234,14 @@ fn check(history: &[Op], landed: &BTreeMap<String, String>) -> Vec<String> {
         }
     }
     // No giver write after the acknowledgement, while nothing could have lifted the fence.
+    // A save by rename onto the path is a write of it.
+    let writes_and_saves: Vec<&Op> = history
+        .iter()
+        .filter(|o| (o.kind == "write" && !o.orphan) || o.kind == "rename")
+        .collect();
     for x in history.iter().filter(|o| o.kind == "transfer" && o.ok) {
         let (p, g, s) = (&x.path, &x.session, &x.arg);
-        for w in &writes {
+        for w in &writes_and_saves {
             let admitted = w.ok || landed.contains_key(&w.arg);
             if !admitted || w.path != *p || w.session != *g || w.start <= x.end {
                 continue;
@@ -1127,7 +1272,7 @@ fn check(history: &[Op], landed: &BTreeMap<String, String>) -> Vec<String> {
                         "withdraw" => o.session == *g,
                         "decline" => o.session == *s || superseded_to(&o.session, o.start),
                         "transfer" => o.session != *g,
-                        "write" => {
+                        "write" | "rename" => {
                             o.session != *g && (o.ok || !o.refused || landed.contains_key(&o.arg))
                         }
                         "close" => o.session != *g,
@@ -1149,7 +1294,9 @@ fn check(history: &[Op], landed: &BTreeMap<String, String>) -> Vec<String> {
                             && l.start > o.end
                             && l.start < x.start
                             && l.ok
-                            && ((l.kind == "write" && l.via == "fresh") || l.kind == "transfer")
+                            && ((l.kind == "write" && l.via == "fresh")
+                                || l.kind == "transfer"
+                                || l.kind == "rename")
                     })
             };
             if history.iter().any(|o| lifts(&o) || latent(&o)) {
@@ -1368,8 +1515,8 @@ fn run(mode: Mode, seed: u64) {
     let orphans = w.history.iter().filter(|o| o.orphan).count();
     eprintln!(
         "partition: seed {seed}: {} operations ({} transfers, {acked} acknowledged; {} writes, \
-         {admitted} admitted, {} landed, {orphans} into an orphan; {} held opens; {} syncs and \
-         {} reverts, {lifting} of them changes; {evictions} records evicted), faults \
+         {admitted} admitted, {} landed, {orphans} into an orphan; {} held opens; {} saves by \
+         rename; {} syncs and {} reverts, {lifting} of them changes; {evictions} records evicted), faults \
          {:?}, {} violations, {:.1}s; \
          history in {}",
         w.history.len(),
@@ -1377,6 +1524,7 @@ fn run(mode: Mode, seed: u64) {
         count("write"),
         landed.len(),
         count("open"),
+        count("rename"),
         count("sync"),
         count("revert"),
         w.faults,
