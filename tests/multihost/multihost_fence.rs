@@ -102,11 +102,12 @@ impl Root for Host {
     }
 }
 
-/// Hosts A and B, one etcd. Dropped in order: hosts, then etcd.
+/// Hosts A and B, one etcd. Dropped in order: hosts, etcd, namespaces.
 struct Pair {
     a: Host,
     b: Host,
     etcd: Etcd,
+    _net: Option<Net>,
     _dir: tempfile::TempDir,
 }
 
@@ -124,6 +125,35 @@ impl Pair {
             a,
             b,
             etcd,
+            _net: None,
+            _dir: dir,
+        }
+    }
+
+    /// [`Pair::new`] with each host in a network namespace of its own, reaching etcd over
+    /// its own link, as two machines would.
+    fn apart() -> Pair {
+        let net = Net::new(&["a", "b"]);
+        let etcd = Etcd::start_listening(1, &net.etcd_ip);
+        let url = etcd.url_via(&net.etcd_ip);
+        let dir = tempfile::Builder::new()
+            .prefix("coherent-mhf-")
+            .tempdir()
+            .unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let start = |name: &str, k: usize| {
+            let o = Opts {
+                net: Some((&net, k)),
+                ..Opts::default()
+            };
+            Host::start_with(&base, name, &url, true, o)
+        };
+        let (a, b) = (start("A", 0), start("B", 1));
+        Pair {
+            a,
+            b,
+            etcd,
+            _net: Some(net),
             _dir: dir,
         }
     }
@@ -770,7 +800,7 @@ fn alice_fenced_on(h: &Host, host: &str, name: &str) {
 /// arrives they are caught up; a real change on A's copy after that ends the record.
 #[test]
 fn the_first_handoff_after_an_edit_survives_a_read_of_a_copy_that_lags() {
-    let p = Pair::new(true);
+    let p = Pair::apart();
     touch_session(&p.b, "bob");
     const SEEN: &str = FILE;
     const UNSEEN: &str = "g.md";
@@ -838,7 +868,7 @@ fn the_first_handoff_after_an_edit_survives_a_read_of_a_copy_that_lags() {
 /// giver stays fenced on A throughout.
 #[test]
 fn a_write_right_after_a_sync_replaced_the_file_lands_in_the_new_file() {
-    let p = Pair::new(true);
+    let p = Pair::apart();
     touch_session(&p.b, "bob");
     // Each copy looked at through its mount (the kernel caches the name's entry).
     sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
