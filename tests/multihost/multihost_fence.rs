@@ -738,7 +738,7 @@ fn a_copy_that_lags_behind_is_behind_and_a_real_change_on_a_copy_ends_the_record
 
 #[test]
 fn a_copy_put_back_to_a_handed_versions_bytes_is_a_change_not_a_lag() {
-    let p = Pair::new(true);
+    let p = Pair::apart();
     sync(&p.a, &p.b);
     touch_session(&p.b, "bob");
     sh_ok(&p.a, Some("alice"), &format!("cat {FILE} >/dev/null"));
@@ -861,6 +861,32 @@ fn the_first_handoff_after_an_edit_survives_a_read_of_a_copy_that_lags() {
     }
 }
 
+/// Issue 39 item 2: alice commits through A (a file never handed on: the commit is A's
+/// alone), and before the sync carries it to B she reads B's older copy there and hands
+/// it to bob. A's copy holds A's own commit, not the handed bytes: never a change behind
+/// A's back. The record stays live on both hosts and alice is fenced on both, through A's
+/// copy too, however long A is looked at.
+#[test]
+fn a_hosts_own_unsynced_commit_is_never_external_when_the_other_host_hands_the_file_on() {
+    let p = Pair::apart();
+    touch_session(&p.b, "bob");
+    sh_ok(&p.a, Some("alice"), &format!("echo 'alice on A' >> {FILE}"));
+    sh_ok(&p.b, Some("alice"), &format!("cat {FILE} >/dev/null"));
+    transfer(&p.b, "alice", "bob", &[FILE]);
+    assert!(
+        wait_until(TIMEOUT, || live_record(&p.a, FILE).is_some()),
+        "A never learned of the transfer"
+    );
+    for _ in 0..5 {
+        sh_ok(&p.a, None, &format!("cat {FILE} >/dev/null; ls -l >/dev/null"));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    alice_fenced_on(&p.a, "A", FILE);
+    alice_fenced_on(&p.b, "B", FILE);
+    assert_eq!(p.a.backing_text(), format!("{ORIGINAL}alice on A\n"));
+    assert_eq!(std::fs::read_to_string(p.b.backing.join(FILE)).unwrap(), ORIGINAL);
+}
+
 /// Issue 39 item 5 across hosts: B's copy reaches A by a sync that replaces the file (a
 /// temporary file renamed over it, as rsync does), and the successor appends through A's
 /// mount right after it (no wait, and half a second: within the kernel's entry cache
@@ -940,7 +966,7 @@ fn a_write_right_after_a_sync_replaced_the_file_lands_in_the_new_file() {
 /// descriptor is closed, the transfer is acknowledged.
 #[test]
 fn a_descriptor_held_under_another_name_keeps_a_transfer_on_the_other_host_in_flight() {
-    let p = Pair::new(true);
+    let p = Pair::apart();
     touch_session(&p.b, "bob");
     sh_ok(&p.a, None, "mkdir ign && echo 'ign/' > .coherentignore");
     // The third way in: a shared writable mapping made while the file was untracked, its
