@@ -8,6 +8,7 @@ use crate::common;
 use coherent::*;
 use common::etcd::Etcd;
 use common::hosts::Daemon;
+use common::netns::Net;
 use common::{wait_until, BIN};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,8 @@ struct Host {
     log: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// The network namespace it runs in (None: the test's own).
+    ns: Option<String>,
     daemon: Option<Daemon>,
 }
 
@@ -40,6 +43,19 @@ impl Host {
         url: &str,
         ttl: &str,
         env: &[(&str, &str)],
+    ) -> Host {
+        Host::start_in(base, backing, name, url, ttl, env, None)
+    }
+
+    /// [`Host::start_env`] in network namespace `ns` (None: the test's own).
+    fn start_in(
+        base: &Path,
+        backing: &Path,
+        name: &str,
+        url: &str,
+        ttl: &str,
+        env: &[(&str, &str)],
+        ns: Option<String>,
     ) -> Host {
         let mnt = base.join(format!("mnt-{name}"));
         let state = base.join(format!("state-{name}"));
@@ -66,6 +82,7 @@ impl Host {
             backing: backing.to_path_buf(),
             args,
             env,
+            ns,
             daemon: None,
         };
         h.spawn();
@@ -73,7 +90,14 @@ impl Host {
     }
 
     fn spawn(&mut self) {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match &self.ns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg("--").arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg(&self.backing)
             .arg(&self.mnt)
             .arg("--state-dir")
@@ -100,10 +124,12 @@ impl Root for Host {
 }
 
 /// Two hosts over one backing directory, one etcd. Dropped in order: hosts, then etcd.
+/// Dropped in order: hosts, etcd, namespaces.
 struct Pair {
     a: Host,
     b: Host,
     etcd: Etcd,
+    _net: Option<Net>,
     _dir: tempfile::TempDir,
 }
 
@@ -131,6 +157,34 @@ impl Pair {
             a,
             b,
             etcd,
+            _net: None,
+            _dir: dir,
+        }
+    }
+
+    /// Two hosts of one directory, each in a network namespace of its own that reaches
+    /// etcd over its own link, as two machines sharing a network filesystem would.
+    fn apart(members: usize, ttl: &str) -> Pair {
+        let net = Net::new(&["a", "b"]);
+        let etcd = Etcd::start_listening(members, &net.etcd_ip);
+        let url = etcd.url_via(&net.etcd_ip);
+        let dir = tempfile::Builder::new()
+            .prefix("coherent-mh-")
+            .tempdir()
+            .unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let backing = base.join("backing");
+        std::fs::create_dir(&backing).unwrap();
+        let start = |name: &str, k: usize| {
+            let ns = Some(net.links[k].ns.clone());
+            Host::start_in(&base, &backing, name, &url, ttl, &[], ns)
+        };
+        let (a, b) = (start("A", 0), start("B", 1));
+        Pair {
+            a,
+            b,
+            etcd,
+            _net: Some(net),
             _dir: dir,
         }
     }
@@ -903,7 +957,7 @@ fn another_name_of_a_handed_file_is_fenced_on_the_other_host() {
 /// other's and acknowledged rows were lost.
 #[test]
 fn sqlite_writers_on_two_hosts_of_one_directory_lose_nothing() {
-    let p = Pair::new(1, "5s");
+    let p = Pair::apart(1, "5s");
     let paths = [
         p.a.mnt.join("t.db"),
         p.b.mnt.join("t.db"),

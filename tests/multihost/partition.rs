@@ -205,6 +205,8 @@ struct Held {
     stuck: bool,
     /// Its file was replaced on its copy (a sync or revert): it writes to the orphan.
     orphan: bool,
+    /// A write through it returned (its release commits).
+    wrote: bool,
 }
 
 /// The whole run. Fields drop in order: writers, hosts, etcd, namespaces, directory.
@@ -232,6 +234,10 @@ struct World {
     /// (host, file) whose copy may hold bytes no commit made yet: written through a
     /// descriptor still open, a write whose answer never came, or such bytes synced in.
     dirty: BTreeSet<(usize, String)>,
+    /// Per file, the lines of the newest commit through a mount, while no change behind
+    /// the volumes came after it (None: one did). Only those bytes are a version every
+    /// host knows as the current one: a sync bringing anything else is a change there.
+    latest: BTreeMap<String, Option<Vec<String>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -277,6 +283,10 @@ impl World {
             mode,
             seen: BTreeMap::new(),
             dirty: BTreeSet::new(),
+            latest: FILES
+                .iter()
+                .map(|f| (f.to_string(), Some(Vec::new())))
+                .collect(),
             _dir: dir,
         };
         for (k, name) in HOSTS.iter().enumerate() {
@@ -495,10 +505,17 @@ except OSError as e:
             if !self.writing_on(k, path) {
                 self.dirty.remove(&(k, path.to_string()));
             }
+            self.committed(k, path);
         } else if !op.refused {
             self.dirty.insert((k, path.to_string()));
         }
         self.finish(op);
+    }
+
+    /// A commit of `path` through host `k`'s mount: its copy's bytes are the newest version.
+    fn committed(&mut self, k: usize, path: &str) {
+        let lines = self.lines(k, path);
+        self.latest.insert(path.to_string(), Some(lines));
     }
 
     /// Some descriptor held on host `k` may still write `path` there.
@@ -526,6 +543,7 @@ except OSError as e:
                     w,
                     stuck: false,
                     orphan: false,
+                    wrote: false,
                 });
             }
             Err(e) => {
@@ -600,11 +618,13 @@ except OSError as e:
                     w,
                     stuck: false,
                     orphan: false,
+                    wrote: false,
                 });
                 // The rename committed the copy's bytes, nothing written through it yet.
                 if !self.writing_on(k, path) {
                     self.dirty.remove(&(k, path.to_string()));
                 }
+                self.committed(k, path);
             }
             (Some("err"), Some(e)) => {
                 op.refused = true;
@@ -691,6 +711,7 @@ except OSError as e:
         }
         if !op.refused && !orphan {
             self.dirty.insert((k, path.clone()));
+            self.held[j].wrote = true;
         }
         self.finish(op);
     }
@@ -712,8 +733,11 @@ except OSError as e:
         }
         drop(w);
         // Its release committed what it wrote (on a daemon that runs).
-        if op.ok && !h.orphan && self.hosts[h.host].serving() && !self.writing_on(h.host, &h.path) {
-            self.dirty.remove(&(h.host, h.path.clone()));
+        if op.ok && !h.orphan && h.wrote && self.hosts[h.host].serving() {
+            if !self.writing_on(h.host, &h.path) {
+                self.dirty.remove(&(h.host, h.path.clone()));
+            }
+            self.committed(h.host, &h.path);
         }
         self.finish(op);
     }
@@ -788,8 +812,17 @@ except OSError as e:
         op.ok = true;
         if self.ino(to, path) != ino {
             self.replaced(to, path);
+            // A catch-up brings the newest version's bytes (what every host knows as current)
+            // to a copy that lags (it had a prefix of them); anything else is a change.
             let forward = after.len() >= before.len() && after[..before.len()] == before[..];
-            op.lifts = !forward || (src_dirty && after != before);
+            let newest = self
+                .latest
+                .get(path)
+                .is_some_and(|l| l.as_ref() == Some(&after));
+            op.lifts = after != before && (!forward || src_dirty || !newest);
+            if op.lifts {
+                self.latest.insert(path.to_string(), None);
+            }
             if src_dirty {
                 self.dirty.insert((to, path.to_string()));
             } else {
@@ -819,6 +852,7 @@ except OSError as e:
         std::fs::rename(&tmp, self.backing(k).join(path)).unwrap();
         op.ok = true;
         op.lifts = true;
+        self.latest.insert(path.to_string(), None);
         self.replaced(k, path);
         self.dirty.insert((k, path.to_string()));
         self.saw(path, &before);
