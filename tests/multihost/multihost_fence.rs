@@ -878,13 +878,20 @@ fn a_hosts_own_unsynced_commit_is_never_external_when_the_other_host_hands_the_f
         "A never learned of the transfer"
     );
     for _ in 0..5 {
-        sh_ok(&p.a, None, &format!("cat {FILE} >/dev/null; ls -l >/dev/null"));
+        sh_ok(
+            &p.a,
+            None,
+            &format!("cat {FILE} >/dev/null; ls -l >/dev/null"),
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     alice_fenced_on(&p.a, "A", FILE);
     alice_fenced_on(&p.b, "B", FILE);
     assert_eq!(p.a.backing_text(), format!("{ORIGINAL}alice on A\n"));
-    assert_eq!(std::fs::read_to_string(p.b.backing.join(FILE)).unwrap(), ORIGINAL);
+    assert_eq!(
+        std::fs::read_to_string(p.b.backing.join(FILE)).unwrap(),
+        ORIGINAL
+    );
 }
 
 /// Issue 39 item 5 across hosts: B's copy reaches A by a sync that replaces the file (a
