@@ -470,26 +470,15 @@ except OSError as e:
         op.path = path.to_string();
         op.arg = tag.clone();
         op.via = "fresh".into();
-        let mut c = python();
-        c.arg("-c").arg(PY).arg(path).arg(&tag);
-        let r = run_in(
-            self.hosts[k].root(),
-            &[("COHERENT_SESSION", session)],
-            &mut c,
-        );
-        let out = r.out.trim().to_string();
-        let mut words = out.split(' ');
-        match (
-            words.next(),
-            words.next().and_then(|e| e.parse::<i32>().ok()),
-        ) {
-            (Some("ok"), _) => op.ok = true,
+        let (said, errno) = self.py_as(k, session, PY, &[path, &tag]);
+        match (said.as_str(), errno) {
+            ("ok", _) => op.ok = true,
             // The write returned: it was admitted (the close's commit may still fail).
-            (Some("close"), e) => {
+            ("close", e) => {
                 op.ok = true;
                 op.errno = e;
             }
-            (Some("open" | "write"), Some(e)) => {
+            ("open" | "write", Some(e)) => {
                 op.refused = true;
                 op.errno = Some(e);
             }
@@ -516,6 +505,22 @@ except OSError as e:
     fn committed(&mut self, k: usize, path: &str) {
         let lines = self.lines(k, path);
         self.latest.insert(path.to_string(), Some(lines));
+    }
+
+    /// Runs Python `script` with `args` as `session` in host `k`'s mount: the first word
+    /// it printed (`ok`, or the stage that failed) and the errno printed after it.
+    fn py_as(&self, k: usize, session: &str, script: &str, args: &[&str]) -> (String, Option<i32>) {
+        let mut c = python();
+        c.arg("-c").arg(script).args(args);
+        let r = run_in(
+            self.hosts[k].root(),
+            &[("COHERENT_SESSION", session)],
+            &mut c,
+        );
+        let out = r.out.trim().to_string();
+        let mut words = out.split(' ');
+        let said = words.next().unwrap_or("").to_string();
+        (said, words.next().and_then(|e| e.parse().ok()))
     }
 
     /// Some descriptor held on host `k` may still write `path` there.
@@ -593,20 +598,8 @@ except OSError as e:
                 return self.finish(op);
             }
         };
-        let mut c = python();
-        c.arg("-c").arg(MV).arg(&side).arg(path);
-        let r = run_in(
-            self.hosts[k].root(),
-            &[("COHERENT_SESSION", session)],
-            &mut c,
-        );
-        let out = r.out.trim().to_string();
-        let mut words = out.split(' ');
-        match (
-            words.next(),
-            words.next().and_then(|e| e.parse::<i32>().ok()),
-        ) {
-            (Some("ok"), _) => {
+        match self.py_as(k, session, MV, &[&side, path]) {
+            (said, _) if said == "ok" => {
                 op.ok = true;
                 // Whatever was held open on the file the name denoted now writes an orphan.
                 self.replaced(k, path);
@@ -626,7 +619,7 @@ except OSError as e:
                 }
                 self.committed(k, path);
             }
-            (Some("err"), Some(e)) => {
+            (said, Some(e)) if said == "err" => {
                 op.refused = true;
                 op.errno = Some(e);
                 if e == libc::EACCES {
