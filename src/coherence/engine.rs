@@ -65,9 +65,10 @@ pub(super) struct Entry {
     /// adopted silently at first sight or by `restamp`).
     pub(super) logged_stamp: Option<Stamp>,
     /// The fingerprint of the content at `version`, when known (taken at a transfer, or
-    /// at a commit whose print another host needs); see [`Entry::current_print`].
+    /// at a commit whose print another host needs), and those of versions taken in from
+    /// other hosts since; see [`Entry::current_print`], [`Entry::older_prints`].
     /// Boxed: most paths never have one, and the entry is a row per path.
-    pub(super) print: Option<Box<Print>>,
+    pub(super) print: Option<Box<Prints>>,
     /// Some logged event touched this path: it is part of the durable state.
     pub(super) logged: bool,
     pub(super) holders: Vec<Holder>,
@@ -83,7 +84,50 @@ pub(super) struct Entry {
     pub(super) held_here: u64,
 }
 
+/// What is known of a path's content, version by version (several hosts).
+#[derive(Debug, Default, Clone)]
+pub(super) struct Prints {
+    /// The current version's.
+    pub(super) current: Option<Print>,
+    /// Older versions another host published (taken in one after the other as the
+    /// version moved on), newest first, at most [`TAKEN_IN`]: a copy the sync brings one
+    /// of them lags behind, whether or not a transfer was made at it.
+    pub(super) taken_in: Vec<(u64, Print)>,
+}
+
+/// How many older versions' fingerprints a path keeps beyond its records' (a sync that
+/// lags further than this behind is taken for a change).
+const TAKEN_IN: usize = 8;
+
 impl Entry {
+    /// The fingerprint of the content at the current version (None: not known).
+    pub(super) fn set_print(&mut self, print: Option<Print>) {
+        match (&mut self.print, print) {
+            (Some(b), p) => b.current = p,
+            (None, Some(p)) => {
+                self.print = Some(Box::new(Prints {
+                    current: Some(p),
+                    taken_in: Vec::new(),
+                }))
+            }
+            (None, None) => {}
+        }
+    }
+
+    /// Another host moved the version on from `self.version`: its fingerprint, when known,
+    /// joins the older ones.
+    pub(super) fn version_moved_on(&mut self) {
+        let Some(b) = self.print.as_mut() else {
+            return;
+        };
+        if let Some(p) = b.current.take() {
+            let v = self.version;
+            b.taken_in.retain(|(w, _)| *w != v);
+            b.taken_in.insert(0, (v, p));
+            b.taken_in.truncate(TAKEN_IN);
+        }
+    }
+
     pub(super) fn live(&self) -> Option<&Record> {
         self.records.iter().find(|r| r.is_live(self.version))
     }
@@ -115,7 +159,7 @@ impl Entry {
     /// The fingerprint of the content at the current version: the entry's own, or the
     /// one a record handed on at this version carries (it survives a restart).
     pub(super) fn current_print(&self) -> Option<Print> {
-        self.print.as_deref().copied().or_else(|| {
+        self.print.as_ref().and_then(|b| b.current).or_else(|| {
             self.records
                 .iter()
                 .filter(|r| r.version_at_transfer == self.version)
@@ -126,11 +170,13 @@ impl Entry {
     /// Fingerprints of older versions of the path known here (their records'), newest
     /// first: a copy still holding one of them lags behind (docs/multi-host.md#copies).
     pub(super) fn older_prints(&self) -> impl Iterator<Item = (u64, Print)> + '_ {
+        let taken_in = self.print.iter().flat_map(|b| b.taken_in.iter().copied());
         let mut v: Vec<(u64, Print)> = self
             .records
             .iter()
-            .filter(|r| r.version_at_transfer < self.version)
             .filter_map(|r| r.print.map(|p| (r.version_at_transfer, p)))
+            .chain(taken_in)
+            .filter(|(v, _)| *v < self.version)
             .collect();
         v.sort_by_key(|p| std::cmp::Reverse(p.0));
         v.into_iter()
@@ -472,7 +518,7 @@ impl Engine {
                 e.exists = !ev.removed;
                 e.stamp = ev.stamp;
                 e.logged_stamp = ev.stamp;
-                e.print = ev.print.map(Box::new);
+                e.set_print(ev.print);
                 e.logged = true;
                 if e.last_by.as_deref() != ev.session.as_deref() {
                     e.last_by = ev.session.as_deref().map(|s| self.name(s));
@@ -517,7 +563,7 @@ impl Engine {
                 }
                 e.logged = true;
                 if ev.print.is_some() && version == e.version {
-                    e.print = ev.print.map(Box::new);
+                    e.set_print(ev.print);
                 }
                 let giver = self.known(who, ev.agent);
                 let succ_name = ev.successor.as_deref().unwrap_or("");

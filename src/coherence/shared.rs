@@ -150,12 +150,17 @@ impl Engine {
             // still as it was lags (nothing to judge); one that moved is judged by content
             // (caught up, behind, or changed). Not logged: a restart knows no such stamp.
             e.logged_stamp = None;
-            e.print = None;
+            // The older version's fingerprint stays known: a copy the sync brings it to
+            // lags (docs/multi-host.md#copies).
+            if s.version > e.version {
+                e.version_moved_on();
+            }
+            e.set_print(None);
         }
         e.version = s.version;
         e.exists = s.exists;
         if s.print.is_some() {
-            e.print = s.print.map(Box::new);
+            e.set_print(s.print);
         }
         e.logged = true;
         let new_live = s

@@ -894,6 +894,50 @@ fn a_hosts_own_unsynced_commit_is_never_external_when_the_other_host_hands_the_f
     );
 }
 
+/// Issue 39, a copy that reaches a version between: bob writes v2 and v3 through B and
+/// hands the file back to alice at v3 (no transfer was made at v2). A's copy, still at v1,
+/// gets v2's bytes from a sync: it lags (A took v2's fingerprint in as it was published),
+/// and bob stays fenced on both hosts; v3's bytes then are the copy caught up.
+#[test]
+fn a_copy_that_reaches_a_version_between_two_transfers_lags() {
+    let p = Pair::apart();
+    touch_session(&p.b, "bob");
+    sh_ok(&p.a, Some("alice"), &format!("cat {FILE} >/dev/null"));
+    transfer(&p.a, "alice", "bob", &[FILE]);
+    let snapshots = p.b.backing.join(".v");
+    std::fs::create_dir(&snapshots).unwrap();
+    for v in [2u64, 3] {
+        sh_ok(&p.b, Some("bob"), &format!("echo 'bob v{v}' >> {FILE}"));
+        std::fs::copy(p.b.backing.join(FILE), snapshots.join(format!("v{v}"))).unwrap();
+        assert!(
+            wait_until(TIMEOUT, || version(&p.a, FILE) == Some(v)),
+            "A never took in v{v}"
+        );
+    }
+    sh_ok(&p.b, Some("bob"), &format!("cat {FILE} >/dev/null"));
+    transfer(&p.b, "bob", "alice", &[FILE]);
+    assert!(wait_until(TIMEOUT, || live_record(&p.a, FILE).is_some()));
+    for v in [2u64, 3] {
+        let tmp = p.a.backing.join(format!(".{FILE}.sync"));
+        std::fs::copy(snapshots.join(format!("v{v}")), &tmp).unwrap();
+        std::fs::rename(&tmp, p.a.backing.join(FILE)).unwrap();
+        sh_ok(&p.a, None, &format!("cat {FILE} >/dev/null"));
+        let rec = live_record(&p.a, FILE)
+            .unwrap_or_else(|| panic!("v{v} on A ended the record: {:?}", record(&p.a, FILE)));
+        assert_eq!(rec["giver"], "bob", "{rec}");
+        let ours: Vec<_> = events_of(&p.a, "external_change", FILE, None)
+            .into_iter()
+            .filter(|e| e["host"] == "A")
+            .collect();
+        assert!(
+            ours.is_empty(),
+            "A counted v{v}'s bytes as a change: {ours:?}"
+        );
+        let r = sh(&p.a, Some("bob"), &format!("echo EVIL >> {FILE}"));
+        assert!(r.denied(), "bob on A with v{v}'s bytes: {}", r.show());
+    }
+}
+
 /// Issue 39 item 5 across hosts: B's copy reaches A by a sync that replaces the file (a
 /// temporary file renamed over it, as rsync does), and the successor appends through A's
 /// mount right after it (no wait, and half a second: within the kernel's entry cache

@@ -389,3 +389,35 @@ fn on_several_hosts_a_file_not_yet_on_a_copy_that_never_held_it_is_no_removal() 
     h.e.observe(P, None, t);
     assert_eq!(h.count(EventKind::ExternalChange), 1);
 }
+
+/// Issue 39: versions another host published one after the other (v2, then v3) are known
+/// here by their fingerprints: a copy the sync brings v2 while v3 is current lags behind
+/// (no transfer was made at v2); once it held v3, v2's bytes coming back are a change.
+#[test]
+fn on_several_hosts_a_copy_that_reaches_a_version_between_lags_behind() {
+    let (mut h, a) = v2_committed_elsewhere();
+    let mut s = h.e.shared_state(P).expect("shared");
+    s.version = 3;
+    s.print = Some(print(6, 0xd));
+    h.e.adopt(P, Some(s));
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 6, 5, 5), Some(print(5, 0xc)), t),
+        Content::Behind(2),
+        "v2's bytes, v3 current"
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 0);
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 7, 6, 6), Some(print(6, 0xd)), t),
+        Content::Same
+    );
+    let t = h.t();
+    assert_eq!(
+        h.e.observe_content(P, st(9, 8, 5, 5), Some(print(5, 0xc)), t),
+        Content::Changed,
+        "v2's bytes after this copy held v3"
+    );
+    assert_eq!(h.count(EventKind::ExternalChange), 1);
+    let _ = a;
+}

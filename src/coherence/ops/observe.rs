@@ -94,7 +94,12 @@ impl Engine {
                     version: 1,
                     exists: true,
                     stamp,
-                    print: print.map(Box::new),
+                    print: print.map(|p| {
+                        Box::new(Prints {
+                            current: Some(p),
+                            taken_in: Vec::new(),
+                        })
+                    }),
                     // The copy holds the version it is first seen at.
                     held_here: 1,
                     ..Default::default()
@@ -113,7 +118,7 @@ impl Engine {
                 e.exists = true;
                 e.held_here = 1;
                 e.stamp = stamp;
-                e.print = print.map(Box::new);
+                e.set_print(print);
                 return Some(1);
             }
             // A copy this host never looked at, where the file is not yet: the sync that
@@ -127,7 +132,7 @@ impl Engine {
                     // this content's, silently (docs/versions-and-holds.md#content).
                     e.stamp = Some(st);
                     if print.is_some() && e.current_print().is_none() {
-                        e.print = print.map(Box::new);
+                        e.set_print(print);
                     }
                     // Only bytes found to be the current version's are held here: an
                     // unchanged stamp may be of an older version's copy, kept when another
@@ -170,7 +175,7 @@ impl Engine {
     pub fn note_print(&self, path: &str, stamp: Stamp, print: Print) {
         if let Some(e) = self.lock_one(path).get_mut(path) {
             if e.exists && e.version > 0 && e.stamp == Some(stamp) {
-                e.print = Some(Box::new(print));
+                e.set_print(Some(print));
             }
         }
     }
