@@ -209,6 +209,22 @@ struct Held {
     wrote: bool,
 }
 
+impl Held {
+    /// Descriptor `id`, just opened by `session` on host `k`, writing `path`.
+    fn new(id: usize, k: usize, session: &str, path: &str, w: HeldWriter) -> Held {
+        Held {
+            id,
+            host: k,
+            session: session.to_string(),
+            path: path.to_string(),
+            w,
+            stuck: false,
+            orphan: false,
+            wrote: false,
+        }
+    }
+}
+
 /// The whole run. Fields drop in order: writers, hosts, etcd, namespaces, directory.
 struct World {
     held: Vec<Held>,
@@ -540,16 +556,7 @@ except OSError as e:
         match HeldWriter::open(&self.hosts[k], session, path) {
             Ok(w) => {
                 op.ok = true;
-                self.held.push(Held {
-                    id,
-                    host: k,
-                    session: session.to_string(),
-                    path: path.to_string(),
-                    w,
-                    stuck: false,
-                    orphan: false,
-                    wrote: false,
-                });
+                self.held.push(Held::new(id, k, session, path, w));
             }
             Err(e) => {
                 op.refused = e > 0;
@@ -603,16 +610,7 @@ except OSError as e:
                 op.ok = true;
                 // Whatever was held open on the file the name denoted now writes an orphan.
                 self.replaced(k, path);
-                self.held.push(Held {
-                    id,
-                    host: k,
-                    session: session.to_string(),
-                    path: path.to_string(),
-                    w,
-                    stuck: false,
-                    orphan: false,
-                    wrote: false,
-                });
+                self.held.push(Held::new(id, k, session, path, w));
                 // The rename committed the copy's bytes, nothing written through it yet.
                 if !self.writing_on(k, path) {
                     self.dirty.remove(&(k, path.to_string()));
