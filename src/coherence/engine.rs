@@ -167,8 +167,9 @@ impl Entry {
         })
     }
 
-    /// Fingerprints of older versions of the path known here (their records'), newest
-    /// first: a copy still holding one of them lags behind (docs/multi-host.md#copies).
+    /// Fingerprints of older versions of the path known here (their records', and those
+    /// taken in from other hosts), newest first: a copy still holding one of them lags
+    /// behind (docs/multi-host.md#copies).
     pub(super) fn older_prints(&self) -> impl Iterator<Item = (u64, Print)> + '_ {
         let taken_in = self.print.iter().flat_map(|b| b.taken_in.iter().copied());
         let mut v: Vec<(u64, Print)> = self
