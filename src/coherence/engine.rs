@@ -89,9 +89,9 @@ pub(super) struct Entry {
 pub(super) struct Prints {
     /// The current version's.
     pub(super) current: Option<Print>,
-    /// Older versions another host published (taken in one after the other as the
-    /// version moved on), newest first, at most [`TAKEN_IN`]: a copy the sync brings one
-    /// of them lags behind, whether or not a transfer was made at it.
+    /// Older versions' (as the version moved on here, and as another host published them,
+    /// from its history too), newest first, at most [`TAKEN_IN`]: a copy the sync brings
+    /// one of them lags behind, whether or not a transfer was made at it.
     pub(super) taken_in: Vec<(u64, Print)>,
 }
 
@@ -114,18 +114,41 @@ impl Entry {
         }
     }
 
-    /// Another host moved the version on from `self.version`: its fingerprint, when known,
-    /// joins the older ones.
+    /// The version moves on from `self.version`: its fingerprint, when known, joins the
+    /// older ones.
     pub(super) fn version_moved_on(&mut self) {
-        let Some(b) = self.print.as_mut() else {
-            return;
-        };
-        if let Some(p) = b.current.take() {
-            let v = self.version;
-            b.taken_in.retain(|(w, _)| *w != v);
-            b.taken_in.insert(0, (v, p));
-            b.taken_in.truncate(TAKEN_IN);
+        let v = self.version;
+        if let Some(p) = self.print.as_mut().and_then(|b| b.current.take()) {
+            self.keep_older([(v, p)].into_iter().peekable());
         }
+    }
+
+    /// Fingerprints of older versions (below the current one), kept newest first, at most
+    /// [`TAKEN_IN`]; one already known for a version is replaced.
+    pub(super) fn know_older(&mut self, prints: impl IntoIterator<Item = (u64, Print)>) {
+        let below = self.version;
+        self.keep_older(prints.into_iter().filter(|(v, _)| *v < below).peekable());
+    }
+
+    fn keep_older(&mut self, mut prints: std::iter::Peekable<impl Iterator<Item = (u64, Print)>>) {
+        if prints.peek().is_none() {
+            return;
+        }
+        let b = self.print.get_or_insert_with(Default::default);
+        for (v, p) in prints {
+            b.taken_in.retain(|(w, _)| *w != v);
+            b.taken_in.push((v, p));
+        }
+        b.taken_in.sort_by_key(|(v, _)| std::cmp::Reverse(*v));
+        b.taken_in.truncate(TAKEN_IN);
+    }
+
+    /// The older versions' fingerprints kept beyond the records' (to publish).
+    pub(super) fn older_kept(&self) -> Vec<(u64, Print)> {
+        self.print
+            .as_ref()
+            .map(|b| b.taken_in.clone())
+            .unwrap_or_default()
     }
 
     pub(super) fn live(&self) -> Option<&Record> {
@@ -515,6 +538,11 @@ impl Engine {
             EventKind::Reclaim => e.holders.retain(|h| h.session.name != who),
             EventKind::Commit | EventKind::ExternalChange => {
                 let v = ev.version.unwrap_or(e.version + 1);
+                if v > e.version {
+                    // Published with the path: a host that takes in a later version
+                    // directly still knows this one's bytes as behind.
+                    e.version_moved_on();
+                }
                 e.version = v;
                 e.exists = !ev.removed;
                 e.stamp = ev.stamp;

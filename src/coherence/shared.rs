@@ -26,6 +26,11 @@ pub struct SharedPath {
     /// (docs/multi-host.md#copies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub print: Option<Print>,
+    /// Older versions' fingerprints known to the publisher, newest first (its history's,
+    /// from before the first transfer, and those its versions moved on from): a copy a
+    /// sync brings to one of them lags, on every host (docs/multi-host.md#copies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub older: Vec<(u64, Print)>,
     pub records: Vec<Record>,
 }
 
@@ -59,8 +64,18 @@ impl Engine {
             version: e.version,
             exists: e.exists,
             print: e.current_print(),
+            older: e.older_kept(),
             records: e.records.clone(),
         })
+    }
+
+    /// Fingerprints of older versions of `path` this host's history kept: published with
+    /// the path from its first transfer on, so a copy a sync brings to a version made
+    /// before it lags instead of counting as a change (docs/multi-host.md#copies).
+    pub fn know_older_prints(&self, path: &str, prints: Vec<(u64, Print)>) {
+        if let Some(e) = self.lock_one(path).get_mut(path) {
+            e.know_older(prints);
+        }
     }
 
     /// The existing paths with a live record that this host has no stamp of yet (taken in
@@ -162,6 +177,7 @@ impl Engine {
         if s.print.is_some() {
             e.set_print(s.print);
         }
+        e.know_older(s.older);
         e.logged = true;
         let new_live = s
             .records

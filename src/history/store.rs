@@ -603,6 +603,26 @@ impl Store {
             .unwrap_or_default()
     }
 
+    /// The newest `n` versions of `path` below `below` whose content the index names, as
+    /// (version, size, digest), newest first (a version named twice, as `base` and by a
+    /// write, once). Several hosts publish them with a path's first transfer.
+    pub fn digests(&self, path: &str, below: u64, n: usize) -> Vec<(u64, u64, [u8; 32])> {
+        let inner = self.inner.lock();
+        let mut out: Vec<(u64, u64, [u8; 32])> = Vec::new();
+        for r in inner.by_path.get(path).into_iter().flatten().rev() {
+            if out.len() == n {
+                break;
+            }
+            let Some(d) = r.digest.filter(|_| r.version < below) else {
+                continue;
+            };
+            if !out.iter().any(|(v, _, _)| *v == r.version) {
+                out.push((r.version, r.size, d));
+            }
+        }
+        out
+    }
+
     /// Is `version` of `path` in the index?
     pub fn has(&self, path: &str, version: u64) -> bool {
         self.inner

@@ -9,13 +9,16 @@ use std::path::Path;
 
 use std::sync::Arc;
 
-use crate::coherence::{CommitOp, Engine, Timestamp};
+use crate::coherence::{CommitOp, Engine, Print, Timestamp};
 use crate::fs::WriteRoute;
 use crate::history::{Entry, Kept};
 use crate::identity::Session;
 use crate::store::Backing;
 
 use super::workspace::rel;
+
+/// How many of a path's older versions a transfer publishes (as many as the engine keeps).
+const OLDER_PRINTS: usize = 8;
 
 fn op_name(op: CommitOp) -> String {
     serde_json::to_value(op)
@@ -48,6 +51,19 @@ impl History {
     /// The history's store (None: off), for the `history` verbs and the upkeep.
     pub(super) fn store(&self) -> Option<&Arc<crate::history::Store>> {
         self.store.as_ref()
+    }
+
+    /// The fingerprints of the versions of `p` before `below` the history kept (the newest
+    /// few), for a transfer on several hosts to publish.
+    pub(super) fn older_prints(&self, p: &str, below: u64) -> Vec<(u64, Print)> {
+        let Some(store) = &self.store else {
+            return Vec::new();
+        };
+        store
+            .digests(p, below, OLDER_PRINTS)
+            .into_iter()
+            .map(|(v, size, digest)| (v, Print { size, digest }))
+            .collect()
     }
 
     /// The backing file `p` open for reading, with its stat, if it is a regular file.

@@ -301,6 +301,12 @@ impl Verbs {
                 tracked_paths(v, seen)?;
                 observe_paths(v, e, seen, now)?;
                 fingerprint_paths(v, e, seen, now)?;
+                if v.coord.is_shared() {
+                    for p in &seen.paths {
+                        let below = e.version(p).unwrap_or(0);
+                        e.know_older_prints(p, v.history.older_prints(p, below));
+                    }
+                }
                 writers_may_write(v, sight.who(), to, seen)?;
                 self.no_unseen_writer(seen)?;
                 let r = e.transfer(s, paths, to, note.clone(), now)?;

@@ -938,6 +938,50 @@ fn a_copy_that_reaches_a_version_between_two_transfers_lags() {
     }
 }
 
+/// A copy this host already looked at, which a sync then brings to a version another host
+/// made before the file's first transfer: A's history names those versions, and A
+/// publishes their fingerprints with the transfer, so on B they are behind (a lag), not a
+/// change that would end the live record.
+#[test]
+fn a_copy_that_reaches_a_version_made_before_the_first_transfer_lags() {
+    let p = Pair::apart();
+    touch_session(&p.b, "bob");
+    // B has looked at its copy (the original bytes) before anything happened on A.
+    sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+    // alice edits twice through A; the file has never been handed on.
+    let snapshots = p.a.backing.join(".v");
+    std::fs::create_dir(&snapshots).unwrap();
+    for n in [1, 2] {
+        sh_ok(
+            &p.a,
+            Some("alice"),
+            &format!("echo 'alice edit {n}' >> {FILE}"),
+        );
+        std::fs::copy(p.a.backing.join(FILE), snapshots.join(format!("e{n}"))).unwrap();
+    }
+    transfer(&p.a, "alice", "bob", &[FILE]);
+    assert!(wait_until(TIMEOUT, || live_record(&p.b, FILE).is_some()));
+    // B looks again (its copy still the original: unchanged), then the sync brings it
+    // alice's first edit, then her second (the version handed on), each by replace.
+    sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+    for n in [1, 2] {
+        let tmp = p.b.backing.join(format!(".{FILE}.sync"));
+        std::fs::copy(snapshots.join(format!("e{n}")), &tmp).unwrap();
+        std::fs::rename(&tmp, p.b.backing.join(FILE)).unwrap();
+        sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+        let rec = live_record(&p.b, FILE)
+            .unwrap_or_else(|| panic!("edit {n} on B ended the record: {:?}", record(&p.b, FILE)));
+        assert_eq!(rec["giver"], "alice", "{rec}");
+        let ours: Vec<_> = events_of(&p.b, "external_change", FILE, None)
+            .into_iter()
+            .filter(|e| e["host"] == "B")
+            .collect();
+        assert!(ours.is_empty(), "B counted edit {n} as a change: {ours:?}");
+        let r = sh(&p.b, Some("alice"), &format!("echo EVIL >> {FILE}"));
+        assert!(r.denied(), "alice on B with edit {n}'s bytes: {}", r.show());
+    }
+}
+
 /// Issue 39 item 5 across hosts: B's copy reaches A by a sync that replaces the file (a
 /// temporary file renamed over it, as rsync does), and the successor appends through A's
 /// mount right after it (no wait, and half a second: within the kernel's entry cache

@@ -421,3 +421,118 @@ fn on_several_hosts_a_copy_that_reaches_a_version_between_lags_behind() {
     assert_eq!(h.count(EventKind::ExternalChange), 1);
     let _ = a;
 }
+
+/// Versions one host made before a file's first transfer (v2, v3 on A, known from its
+/// history) are published with the transfer: host B, which looked at its copy of v1 before
+/// it, finds the sync bringing v2 behind (no change, the record live), then v3 caught up.
+#[test]
+fn on_several_hosts_versions_made_before_the_first_transfer_are_behind() {
+    let mut a = H::new();
+    let (alice, bob) = (sess("alice"), sess("bob"));
+    for s in [&alice, &bob] {
+        let t = a.t();
+        a.e.session_seen(s, t);
+    }
+    let t = a.t();
+    a.e.observe(P, Some(st(7, 1, 5, 1)), t);
+    for (n, size) in [(2, 7), (3, 9)] {
+        let t = a.t();
+        a.e.acquire(&alice, P, t).unwrap();
+        let t = a.t();
+        a.e.commit(&alice, P, CommitOp::Write, Some(st(7, n, size, n)), t);
+        let t = a.t();
+        a.e.close_write(&alice, P, true, t);
+    }
+    a.e.know_older_prints(
+        P,
+        vec![(2, print(7, 0xb)), (1, print(5, 0xa)), (3, print(9, 0xf))],
+    );
+    a.read(&alice, P);
+    let t = a.t();
+    a.e.observe_content(P, st(7, 3, 9, 3), Some(print(9, 0xc)), t);
+    a.transfer(&alice, &[P], "bob").unwrap();
+    let shared = a.e.shared_state(P).expect("shared");
+    assert_eq!(
+        shared.older,
+        vec![(2, print(7, 0xb)), (1, print(5, 0xa))],
+        "the current version's is no older one"
+    );
+
+    let mut b = H::with(Config {
+        host: Some("B".into()),
+        ..Config::default()
+    });
+    for s in [&alice, &bob] {
+        let t = b.t();
+        b.e.session_seen(s, t);
+    }
+    let t = b.t();
+    b.e.observe(P, Some(st(9, 1, 5, 1)), t);
+    b.e.adopt(P, Some(shared));
+    let t = b.t();
+    assert_eq!(b.e.observe(P, Some(st(9, 1, 5, 1)), t), Some(3));
+    let v2 = st(10, 2, 7, 2);
+    assert!(b.e.wants_print(P, &v2), "v2's size is a known version's");
+    let t = b.t();
+    assert_eq!(
+        b.e.observe_content(P, v2, Some(print(7, 0xb)), t),
+        Content::Behind(2)
+    );
+    assert_eq!(b.count(EventKind::ExternalChange), 0);
+    assert!(b.e.is_fenced(&alice, P) && live(&b));
+    let t = b.t();
+    assert_eq!(
+        b.e.observe_content(P, st(11, 3, 9, 3), Some(print(9, 0xc)), t),
+        Content::Same
+    );
+    assert!(b.e.is_fenced(&alice, P) && live(&b));
+}
+
+/// A host's own commit moves the version on past a fingerprint it knew (v2's, taken when
+/// it looked): that version stays known and is published, so a host that takes in v3
+/// directly, never having seen v2, finds a copy the sync brings v2 behind.
+#[test]
+fn on_several_hosts_a_version_another_host_skipped_is_still_known_behind() {
+    let (mut a, alice) = handed(Config {
+        host: Some("A".into()),
+        ..Config::default()
+    });
+    let bob = sess("bob");
+    for (n, size) in [(2i64, 6u64), (3, 8)] {
+        let t = a.t();
+        a.e.acquire(&bob, P, t).unwrap();
+        let t = a.t();
+        a.e.commit(&bob, P, CommitOp::Write, Some(st(7, n, size, n)), t);
+        let t = a.t();
+        a.e.close_write(&bob, P, true, t);
+        if n == 2 {
+            let t = a.t();
+            a.e.observe_content(P, st(7, 9, 6, 2), Some(print(6, 0xb)), t);
+        }
+    }
+    let shared = a.e.shared_state(P).expect("shared");
+    assert_eq!(shared.version, 3);
+    assert!(
+        shared.older.contains(&(2, print(6, 0xb))),
+        "v2's fingerprint published: {:?}",
+        shared.older
+    );
+
+    let mut c = H::with(Config {
+        host: Some("C".into()),
+        ..Config::default()
+    });
+    for s in [&alice, &bob] {
+        let t = c.t();
+        c.e.session_seen(s, t);
+    }
+    let t = c.t();
+    c.e.observe(P, Some(st(5, 1, 5, 1)), t);
+    c.e.adopt(P, Some(shared));
+    let t = c.t();
+    assert_eq!(
+        c.e.observe_content(P, st(6, 2, 6, 2), Some(print(6, 0xb)), t),
+        Content::Behind(2)
+    );
+    assert_eq!(c.count(EventKind::ExternalChange), 0);
+}

@@ -329,3 +329,37 @@ fn a_torn_last_line_and_a_left_temp_file_are_cleaned() {
     assert_eq!(s.log("f").len(), 1);
     assert!(!t.path().join("history/objects/.tmp-1-1").exists());
 }
+
+/// What a transfer on several hosts publishes: the newest versions below the current one
+/// that name a digest, newest first, a version kept twice (`base`, then a write) once, a
+/// removal skipped; after a reopen too.
+#[test]
+fn digests_are_the_newest_versions_below_one_once_each() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::open(t.path(), Limits::default()).unwrap();
+    let ks: Vec<Kept> = (0..5)
+        .map(|i| keep(&s, t.path(), "x", format!("v{i}\n").as_bytes()))
+        .collect();
+    let now = Timestamp::now().0;
+    let mut base = entry("f", 1, now, &ks[0]);
+    base.op = "base".into();
+    s.record(base);
+    s.record(entry("f", 1, now + 2, &ks[1]));
+    s.record(entry("f", 2, now + 3, &ks[2]));
+    let mut gone = entry("f", 3, now + 4, &ks[2]);
+    (gone.op, gone.digest) = ("unlink".into(), None);
+    s.record(gone);
+    s.record(entry("f", 4, now + 5, &ks[3]));
+    s.record(entry("f", 5, now + 6, &ks[4]));
+    let want = |s: &Store| {
+        let d = s.digests("f", 5, 8);
+        d.iter().map(|(v, _, d)| (*v, *d)).collect::<Vec<_>>()
+    };
+    let expect = vec![(4, ks[3].digest), (2, ks[2].digest), (1, ks[1].digest)];
+    assert_eq!(want(&s), expect);
+    assert_eq!(s.digests("f", 5, 2).len(), 2);
+    assert!(s.digests("g", 5, 8).is_empty());
+    drop(s);
+    let s = Store::open(t.path(), Limits::default()).unwrap();
+    assert_eq!(want(&s), expect);
+}
