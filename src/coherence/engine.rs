@@ -90,14 +90,15 @@ pub(super) struct Prints {
     /// The current version's.
     pub(super) current: Option<Print>,
     /// Older versions' (as the version moved on here, and as another host published them,
-    /// from its history too), newest first, at most [`TAKEN_IN`]: a copy the sync brings
+    /// from its history too), newest first, at most [`OLDER_PRINTS`]: a copy the sync brings
     /// one of them lags behind, whether or not a transfer was made at it.
     pub(super) taken_in: Vec<(u64, Print)>,
 }
 
 /// How many older versions' fingerprints a path keeps beyond its records' (a sync that
-/// lags further than this behind is taken for a change).
-const TAKEN_IN: usize = 8;
+/// lags further than this behind is taken for a change), and a transfer publishes from
+/// the giver's history.
+pub const OLDER_PRINTS: usize = 8;
 
 impl Entry {
     /// The fingerprint of the content at the current version (None: not known).
@@ -124,7 +125,7 @@ impl Entry {
     }
 
     /// Fingerprints of older versions (below the current one), kept newest first, at most
-    /// [`TAKEN_IN`]; one already known for a version is replaced.
+    /// [`OLDER_PRINTS`]; one already known for a version is replaced.
     pub(super) fn know_older(&mut self, prints: impl IntoIterator<Item = (u64, Print)>) {
         let below = self.version;
         self.keep_older(prints.into_iter().filter(|(v, _)| *v < below).peekable());
@@ -140,7 +141,7 @@ impl Entry {
             b.taken_in.push((v, p));
         }
         b.taken_in.sort_by_key(|(v, _)| std::cmp::Reverse(*v));
-        b.taken_in.truncate(TAKEN_IN);
+        b.taken_in.truncate(OLDER_PRINTS);
     }
 
     /// The older versions' fingerprints kept beyond the records' (to publish).
@@ -538,7 +539,7 @@ impl Engine {
             EventKind::Reclaim => e.holders.retain(|h| h.session.name != who),
             EventKind::Commit | EventKind::ExternalChange => {
                 let v = ev.version.unwrap_or(e.version + 1);
-                if v > e.version {
+                if v > e.version && self.copies() {
                     // Published with the path: a host that takes in a later version
                     // directly still knows this one's bytes as behind.
                     e.version_moved_on();

@@ -15,7 +15,9 @@ mod types;
 mod verbs;
 mod wait;
 
-pub use engine::{deny_text, valid_path, Engine, EventSink, MemorySink, EXTERNAL, MAX_NOTE};
+pub use engine::{
+    deny_text, valid_path, Engine, EventSink, MemorySink, EXTERNAL, MAX_NOTE, OLDER_PRINTS,
+};
 pub use lookup::{resolve_session, MIN_PREFIX};
 pub use ops::Content;
 pub use route::{computed_xattr, At, Found, Permit, Reach, Write, XATTR_PREFIX};

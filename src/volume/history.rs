@@ -9,16 +9,13 @@ use std::path::Path;
 
 use std::sync::Arc;
 
-use crate::coherence::{CommitOp, Engine, Print, Timestamp};
+use crate::coherence::{CommitOp, Engine, Print, Timestamp, OLDER_PRINTS};
 use crate::fs::WriteRoute;
 use crate::history::{Entry, Kept};
 use crate::identity::Session;
 use crate::store::Backing;
 
 use super::workspace::rel;
-
-/// How many of a path's older versions a transfer publishes (as many as the engine keeps).
-const OLDER_PRINTS: usize = 8;
 
 fn op_name(op: CommitOp) -> String {
     serde_json::to_value(op)

@@ -73,7 +73,7 @@ impl Engine {
     /// Several hosts, each maybe on its own copy of the workspace: a copy may lag behind
     /// the version the hosts agree on. On one host there is one copy, so content equal to
     /// an older version's is a change (a revert), not a lag.
-    fn copies(&self) -> bool {
+    pub(in crate::coherence) fn copies(&self) -> bool {
         self.config.host.is_some()
     }
 
