@@ -257,9 +257,23 @@ impl WritePolicy {
         self.ws.restamp_other_names(st.ino, &[p]);
     }
 
-    /// The path a handle's commit (or restamp) counts for, with the handle's stamp.
+    /// The path a handle's commit (or restamp) counts for, with the handle's stamp. None
+    /// when the name no longer denotes the handle's file: a sync (or any tool) replaced it
+    /// by a rename in the backing directory, and what the handle wrote went to the orphan,
+    /// which no name shows (counted, it would be a commit of bytes nobody can read, and
+    /// would end a live record).
     fn handle_path<'p>(&self, h: &HandleInfo<'p>) -> Option<(&'p str, coherence::Stamp)> {
-        Some((rel(h.path)?, stamp(&h.now)))
+        let p = rel(h.path)?;
+        let st = stamp(&h.now);
+        if self.ws.stat(p).map(|(now, _)| now.ino) != Some(st.ino) {
+            tracing::info!(
+                "{}: a handle's file was replaced in the backing directory while open; \
+                 what it wrote is in no file of the volume, nothing counted",
+                crate::names::display_name(p)
+            );
+            return None;
+        }
+        Some((p, st))
     }
 
     /// `RENAME_EXCHANGE` of `f` and `t` (after it succeeded): two files each take the

@@ -817,3 +817,55 @@ fn the_fence_follows_a_directory_rename() {
         panic!("{e}");
     }
 }
+
+/// A write handle whose file a sync replaced by a rename in the backing directory writes an
+/// orphan: its close counts nothing for the name, which now denotes another file. alice
+/// hands `h.md` to carol; bob (a bystander) holds it open and writes; the sync puts back
+/// the bytes alice handed on; bob closes. No commit by bob: the record stays live and
+/// alice stays fenced (counted, bob's commit would have overtaken the record).
+#[test]
+fn the_close_of_a_handle_on_a_replaced_file_counts_nothing_for_its_name() {
+    for passthrough in [true, false] {
+        close_of_a_handle_on_a_replaced_file(passthrough);
+    }
+}
+
+fn close_of_a_handle_on_a_replaced_file(passthrough: bool) {
+    let m = mount(passthrough);
+    sh_ok(&m, Some("alice"), "echo handed > h.md");
+    touch_session(&m, "carol");
+    transfer(&m, "alice", "carol", &["h.md"]);
+    let mut bob = HeldWriter::open(&m, "bob", "h.md").expect("bob opens h.md");
+    bob.write("bob line").unwrap();
+    let tmp = m.backing_path(".h.md.sync");
+    std::fs::write(&tmp, "handed\n").unwrap();
+    std::fs::rename(&tmp, m.backing_path("h.md")).unwrap();
+    assert_eq!(bob.ask("close", SETTLE), coherent::Answer::Ok);
+    drop(bob);
+    // The RELEASE comes after the close returns: wait for what it logged (a `release`,
+    // a `reclaim` when bob's process was gone by then, or the commit it must not make).
+    let ended = wait_event(&m, SETTLE, |e| {
+        ["release", "reclaim", "commit"].contains(&e["event"].as_str().unwrap_or(""))
+            && e["path"] == "h.md"
+            && e["session"] == "bob"
+    });
+    assert!(
+        ended.is_some(),
+        "bob's close never reached the volume: {:?}",
+        events(&m)
+    );
+    let commits = events_of(&m, "commit", "h.md", Some("bob"));
+    assert!(
+        commits.is_empty(),
+        "bob's close of the orphan counted: {commits:?}"
+    );
+    let r = live_record(&m, "h.md")
+        .unwrap_or_else(|| panic!("bob's close ended the record: {:?}", record(&m, "h.md")));
+    assert_eq!(r["giver"], "alice", "{r}");
+    sh_refused(&m, "alice", "echo late >> h.md", "h.md", "fenced");
+    assert_eq!(version(&m, "h.md"), Some(1));
+    assert_eq!(
+        std::fs::read_to_string(m.backing_path("h.md")).unwrap(),
+        "handed\n"
+    );
+}
