@@ -308,6 +308,7 @@ impl Verbs {
                     }
                 }
                 writers_may_write(v, sight.who(), to, seen)?;
+                self.no_writer_under_another_name(s, seen)?;
                 self.no_unseen_writer(seen)?;
                 let r = e.transfer(s, paths, to, note.clone(), now)?;
                 Reply::records(Verb::Transfer, records(r))
@@ -402,6 +403,29 @@ impl Verbs {
     fn wait_for_releases(&self, s: &Session, paths: &[String], started: Started) -> bool {
         self.handles
             .wait_for_releases(s, paths, &self.mountpoint, self.in_flight_wait, started)
+    }
+
+    /// The giver's write handles are in flight under any name of the file: the engine
+    /// knows a handle by the name it was opened under, so one opened as `side.md` and then
+    /// renamed over the handed path is found here, by the file's inode (when another
+    /// process also has the file open for writing, the kernel's answer below cannot tell
+    /// them apart).
+    fn no_writer_under_another_name(&self, s: &Session, seen: &Seen) -> Result<(), Refusal> {
+        for (p, st) in seen.iter() {
+            let Some((st, _)) = st else { continue };
+            if self.handles.writes_inode(&s.name, st.ino) {
+                return Err(Refusal::new(
+                    Reason::HandoffInFlight,
+                    format!(
+                        "this session still has {p_q} open for writing (under this or another \
+                         name): close it first, then transfer",
+                        p_q = crate::names::display_name(p)
+                    ),
+                )
+                .at(p.as_str()));
+            }
+        }
+        Ok(())
     }
 
     /// A transfer is not acknowledged while a process holds the file open for writing where

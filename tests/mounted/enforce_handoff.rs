@@ -869,3 +869,36 @@ fn close_of_a_handle_on_a_replaced_file(passthrough: bool) {
         "handed\n"
     );
 }
+
+/// A giver's write descriptor opened under another name and then renamed over the handed
+/// path (an editor's save that keeps its descriptor) is in flight, even while another
+/// session also holds the file open for writing (then the kernel's "open for writing"
+/// cannot tell the two apart): the transfer is refused `handoff_in_flight` until the
+/// giver closes it, and then acknowledged.
+#[test]
+fn a_givers_descriptor_under_another_name_is_in_flight_beside_another_writer() {
+    let m = mount(true);
+    touch_session(&m, "bob");
+    sh_ok(&m, Some("alice"), "echo v1 > h.md && cp h.md side.md");
+    let mut alice = HeldWriter::open(&m, "alice", "side.md").expect("alice opens side.md");
+    sh_ok(&m, Some("alice"), "mv side.md h.md");
+    let carol = HeldWriter::open(&m, "carol", "h.md").expect("carol opens h.md");
+    let (code, v) = cli_json(&m, Some("alice"), &["transfer", "--to", "bob", "h.md"]);
+    assert_eq!(
+        (code, v["reason"].as_str()),
+        (Some(2), Some("handoff_in_flight")),
+        "{v}"
+    );
+    assert!(live_record(&m, "h.md").is_none());
+    // Her descriptor writes h.md's file: nobody else's work is at stake yet.
+    alice.write("alice through side.md").unwrap();
+    let before = events_of(&m, "commit", "h.md", Some("alice")).len();
+    assert_eq!(alice.ask("close", SETTLE), coherent::Answer::Ok);
+    drop(alice);
+    // Its RELEASE (after the close returned) commits what it wrote, as h.md's.
+    let c = await_events(&m, "commit", "h.md", Some("alice"), before + 1);
+    assert!(c.len() > before, "alice's close committed nothing");
+    sh_ok(&m, Some("alice"), "cat h.md >/dev/null");
+    transfer(&m, "alice", "bob", &["h.md"]);
+    drop(carol);
+}
