@@ -84,13 +84,14 @@ impl Handles {
         self.released.notify_all();
     }
 
-    /// Is a write handle open on any of `names`?
-    pub(super) fn open_on(&self, names: &[String]) -> bool {
-        self.open
-            .lock()
-            .by_key
+    /// Is a write handle open on any of `names`, or on the file `ino` under whatever name
+    /// it was opened by?
+    pub(super) fn open_on(&self, names: &[String], ino: Option<u64>) -> bool {
+        let r = self.open.lock();
+        r.by_key
             .values()
-            .any(|w| names.contains(&w.path))
+            .any(|w| names.contains(&w.path) || Some(w.ino) == ino)
+            || r.unheld.values().any(|(i, _)| Some(*i) == ino)
     }
 
     /// A transfer was refused because write handles of `s` on `paths` are open. If each

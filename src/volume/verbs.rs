@@ -486,7 +486,7 @@ impl Verbs {
             if !writing()? {
                 return Some(false);
             }
-            if self.handles.open_on(&names) {
+            if self.handles.open_on(&names, st.map(|(st, _)| st.ino)) {
                 return Some(false);
             }
             if Instant::now() >= settle {

@@ -902,3 +902,29 @@ fn a_givers_descriptor_under_another_name_is_in_flight_beside_another_writer() {
     transfer(&m, "alice", "bob", &["h.md"]);
     drop(carol);
 }
+
+/// The other way round: a bystander's descriptor opened under another name and renamed
+/// over the path reserves nothing. The volume knows it as its own handle on that file (by
+/// its inode), so the kernel's "open for writing" is no unseen writer, and alice's transfer
+/// is acknowledged; the bystander's later writes overtake it as any bystander's do.
+#[test]
+fn a_bystanders_descriptor_under_another_name_reserves_nothing() {
+    let m = mount(true);
+    touch_session(&m, "bob");
+    sh_ok(&m, Some("carol"), "echo v1 > h.md && cp h.md side.md");
+    let mut carol = HeldWriter::open(&m, "carol", "side.md").expect("carol opens side.md");
+    sh_ok(&m, Some("carol"), "mv side.md h.md");
+    sh_ok(&m, Some("alice"), "cat h.md >/dev/null");
+    transfer(&m, "alice", "bob", &["h.md"]);
+    let before = events_of(&m, "commit", "h.md", Some("carol")).len();
+    carol.write("carol through side.md").unwrap();
+    assert_eq!(carol.ask("close", SETTLE), coherent::Answer::Ok);
+    let c = await_events(&m, "commit", "h.md", Some("carol"), before + 1);
+    assert!(c.len() > before, "carol's close committed nothing");
+    let r = record(&m, "h.md").expect("the record");
+    assert_eq!(
+        (r["status"].as_str(), r["counterparty"].as_str()),
+        (Some("overtaken"), Some("carol")),
+        "{r}"
+    );
+}
