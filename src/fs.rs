@@ -217,7 +217,9 @@ impl Fs {
             return Ok(());
         }
         let h = self.store.handle(fh)?;
-        self.policy.before_handle_write(h.state.get())
+        let path = self.store.path_of(h.ino);
+        self.policy
+            .before_handle_write(h.state.get(), path.as_deref())
     }
 
     /// The pseudo backend of a node the router sent there (`ENOENT` if there is none).

@@ -187,9 +187,14 @@ pub trait Policy: Send + Sync + 'static {
     }
     /// Before data or a size change reaches the backing file through an open handle
     /// (`write`, `fallocate`, `copy_file_range` into it, a truncate naming it), with the
-    /// state `on_open` returned; `Err` refuses it with that errno. Called only when
+    /// state `on_open` returned and the path its file has now (renamed since the open, it
+    /// is not the one opened); `Err` refuses it with that errno. Called only when
     /// [`Policy::sees_every_write`].
-    fn before_handle_write(&self, state: Option<&HandleState>) -> Result<(), FsError> {
+    fn before_handle_write(
+        &self,
+        state: Option<&HandleState>,
+        path: Option<&Path>,
+    ) -> Result<(), FsError> {
         Ok(())
     }
     /// When the last reference to the handle goes away (`caller.pid` may be 0).

@@ -445,7 +445,11 @@ impl Policy for WritePolicy {
             .is_some_and(|w| w.ticket.lock().is_some())
     }
 
-    fn before_handle_write(&self, state: Option<&HandleState>) -> Result<(), FsError> {
+    fn before_handle_write(
+        &self,
+        state: Option<&HandleState>,
+        path: Option<&Path>,
+    ) -> Result<(), FsError> {
         let Some(w) = self.handles.get(state) else {
             return Ok(());
         };
@@ -453,7 +457,7 @@ impl Policy for WritePolicy {
         let Some(ticket) = ticket.as_mut() else {
             return Ok(());
         };
-        self.handle_write(&w, ticket).map_err(|r| {
+        self.handle_write(&w, rel(path), ticket).map_err(|r| {
             if !w.new_refusal(&r.message) {
                 return FsError(r.write_errno());
             }
@@ -495,7 +499,7 @@ impl Policy for WritePolicy {
             // The handle's own commit moved the path's epoch: still known good (under
             // the same lease), so a later lease compares with the epoch it made.
             if let Some(t) = w.ticket.lock().as_mut() {
-                let _ = self.coord.admits(t, &w.path);
+                let _ = self.coord.admits(t, p);
             }
             true
         });

@@ -247,6 +247,41 @@ fn a_killed_host_leaves_no_descriptor_that_writes() {
     assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
 }
 
+/// The same with alice's descriptor opened under another name and renamed over the file
+/// (an editor's save that keeps its descriptor): at each write the check follows the
+/// file to the name it has now, so back under a new lease the write is refused as one
+/// opened under the handed name is (checked against the old name alone, it landed).
+#[test]
+fn a_paused_host_refuses_a_descriptor_renamed_over_the_handed_file() {
+    let p = Pair::new(true);
+    touch_session(&p.a, "alice");
+    sh_ok(&p.a, Some("alice"), &format!("cp {FILE} side.md"));
+    let mut w = HeldWriter::open(&p.a, "alice", "side.md").expect("alice opens side.md");
+    sh_ok(&p.a, Some("alice"), &format!("mv side.md {FILE}"));
+    p.a.signal(libc::SIGSTOP);
+    hand_on_from_b(&p);
+    p.a.signal(libc::SIGCONT);
+    // A is back under a new lease, the record taken in: now only the name decides.
+    let back = wait_until(TIMEOUT, || {
+        confirmed(&p.a) && live_record(&p.a, FILE).is_some()
+    });
+    assert!(back, "A did not come back:\n{}", p.a.log());
+    assert_eq!(
+        w.write("alice writes after the handoff"),
+        Err(libc::EACCES),
+        "the renamed descriptor on A after B's acknowledged transfer"
+    );
+    assert_eq!(w.write("and again"), Err(libc::EACCES));
+    drop(w);
+    assert_eq!(p.a.backing_text(), ORIGINAL, "bytes landed on A");
+    assert!(
+        events_of(&p.a, "commit", FILE, Some("alice"))
+            .iter()
+            .all(|c| c["op"] == "rename"),
+        "a commit of alice's writes on A"
+    );
+}
+
 /// Is A's lease confirmed again (`coherent status`: `coordinator.confirmed`)?
 fn confirmed(h: &Host) -> bool {
     let (_, v) = cli_json(h, None, &["status"]);

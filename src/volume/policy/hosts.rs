@@ -84,17 +84,36 @@ impl WritePolicy {
 
     /// May write handle `w` (admitted under `ticket`) write now? This host's lease and the
     /// path's epoch ([`Coordinator::admits`]), then the fence as this host knows it now.
-    pub(super) fn handle_write(&self, w: &WriteHandle, ticket: &mut Ticket) -> Result<(), Refusal> {
+    ///
+    /// `now` is the path the handle's file has now: a handle opened under another name
+    /// (`side.md`, then renamed over the handed path) writes that path's file, so both
+    /// names are checked.
+    pub(super) fn handle_write(
+        &self,
+        w: &WriteHandle,
+        now: Option<&str>,
+        ticket: &mut Ticket,
+    ) -> Result<(), Refusal> {
+        // The ticket follows the file: its epoch is the path's it writes now (after a
+        // rename under another lease the two differ, and the write is refused).
+        let here = now.unwrap_or(&w.path);
         self.coord
-            .admits(ticket, &w.path)
-            .map_err(|r| r.at(w.path.clone()))?;
-        if !self.engine.is_fenced(&w.session, &w.path) {
-            return Ok(());
+            .admits(ticket, here)
+            .map_err(|r| r.at(here.to_string()))?;
+        for p in [w.path.as_str(), here] {
+            if self.engine.is_fenced(&w.session, p) {
+                return Err(self.fenced_write(w, p));
+            }
         }
-        // The deny text of the contract, from the record that fences this session.
+        Ok(())
+    }
+
+    /// The refusal of a write by a fenced giver through its handle on `p`: the deny text of
+    /// the contract, from the record that fences it.
+    fn fenced_write(&self, w: &WriteHandle, p: &str) -> Refusal {
         let text = self
             .engine
-            .shared_state(&w.path)
+            .shared_state(p)
             .and_then(|st| {
                 let v = st.version;
                 st.records
@@ -102,10 +121,10 @@ impl WritePolicy {
                     .find(|r| r.is_live(v) && r.giver.name == w.session.name)
             })
             .map_or_else(
-                || format!("write denied: {} was handed on by this session", w.path),
-                |r| coherence::deny_text(&w.path, &r.successor, r.version_at_transfer),
+                || format!("write denied: {p} was handed on by this session"),
+                |r| coherence::deny_text(p, &r.successor, r.version_at_transfer),
             );
-        Err(Refusal::new(Reason::Fenced, text).at(w.path.clone()))
+        Refusal::new(Reason::Fenced, text).at(p.to_string())
     }
 
     /// Refuses an agent write while this host cannot confirm its lease (see
