@@ -870,6 +870,16 @@ fn close_of_a_handle_on_a_replaced_file(passthrough: bool) {
     );
 }
 
+/// Closes `w` (held by `who`) and waits for the commit of `path` its RELEASE makes (the
+/// RELEASE comes after the close returned).
+fn close_committing(m: &Vol, mut w: HeldWriter, who: &str, path: &str) {
+    let before = events_of(m, "commit", path, Some(who)).len();
+    assert_eq!(w.ask("close", SETTLE), coherent::Answer::Ok);
+    drop(w);
+    let c = await_events(m, "commit", path, Some(who), before + 1);
+    assert!(c.len() > before, "{who}'s close committed nothing");
+}
+
 /// A giver's write descriptor opened under another name and then renamed over the handed
 /// path (an editor's save that keeps its descriptor) is in flight, even while another
 /// session also holds the file open for writing (then the kernel's "open for writing"
@@ -892,12 +902,8 @@ fn a_givers_descriptor_under_another_name_is_in_flight_beside_another_writer() {
     assert!(live_record(&m, "h.md").is_none());
     // Her descriptor writes h.md's file: nobody else's work is at stake yet.
     alice.write("alice through side.md").unwrap();
-    let before = events_of(&m, "commit", "h.md", Some("alice")).len();
-    assert_eq!(alice.ask("close", SETTLE), coherent::Answer::Ok);
-    drop(alice);
-    // Its RELEASE (after the close returned) commits what it wrote, as h.md's.
-    let c = await_events(&m, "commit", "h.md", Some("alice"), before + 1);
-    assert!(c.len() > before, "alice's close committed nothing");
+    // Its close commits what it wrote, as h.md's.
+    close_committing(&m, alice, "alice", "h.md");
     sh_ok(&m, Some("alice"), "cat h.md >/dev/null");
     transfer(&m, "alice", "bob", &["h.md"]);
     drop(carol);
@@ -916,11 +922,8 @@ fn a_bystanders_descriptor_under_another_name_reserves_nothing() {
     sh_ok(&m, Some("carol"), "mv side.md h.md");
     sh_ok(&m, Some("alice"), "cat h.md >/dev/null");
     transfer(&m, "alice", "bob", &["h.md"]);
-    let before = events_of(&m, "commit", "h.md", Some("carol")).len();
     carol.write("carol through side.md").unwrap();
-    assert_eq!(carol.ask("close", SETTLE), coherent::Answer::Ok);
-    let c = await_events(&m, "commit", "h.md", Some("carol"), before + 1);
-    assert!(c.len() > before, "carol's close committed nothing");
+    close_committing(&m, carol, "carol", "h.md");
     let r = record(&m, "h.md").expect("the record");
     assert_eq!(
         (r["status"].as_str(), r["counterparty"].as_str()),

@@ -48,6 +48,19 @@ fn handed(config: Config) -> (H, Session) {
     (h, a)
 }
 
+/// Another host's engine (named `name`, so it judges copies) that has seen `sessions`.
+fn host_seeing(name: &str, sessions: &[&Session]) -> H {
+    let mut h = H::with(Config {
+        host: Some(name.into()),
+        ..Config::default()
+    });
+    for s in sessions {
+        let t = h.t();
+        h.e.session_seen(s, t);
+    }
+    h
+}
+
 fn live(h: &H) -> bool {
     !h.e.status(Some(P)).live.is_empty()
 }
@@ -273,14 +286,7 @@ fn edited_and_handed_elsewhere() -> (H, Session) {
     let shared = a.e.shared_state(P).expect("shared");
     assert_eq!((shared.version, shared.print), (2, Some(print(7, 0xc))));
 
-    let mut b = H::with(Config {
-        host: Some("B".into()),
-        ..Config::default()
-    });
-    for s in [&alice, &bob] {
-        let t = b.t();
-        b.e.session_seen(s, t);
-    }
+    let mut b = host_seeing("B", &[&alice, &bob]);
     b.e.adopt(P, Some(shared));
     assert!(b.e.is_fenced(&alice, P));
     (b, alice)
@@ -458,14 +464,7 @@ fn on_several_hosts_versions_made_before_the_first_transfer_are_behind() {
         "the current version's is no older one"
     );
 
-    let mut b = H::with(Config {
-        host: Some("B".into()),
-        ..Config::default()
-    });
-    for s in [&alice, &bob] {
-        let t = b.t();
-        b.e.session_seen(s, t);
-    }
+    let mut b = host_seeing("B", &[&alice, &bob]);
     let t = b.t();
     b.e.observe(P, Some(st(9, 1, 5, 1)), t);
     b.e.adopt(P, Some(shared));
@@ -518,14 +517,7 @@ fn on_several_hosts_a_version_another_host_skipped_is_still_known_behind() {
         shared.older
     );
 
-    let mut c = H::with(Config {
-        host: Some("C".into()),
-        ..Config::default()
-    });
-    for s in [&alice, &bob] {
-        let t = c.t();
-        c.e.session_seen(s, t);
-    }
+    let mut c = host_seeing("C", &[&alice, &bob]);
     let t = c.t();
     c.e.observe(P, Some(st(5, 1, 5, 1)), t);
     c.e.adopt(P, Some(shared));
