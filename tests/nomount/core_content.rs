@@ -286,7 +286,7 @@ fn edited_and_handed_elsewhere() -> (H, Session) {
     let shared = a.e.shared_state(P).expect("shared");
     assert_eq!((shared.version, shared.print), (2, Some(print(7, 0xc))));
 
-    let mut b = host_seeing("B", &[&alice, &bob]);
+    let b = host_seeing("B", &[&alice, &bob]);
     b.e.adopt(P, Some(shared));
     assert!(b.e.is_fenced(&alice, P));
     (b, alice)
