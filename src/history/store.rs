@@ -27,10 +27,11 @@
 //! gone stays in the index by digest only (`kept: false`); index lines older than `keep`
 //! are dropped (each path keeps its latest).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, BufRead, Write};
+use std::ops::Bound;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -98,12 +99,25 @@ pub struct Entry {
     pub from: Option<String>,
 }
 
+/// The versions of each path, in path order: the paths under a directory are one range
+/// (a directory rename moves them without a pass over every path; the index may hold tens
+/// of thousands of renames, each replayed at open).
+type ByPath = BTreeMap<String, Vec<Rec>>;
+
 /// Moves the history of `from` and everything under it to `to` (a directory rename).
-fn move_dir(by_path: &mut HashMap<String, Vec<Rec>>, from: &str, to: &str) {
+fn move_dir(by_path: &mut ByPath, from: &str, to: &str) {
     let under = format!("{from}/");
+    // `from` itself, then the range of `from/...` (a name like `from-x` sorts between).
     let moved: Vec<String> = by_path
-        .keys()
-        .filter(|k| *k == from || k.starts_with(&under))
+        .get_key_value(from)
+        .map(|(k, _)| k)
+        .into_iter()
+        .chain(
+            by_path
+                .range::<str, _>((Bound::Included(under.as_str()), Bound::Unbounded))
+                .map(|(k, _)| k)
+                .take_while(|k| k.starts_with(&under)),
+        )
         .cloned()
         .collect();
     for k in moved {
@@ -144,7 +158,7 @@ struct Blob {
 struct Inner {
     index: File,
     /// Each path's versions, oldest first.
-    by_path: HashMap<String, Vec<Rec>>,
+    by_path: ByPath,
     names: Names,
     blobs: HashMap<[u8; 32], Blob>,
     total: u64,
@@ -231,7 +245,7 @@ impl Store {
             limits,
             inner: Mutex::new(Inner {
                 index: File::from(index_fd),
-                by_path: HashMap::new(),
+                by_path: ByPath::new(),
                 names: Names::default(),
                 blobs: HashMap::new(),
                 total: 0,
@@ -260,7 +274,7 @@ impl Store {
         let f = inner.index.try_clone()?;
         let mut read = io::BufReader::new(f);
         let mut line = Vec::new();
-        let mut by_path: HashMap<String, Vec<Rec>> = HashMap::new();
+        let mut by_path = ByPath::new();
         let mut ends_whole = true;
         loop {
             line.clear();

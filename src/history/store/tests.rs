@@ -302,12 +302,20 @@ fn a_directory_rename_moves_the_history_under_it_also_after_reopening() {
     s.record(entry("d/x", 1, now, &a));
     s.record(entry("d/sub/y", 1, now, &a));
     s.record(entry("dx", 1, now, &a));
+    // Siblings that sort before `d/` ('-' and '.' are below '/') and after it.
+    for sib in ["d-x", "d.0/z", "d0/z"] {
+        s.record(entry(sib, 1, now, &a));
+    }
     s.rename_dir("d", "e/f", now);
     let check = |s: &Store| {
         assert!(s.log("d/x").is_empty());
         assert_eq!(s.log("e/f/x")[0].path, "e/f/x");
         assert_eq!(s.log("e/f/sub/y").len(), 1);
         assert_eq!(s.log("dx").len(), 1, "a sibling with the same prefix stays");
+        for sib in ["d-x", "d.0/z", "d0/z"] {
+            assert_eq!(s.log(sib).len(), 1, "{sib} stays");
+        }
+        assert_eq!(s.all().len(), 6);
     };
     check(&s);
     drop(s);
