@@ -120,7 +120,7 @@ impl Entry {
     pub(super) fn version_moved_on(&mut self) {
         let v = self.version;
         if let Some(p) = self.print.as_mut().and_then(|b| b.current.take()) {
-            self.keep_older([(v, p)].into_iter().peekable());
+            self.keep_older(vec![(v, p)]);
         }
     }
 
@@ -128,11 +128,11 @@ impl Entry {
     /// [`OLDER_PRINTS`]; one already known for a version is replaced.
     pub(super) fn know_older(&mut self, prints: impl IntoIterator<Item = (u64, Print)>) {
         let below = self.version;
-        self.keep_older(prints.into_iter().filter(|(v, _)| *v < below).peekable());
+        self.keep_older(prints.into_iter().filter(|(v, _)| *v < below).collect());
     }
 
-    fn keep_older(&mut self, mut prints: std::iter::Peekable<impl Iterator<Item = (u64, Print)>>) {
-        if prints.peek().is_none() {
+    fn keep_older(&mut self, prints: Vec<(u64, Print)>) {
+        if prints.is_empty() {
             return;
         }
         let b = self.print.get_or_insert_with(Default::default);
