@@ -77,6 +77,10 @@ pub struct Stepped {
     /// Records this step made that another host found in flight (the giver has the file
     /// open for writing there): (path, record id). The verb must undo them.
     pub in_flight: Vec<(String, u64)>,
+    /// Records this step made over a version another host counted that their giver did
+    /// not see (its copy there is newer than the giver's view): (path, record id, host).
+    /// The verb must undo them (`handoff_not_held`).
+    pub newer: Vec<(String, u64, String)>,
 }
 
 /// What a write handle was admitted under on a multi-host volume: this host's lease and
@@ -95,6 +99,11 @@ pub struct Ticket {
 /// writing on this host, under any name, where the engine's holders may not show it (a
 /// descriptor opened under another name, or while the path was untracked)?
 pub type WriterProbe = Box<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
+/// The fingerprint of the file at a path on this host's copy, with the stamp it had while
+/// it was read (`None`: not there, or not readable).
+pub type CopyProbe =
+    Box<dyn Fn(&str) -> Option<(crate::coherence::Stamp, crate::coherence::Print)> + Send + Sync>;
 
 /// The coordinator interface.
 pub trait Coordinator: Send + Sync {
@@ -178,6 +187,10 @@ pub trait Coordinator: Send + Sync {
     /// host's transfer of a file its giver has open for writing here is in flight, as one
     /// host refuses it (`handoff_in_flight`).
     fn watch_writers(&self, _probe: WriterProbe) {}
+
+    /// How this host reads its copy of a path that another host's state meets at a
+    /// version this host counted too (see [`crate::coherence::Engine::adopt_beside`]).
+    fn watch_copy(&self, _probe: CopyProbe) {}
 }
 
 /// One host: the journal is the only state; nothing to agree with anyone.
@@ -206,7 +219,7 @@ impl Coordinator for Embedded {
     ) -> Result<Stepped, Refusal> {
         Ok(Stepped {
             ok: op(engine),
-            in_flight: Vec::new(),
+            ..Default::default()
         })
     }
 

@@ -279,6 +279,11 @@ impl Volume {
             b.lstat(p)
                 .is_some_and(|st| handles.writes_inode(giver, st.stamp.ino))
         }));
+        // A version this host counted that another host's state meets: its copy is read
+        // to tell whether it is that version (docs/multi-host.md#copies).
+        let b = o.backing.clone();
+        o.coord
+            .watch_copy(Box::new(move |p| workspace::print_at(b.fd(), p)));
         let policy = Arc::new(WritePolicy::new(&o, handles.clone()));
         let standing = Arc::new(standing::Standing::open(&cfg.state_dir, state_io));
         let verbs = Arc::new(Verbs::new(

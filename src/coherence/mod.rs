@@ -21,6 +21,6 @@ pub use engine::{
 pub use lookup::{resolve_session, MIN_PREFIX};
 pub use ops::Content;
 pub use route::{computed_xattr, At, Found, Permit, Reach, Write, XATTR_PREFIX};
-pub use shared::{Saved, SharedPath, SharedSession};
+pub use shared::{Adopted, OwnCopy, Saved, SharedPath, SharedSession, Taken};
 pub use time::Timestamp;
 pub use types::*;

@@ -21,7 +21,7 @@ impl Engine {
     /// `overtaken` with `counterparty` (unless it already says so). While a record is live
     /// its status follows the latest event (docs/design.md#handoff): a `completed` record is
     /// overtaken too.
-    fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
+    pub(super) fn overtake_live(&self, e: &mut Entry, by: &str, now: Timestamp) {
         let Some(r) = e.live() else {
             return;
         };

@@ -34,6 +34,30 @@ pub struct SharedPath {
     pub records: Vec<Record>,
 }
 
+impl SharedPath {
+    /// Two accounts of a path that differ in the count of its commits alone (the same
+    /// records, none live in either): no fence hangs on the difference.
+    pub fn counts_apart(&self, other: &SharedPath) -> bool {
+        counts_apart(
+            (self.version, &self.records),
+            (other.version, &other.records),
+        )
+    }
+
+    /// This host's account of a path (`self`) counted more commits than another host's
+    /// that came first, and differs in nothing else (on one backing directory, that host
+    /// found this one's commits on its copy and counted them as one change behind the
+    /// volume's back): this host's account stands, to be published over the other,
+    /// which takes it in. Any other difference is the other host's step, which wins.
+    pub fn counted_further(&self, theirs: &SharedPath) -> bool {
+        self.version > theirs.version && self.counts_apart(theirs)
+    }
+}
+
+fn counts_apart(a: (u64, &[Record]), b: (u64, &[Record])) -> bool {
+    a.1 == b.1 && !a.1.iter().any(|r| r.is_live(a.0)) && !b.1.iter().any(|r| r.is_live(b.0))
+}
+
 /// One session of the shared registry, with the uid that owns its name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SharedSession {
@@ -42,6 +66,48 @@ pub struct SharedSession {
     /// The host that claimed it first (it logged `session_seen`).
     #[serde(default)]
     pub host: Option<String>,
+}
+
+/// A live record another host made, as [`Engine::adopt_beside`] took it in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub id: u64,
+    /// Its giver holds the file open for writing on this host (`handoff_in_flight`).
+    pub writing: bool,
+    /// This host's copy holds a version its giver did not see (`handoff_not_held`).
+    pub newer: bool,
+}
+
+/// What [`Engine::adopt_beside`] did.
+#[derive(Debug, Default)]
+pub struct Adopted {
+    pub records: Vec<Taken>,
+    /// This copy's content was counted again as the version after the adopted one: the
+    /// path's state here is to be published.
+    pub recounted: bool,
+    /// Nothing was taken in: this host counted further, and nothing else differs (see
+    /// [`SharedPath::counted_further`]); its state is to be published over the other.
+    pub kept: bool,
+}
+
+/// This host's copy of a path at a version counted here (see [`Engine::own_copy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnCopy {
+    pub version: u64,
+    pub stamp: Stamp,
+    pub print: Option<Print>,
+}
+
+fn own_copy(e: &Entry, copies: bool) -> Option<OwnCopy> {
+    // A first sight counts nothing (`last_by` is set by counts alone); a copy behind the
+    // version it knows holds something else.
+    let counted = copies && e.exists && e.version > 0 && e.last_by.is_some();
+    let stamp = e.stamp.filter(|_| counted && e.held_here >= e.version)?;
+    Some(OwnCopy {
+        version: e.version,
+        stamp,
+        print: e.current_print(),
+    })
 }
 
 /// Entries as they were before a step (restored if the step cannot be published).
@@ -148,13 +214,72 @@ impl Engine {
     /// `path` open for writing on this host (the transfer's host must then undo it:
     /// `handoff_in_flight`).
     pub fn adopt(&self, path: &str, shared: Option<SharedPath>) -> Vec<(u64, bool)> {
+        self.adopt_beside(path, shared, None, Timestamp::now())
+            .records
+            .into_iter()
+            .map(|t| (t.id, t.writing))
+            .collect()
+    }
+
+    /// [`Engine::adopt`], beside this host's copy: `copy` is the fingerprint of the file
+    /// here as the mount read it, with the stamp it had then (for a version counted here
+    /// whose fingerprint the engine did not take; see [`Engine::own_copy`]).
+    ///
+    /// A version this host counted (a commit through its mount, or a change found on its
+    /// copy) that no other host has seen may meet another host's state at the same or a
+    /// lower version: two hosts counted concurrently. The other state is taken in, and
+    /// this copy's content, when it is not the adopted version's, is counted again as the
+    /// version after it (by the session that made it here): the change is kept and
+    /// published, never taken for the other host's version (whose copies would then count
+    /// it as a change behind the volume's back, ending records, once a sync brought it). A
+    /// new live record over such a copy is `newer`: its giver did not see this host's
+    /// version, and the transfer is undone (`handoff_not_held`), as one host refuses a
+    /// giver whose view is not the current version (docs/multi-host.md#copies).
+    pub fn adopt_beside(
+        &self,
+        path: &str,
+        shared: Option<SharedPath>,
+        copy: Option<(Stamp, Print)>,
+        now: Timestamp,
+    ) -> Adopted {
         let mut sh = self.lock_one(path);
         let e = entry_mut(&mut sh, path);
         let Some(s) = shared else {
             e.records.clear();
             self.changes.bump();
-            return Vec::new();
+            return Adopted::default();
         };
+        // Checked here, under the path's lock: a commit counted here since the caller
+        // looked is never undone by taking in an older count.
+        if e.version > s.version && counts_apart((e.version, &e.records), (s.version, &s.records)) {
+            return Adopted {
+                kept: true,
+                ..Adopted::default()
+            };
+        }
+        let own = own_copy(e, self.copies());
+        let own_print = own.as_ref().and_then(|o| {
+            o.print
+                .or_else(|| copy.filter(|(st, _)| *st == o.stamp).map(|(_, p)| p))
+        });
+        // Counted here at this version or past it; below it, a copy whose content the
+        // other hosts know (theirs, or one of the older versions') lags, nothing more.
+        let at_or_above = own.is_some_and(|o| o.version >= s.version);
+        let known_there = |p: Print| {
+            s.print == Some(p)
+                || s.older.iter().any(|(_, q)| *q == p)
+                || s.records.iter().any(|r| r.print == Some(p))
+        };
+        let differs = s.exists
+            && s.print.is_some()
+            && own_print.is_some_and(|p| {
+                if at_or_above {
+                    s.print != Some(p)
+                } else {
+                    !known_there(p)
+                }
+            });
+        let by = e.last_by.clone();
         if s.version != e.version {
             for h in &mut e.holders {
                 if h.writers == 0 {
@@ -179,7 +304,7 @@ impl Engine {
         }
         e.know_older(s.older);
         e.logged = true;
-        let new_live = s
+        let new_live: Vec<(u64, bool)> = s
             .records
             .iter()
             .filter(|r| r.is_live(s.version) && !e.records.iter().any(|o| o.id == r.id))
@@ -189,8 +314,74 @@ impl Engine {
             })
             .collect();
         e.records = s.records;
+        // Not known to be the adopted content, under a new transfer: fail closed (undone),
+        // and the copy is judged again at its next look.
+        let unsure = at_or_above
+            && !new_live.is_empty()
+            && !differs
+            && (own_print.is_none() || s.print.is_none());
+        let mut recounted = false;
+        if let (true, Some(o), Some(p)) = (differs, own, own_print) {
+            self.count_again(e, path, by.as_deref(), o.stamp, p, now);
+            recounted = true;
+        } else if unsure {
+            e.stamp = None;
+        }
         self.changes.bump();
-        new_live
+        Adopted {
+            records: new_live
+                .into_iter()
+                .map(|(id, writing)| Taken {
+                    id,
+                    writing,
+                    newer: differs || unsure,
+                })
+                .collect(),
+            recounted,
+            kept: false,
+        }
+    }
+
+    /// What this host's copy of `path` holds when it is a version counted here (committed
+    /// through this mount or found on this copy, not only seen), with its fingerprint when
+    /// the engine took one: what [`Engine::adopt_beside`] compares another host's state
+    /// with. Several hosts only.
+    pub fn own_copy(&self, path: &str) -> Option<OwnCopy> {
+        own_copy(self.lock_one(path).get(path)?, self.copies())
+    }
+
+    /// Counts this copy's content (`stamp`, `print`) as the version after the current
+    /// one, by `by` (the session whose commit made it here, or `external`).
+    fn count_again(
+        &self,
+        e: &mut Entry,
+        path: &str,
+        by: Option<&str>,
+        stamp: Stamp,
+        print: Print,
+        now: Timestamp,
+    ) {
+        let session = by
+            .filter(|b| *b != EXTERNAL)
+            .and_then(|b| self.sessions.read().get(b).cloned());
+        let by = session.as_ref().map_or(EXTERNAL, |s| s.name.as_str());
+        self.overtake_live(e, by, now);
+        let mut ev = match &session {
+            Some(s) => {
+                let mut ev = Event::new(EventKind::Commit, now, Some(path), Some(s));
+                ev.op = Some(CommitOp::Write);
+                ev
+            }
+            None => {
+                let mut ev = Event::new(EventKind::ExternalChange, now, Some(path), None);
+                ev.session = Some(EXTERNAL.to_string());
+                ev
+            }
+        };
+        ev.version = Some(e.version + 1);
+        ev.stamp = Some(stamp);
+        ev.print = Some(print);
+        self.emit(e, ev);
     }
 
     /// Takes in a session of the shared registry (no event: its host logged it).
@@ -214,9 +405,10 @@ impl Engine {
     }
 
     /// Undoes a transfer another host found in flight (its giver has the file open for
-    /// writing there): the record ends `withdrawn` (reason `handoff_in_flight`) and is
-    /// evicted at once, so sending it again later is a new transfer, as on one host.
-    pub fn undo_transfer(&self, path: &str, id: u64, now: Timestamp) -> bool {
+    /// writing there: `why` is `handoff_in_flight`), or over a version of its copy the
+    /// giver did not see (`handoff_not_held`): the record ends `withdrawn` with `why` and
+    /// is evicted at once, so sending it again later is a new transfer, as on one host.
+    pub fn undo_transfer(&self, path: &str, id: u64, why: Reason, now: Timestamp) -> bool {
         let mut sh = self.lock_one(path);
         let Some(e) = sh.get_mut(path) else {
             return false;
@@ -235,7 +427,7 @@ impl Engine {
         ev.giver = Some(giver.name.clone());
         ev.successor = Some(successor);
         ev.version = Some(e.version);
-        ev.reason = Some(Reason::HandoffInFlight);
+        ev.reason = Some(why);
         self.emit(e, ev);
         let mut ev = Event::new(EventKind::Evict, now, Some(path), None);
         ev.record = Some(id);

@@ -16,7 +16,7 @@
 //! thread publishes the event feed and paths changed while etcd could not be reached.
 
 use super::boot::BootTime;
-use super::{unavailable, Coordinator, StepKind, Stepped, Ticket, WriterProbe};
+use super::{unavailable, Coordinator, CopyProbe, StepKind, Stepped, Ticket, WriterProbe};
 use crate::coherence::{
     Engine, Event, EventKind, EventSink, Saved, SharedPath, SharedSession, Timestamp,
 };
@@ -68,6 +68,10 @@ struct HostState {
     /// Records new to that host whose giver had the file open for writing there.
     #[serde(default)]
     in_flight: Vec<(String, u64)>,
+    /// Records new to that host over a version of its copy their giver did not see
+    /// (see [`Engine::adopt_beside`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    newer: Vec<(String, u64)>,
 }
 
 /// A test hook's delay from the environment (none when unset).
@@ -116,6 +120,7 @@ struct Link {
     aged: HashMap<String, (i64, BootTime)>,
     hosts: HashMap<String, HostState>,
     in_flight: Vec<(String, u64)>,
+    newer: Vec<(String, u64)>,
     error: Option<String>,
     since: Option<Timestamp>,
     /// The lease this host's `h/` key lives under.
@@ -131,7 +136,31 @@ struct Link {
 /// At most this many deleted keys are remembered one by one (then `gone_floor` rises).
 const MAX_GONE: usize = 100_000;
 
+/// At most this many records found in flight (or newer) are reported, the newest.
+const MAX_REPORTED: usize = 64;
+
 impl Link {
+    /// This host as it publishes itself, having applied every change up to `applied`.
+    fn host_state(&self, applied: i64) -> HostState {
+        HostState {
+            applied,
+            in_flight: self.in_flight.clone(),
+            newer: self.newer.clone(),
+        }
+    }
+
+    /// New records of `path` this host found in flight, and those over a newer version
+    /// of its copy: reported with its state, for their transfers to be undone.
+    fn report(&mut self, path: &str, in_flight: Vec<u64>, newer: Vec<u64>) {
+        for (list, ids) in [(&mut self.in_flight, in_flight), (&mut self.newer, newer)] {
+            list.extend(ids.into_iter().map(|id| (path.to_string(), id)));
+            let n = list.len();
+            if n > MAX_REPORTED {
+                list.drain(..n - MAX_REPORTED);
+            }
+        }
+    }
+
     /// The epoch of `path`: the mod revision of its key; with no key, the revision its key
     /// was deleted at, or the floor. Revisions never repeat, so neither do epochs: a
     /// descriptor's ticket from before a key was made, changed or deleted never matches
@@ -194,6 +223,8 @@ pub struct Etcd {
     publish_delay: Duration,
     /// The volume's [`WriterProbe`], once it has one.
     writers: std::sync::OnceLock<WriterProbe>,
+    /// The volume's [`CopyProbe`], once it has one.
+    copy: std::sync::OnceLock<CopyProbe>,
     /// The lease the `e/` keys live under (renewed by replacing it).
     events_lease: Mutex<Option<(i64, Instant)>>,
     stop: AtomicBool,
@@ -274,6 +305,7 @@ impl Etcd {
             adopt_delay: test_delay("COHERENT_ADOPT_DELAY_MS"),
             publish_delay: test_delay("COHERENT_PUBLISH_DELAY_MS"),
             writers: std::sync::OnceLock::new(),
+            copy: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
             stopped: tokio::sync::Notify::new(),
         });
@@ -361,6 +393,10 @@ impl Coordinator for Etcd {
 
     fn watch_writers(&self, probe: WriterProbe) {
         let _ = self.writers.set(probe);
+    }
+
+    fn watch_copy(&self, probe: CopyProbe) {
+        let _ = self.copy.set(probe);
     }
 
     fn confirmed(&self) -> Result<(), Refusal> {
@@ -513,7 +549,7 @@ impl Coordinator for Etcd {
                 }
                 return Ok(Stepped {
                     ok,
-                    in_flight: Vec::new(),
+                    ..Default::default()
                 });
             }
             let published = match &synced {
@@ -541,12 +577,16 @@ impl Coordinator for Etcd {
                         })
                         .collect();
                     drop(guard);
-                    let in_flight = if made.is_empty() {
-                        Vec::new()
+                    let (in_flight, newer) = if made.is_empty() {
+                        Default::default()
                     } else {
                         self.wait_acks(rev, &made, started)?
                     };
-                    return Ok(Stepped { ok, in_flight });
+                    return Ok(Stepped {
+                        ok,
+                        in_flight,
+                        newer,
+                    });
                 }
                 Err(Publish::Conflict(current, rev)) => {
                     undo(saved);
@@ -561,7 +601,7 @@ impl Coordinator for Etcd {
                             .extend(changed.into_iter().map(|(p, _)| p));
                         return Ok(Stepped {
                             ok,
-                            in_flight: Vec::new(),
+                            ..Default::default()
                         });
                     }
                     undo(saved);
@@ -576,7 +616,7 @@ impl Coordinator for Etcd {
                         );
                         return Ok(Stepped {
                             ok,
-                            in_flight: Vec::new(),
+                            ..Default::default()
                         });
                     }
                     return Err(r);

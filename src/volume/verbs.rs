@@ -228,33 +228,57 @@ impl Verbs {
         };
         let refused = |r: &Result<_, Refusal>| matches!(r, Ok((_, Some(Err(f)))) if in_flight(f));
         let (stepped, out) = self.once_more_after_releases(s, req, started, attempt, refused)?;
-        if stepped.in_flight.is_empty() {
+        if stepped.in_flight.is_empty() && stepped.newer.is_empty() {
             return out.expect("the step ran the verb");
         }
-        // Another host has the file open for writing by this giver: the transfer is
-        // undone (withdrawn), as one host refuses it (`handoff_in_flight`).
-        let paths: Vec<String> = stepped.in_flight.iter().map(|x| x.0.clone()).collect();
+        // Another host has the file open for writing by this giver, or holds a version of
+        // it the giver did not see: the transfer is undone (withdrawn), as one host
+        // refuses it (`handoff_in_flight`, `handoff_not_held`).
+        let undone: Vec<(String, u64, Reason)> = stepped
+            .in_flight
+            .iter()
+            .map(|(p, id)| (p.clone(), *id, Reason::HandoffInFlight))
+            .chain(
+                stepped
+                    .newer
+                    .iter()
+                    .map(|(p, id, _)| (p.clone(), *id, Reason::HandoffNotHeld)),
+            )
+            .collect();
         let undo = v
             .coord
             .step(&v.engine, &names, StepKind::Verb, started, &mut |e| {
                 let now = Timestamp::now();
-                for (p, id) in &stepped.in_flight {
-                    e.undo_transfer(p, *id, now);
+                for (p, id, why) in &undone {
+                    e.undo_transfer(p, *id, *why, now);
                 }
                 true
             });
         if let Err(r) = undo {
             tracing::warn!("undoing a transfer found in flight: {}", r.message);
         }
+        if !stepped.in_flight.is_empty() {
+            let paths: Vec<String> = stepped.in_flight.iter().map(|x| x.0.clone()).collect();
+            return Err(Refusal::new(
+                Reason::HandoffInFlight,
+                format!(
+                    "this session still has {} open for writing on another host (under this \
+                     or another name): close it there first, then transfer",
+                    paths.join(", ")
+                ),
+            )
+            .at(paths[0].clone()));
+        }
+        let (path, _, host) = &stepped.newer[0];
         Err(Refusal::new(
-            Reason::HandoffInFlight,
+            Reason::HandoffNotHeld,
             format!(
-                "this session still has {} open for writing on another host (under this or \
-                 another name): close it there first, then transfer",
-                paths.join(", ")
+                "{path} has a newer version on host {host} than this host's copy, which this \
+                 session read: hand on only what it has seen. Read {path} again once the \
+                 sync has brought that version here, then transfer"
             ),
         )
-        .at(paths[0].clone()))
+        .at(path.clone()))
     }
 
     /// Runs a verb's changes through `e`: the volume's engine, or a step's view of it.

@@ -896,37 +896,129 @@ fn the_first_handoff_after_an_edit_survives_a_read_of_a_copy_that_lags() {
     }
 }
 
+/// A transfer from host `h` that another host refuses: its copy holds a version the
+/// giver never saw. The answer is `handoff_not_held` naming that host, and no record
+/// stays live anywhere.
+fn transfer_not_held(h: &Host, giver: &str, to: &str, over: &str, others: &[&Host]) {
+    let (code, v) = cli_json(h, Some(giver), &["transfer", "--to", to, FILE]);
+    assert_eq!(code, Some(2), "{v}");
+    assert_eq!(v["reason"], "handoff_not_held", "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&format!("host {over}")),
+        "{v}"
+    );
+    for o in others.iter().chain([&h]) {
+        assert!(
+            wait_until(TIMEOUT, || live_record(*o, FILE).is_none()),
+            "a record stayed live: {:?}",
+            record(*o, FILE)
+        );
+    }
+}
+
 /// Issue 39 item 2: alice commits through A (a file never handed on: the commit is A's
 /// alone), and before the sync carries it to B she reads B's older copy there and hands
-/// it to bob. A's copy holds A's own commit, not the handed bytes: never a change behind
-/// A's back. The record stays live on both hosts and alice is fenced on both, through A's
-/// copy too, however long A is looked at.
+/// it on. She never saw her own newer version from B: as one host refuses a giver whose
+/// view is not the current version, the transfer is refused (`handoff_not_held`, naming
+/// A) and undone. A's commit stays alice's, never a change behind A's back, and is the
+/// version after the one B handed (counted again once B's state met it).
 #[test]
-fn a_hosts_own_unsynced_commit_is_never_external_when_the_other_host_hands_the_file_on() {
+fn a_transfer_over_another_hosts_unsynced_commit_is_not_held_and_the_commit_stays_its_own() {
     let p = Pair::apart();
     touch_session(&p.b, "bob");
     sh_ok(&p.a, Some("alice"), &format!("echo 'alice on A' >> {FILE}"));
     sh_ok(&p.b, Some("alice"), &format!("cat {FILE} >/dev/null"));
-    transfer(&p.b, "alice", "bob", &[FILE]);
+    transfer_not_held(&p.b, "alice", "bob", "A", &[&p.a]);
+    let ours: Vec<_> = events_of(&p.a, "external_change", FILE, None)
+        .into_iter()
+        .filter(|e| e["host"] == "A")
+        .collect();
     assert!(
-        wait_until(TIMEOUT, || live_record(&p.a, FILE).is_some()),
-        "A never learned of the transfer"
+        ours.is_empty(),
+        "A counted its own commit as a change: {ours:?}"
     );
-    for _ in 0..5 {
+    let commits = events_of(&p.a, "commit", FILE, Some("alice"));
+    assert!(
+        commits
+            .iter()
+            .all(|c| c["host"] == "A" && c["version"] == 2),
+        "{commits:?}"
+    );
+    let w = await_events(&p.a, "withdraw", FILE, Some("alice"), 1);
+    assert_eq!(w[0]["reason"], "handoff_not_held", "{}", w[0]);
+    // Nothing is fenced: alice's next write lands on A, and B's copy is untouched.
+    for _ in 0..3 {
         sh_ok(
             &p.a,
             None,
             &format!("cat {FILE} >/dev/null; ls -l >/dev/null"),
         );
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    alice_fenced_on(&p.a, "A", FILE);
-    alice_fenced_on(&p.b, "B", FILE);
-    assert_eq!(p.a.backing_text(), format!("{ORIGINAL}alice on A\n"));
+    sh_ok(
+        &p.a,
+        Some("alice"),
+        &format!("echo 'alice again' >> {FILE}"),
+    );
+    assert_eq!(
+        p.a.backing_text(),
+        format!("{ORIGINAL}alice on A\nalice again\n")
+    );
     assert_eq!(
         std::fs::read_to_string(p.b.backing.join(FILE)).unwrap(),
         ORIGINAL
     );
+}
+
+/// The race a seeded lag run found (issue 39): two hosts count the same version of a
+/// file, each its own content (alice's commit through A; a change found on B's copy),
+/// and carol hands B's on from B. A's copy holds a version carol never saw: her transfer
+/// is refused `handoff_not_held`, and A counts its copy again as the version after B's,
+/// alice's. Once a sync brings alice's bytes to B, carol reads them there and hands them
+/// on: acknowledged, and fenced on both hosts (A's copy holds what she handed).
+#[test]
+fn two_hosts_that_counted_one_version_apart_hand_neither_on_as_the_newest() {
+    let p = Pair::apart();
+    touch_session(&p.b, "bob");
+    // Both hosts look at v1 first.
+    sh_ok(&p.a, None, &format!("cat {FILE} >/dev/null"));
+    sh_ok(&p.b, None, &format!("cat {FILE} >/dev/null"));
+    sh_ok(&p.a, Some("alice"), &format!("echo 'alice on A' >> {FILE}"));
+    std::fs::write(p.b.backing.join(FILE), "changed on B's copy\n").unwrap();
+    sh_ok(&p.b, Some("carol"), &format!("cat {FILE} >/dev/null"));
+    await_events(&p.b, "external_change", FILE, None, 1);
+    assert_eq!(version(&p.a, FILE), Some(2));
+    assert_eq!(version(&p.b, FILE), Some(2));
+    transfer_not_held(&p.b, "carol", "bob", "A", &[&p.a]);
+    let a = await_events(&p.a, "commit", FILE, Some("alice"), 2);
+    assert_eq!(a[1]["version"], 3, "A counted alice's copy again: {}", a[1]);
+    assert!(
+        events_of(&p.a, "external_change", FILE, None)
+            .iter()
+            .all(|e| e["host"] != "A"),
+        "A counted its own copy as a change behind its back"
+    );
+    sync(&p.a, &p.b);
+    sh_ok(&p.b, Some("carol"), &format!("cat {FILE} >/dev/null"));
+    let rec = transfer(&p.b, "carol", "bob", &[FILE]);
+    let v = rec["records"][0]["version_at_transfer"].as_u64().unwrap();
+    for (h, name) in [(&p.a, "A"), (&p.b, "B")] {
+        assert!(
+            wait_until(TIMEOUT, || live_record(h, FILE).is_some()),
+            "{name} never took in the transfer"
+        );
+        sh_ok(h, None, &format!("cat {FILE} >/dev/null"));
+        let rec = live_record(h, FILE)
+            .unwrap_or_else(|| panic!("{name}: the record ended: {:?}", record(h, FILE)));
+        assert_eq!(rec["version_at_transfer"], v, "{name}: {rec}");
+        let before = events_of(h, "denied", FILE, Some("carol")).len();
+        let r = sh(h, Some("carol"), &format!("echo EVIL >> {FILE}"));
+        assert!(r.denied(), "carol on {name}: {}", r.show());
+        let d = await_events(h, "denied", FILE, Some("carol"), before + 1);
+        assert_eq!(d[before]["reason"], "fenced", "{name}: {}", d[before]);
+    }
 }
 
 /// Issue 39, a copy that reaches a version between: bob writes v2 and v3 through B and
@@ -1143,6 +1235,10 @@ fn a_descriptor_held_under_another_name_keeps_a_transfer_on_the_other_host_in_fl
             assert!(w.write("alice's line").is_ok());
         }
         drop(w);
+        // Once B's copy holds what alice's descriptor wrote on A, she may hand it on from
+        // B (before that, A's copy holds a version she never saw there: not held).
+        sh_ok(&p.a, None, &format!("cat {name} >/dev/null"));
+        std::fs::copy(p.a.backing.join(name), p.b.backing.join(name)).unwrap();
         sh_ok(&p.b, Some("alice"), &format!("cat {name} >/dev/null"));
         let r = transfer(&p.b, "alice", "bob", &[name]);
         assert_eq!(r["records"][0]["status"], "pending", "{opened_as}: {r}");

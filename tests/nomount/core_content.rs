@@ -528,3 +528,128 @@ fn on_several_hosts_a_version_another_host_skipped_is_still_known_behind() {
     );
     assert_eq!(c.count(EventKind::ExternalChange), 0);
 }
+
+/// Host A, where alice committed v2 (9 bytes, stamp `A_V2`), and the state host B
+/// publishes when carol hands B's v2 on to bob: another change B found on its copy
+/// (`b_bytes`, print B), or the same bytes as A's.
+const A_V2: Stamp = Stamp {
+    ino: 7,
+    ctime_ns: 2,
+    size: 9,
+    mtime_ns: 2,
+};
+
+fn a_committed_and_b_handed(b_print: Print) -> (H, SharedPath) {
+    let (alice, bob, carol) = (sess("alice"), sess("bob"), sess("carol"));
+    let mut a = host_seeing("A", &[&alice, &bob, &carol]);
+    let t = a.t();
+    a.e.observe(P, Some(st(7, 1, 5, 1)), t);
+    let t = a.t();
+    a.e.acquire(&alice, P, t).unwrap();
+    let t = a.t();
+    a.e.commit(&alice, P, CommitOp::Write, Some(A_V2), t);
+    let t = a.t();
+    a.e.close_write(&alice, P, true, t);
+
+    let mut b = host_seeing("B", &[&alice, &bob, &carol]);
+    let t = b.t();
+    b.e.observe(P, Some(st(5, 1, 5, 1)), t);
+    let t = b.t();
+    let found =
+        b.e.observe_content(P, st(5, 2, b_print.size, 2), Some(b_print), t);
+    assert_eq!(found, Content::Changed);
+    b.read(&carol, P);
+    b.transfer(&carol, &[P], "bob").unwrap();
+    let shared = b.e.shared_state(P).expect("shared");
+    assert_eq!((shared.version, shared.print), (2, Some(b_print)));
+    (a, shared)
+}
+
+/// Two hosts counted v2 apart (issue 39, the seeded lag run's race): A's copy holds
+/// alice's v2, which carol on B never saw. Taking in B's transfer, A finds it `newer`
+/// (the transfer is to be undone) and counts its copy again as v3, alice's, with its
+/// fingerprint (to publish): never a change behind A's back.
+#[test]
+fn on_several_hosts_a_version_counted_here_that_a_transfer_lacks_is_newer_and_counted_again() {
+    let (mut a, shared) = a_committed_and_b_handed(print(20, 0xb));
+    let t = a.t();
+    let got =
+        a.e.adopt_beside(P, Some(shared), Some((A_V2, print(9, 0xa))), t);
+    assert_eq!(got.records.len(), 1);
+    assert!(got.records[0].newer && !got.records[0].writing, "{got:?}");
+    assert!(got.recounted);
+    assert_eq!(a.e.version(P), Some(3));
+    let last = a.sink.events().last().cloned().unwrap();
+    assert_eq!(
+        (
+            last.event,
+            last.session.as_deref(),
+            last.version,
+            last.print
+        ),
+        (
+            EventKind::Commit,
+            Some("alice"),
+            Some(3),
+            Some(print(9, 0xa))
+        )
+    );
+    assert!(!live(&a), "the record over A's copy stayed live");
+    let t = a.t();
+    assert_eq!(
+        a.e.observe_content(P, A_V2, Some(print(9, 0xa)), t),
+        Content::Unchanged
+    );
+    assert_eq!(a.count(EventKind::ExternalChange), 0);
+}
+
+/// The same bytes on both copies: what carol handed is what A holds; nothing to undo.
+#[test]
+fn on_several_hosts_a_transfer_of_the_bytes_a_host_counted_is_taken_in_as_is() {
+    let (mut a, shared) = a_committed_and_b_handed(print(9, 0xa));
+    let t = a.t();
+    let got =
+        a.e.adopt_beside(P, Some(shared), Some((A_V2, print(9, 0xa))), t);
+    assert!(!got.records[0].newer && !got.recounted, "{got:?}");
+    assert_eq!(a.e.version(P), Some(2));
+    assert!(live(&a));
+}
+
+/// A's copy could not be read as counted (it changed since, or no reader): fail closed,
+/// the transfer is `newer` (undone), nothing is counted, and the copy is judged again at
+/// its next look (here: bytes that are not B's v2, a change).
+#[test]
+fn on_several_hosts_a_counted_copy_that_cannot_be_told_fails_a_transfer_closed() {
+    let (mut a, shared) = a_committed_and_b_handed(print(20, 0xb));
+    let t = a.t();
+    let got = a.e.adopt_beside(P, Some(shared), None, t);
+    assert!(got.records[0].newer && !got.recounted, "{got:?}");
+    assert_eq!(a.e.version(P), Some(2));
+    let t = a.t();
+    assert_eq!(
+        a.e.observe_content(P, A_V2, Some(print(9, 0xa)), t),
+        Content::Changed
+    );
+}
+
+/// Below the adopted version, A's counted copy lags when the state knows its bytes (an
+/// older version's), and is newer when it does not.
+#[test]
+fn on_several_hosts_a_counted_copy_below_the_adopted_version_is_newer_only_if_unknown() {
+    for known in [true, false] {
+        let (mut a, mut shared) = a_committed_and_b_handed(print(20, 0xb));
+        shared.version = 3;
+        for r in &mut shared.records {
+            r.version_at_transfer = 3;
+        }
+        if known {
+            shared.older.push((2, print(9, 0xa)));
+        }
+        let t = a.t();
+        let got =
+            a.e.adopt_beside(P, Some(shared), Some((A_V2, print(9, 0xa))), t);
+        assert_eq!(got.records[0].newer, !known, "known: {known}: {got:?}");
+        assert_eq!(got.recounted, !known, "known: {known}");
+        assert_eq!(a.e.version(P), Some(if known { 3 } else { 4 }));
+    }
+}

@@ -95,10 +95,7 @@ impl Etcd {
         // after every change before it.
         let (lease, st) = {
             let l = self.link.lock();
-            let st = HostState {
-                applied: l.applied,
-                in_flight: l.in_flight.clone(),
-            };
+            let st = l.host_state(l.applied);
             (l.lease, st)
         };
         let key = self.key("h", &self.spec.host);

@@ -3,7 +3,7 @@
 //! the revision it had), and apply the watch as it arrives.
 
 use super::call::short;
-use super::step::{counted_further, id_floor};
+use super::step::id_floor;
 use super::*;
 
 impl Etcd {
@@ -342,10 +342,7 @@ impl Etcd {
         lease: i64,
         applied: i64,
     ) -> Result<i64, String> {
-        let st = HostState {
-            applied,
-            in_flight: self.link.lock().in_flight.clone(),
-        };
+        let st = self.link.lock().host_state(applied);
         let v = serde_json::to_vec(&st).expect("host state serialises");
         let r = timed(client.put(
             self.key("h", &self.spec.host),
@@ -394,15 +391,14 @@ impl Etcd {
                 "p" => {
                     state_changed = true;
                     let mr = kv.mod_revision();
-                    let publishing = {
+                    {
                         let l = self.link.lock();
                         if l.revs.get(name).is_some_and(|r| *r >= mr)
                             || l.publishing.get(name).is_some_and(|v| v == kv.value())
                         {
                             continue; // this host's own change, already here
                         }
-                        l.publishing.contains_key(name)
-                    };
+                    }
                     let st = if put {
                         match serde_json::from_slice::<SharedPath>(kv.value()) {
                             Ok(s) => Some(s),
@@ -411,38 +407,10 @@ impl Etcd {
                     } else {
                         None
                     };
-                    if let Some(theirs) = &st {
-                        let unpublished = publishing || self.dirty.lock().contains(name);
-                        if unpublished
-                            && counted_further(self.engine.shared_state(name).as_ref(), theirs)
-                        {
-                            // Kept, and published over theirs against this revision.
-                            self.link.lock().revs.insert(name.to_string(), mr);
-                            continue;
-                        }
-                    }
                     if !self.adopt_delay.is_zero() {
                         tokio::time::sleep(self.adopt_delay).await;
                     }
-                    let givers: HashMap<u64, String> = st
-                        .iter()
-                        .flat_map(|s| s.records.iter())
-                        .map(|r| (r.id, r.giver.name.clone()))
-                        .collect();
-                    let found = self.engine.adopt(name, st);
-                    // A new record whose giver has the file open for writing here under
-                    // another name (or since before it was tracked) is in flight all the
-                    // same: the engine knows the giver's handles by name only.
-                    let found: Vec<u64> = found
-                        .into_iter()
-                        .filter(|(id, writing)| {
-                            *writing
-                                || self.writers.get().is_some_and(|probe| {
-                                    givers.get(id).is_some_and(|g| probe(name, g))
-                                })
-                        })
-                        .map(|(id, _)| id)
-                        .collect();
+                    let (in_flight, newer, publish) = self.adopt_here(name, st);
                     let mut l = self.link.lock();
                     if put {
                         l.revs.insert(name.to_string(), mr);
@@ -451,12 +419,10 @@ impl Etcd {
                         let at = if mr > 0 { mr } else { rev };
                         l.forget(name, at);
                     }
-                    for id in found {
-                        l.in_flight.push((name.to_string(), id));
-                    }
-                    let n = l.in_flight.len();
-                    if n > 64 {
-                        l.in_flight.drain(..n - 64);
+                    l.report(name, in_flight, newer);
+                    drop(l);
+                    if publish && put {
+                        self.dirty.lock().insert(name.to_string());
                     }
                 }
                 "s" if put => {

@@ -5,21 +5,9 @@
 
 use super::*;
 
-/// Two accounts of a path that differ in the count of its commits alone (the same
-/// records, none live in either): no fence hangs on the difference.
-fn count_only(a: &SharedPath, b: &SharedPath) -> bool {
-    a.records == b.records
-        && !a.records.iter().any(|r| r.is_live(a.version))
-        && !b.records.iter().any(|r| r.is_live(b.version))
-}
-
-/// This host's account of a path it has not published yet counted more commits than
-/// another host's that came first (on one backing directory, that host found this one's
-/// commits on its copy and counted them as one change behind the volume's back): this
-/// host's account stands, to be published over the other, which takes it in. Any other
-/// difference is the other host's step, which wins.
+/// See [`SharedPath::counted_further`].
 pub(super) fn counted_further(mine: Option<&SharedPath>, theirs: &SharedPath) -> bool {
-    mine.is_some_and(|m| m.version > theirs.version && count_only(m, theirs))
+    mine.is_some_and(|m| m.counted_further(theirs))
 }
 
 /// Where the events of a step wait, in order and not yet numbered, while the hosts agree
@@ -95,7 +83,7 @@ impl Etcd {
         let counted_only = kind == StepKind::Commit
             && t.changed.iter().all(|(p, now)| {
                 let was = t.before.get(p).cloned().flatten();
-                matches!((was, now), (Some(w), Some(n)) if count_only(&w, n))
+                matches!((was, now), (Some(w), Some(n)) if w.counts_apart(n))
             });
         if !t.ok || !(t.changed.is_empty() || counted_only) {
             self.undo(t.saved, &t.added);
@@ -108,7 +96,7 @@ impl Etcd {
         self.local.fetch_add(1, Ordering::Relaxed);
         Some(Stepped {
             ok: true,
-            in_flight: Vec::new(),
+            ..Default::default()
         })
     }
 
@@ -232,19 +220,77 @@ impl Etcd {
     }
 
     /// Takes in what etcd holds for paths (after a step was undone), as read at `rev`.
+    /// The watch skips these revisions later, so what it would find is found here.
     pub(super) fn take_in(&self, current: Vec<(String, Current)>, rev: i64) {
         for (p, cur) in current {
-            match cur {
-                Some((st, rev)) => {
-                    self.engine.adopt(&p, Some(st));
-                    self.link.lock().revs.insert(p, rev);
-                }
-                None => {
-                    self.engine.adopt(&p, None);
-                    self.link.lock().forget(&p, rev);
-                }
+            let (st, at) = match cur {
+                Some((st, r)) => (Some(st), r),
+                None => (None, rev),
+            };
+            let put = st.is_some();
+            let (in_flight, newer, publish) = self.adopt_here(&p, st);
+            let mut l = self.link.lock();
+            if put {
+                l.revs.insert(p.clone(), at);
+            } else {
+                l.forget(&p, at);
+            }
+            l.report(&p, in_flight, newer);
+            drop(l);
+            if publish && put {
+                self.dirty.lock().insert(p);
             }
         }
+    }
+
+    /// Takes in another host's state of `path` beside this host's copy (read when the
+    /// engine does not know the fingerprint of a version counted here). Returns the new
+    /// live records found in flight here (their giver writes the file on this host, under
+    /// any name), those over a version of this copy their giver did not see, and whether
+    /// this host's state of the path is to be published (its copy counted again, or its
+    /// count further than theirs).
+    pub(super) fn adopt_here(
+        &self,
+        path: &str,
+        st: Option<SharedPath>,
+    ) -> (Vec<u64>, Vec<u64>, bool) {
+        let copy = match (&st, self.engine.own_copy(path), self.copy.get()) {
+            (Some(s), Some(own), Some(probe))
+                if own.print.is_none()
+                    && (own.version >= s.version
+                        || s.records.iter().any(|r| r.is_live(s.version))) =>
+            {
+                probe(path)
+            }
+            _ => None,
+        };
+        let givers: HashMap<u64, String> = st
+            .iter()
+            .flat_map(|s| s.records.iter())
+            .map(|r| (r.id, r.giver.name.clone()))
+            .collect();
+        let taken = self.engine.adopt_beside(path, st, copy, Timestamp::now());
+        // A new record whose giver has the file open for writing here under another
+        // name (or since before it was tracked) is in flight all the same: the engine
+        // knows the giver's handles by name only.
+        let writes = |id: &u64| {
+            self.writers
+                .get()
+                .is_some_and(|probe| givers.get(id).is_some_and(|g| probe(path, g)))
+        };
+        let in_flight = taken
+            .records
+            .iter()
+            .filter(|t| t.writing || writes(&t.id))
+            .map(|t| t.id)
+            .collect();
+        let newer = taken
+            .records
+            .iter()
+            .filter(|t| t.newer)
+            .map(|t| t.id)
+            .collect();
+        (in_flight, newer, taken.recounted || taken.kept)
     }
 
     /// After a step was undone without knowing what etcd holds: a path another host
@@ -263,13 +309,15 @@ impl Etcd {
 
     /// Waits until every other live host applied revision `rev` (or left: its lease
     /// ended), within the budget of the request that `started` the step. Returns the
-    /// records some host found in flight.
+    /// records some host found in flight, and those some host found over a newer version
+    /// of its copy (with that host).
+    #[allow(clippy::type_complexity)]
     pub(super) fn wait_acks(
         &self,
         rev: i64,
         made: &[(String, u64)],
         started: Started,
-    ) -> Result<Vec<(String, u64)>, Refusal> {
+    ) -> Result<(Vec<(String, u64)>, Vec<(String, u64, String)>), Refusal> {
         let deadline = started.deadline(self.spec.ttl + STEP_TIMEOUT);
         let mut l = self.link.lock();
         loop {
@@ -280,8 +328,15 @@ impl Etcd {
                 .filter(|x| made.contains(x))
                 .cloned()
                 .collect();
-            if !found.is_empty() {
-                return Ok(found);
+            let newer: Vec<(String, u64, String)> = l
+                .hosts
+                .iter()
+                .flat_map(|(n, h)| h.newer.iter().map(move |x| (x, n)))
+                .filter(|(x, _)| made.contains(x))
+                .map(|((p, id), n)| (p.clone(), *id, n.clone()))
+                .collect();
+            if !found.is_empty() || !newer.is_empty() {
+                return Ok((found, newer));
             }
             let behind: Vec<String> = l
                 .hosts
@@ -290,7 +345,7 @@ impl Etcd {
                 .map(|(n, _)| n.clone())
                 .collect();
             if behind.is_empty() {
-                return Ok(Vec::new());
+                return Ok(Default::default());
             }
             if Instant::now() >= deadline || !l.connected {
                 // `pending`: recorded, not acknowledged; a client sends it again.
