@@ -653,3 +653,31 @@ fn on_several_hosts_a_counted_copy_below_the_adopted_version_is_newer_only_if_un
         assert_eq!(a.e.version(P), Some(if known { 3 } else { 4 }));
     }
 }
+
+/// A count of fewer commits and nothing else (the same records, none live) never undoes
+/// commits counted here, however late it is taken in: this host's count stands, to be
+/// published over it; any other difference is taken in.
+#[test]
+fn on_several_hosts_a_state_that_counted_fewer_commits_is_never_taken_over_this_hosts() {
+    let (mut a, shared) = a_committed_and_b_handed(print(9, 0xa));
+    let t = a.t();
+    a.e.adopt_beside(P, Some(shared.clone()), None, t);
+    let bob = sess("bob");
+    a.write(&bob, P).unwrap();
+    a.write(&bob, P).unwrap();
+    let mine = a.e.shared_state(P).expect("shared");
+    assert_eq!(mine.version, 4);
+    let mut theirs = mine.clone();
+    theirs.version = 3;
+    assert!(mine.counted_further(&theirs));
+    let t = a.t();
+    let got = a.e.adopt_beside(P, Some(theirs.clone()), None, t);
+    assert!(got.kept, "{got:?}");
+    assert_eq!(a.e.version(P), Some(4));
+    // Another step of theirs (a record changed) wins.
+    theirs.records[0].status = Status::Declined;
+    let t = a.t();
+    let got = a.e.adopt_beside(P, Some(theirs), None, t);
+    assert!(!got.kept, "{got:?}");
+    assert_eq!(a.e.version(P), Some(3));
+}
