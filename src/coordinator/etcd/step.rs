@@ -270,6 +270,14 @@ impl Etcd {
             .map(|r| (r.id, r.giver.name.clone()))
             .collect();
         let taken = self.engine.adopt_beside(path, st, copy, Timestamp::now());
+        if taken.recounted {
+            tracing::info!(
+                path,
+                version = self.engine.version(path),
+                "this host's copy holds a version counted here that another host's state does \
+                 not know: counted again after it"
+            );
+        }
         // A new record whose giver has the file open for writing here under another
         // name (or since before it was tracked) is in flight all the same: the engine
         // knows the giver's handles by name only.
@@ -284,12 +292,20 @@ impl Etcd {
             .filter(|t| t.writing || writes(&t.id))
             .map(|t| t.id)
             .collect();
-        let newer = taken
+        let newer: Vec<u64> = taken
             .records
             .iter()
             .filter(|t| t.newer)
             .map(|t| t.id)
             .collect();
+        if !newer.is_empty() {
+            tracing::info!(
+                path,
+                records = ?newer,
+                "a transfer made on another host over a version of this host's copy its giver \
+                 did not see: reported, to be undone (handoff_not_held)"
+            );
+        }
         (in_flight, newer, taken.recounted || taken.kept)
     }
 
