@@ -286,6 +286,9 @@ impl Engine {
                     h.hold = Hold::I;
                 }
             }
+            // Another host's count: who made it is not known here (and this host's own
+            // count, if it had one, is no longer the current version).
+            e.last_by = None;
             // This host's stamp is of its copy at the older version, and stays: a copy
             // still as it was lags (nothing to judge); one that moved is judged by content
             // (caught up, behind, or changed). Not logged: a restart knows no such stamp.

@@ -745,6 +745,46 @@ fn pair_with_b_stopped_after_a_transfer() -> Pair {
     p
 }
 
+/// A host that made a transfer and was down while another host ended the record and
+/// evicted it (its key gone from etcd) does not bring it back when it restarts: its own log
+/// has the transfer and never heard of the end (a seeded lag run showed one host with two
+/// live records of one path that way).
+#[test]
+fn a_record_evicted_while_its_host_was_down_stays_gone_after_its_restart() {
+    let mut p = Pair::new(1, "3s");
+    touch_session(&p.b, "bob");
+    hand_on(&p.a, "plan.md");
+    assert!(
+        wait_event(&p.b, Duration::from_secs(10), |e| e["event"] == "transfer"
+            && e["host"] == "A")
+        .is_some(),
+        "B logs A's transfer"
+    );
+    p.a.daemon = None;
+    // B alone: the record ends and is evicted at once.
+    p.b.daemon = None;
+    p.b.args
+        .extend(["--evict-after".to_string(), "1s".to_string()]);
+    p.b.spawn();
+    verb_ok(&p.b, "alice", &["withdraw", "plan.md"]);
+    assert!(
+        wait_event(&p.b, Duration::from_secs(20), |e| e["event"] == "evict"
+            && e["path"] == "plan.md")
+        .is_some(),
+        "B evicts the ended record"
+    );
+    p.a.spawn();
+    assert_eq!(
+        live_record(&p.a, "plan.md"),
+        None,
+        "A brought the evicted record back"
+    );
+    let r = write(&p.b, Some("alice"), "plan.md");
+    assert!(r.ok(), "alice on B after the record ended: {}", r.show());
+    let r = write(&p.a, Some("alice"), "plan.md");
+    assert!(r.ok(), "alice on A after the record ended: {}", r.show());
+}
+
 #[test]
 fn a_restarted_host_logs_the_other_hosts_events_it_was_away_for_once() {
     let mut p = pair_with_b_stopped_after_a_transfer();

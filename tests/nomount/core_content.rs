@@ -681,3 +681,34 @@ fn on_several_hosts_a_state_that_counted_fewer_commits_is_never_taken_over_this_
     assert!(!got.kept, "{got:?}");
     assert_eq!(a.e.version(P), Some(3));
 }
+
+/// A version taken in from another host is not this host's own, even on a copy that
+/// caught up with it after this host's own commit: a later state meeting it is that
+/// host's to count again, never this one's in the name of its last writer here.
+#[test]
+fn on_several_hosts_a_version_taken_in_and_caught_up_is_not_counted_again_here() {
+    let (mut a, mut shared) = a_committed_and_b_handed(print(20, 0xb));
+    shared.version = 3;
+    shared.print = Some(print(30, 0x3));
+    shared.records.clear();
+    let t = a.t();
+    let got = a.e.adopt_beside(P, Some(shared.clone()), None, t);
+    assert!(!got.recounted && !got.kept, "{got:?}");
+    let t = a.t();
+    assert_eq!(
+        a.e.observe_content(P, st(7, 9, 30, 9), Some(print(30, 0x3)), t),
+        Content::Same
+    );
+    assert_eq!(a.e.own_copy(P), None, "v3 was counted on another host");
+    // A third host's account of v3, other bytes, with a transfer over it.
+    let (_, mut third) = a_committed_and_b_handed(print(31, 0xc));
+    third.version = 3;
+    third.print = Some(print(31, 0xc));
+    for r in &mut third.records {
+        r.version_at_transfer = 3;
+    }
+    let t = a.t();
+    let got = a.e.adopt_beside(P, Some(third), None, t);
+    assert!(!got.recounted && !got.records[0].newer, "{got:?}");
+    assert_eq!(a.count(EventKind::Commit), 1, "only alice's own commit");
+}

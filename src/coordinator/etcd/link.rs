@@ -280,11 +280,14 @@ impl Etcd {
                 continue;
             };
             seen.insert(p.to_string());
-            self.engine.adopt(p, Some(st));
-            self.link
-                .lock()
-                .revs
-                .insert(p.to_string(), kv.mod_revision());
+            let (in_flight, newer, publish) = self.adopt_here(p, Some(st));
+            let mut l = self.link.lock();
+            l.revs.insert(p.to_string(), kv.mod_revision());
+            l.report(p, in_flight, newer);
+            drop(l);
+            if publish {
+                self.dirty.lock().insert(p.to_string());
+            }
         }
         // Keys this host had that are gone now (deleted while it was not watching): their
         // state goes too, or the loop below would publish evicted records again.
@@ -305,9 +308,18 @@ impl Etcd {
         for p in stale {
             self.engine.adopt(&p, None);
         }
-        // Records this host has and etcd has not (a volume used alone before): published.
+        // Records this host has and etcd has not: a volume used alone before publishes
+        // them; one that took part before (it logged other hosts' events) was away while
+        // another host evicted them (its own log does not say so: the removal was taken
+        // in, not logged), and drops them, or they would come back to life everywhere.
+        let coordinated = self.engine.peer_rev() > 0;
         for p in self.engine.paths_with_records("") {
-            if !seen.contains(&p) {
+            if seen.contains(&p) {
+                continue;
+            }
+            if coordinated {
+                self.engine.adopt(&p, None);
+            } else {
                 self.dirty.lock().insert(p);
             }
         }
