@@ -731,16 +731,22 @@ fn etcd_revision(etcd: &Etcd) -> i64 {
 
 /// A pair where alice handed notes.md on from A, B logged that, and B was then stopped
 /// (and unmounted).
-fn pair_with_b_stopped_after_a_transfer() -> Pair {
-    let mut p = Pair::new(1, "3s");
+/// Two hosts, once B has logged alice's transfer of `path` to bob on A.
+fn pair_after_a_transfer_on_a(path: &str) -> Pair {
+    let p = Pair::new(1, "3s");
     touch_session(&p.b, "bob");
-    hand_on(&p.a, "notes.md");
+    hand_on(&p.a, path);
     assert!(
         wait_event(&p.b, Duration::from_secs(10), |e| e["event"] == "transfer"
             && e["host"] == "A")
         .is_some(),
         "B logs A's transfer while it runs"
     );
+    p
+}
+
+fn pair_with_b_stopped_after_a_transfer() -> Pair {
+    let mut p = pair_after_a_transfer_on_a("notes.md");
     p.b.daemon = None;
     p
 }
@@ -751,15 +757,7 @@ fn pair_with_b_stopped_after_a_transfer() -> Pair {
 /// live records of one path that way).
 #[test]
 fn a_record_evicted_while_its_host_was_down_stays_gone_after_its_restart() {
-    let mut p = Pair::new(1, "3s");
-    touch_session(&p.b, "bob");
-    hand_on(&p.a, "plan.md");
-    assert!(
-        wait_event(&p.b, Duration::from_secs(10), |e| e["event"] == "transfer"
-            && e["host"] == "A")
-        .is_some(),
-        "B logs A's transfer"
-    );
+    let mut p = pair_after_a_transfer_on_a("plan.md");
     p.a.daemon = None;
     // B alone: the record ends and is evicted at once.
     p.b.daemon = None;
